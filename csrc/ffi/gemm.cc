@@ -1,0 +1,98 @@
+// FFI handler of jax_ub.matmul: a row-major cuBLASLt GEMM on XLA's stream.
+// Decodes and validates, then calls gemm/cublaslt. Python: jax_ub/gemm.py.
+#include "ffi/gemm.h"
+
+#include <cstdint>
+
+#include "ffi/common.h"
+
+namespace jax_ub {
+namespace {
+
+ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                       ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> c,
+                       bool trans_a, bool trans_b, bool tf32, int64_t workspace_bytes) {
+  DType dtype;
+  if (!ToDType(a.element_type(), &dtype) || b.element_type() != a.element_type() ||
+      c->element_type() != a.element_type()) {
+    return InvalidArgument(
+        "jax_ub_gemm: a, b and the result must share one of float32, float16, bfloat16");
+  }
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  auto cd = c->dimensions();
+  if (ad.size() < 2 || bd.size() != 2 || cd.size() != ad.size() || (trans_a && ad.size() != 2)) {
+    return InvalidArgument(StrCat() << "jax_ub_gemm: expected a [..., m, k] (2-D when trans_a), "
+                                    << "b 2-D and c of a's rank; got ranks " << ad.size() << ", "
+                                    << bd.size() << ", " << cd.size());
+  }
+  // Leading dims of a (and c) fold into m: row-major [..., m, k] is [prod(...)*m, k].
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < ad.size(); ++i) rows *= ad[i];
+  const int64_t a_cols = ad[ad.size() - 1];
+  const int64_t m = trans_a ? a_cols : rows;
+  const int64_t k = trans_a ? rows : a_cols;
+  const int64_t kb = trans_b ? bd[1] : bd[0];
+  const int64_t n = trans_b ? bd[0] : bd[1];
+  int64_t c_rows = 1;
+  for (size_t i = 0; i + 1 < cd.size(); ++i) c_rows *= cd[i];
+  if (kb != k || c_rows != m || cd[cd.size() - 1] != n) {
+    return InvalidArgument(StrCat() << "jax_ub_gemm: shape mismatch: op(a) is [" << m << ", " << k
+                                    << "], op(b) is [" << kb << ", " << n << "], c has "
+                                    << c_rows << " rows and " << cd[cd.size() - 1] << " columns");
+  }
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  if (k == 0) {
+    cudaError_t err = cudaMemsetAsync(c->untyped_data(), 0, c->size_bytes(), stream);
+    return ToFfi("gemm", device,
+                 err == cudaSuccess ? Status::Ok() : Status::Error(cudaGetErrorString(err)));
+  }
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) {
+    auto ws = scratch.Allocate(static_cast<size_t>(workspace_bytes), 256);
+    if (!ws.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        StrCat() << "jax_ub_gemm: could not allocate " << workspace_bytes
+                                 << " bytes of cuBLASLt workspace on device " << device
+                                 << " (lower JAX_UB_GEMM_WORKSPACE_MIB or "
+                                    "XLA_PYTHON_CLIENT_MEM_FRACTION)");
+    }
+    workspace = *ws;
+  }
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.lda = a_cols;
+  g.ldb = bd[1];
+  g.ldc = n;
+  g.dtype = dtype;
+  g.tf32 = tf32;
+  g.a = a.untyped_data();
+  g.b = b.untyped_data();
+  g.c = c->untyped_data();
+  g.workspace = workspace;
+  g.workspace_bytes = static_cast<size_t>(workspace_bytes);
+  return ToFfi("gemm", device, Gemm(device, g, stream));
+}
+
+}  // namespace
+
+// Not kCmdBufferCompatible: the plan lookup takes a host lock and may build a plan on first use,
+// which must not be frozen into a CUDA graph.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()        // process-local device
+                                  .Ctx<ffi::ScratchAllocator>()     // cuBLASLt workspace
+                                  .Arg<ffi::AnyBuffer>()            // a: [..., m, k] or [k, m]
+                                  .Arg<ffi::AnyBuffer>()            // b: [k, n] or [n, k]
+                                  .Ret<ffi::AnyBuffer>()            // c: [..., m, n]
+                                  .Attr<bool>("trans_a")            // a is stored [k, m]
+                                  .Attr<bool>("trans_b")            // b is stored [n, k]
+                                  .Attr<bool>("tf32")               // allow TF32 for float32
+                                  .Attr<int64_t>("workspace_bytes"));  // scratch for cuBLASLt
+
+}  // namespace jax_ub

@@ -1,0 +1,236 @@
+#include "gemm/cublaslt.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "common/dynlib.h"
+#include "gemm/cublaslt_api.h"
+
+namespace jax_ub {
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+namespace {
+
+cudaDataType CudaType(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// The loaded library and its entry points.
+struct Api {
+  DynLib lib;
+  lt::CreateFn* Create = nullptr;
+  lt::GetVersionFn* GetVersion = nullptr;
+  lt::GetStatusStringFn* GetStatusString = nullptr;
+  lt::MatmulDescCreateFn* MatmulDescCreate = nullptr;
+  lt::MatmulDescDestroyFn* MatmulDescDestroy = nullptr;
+  lt::MatmulDescSetAttributeFn* MatmulDescSetAttribute = nullptr;
+  lt::MatrixLayoutCreateFn* MatrixLayoutCreate = nullptr;
+  lt::MatrixLayoutDestroyFn* MatrixLayoutDestroy = nullptr;
+  lt::MatmulPreferenceCreateFn* MatmulPreferenceCreate = nullptr;
+  lt::MatmulPreferenceDestroyFn* MatmulPreferenceDestroy = nullptr;
+  lt::MatmulPreferenceSetAttributeFn* MatmulPreferenceSetAttribute = nullptr;
+  lt::MatmulAlgoGetHeuristicFn* MatmulAlgoGetHeuristic = nullptr;
+  lt::MatmulFn* Matmul = nullptr;
+  Status load_status;
+
+  Status Load() {
+    std::vector<std::string> candidates = LibraryCandidates("cublasLt");
+    candidates.push_back("libcublasLt.so.13");
+    candidates.push_back("libcublasLt.so.12");
+    JAX_UB_RETURN_IF_ERROR(lib.Open("cuBLASLt (libcublasLt.so)", candidates));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtCreate", &Create));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtGetVersion", &GetVersion));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtGetStatusString", &GetStatusString));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulDescCreate", &MatmulDescCreate));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulDescDestroy", &MatmulDescDestroy));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulDescSetAttribute", &MatmulDescSetAttribute));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatrixLayoutCreate", &MatrixLayoutCreate));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatrixLayoutDestroy", &MatrixLayoutDestroy));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulPreferenceCreate", &MatmulPreferenceCreate));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulPreferenceDestroy", &MatmulPreferenceDestroy));
+    JAX_UB_RETURN_IF_ERROR(
+        lib.Sym("cublasLtMatmulPreferenceSetAttribute", &MatmulPreferenceSetAttribute));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoGetHeuristic", &MatmulAlgoGetHeuristic));
+    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmul", &Matmul));
+    return Status::Ok();
+  }
+
+  std::string Err(lt::Status s) const {
+    return StrCat() << (GetStatusString ? GetStatusString(s) : "CUBLAS_STATUS_?") << " (" << s
+                    << ")";
+  }
+};
+
+Api* GetApi() {
+  static Api* api = [] {
+    auto* a = new Api();  // never destroyed: handlers may run during interpreter shutdown
+    a->load_status = a->Load();
+    return a;
+  }();
+  return api;
+}
+
+// A plan: descriptors and the algorithm chosen by the heuristic for one GEMM configuration.
+struct Plan {
+  lt::MatmulDesc desc = nullptr;
+  lt::MatrixLayout a = nullptr, b = nullptr, c = nullptr;
+  lt::MatmulAlgo algo{};
+};
+
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
+                           int, bool, size_t, int, int, int>;
+
+std::mutex g_mu;
+std::map<int, lt::Handle>& Handles() {
+  static auto* m = new std::map<int, lt::Handle>();
+  return *m;
+}
+std::map<PlanKey, std::unique_ptr<Plan>>& Plans() {
+  static auto* m = new std::map<PlanKey, std::unique_ptr<Plan>>();
+  return *m;
+}
+
+int Alignment(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && (v % a) != 0) a /= 2;
+  return a;
+}
+
+#define JAX_UB_LT_RETURN(api, expr)                                                           \
+  do {                                                                                        \
+    lt::Status jax_ub_lt_ = (expr);                                                           \
+    if (jax_ub_lt_ != lt::kSuccess) {                                                         \
+      return Status::Error(StrCat() << "cuBLASLt " << #expr << " failed: "                   \
+                                    << (api).Err(jax_ub_lt_) << " at " << JAX_UB_WHERE);      \
+    }                                                                                         \
+  } while (0)
+
+Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, int align_b,
+                 int align_c, Plan* plan) {
+  const cudaDataType t = CudaType(g.dtype);
+  const int compute =
+      (g.dtype == DType::kF32 && g.tf32) ? lt::kCompute32FFastTF32 : lt::kCompute32F;
+  JAX_UB_LT_RETURN(api, api.MatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  // Column-major view of the row-major product: C^T[n, m] = op(B)^T @ op(A)^T, so cuBLASLt's
+  // "A" is our B and its "B" is our A.
+  const int op_a = g.trans_b ? lt::kOpT : lt::kOpN;
+  const int op_b = g.trans_a ? lt::kOpT : lt::kOpN;
+  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_a, sizeof(op_a)));
+  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_b, sizeof(op_b)));
+  // Stored (pre-op) shapes of the column-major matrices.
+  const uint64_t a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
+  const uint64_t b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
+  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->a, t, a_rows, a_cols, g.ldb));
+  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->b, t, b_rows, b_cols, g.lda));
+  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->c, t, g.n, g.m, g.ldc));
+
+  lt::MatmulPreference pref = nullptr;
+  JAX_UB_LT_RETURN(api, api.MatmulPreferenceCreate(&pref));
+  const uint64_t ws = g.workspace_bytes;
+  const uint32_t al_a = align_b, al_b = align_a, al_c = align_c;  // swapped like the operands
+  Status st;
+  lt::HeuristicResult result{};
+  int found = 0;
+  lt::Status s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof(ws));
+  if (s == lt::kSuccess)
+    s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentABytes, &al_a, sizeof(al_a));
+  if (s == lt::kSuccess)
+    s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentBBytes, &al_b, sizeof(al_b));
+  if (s == lt::kSuccess)
+    s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentCBytes, &al_c, sizeof(al_c));
+  if (s == lt::kSuccess)
+    s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentDBytes, &al_c, sizeof(al_c));
+  if (s == lt::kSuccess)
+    s = api.MatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
+                                   &result, &found);
+  api.MatmulPreferenceDestroy(pref);
+  if (s != lt::kSuccess) {
+    return Status::Error(StrCat() << "cuBLASLt heuristic query failed: " << api.Err(s));
+  }
+  if (found == 0 || result.state != lt::kSuccess) {
+    return Status::Error(StrCat() << "cuBLASLt found no algorithm for " << DTypeName(g.dtype)
+                                  << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k
+                                  << " trans_a=" << g.trans_a << " trans_b=" << g.trans_b
+                                  << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc
+                                  << " workspace=" << g.workspace_bytes << "B");
+  }
+  plan->algo = result.algo;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string CublasLtLoadError() {
+  Api* api = GetApi();
+  return api->load_status.ok() ? std::string() : api->load_status.message();
+}
+
+std::string CublasLtDescription() {
+  Api* api = GetApi();
+  if (!api->load_status.ok()) return api->load_status.message();
+  return StrCat() << "cuBLASLt " << api->GetVersion() << " from " << api->lib.path();
+}
+
+size_t GemmPlanCacheSize() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return Plans().size();
+}
+
+Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
+  Api* api = GetApi();
+  if (!api->load_status.ok()) return api->load_status;
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0) {
+    return Status::Error(StrCat() << "GEMM sizes must be positive; got m=" << g.m << " n=" << g.n
+                                  << " k=" << g.k);
+  }
+  const int align_a = Alignment(g.a), align_b = Alignment(g.b), align_c = Alignment(g.c);
+  const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
+                    static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
+                    align_c};
+  lt::Handle handle = nullptr;
+  Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto hit = Handles().find(device);
+    if (hit == Handles().end()) {
+      JAX_UB_LT_RETURN(*api, api->Create(&handle));
+      Handles()[device] = handle;
+    } else {
+      handle = hit->second;
+    }
+    auto it = Plans().find(key);
+    if (it == Plans().end()) {
+      auto p = std::make_unique<Plan>();
+      JAX_UB_RETURN_IF_ERROR(BuildPlan(*api, handle, g, align_a, align_b, align_c, p.get()));
+      it = Plans().emplace(key, std::move(p)).first;
+    }
+    plan = it->second.get();
+  }
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  // Our B is cuBLASLt's A and vice versa (see BuildPlan).
+  JAX_UB_LT_RETURN(*api, api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
+                                     g.c, plan->c, g.c, plan->c, &plan->algo, g.workspace,
+                                     g.workspace_bytes, stream));
+  return Status::Ok();
+}
+
+}  // namespace jax_ub

@@ -1,0 +1,46 @@
+// cuBLASLt GEMM on row-major operands, with plans (descriptors + chosen algorithm) cached per
+// (device, shape, dtype, layout, alignment). Used by the matmul custom call and by every chunk GEMM
+// of the overlap schedules.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace jax_ub {
+
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+const char* DTypeName(DType t);
+size_t DTypeSize(DType t);
+
+// Row-major C[m, n] (+)= op(A) @ op(B); op(A) is [m, k], op(B) is [k, n]. Leading dimensions are
+// row strides in elements (lda >= k, or >= m when trans_a; ldc >= n). tf32 only matters for kF32.
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  DType dtype = DType::kBF16;
+  bool tf32 = false;
+  bool accumulate = false;  // beta = 1 (C += ...) instead of beta = 0
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Enqueues the GEMM on `stream` (device `device` must be current). Thread-safe.
+Status Gemm(int device, const GemmArgs& args, cudaStream_t stream);
+
+// Loads cuBLASLt if needed; returns "" when loaded, else the reason it cannot be.
+std::string CublasLtLoadError();
+// "cuBLASLt <version> from <path>" or the load error.
+std::string CublasLtDescription();
+// Number of cached plans (for tests and diagnostics).
+size_t GemmPlanCacheSize();
+
+}  // namespace jax_ub

@@ -1,0 +1,28 @@
+"""jax_ub: tensor-parallel communication/GEMM overlap for JAX (Userbuffers-style), as XLA FFI calls.
+
+Public API:
+
+* :func:`all_gather_matmul` / :func:`matmul_reduce_scatter` — shard_map primitives (AG→GEMM, GEMM→RS),
+  differentiable, with a pure-XLA reference path (:mod:`jax_ub.reference`).
+* :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
+* :func:`build_info` — which path is active and why.
+* :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
+* :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
+"""
+
+from jax_ub import config, reference
+from jax_ub._ext import build_info
+from jax_ub.gemm import matmul
+from jax_ub.ops import all_gather_matmul, matmul_reduce_scatter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "all_gather_matmul",
+    "build_info",
+    "config",
+    "matmul",
+    "matmul_reduce_scatter",
+    "reference",
+]

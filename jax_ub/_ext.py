@@ -1,0 +1,158 @@
+"""Loads the compiled extension (``_jax_ub_cuda``), registers its FFI targets, says why not.
+
+Nothing here touches a GPU at import time: the extension is imported and its handlers registered
+with XLA (platform ``CUDA``) on first use, by :func:`ensure_registered`.
+
+The extension is a top-level module (installed beside ``jax_ub`` in site-packages) so that running
+from a source checkout, where ``./jax_ub`` shadows the installed package, still finds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import importlib
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+import jax
+
+from jax_ub import config
+
+log = logging.getLogger("jax_ub")
+
+_lock = threading.Lock()
+_registered = False
+
+# Where jax's nvidia-* wheels put the libraries that the extension dlopen()s, relative to a
+# site-packages directory, newest layout first.
+_LIBRARY_GLOBS = {
+    "cublasLt": ["nvidia/cu13/lib/libcublasLt.so.13", "nvidia/cublas/lib/libcublasLt.so.13",
+                 "nvidia/cublas/lib/libcublasLt.so.12"],
+    "nccl": ["nvidia/nccl/lib/libnccl.so.2"],
+}
+
+
+@functools.cache
+def _build_facts() -> dict[str, Any]:
+    try:
+        mod = importlib.import_module("_jax_ub_build")
+    except ImportError:
+        return {"cuda_built": False,
+                "reason": "jax_ub is not installed (no _jax_ub_build module): run `pip install .` "
+                          "from the jax_ub checkout"}
+    return {"cuda_built": bool(mod.CUDA_BUILT), "reason": mod.REASON, "nvcc": mod.NVCC,
+            "nvcc_version": mod.NVCC_VERSION, "cuda_archs": mod.CUDA_ARCHS}
+
+
+@functools.cache
+def _load() -> tuple[Any | None, str]:
+    """Returns (extension module or None, reason it is unavailable)."""
+    facts = _build_facts()
+    if not facts["cuda_built"]:
+        return None, facts["reason"]
+    try:
+        mod = importlib.import_module("_jax_ub_cuda")
+    except ImportError as e:
+        return None, f"the CUDA extension was built but cannot be imported: {e}"
+    for lib, paths in find_libraries().items():
+        mod.set_library_candidates(lib, paths)
+    return mod, ""
+
+
+def find_libraries() -> dict[str, list[str]]:
+    """Candidate paths of cuBLASLt and NCCL from the nvidia-* wheels on ``sys.path``."""
+    out: dict[str, list[str]] = {}
+    for lib, patterns in _LIBRARY_GLOBS.items():
+        found: list[str] = []
+        for entry in sys.path:
+            if not entry or not os.path.isdir(entry):
+                continue
+            for pattern in patterns:
+                for path in glob.glob(os.path.join(entry, pattern)):
+                    if path not in found:
+                        found.append(path)
+        out[lib] = found
+    return out
+
+
+def extension() -> Any | None:
+    """The extension module, or None when it is not built/importable."""
+    return _load()[0]
+
+
+def _gpu_backend() -> str | None:
+    """'cuda' when jax has a CUDA backend with devices, else None."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return None
+    return "cuda" if devices else None
+
+
+def cuda_path_available() -> tuple[bool, str]:
+    """Whether jax_ub's CUDA kernels can run in this process, and if not, why."""
+    if config.get().disable:
+        return False, "JAX_UB_DISABLE=1 forces the pure-XLA reference path"
+    mod, reason = _load()
+    if mod is None:
+        return False, reason
+    if _gpu_backend() is None:
+        return False, (f"jax has no CUDA GPU (default backend: {jax.default_backend()!r}); "
+                       "the pure-XLA reference path runs")
+    lt = mod.cublaslt_description()
+    if not lt.startswith("cuBLASLt "):
+        return False, lt
+    return True, ""
+
+
+def ensure_registered() -> None:
+    """Registers every FFI target of the extension for platform CUDA (once per process)."""
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        mod = extension()
+        if mod is None:
+            raise RuntimeError(f"jax_ub CUDA extension unavailable: {_load()[1]}")
+        for name, capsule in mod.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        _registered = True
+
+
+def build_info() -> dict[str, Any]:
+    """Which path is active and why: versions, extension build facts, GPU, libraries.
+
+    ``info["cuda_path"]`` is True when jax_ub's CUDA kernels run; ``info["reason"]`` says why not.
+    """
+    from jax_ub import __version__
+
+    facts = _build_facts()
+    mod, load_reason = _load()
+    active, reason = cuda_path_available()
+    info: dict[str, Any] = {
+        "jax_ub": __version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "extension_built": facts["cuda_built"],
+        "extension_loaded": mod is not None,
+        "cuda_path": active,
+        "path": "cuda" if active else "xla-reference",
+        "reason": reason or "jax_ub CUDA extension loaded and a CUDA GPU is present",
+    }
+    if facts.get("nvcc_version"):
+        info["nvcc_version"] = facts["nvcc_version"]
+        info["cuda_archs"] = facts["cuda_archs"]
+    if mod is not None:
+        info.update({f"ext_{k}": v for k, v in mod.build_info().items()})
+        info.update({f"runtime_{k}": v for k, v in mod.runtime_info().items()})
+        info["cublaslt"] = mod.cublaslt_description()
+        info["libraries"] = find_libraries()
+    elif load_reason:
+        info["extension_error"] = load_reason
+    return info

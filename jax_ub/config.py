@@ -1,0 +1,136 @@
+"""Every jax_ub knob in one place.
+
+Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that sets its default;
+:func:`get` returns the active configuration and :func:`override` changes it for a ``with`` block
+(tests, benchmarks). Nothing else in the package reads ``os.environ``.
+
+| field        | env var              | default | meaning |
+|--------------|----------------------|---------|---------|
+| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``pipeline``, ``nccl``) |
+| disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
+| timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
+| bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
+| transport    | JAX_UB_TRANSPORT     | auto    | ``auto``, ``ipc`` (copy engine over peer-mapped memory) or ``nccl`` |
+| multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS); ``UB_SKIPMC=1`` forces it off |
+| buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
+| gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
+| log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator, Mapping
+
+METHODS = ("auto", "xla", "ring", "all_peer", "pipeline", "nccl")
+BOOTSTRAPS = ("auto", "kv", "nccl")
+TRANSPORTS = ("auto", "ipc", "nccl")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"{name} must be one of {_TRUE + _FALSE[:-1]}; got {value!r}")
+
+
+def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    v = value.strip().lower()
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+    return v
+
+
+def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | int:
+    try:
+        out = kind(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a {kind.__name__}; got {value!r}") from None
+    if out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    method: str = "auto"
+    disable: bool = False
+    timeout_s: float = 120.0
+    bootstrap: str = "auto"
+    transport: str = "auto"
+    multicast: bool = False
+    buffer_mib: int = 0
+    gemm_workspace_mib: int = 32
+    log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        _parse_choice("method", self.method, METHODS)
+        _parse_choice("bootstrap", self.bootstrap, BOOTSTRAPS)
+        _parse_choice("transport", self.transport, TRANSPORTS)
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
+        if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
+            raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
+                             f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if environ is None else environ
+        kw: dict[str, object] = {}
+        if "JAX_UB_METHOD" in env:
+            kw["method"] = _parse_choice("JAX_UB_METHOD", env["JAX_UB_METHOD"], METHODS)
+        if "JAX_UB_DISABLE" in env:
+            kw["disable"] = _parse_bool("JAX_UB_DISABLE", env["JAX_UB_DISABLE"])
+        if "JAX_UB_TIMEOUT" in env:
+            kw["timeout_s"] = float(_parse_number("JAX_UB_TIMEOUT", env["JAX_UB_TIMEOUT"], float, 1e-3))
+        if "JAX_UB_BOOTSTRAP" in env:
+            kw["bootstrap"] = _parse_choice("JAX_UB_BOOTSTRAP", env["JAX_UB_BOOTSTRAP"], BOOTSTRAPS)
+        if "JAX_UB_TRANSPORT" in env:
+            kw["transport"] = _parse_choice("JAX_UB_TRANSPORT", env["JAX_UB_TRANSPORT"], TRANSPORTS)
+        multicast = _parse_bool("JAX_UB_MULTICAST", env.get("JAX_UB_MULTICAST", "0"))
+        if _parse_bool("UB_SKIPMC", env.get("UB_SKIPMC", "0")):
+            multicast = False  # TransformerEngine's switch, honoured as "off"
+        kw["multicast"] = multicast
+        if "JAX_UB_BUFFER_MIB" in env:
+            kw["buffer_mib"] = int(_parse_number("JAX_UB_BUFFER_MIB", env["JAX_UB_BUFFER_MIB"], int, 0))
+        if "JAX_UB_GEMM_WORKSPACE_MIB" in env:
+            kw["gemm_workspace_mib"] = int(
+                _parse_number("JAX_UB_GEMM_WORKSPACE_MIB", env["JAX_UB_GEMM_WORKSPACE_MIB"], int, 0))
+        if "JAX_UB_LOG" in env:
+            level = env["JAX_UB_LOG"].strip().upper()
+            if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+                raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {env['JAX_UB_LOG']!r}")
+            kw["log_level"] = level
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+_active: Config | None = None
+
+
+def get() -> Config:
+    """The active configuration (read from the environment on first use)."""
+    global _active
+    if _active is None:
+        _active = Config.from_env()
+        logging.getLogger("jax_ub").setLevel(_active.log_level)
+    return _active
+
+
+@contextlib.contextmanager
+def override(**changes: object) -> Iterator[Config]:
+    """Temporarily replace fields of the active configuration: ``with override(method="xla"):``."""
+    global _active
+    previous = get()
+    _active = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
+    try:
+        yield _active
+    finally:
+        _active = previous

@@ -1,0 +1,117 @@
+"""``jax_ub.matmul``: the cuBLASLt GEMM custom call (``csrc/ffi/gemm.cc``), building block of the
+overlap kernels, with ``jnp.matmul`` as the reference path off-GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_ub import _ext, _ffi, config
+
+_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+TARGET = "jax_ub_gemm"
+
+
+def _check(x: jax.Array, w: jax.Array) -> None:
+    if x.ndim < 2 or w.ndim != 2:
+        raise ValueError(
+            f"matmul: x must be `[..., m, k]` (>= 2-D) and w `[k, n]` (2-D); got x {x.shape}, w {w.shape}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"matmul: x and w must share a dtype; got x {x.dtype}, w {w.dtype}")
+    if x.dtype not in [jnp.dtype(d) for d in _DTYPES]:
+        raise TypeError(f"matmul: dtype must be bfloat16, float16 or float32; got {x.dtype}")
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(
+            f"matmul: contracting dims differ: x is {x.shape} (k={x.shape[-1]}), w is {w.shape} "
+            f"(k={w.shape[0]})")
+
+
+def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False,
+             precision: Any = None) -> jax.Array:
+    """Row-major ``op(a) @ op(b)`` through cuBLASLt (CUDA only; callers check availability).
+
+    a: `[..., m, k]` (`[k, m]` 2-D when ``trans_a``), b: `[k, n]` (`[n, k]` when ``trans_b``).
+    """
+    _ext.ensure_registered()
+    if trans_a:
+        shape = (a.shape[1], b.shape[0] if trans_b else b.shape[1])
+    else:
+        shape = (*a.shape[:-1], b.shape[0] if trans_b else b.shape[1])
+    out_type = _ffi.result_type(shape, a.dtype, a, b)
+    call = jax.ffi.ffi_call(TARGET, out_type)
+    return call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
+                tf32=bool(_ffi.tf32_allowed(precision)),
+                workspace_bytes=int(config.get().gemm_workspace_mib) << 20)
+
+
+def _ref(a, b, trans_a, trans_b, precision):
+    a2 = a.T if trans_a else a
+    b2 = b.T if trans_b else b
+    return jnp.matmul(a2, b2, precision=precision)
+
+
+def _gemm(a, b, trans_a, trans_b, precision, use_cuda):
+    if not use_cuda:
+        return _ref(a, b, trans_a, trans_b, precision)
+    # Chosen per platform at lowering time: the same jitted function also runs on CPU.
+    return lax.platform_dependent(
+        a, b,
+        cuda=lambda a, b: gemm_ffi(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision),
+        default=lambda a, b: _ref(a, b, trans_a, trans_b, precision))
+
+
+def _use_cuda(method: str | None) -> bool:
+    method = "auto" if method is None else method
+    if method not in ("auto", "xla", "cublaslt"):
+        raise ValueError(f"matmul: method must be 'auto', 'xla' or 'cublaslt'; got {method!r}")
+    if method == "xla":
+        return False
+    ok, reason = _ext.cuda_path_available()
+    if method == "cublaslt" and not ok:
+        raise ValueError(f"matmul: method='cublaslt' is unavailable: {reason}")
+    return ok
+
+
+def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | None = None) -> jax.Array:
+    """``x @ w`` through cuBLASLt on NVIDIA GPUs (``jnp.matmul`` elsewhere), differentiable.
+
+    Args:
+      x: `[..., m, k]` with `bfloat16`, `float16` or `float32`; leading dims are folded into m.
+      w: `[k, n]`, same dtype as x.
+      precision: ``None``/``DEFAULT`` lets float32 use TF32 like XLA does; ``HIGHEST`` forbids it.
+      method: ``"auto"`` (cuBLASLt when available), ``"xla"`` (``jnp.matmul``) or ``"cublaslt"``.
+
+    Returns:
+      `[..., m, n]` with x's dtype (float32 accumulation).
+
+    Example::
+
+      y = jax_ub.matmul(jnp.ones((128, 64), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16))
+    """
+    _check(x, w)
+    use_cuda = _use_cuda(method)
+    return _matmul_vjp(x, w, precision, use_cuda)
+
+
+def _matmul_fwd(x, w, precision, use_cuda):
+    return _gemm(x, w, False, False, precision, use_cuda), (x, w)
+
+
+def _matmul_bwd(precision, use_cuda, res, dy):
+    x, w = res
+    dx = _gemm(dy, w, False, True, precision, use_cuda)  # dy @ wᵀ
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dw = _gemm(x2, dy2, True, False, precision, use_cuda)  # xᵀ @ dy over all rows
+    return dx, dw
+
+
+def _primal(x, w, precision, use_cuda):
+    return _gemm(x, w, False, False, precision, use_cuda)
+
+
+_matmul_vjp = jax.custom_vjp(_primal, nondiff_argnums=(2, 3))
+_matmul_vjp.defvjp(_matmul_fwd, _matmul_bwd)
