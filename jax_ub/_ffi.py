@@ -26,6 +26,17 @@ def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
         return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
 
 
+def workspace_type(*inputs: Any) -> Any:
+    """A uint8 scratch result for cuBLASLt (``JAX_UB_GEMM_WORKSPACE_MIB``), allocated by XLA.
+
+    A result rather than FFI scratch memory: XLA plans it with the program's other buffers.
+    """
+    from jax_ub import config
+
+    nbytes = max(int(config.get().gemm_workspace_mib) << 20, 256)
+    return result_type((nbytes,), jnp.uint8, *inputs)
+
+
 def tf32_allowed(precision: Any) -> bool:
     """Whether a float32 GEMM may use TF32, following jax's precision rules.
 

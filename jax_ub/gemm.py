@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_ub import _ext, _ffi, config
+from jax_ub import _ext, _ffi
 
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 TARGET = "jax_ub_gemm"
@@ -41,10 +41,10 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
     else:
         shape = (*a.shape[:-1], b.shape[0] if trans_b else b.shape[1])
     out_type = _ffi.result_type(shape, a.dtype, a, b)
-    call = jax.ffi.ffi_call(TARGET, out_type)
-    return call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
-                tf32=bool(_ffi.tf32_allowed(precision)),
-                workspace_bytes=int(config.get().gemm_workspace_mib) << 20)
+    call = jax.ffi.ffi_call(TARGET, (out_type, _ffi.workspace_type(a, b)))
+    out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
+                  tf32=bool(_ffi.tf32_allowed(precision)))
+    return out
 
 
 def _ref(a, b, trans_a, trans_b, precision):

@@ -4,7 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <sstream>
+#include <cstdio>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -24,19 +25,43 @@ class Status {
   std::string msg_;
 };
 
-// Builds a message from streamed parts: Error(StrCat() << "x=" << x).
+// Builds a message from streamed parts: Error(StrCat() << "x=" << x). Deliberately not built on
+// iostreams: a process may hold several C++ runtimes (jaxlib's, ours), and locale-based number
+// formatting across them has crashed; to_string/snprintf need no locale facets.
 class StrCat {
  public:
-  template <typename T>
-  StrCat& operator<<(const T& v) {
-    os_ << v;
+  StrCat& operator<<(const std::string& v) {
+    s_ += v;
     return *this;
   }
-  operator std::string() const { return os_.str(); }  // NOLINT(google-explicit-constructor)
-  std::string str() const { return os_.str(); }
+  StrCat& operator<<(const char* v) {
+    s_ += (v == nullptr ? "(null)" : v);
+    return *this;
+  }
+  StrCat& operator<<(char v) {
+    s_ += v;
+    return *this;
+  }
+  StrCat& operator<<(bool v) {
+    s_ += v ? "true" : "false";
+    return *this;
+  }
+  StrCat& operator<<(const void* v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", v);
+    s_ += buf;
+    return *this;
+  }
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  StrCat& operator<<(T v) {
+    s_ += std::to_string(v);
+    return *this;
+  }
+  operator std::string() const { return s_; }  // NOLINT(google-explicit-constructor)
+  const std::string& str() const { return s_; }
 
  private:
-  std::ostringstream os_;
+  std::string s_;
 };
 
 }  // namespace jax_ub

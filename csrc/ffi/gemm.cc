@@ -9,9 +9,9 @@
 namespace jax_ub {
 namespace {
 
-ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
-                       ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> c,
-                       bool trans_a, bool trans_b, bool tf32, int64_t workspace_bytes) {
+ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                       ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> workspace,
+                       bool trans_a, bool trans_b, bool tf32) {
   DType dtype;
   if (!ToDType(a.element_type(), &dtype) || b.element_type() != a.element_type() ||
       c->element_type() != a.element_type()) {
@@ -47,18 +47,6 @@ ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::ScratchAllocato
     return ToFfi("gemm", device,
                  err == cudaSuccess ? Status::Ok() : Status::Error(cudaGetErrorString(err)));
   }
-  void* workspace = nullptr;
-  if (workspace_bytes > 0) {
-    auto ws = scratch.Allocate(static_cast<size_t>(workspace_bytes), 256);
-    if (!ws.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        StrCat() << "jax_ub_gemm: could not allocate " << workspace_bytes
-                                 << " bytes of cuBLASLt workspace on device " << device
-                                 << " (lower JAX_UB_GEMM_WORKSPACE_MIB or "
-                                    "XLA_PYTHON_CLIENT_MEM_FRACTION)");
-    }
-    workspace = *ws;
-  }
   GemmArgs g;
   g.m = m;
   g.n = n;
@@ -73,8 +61,8 @@ ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::ScratchAllocato
   g.a = a.untyped_data();
   g.b = b.untyped_data();
   g.c = c->untyped_data();
-  g.workspace = workspace;
-  g.workspace_bytes = static_cast<size_t>(workspace_bytes);
+  g.workspace = workspace->untyped_data();
+  g.workspace_bytes = workspace->size_bytes();
   return ToFfi("gemm", device, Gemm(device, g, stream));
 }
 
@@ -86,13 +74,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()        // process-local device
-                                  .Ctx<ffi::ScratchAllocator>()     // cuBLASLt workspace
                                   .Arg<ffi::AnyBuffer>()            // a: [..., m, k] or [k, m]
                                   .Arg<ffi::AnyBuffer>()            // b: [k, n] or [n, k]
                                   .Ret<ffi::AnyBuffer>()            // c: [..., m, n]
+                                  .Ret<ffi::AnyBuffer>()            // cuBLASLt workspace (u8)
                                   .Attr<bool>("trans_a")            // a is stored [k, m]
                                   .Attr<bool>("trans_b")            // b is stored [n, k]
-                                  .Attr<bool>("tf32")               // allow TF32 for float32
-                                  .Attr<int64_t>("workspace_bytes"));  // scratch for cuBLASLt
+                                  .Attr<bool>("tf32"));             // allow TF32 for float32
 
 }  // namespace jax_ub
