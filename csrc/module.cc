@@ -9,8 +9,16 @@
 #include <string>
 #include <vector>
 
+#include <nanobind/stl/pair.h>
+
+#include <memory>
+#include <stdexcept>
+
+#include "comm/communicator.h"
+#include "comm/driver.h"
 #include "common/dynlib.h"
 #include "ffi/gemm.h"
+#include "ffi/overlap.h"
 #include "gemm/cublaslt.h"
 
 namespace nb = nanobind;
@@ -30,6 +38,10 @@ nb::dict Registrations() {
   nb::dict d;
   // target name -> execute-stage handler capsule; jax_ub/_ext.py registers every entry.
   d["jax_ub_gemm"] = Capsule(JaxUbGemm);
+  d["jax_ub_ag_gemm"] = Capsule(JaxUbAgGemm);
+  d["jax_ub_all_gather"] = Capsule(JaxUbAllGather);
+  d["jax_ub_gemm_rs"] = Capsule(JaxUbGemmRs);
+  d["jax_ub_reduce_scatter"] = Capsule(JaxUbReduceScatter);
   return d;
 }
 
@@ -64,6 +76,78 @@ nb::dict RuntimeInfo() {
   return d;
 }
 
+void Raise(const jax_ub::Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+jax_ub::Communicator* Get(int set_id, int device) {
+  jax_ub::Communicator* c = jax_ub::RegistryGet(set_id, device);
+  if (c == nullptr) {
+    throw std::runtime_error(jax_ub::StrCat() << "no communicator for device " << device
+                                              << " in set " << set_id);
+  }
+  return c;
+}
+
+void CommCreate(int set_id, int group, int rank, int world, int device, size_t capacity,
+                double timeout_s) {
+  jax_ub::Communicator::Options o;
+  o.set_id = set_id;
+  o.group = group;
+  o.rank = rank;
+  o.world = world;
+  o.device = device;
+  o.capacity = capacity;
+  o.timeout_s = timeout_s;
+  std::unique_ptr<jax_ub::Communicator> c;
+  Raise(jax_ub::Communicator::Create(o, &c));
+  Raise(jax_ub::RegistryAdd(std::move(c)));
+}
+
+void CommConnectLocal(int set_id, int device, int peer, int peer_device) {
+  Raise(Get(set_id, device)->ConnectLocal(peer, *Get(set_id, peer_device)));
+}
+
+nb::bytes CommExportIpc(int set_id, int device) {
+  std::string blob = Get(set_id, device)->ExportIpc();
+  if (blob.empty()) {
+    throw std::runtime_error(jax_ub::StrCat()
+                             << "cudaIpcGetMemHandle failed on device " << device
+                             << ": this GPU/driver cannot export memory to other processes");
+  }
+  return nb::bytes(blob.data(), blob.size());
+}
+
+void CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
+  Raise(Get(set_id, device)->ConnectIpc(peer, std::string(blob.c_str(), blob.size())));
+}
+
+// (can_access[i][j]) for every pair of visible devices.
+std::vector<std::vector<int>> P2PMatrix() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  std::vector<std::vector<int>> m(n, std::vector<int>(n, 1));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i != j && cudaDeviceCanAccessPeer(&m[i][j], i, j) != cudaSuccess) m[i][j] = 0;
+    }
+  }
+  cudaGetLastError();
+  return m;
+}
+
+std::pair<size_t, size_t> DeviceMemory(int device) {
+  size_t free_b = 0, total_b = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(jax_ub::StrCat() << "cudaMemGetInfo failed on device " << device);
+  }
+  return {free_b, total_b};
+}
+
 }  // namespace
 
 NB_MODULE(_jax_ub_cuda, m) {
@@ -76,4 +160,35 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("cublaslt_description", &jax_ub::CublasLtDescription,
         "Loads cuBLASLt if needed and says which library is used, or why it cannot be loaded.");
   m.def("gemm_plan_cache_size", &jax_ub::GemmPlanCacheSize);
+  using nb::arg;
+  auto nogil = nb::call_guard<nb::gil_scoped_release>();
+  m.def("comm_create", &CommCreate, arg("set_id"), arg("group"), arg("rank"), arg("world"),
+        arg("device"), arg("capacity"), arg("timeout_s"), nogil,
+        "Creates the communicator of one group member (registered buffer, flags, streams).");
+  m.def("comm_connect_local", &CommConnectLocal, arg("set_id"), arg("device"), arg("peer"),
+        arg("peer_device"), nogil, "Wires a same-process peer (peer access, direct pointers).");
+  m.def("comm_export_ipc", &CommExportIpc, arg("set_id"), arg("device"),
+        "CUDA IPC handles of this member's buffer and flags (opaque bytes).");
+  m.def("comm_connect_ipc", &CommConnectIpc, arg("set_id"), arg("device"), arg("peer"),
+        arg("blob"), "Wires a peer of another process from its exported handles.");
+  m.def("comm_grow", [](int set_id, int device, size_t capacity) {
+    Raise(Get(set_id, device)->Grow(capacity));
+  }, arg("set_id"), arg("device"), arg("capacity"), nogil);
+  m.def("comm_capacity", [](int set_id, int device) { return Get(set_id, device)->capacity(); },
+        arg("set_id"), arg("device"));
+  m.def("comm_error", [](int set_id, int device) { return Get(set_id, device)->error(); },
+        arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
+  m.def("comm_drain", [](int set_id) {
+    for (jax_ub::Communicator* c : jax_ub::RegistrySet(set_id)) Raise(c->Drain());
+  }, arg("set_id"), nogil, "Waits (bounded) until every local member's streams are idle.");
+  m.def("comm_destroy_set", [](int set_id) { Raise(jax_ub::RegistryDestroySet(set_id)); },
+        arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
+  m.def("registry_size", &jax_ub::RegistrySize);
+  m.def("p2p_matrix", &P2PMatrix, nogil);
+  m.def("device_memory", &DeviceMemory, arg("device"), "(free, total) bytes of a device.");
+  m.def("driver_check", [] {
+    const jax_ub::Driver* d = nullptr;
+    jax_ub::Status s = jax_ub::GetDriver(&d);
+    return s.ok() ? std::string() : s.message();
+  }, "'' when the driver entry points jax_ub needs are present, else why not.");
 }

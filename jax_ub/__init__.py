@@ -5,24 +5,33 @@ Public API:
 * :func:`all_gather_matmul` / :func:`matmul_reduce_scatter` — shard_map primitives (AG→GEMM, GEMM→RS),
   differentiable, with a pure-XLA reference path (:mod:`jax_ub.reference`).
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
+* :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
 * :func:`build_info` — which path is active and why.
 * :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
 """
 
 from jax_ub import config, reference
+from jax_ub._bootstrap import AgreementError, PeerTimeoutError
 from jax_ub._ext import build_info
+from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
 from jax_ub.ops import all_gather_matmul, matmul_reduce_scatter
+from jax_ub import overlap  # noqa: E402,I001  (registers the CUDA implementations)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgreementError",
+    "PeerTimeoutError",
     "__version__",
     "all_gather_matmul",
     "build_info",
     "config",
+    "initialize",
     "matmul",
     "matmul_reduce_scatter",
+    "overlap",
     "reference",
+    "shutdown",
 ]

@@ -1,0 +1,459 @@
+#include "comm/communicator.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "comm/driver.h"
+#include "kernels/flags.h"
+
+namespace jax_ub {
+namespace {
+
+const char* SlotName(int slot) {
+  switch (slot) {
+    case kDataReady: return "data-ready";
+    case kAck: return "done-reading";
+    case kReady: return "buffer-free";
+  }
+  return "?";
+}
+
+struct IpcBlob {
+  char magic[8];
+  int pid;
+  int device;
+  uint64_t capacity;
+  cudaIpcMemHandle_t buffer;
+  cudaIpcMemHandle_t flags;
+};
+
+}  // namespace
+
+std::string Where(const Communicator& c, const char* op) {
+  const auto& o = c.options();
+  return StrCat() << "jax_ub " << op << " (set " << o.set_id << ", group " << o.group << ", rank "
+                  << o.rank << " of " << o.world << ", device " << o.device << ")";
+}
+
+Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out) {
+  if (o.world < 1 || o.world > kMaxWorld || o.rank < 0 || o.rank >= o.world) {
+    return Status::Error(StrCat() << "communicator: need 1 <= world <= " << kMaxWorld
+                                  << " and 0 <= rank < world; got rank " << o.rank << ", world "
+                                  << o.world);
+  }
+  const Driver* drv = nullptr;
+  JAX_UB_RETURN_IF_ERROR(GetDriver(&drv));
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->o_ = o;
+  c->o_.capacity = 0;
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o.device));
+  int lo = 0, hi = 0;  // numerically lower = higher priority
+  JAX_UB_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  for (int i = 0; i < o.world; ++i) {
+    JAX_UB_CUDA_RETURN(cudaStreamCreateWithPriority(&c->comm_[i], cudaStreamNonBlocking, hi));
+  }
+  for (int i = 0; i < kNumComputeStreams; ++i) {
+    JAX_UB_CUDA_RETURN(cudaStreamCreateWithPriority(&c->compute_[i], cudaStreamNonBlocking, lo));
+  }
+  JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->watch_, cudaStreamNonBlocking));
+  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->start_, cudaEventDisableTiming));
+  for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const size_t flag_bytes = sizeof(uint64_t) * kNumFlagSlots * o.world;
+  JAX_UB_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&c->flags_), flag_bytes));
+  JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, flag_bytes));
+  JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_), 2 * flag_bytes));
+  c->peer_buffer_.assign(o.world, nullptr);
+  c->peer_flags_.assign(o.world, nullptr);
+  c->ipc_buffer_.assign(o.world, false);
+  c->ipc_flags_.assign(o.world, false);
+  JAX_UB_RETURN_IF_ERROR(c->AllocBuffer(o.capacity));
+  JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status Communicator::AllocBuffer(size_t capacity) {
+  if (capacity == 0) capacity = 1 << 20;
+  capacity = (capacity + 4095) / 4096 * 4096;
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, capacity);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return Status::Error(StrCat()
+                         << "could not allocate the " << capacity << "-byte registered buffer on "
+                         << "device " << o_.device << ": " << cudaGetErrorString(err) << "; free "
+                         << free_b << " of " << total_b
+                         << " bytes. XLA preallocates 75% of GPU memory by default: set "
+                            "XLA_PYTHON_CLIENT_MEM_FRACTION lower (e.g. 0.6) or "
+                            "XLA_PYTHON_CLIENT_PREALLOCATE=false");
+  }
+  buffer_ = p;
+  o_.capacity = capacity;
+  peer_buffer_[o_.rank] = buffer_;
+  peer_flags_[o_.rank] = flags_;
+  return Status::Ok();
+}
+
+Status Communicator::Grow(size_t capacity) {
+  if (capacity <= o_.capacity) return Status::Ok();
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
+  JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
+  for (int q = 0; q < o_.world; ++q) {
+    if (ipc_buffer_[q] && peer_buffer_[q] != nullptr) cudaIpcCloseMemHandle(peer_buffer_[q]);
+    ipc_buffer_[q] = false;
+    if (q != o_.rank) peer_buffer_[q] = nullptr;
+  }
+  JAX_UB_CUDA_RETURN(cudaFree(buffer_));
+  buffer_ = nullptr;
+  return AllocBuffer(capacity);
+}
+
+Status Communicator::Destroy() {
+  if (destroyed_) return Status::Ok();
+  destroyed_ = true;
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
+  Drain();
+  for (int q = 0; q < o_.world; ++q) {
+    if (ipc_buffer_[q] && peer_buffer_[q] != nullptr) cudaIpcCloseMemHandle(peer_buffer_[q]);
+    if (ipc_flags_[q] && peer_flags_[q] != nullptr) cudaIpcCloseMemHandle(peer_flags_[q]);
+  }
+  if (buffer_ != nullptr) cudaFree(buffer_);
+  if (flags_ != nullptr) cudaFree(flags_);
+  if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
+  for (int i = 0; i < o_.world; ++i) cudaStreamDestroy(comm_[i]);
+  for (auto s : compute_) cudaStreamDestroy(s);
+  cudaStreamDestroy(watch_);
+  cudaEventDestroy(start_);
+  for (auto e : join_) cudaEventDestroy(e);
+  for (auto e : events_) cudaEventDestroy(e);
+  buffer_ = nullptr;
+  flags_ = nullptr;
+  host_flags_ = nullptr;
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Status::Error(StrCat() << "communicator teardown: " << cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Drain() {
+  if (destroyed_ && buffer_ == nullptr) return Status::Ok();
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    bool busy = false;
+    for (int i = 0; i < o_.world; ++i) busy = busy || cudaStreamQuery(comm_[i]) == cudaErrorNotReady;
+    for (auto s : compute_) busy = busy || cudaStreamQuery(s) == cudaErrorNotReady;
+    cudaGetLastError();
+    if (!busy) return Status::Ok();
+    Poll();  // fires (and releases) timed-out waits
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > o_.timeout_s + 5) {
+      return Status::Error(StrCat() << Where(*this, "drain") << ": streams still busy after "
+                                    << waited << " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+Status Communicator::ConnectLocal(int peer, const Communicator& other) {
+  if (peer < 0 || peer >= o_.world || peer == o_.rank) {
+    return Status::Error(StrCat() << "ConnectLocal: bad peer " << peer);
+  }
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
+  if (other.device() != o_.device) {
+    int can = 0;
+    JAX_UB_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, o_.device, other.device()));
+    if (!can) {
+      return Status::Error(StrCat() << "GPU " << o_.device << " cannot access GPU "
+                                    << other.device()
+                                    << " (no P2P): use transport='nccl' for this group");
+    }
+    cudaError_t err = cudaDeviceEnablePeerAccess(other.device(), 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+    } else if (err != cudaSuccess) {
+      JAX_UB_CUDA_RETURN(err);
+    }
+  }
+  peer_buffer_[peer] = other.buffer_;
+  peer_flags_[peer] = other.flags_;
+  return Status::Ok();
+}
+
+std::string Communicator::ExportIpc() const {
+  IpcBlob b{};
+  std::memcpy(b.magic, "JAXUBIPC", 8);
+  b.pid = static_cast<int>(getpid());
+  b.device = o_.device;
+  b.capacity = o_.capacity;
+  cudaSetDevice(o_.device);
+  if (cudaIpcGetMemHandle(&b.buffer, buffer_) != cudaSuccess ||
+      cudaIpcGetMemHandle(&b.flags, flags_) != cudaSuccess) {
+    cudaGetLastError();
+    return std::string();
+  }
+  return std::string(reinterpret_cast<const char*>(&b), sizeof(b));
+}
+
+Status Communicator::ConnectIpc(int peer, const std::string& blob) {
+  if (peer < 0 || peer >= o_.world || peer == o_.rank) {
+    return Status::Error(StrCat() << "ConnectIpc: bad peer " << peer);
+  }
+  IpcBlob b{};
+  if (blob.size() != sizeof(b) || std::memcmp(blob.data(), "JAXUBIPC", 8) != 0) {
+    return Status::Error(StrCat() << "ConnectIpc: peer " << peer
+                                  << " sent a malformed handle blob (" << blob.size()
+                                  << " bytes; empty means cudaIpcGetMemHandle failed there)");
+  }
+  std::memcpy(&b, blob.data(), sizeof(b));
+  if (b.capacity != o_.capacity) {
+    return Status::Error(StrCat() << "ConnectIpc: peer " << peer << " has a " << b.capacity
+                                  << "-byte buffer, this rank " << o_.capacity);
+  }
+  JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
+  void* buf = nullptr;
+  JAX_UB_CUDA_RETURN(cudaIpcOpenMemHandle(&buf, b.buffer, cudaIpcMemLazyEnablePeerAccess));
+  peer_buffer_[peer] = buf;
+  ipc_buffer_[peer] = true;
+  if (!ipc_flags_[peer]) {
+    void* fl = nullptr;
+    JAX_UB_CUDA_RETURN(cudaIpcOpenMemHandle(&fl, b.flags, cudaIpcMemLazyEnablePeerAccess));
+    peer_flags_[peer] = static_cast<uint64_t*>(fl);
+    ipc_flags_[peer] = true;
+  }
+  return Status::Ok();
+}
+
+bool Communicator::Connected() const {
+  for (int q = 0; q < o_.world; ++q) {
+    if (peer_buffer_[q] == nullptr || peer_flags_[q] == nullptr) return false;
+  }
+  return true;
+}
+
+std::string Communicator::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Communicator::SetError(const std::string& msg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = msg;
+}
+
+Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
+  std::string err = error();
+  if (!err.empty()) {
+    return Status::Error(StrCat() << "communicator unusable after an earlier failure: " << err);
+  }
+  if (!Connected()) {
+    return Status::Error("communicator is not connected to all peers (jax_ub.initialize() "
+                         "did not complete on every rank)");
+  }
+  const uint64_t e = ++epoch_;
+  *epoch = e;
+  JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
+  for (int i = 0; i < o_.world; ++i) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(comm_[i], start_, 0));
+  for (auto s : compute_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, start_, 0));
+  cudaStream_t s = comm_[0];
+  for (int q = 0; q < o_.world; ++q) {
+    if (q != o_.rank && e > 1) JAX_UB_RETURN_IF_ERROR(Wait(s, kAck, q, e - 1, op));
+  }
+  for (int q = 0; q < o_.world; ++q) {
+    if (q != o_.rank) JAX_UB_RETURN_IF_ERROR(Signal(s, kReady, q, e));
+  }
+  return Status::Ok();
+}
+
+Status Communicator::End(cudaStream_t xla) {
+  int j = 0;
+  for (int i = 0; i < o_.world; ++i, ++j) {
+    JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], comm_[i]));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
+  }
+  for (int i = 0; i < kNumComputeStreams; ++i, ++j) {
+    JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], compute_[i]));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
+  }
+  return Status::Ok();
+}
+
+Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
+  if (value == 0) return Status::Ok();
+  uint64_t* flag = flags_ + slot * o_.world + peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PendingWait& p = pending_[slot][peer];
+    if (!p.pending) {
+      p.pending = true;
+      p.since = std::chrono::steady_clock::now();
+      p.op = op;
+    }
+    if (value > p.want) p.want = value;
+    any_pending_.store(true, std::memory_order_release);
+  }
+  JAX_UB_RETURN_IF_ERROR(StreamWaitGeq(s, flag, value));
+  return LaunchCheckFlag(flag, s);
+}
+
+Status Communicator::Signal(cudaStream_t s, int slot, int peer, uint64_t value) {
+  uint64_t* remote = peer_flags_[peer] + slot * o_.world + o_.rank;
+  return StreamWrite(s, remote, value);
+}
+
+void Communicator::Poll() {
+  if (!any_pending_.load(std::memory_order_acquire) || buffer_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const int n = kNumFlagSlots * o_.world;
+  if (cudaSetDevice(o_.device) != cudaSuccess ||
+      cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, watch_) !=
+          cudaSuccess ||
+      cudaStreamSynchronize(watch_) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  bool still = false;
+  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
+    for (int q = 0; q < o_.world; ++q) {
+      PendingWait& p = pending_[slot][q];
+      if (!p.pending) continue;
+      const uint64_t have = host_flags_[slot * o_.world + q];
+      if (have >= p.want) {
+        p.pending = false;
+        continue;
+      }
+      const double waited = std::chrono::duration<double>(now - p.since).count();
+      if (waited < o_.timeout_s) {
+        still = true;
+        continue;
+      }
+      std::string msg = StrCat()
+                        << Where(*this, p.op) << ": timed out after " << waited
+                        << " s waiting for rank " << q << " (" << SlotName(slot)
+                        << " signal for epoch " << p.want << "; last seen epoch " << have
+                        << "). The peer never arrived: is its process alive, and does every "
+                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)";
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      std::fflush(stderr);
+      if (error_.empty()) error_ = msg;
+      // Release the waiting stream with a marked value: the check kernel after the wait traps,
+      // so XLA's call fails instead of hanging or computing on missing data.
+      host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
+      cudaMemcpyAsync(flags_ + slot * o_.world + q, host_flags_ + n + slot * o_.world + q,
+                      sizeof(uint64_t), cudaMemcpyHostToDevice, watch_);
+      cudaStreamSynchronize(watch_);
+      p.pending = false;
+    }
+  }
+  any_pending_.store(still, std::memory_order_release);
+}
+
+// ----------------------------------------------------------------------------- registry
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;
+  std::thread watchdog;
+  std::atomic<bool> stop{false};
+};
+
+Registry& Reg() {
+  static auto* r = new Registry();  // never destroyed: no work at process exit
+  return *r;
+}
+
+void WatchdogLoop() {
+  Registry& r = Reg();
+  while (!r.stop.load()) {
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      for (auto& kv : r.comms) kv.second->Poll();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+Status RegistryAdd(std::unique_ptr<Communicator> c) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const auto key = std::make_pair(c->options().set_id, c->device());
+  if (r.comms.count(key)) {
+    return Status::Error(StrCat() << "device " << c->device()
+                                  << " already has a communicator in set "
+                                  << c->options().set_id);
+  }
+  r.comms[key] = std::move(c);
+  if (!r.watchdog.joinable()) {
+    r.stop = false;
+    r.watchdog = std::thread(WatchdogLoop);
+  }
+  return Status::Ok();
+}
+
+Communicator* RegistryGet(int set_id, int device) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.comms.find(std::make_pair(set_id, device));
+  return it == r.comms.end() ? nullptr : it->second.get();
+}
+
+std::vector<Communicator*> RegistrySet(int set_id) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<Communicator*> out;
+  for (auto& kv : r.comms) {
+    if (kv.first.first == set_id) out.push_back(kv.second.get());
+  }
+  return out;
+}
+
+Status RegistryDestroySet(int set_id) {
+  Registry& r = Reg();
+  std::vector<std::unique_ptr<Communicator>> doomed;
+  std::thread to_join;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (auto it = r.comms.begin(); it != r.comms.end();) {
+      if (it->first.first == set_id) {
+        doomed.push_back(std::move(it->second));
+        it = r.comms.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (r.comms.empty() && r.watchdog.joinable()) {
+      r.stop = true;
+      to_join = std::move(r.watchdog);
+    }
+  }
+  if (to_join.joinable()) to_join.join();
+  Status first;
+  for (auto& c : doomed) {
+    Status s = c->Destroy();
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+size_t RegistrySize() {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.comms.size();
+}
+
+}  // namespace jax_ub

@@ -1,0 +1,136 @@
+// A Userbuffers communicator: one per (TP group, member GPU). It owns the member's registered
+// buffer and flag array, sees every peer's buffer and flags (peer-mapped: same-process pointers or
+// CUDA IPC), and owns the side streams of the overlap schedules. Lifecycle is explicit
+// (Create ... Destroy, driven by jax_ub.initialize()/shutdown()); no CUDA work in destructors.
+//
+// Signalling protocol (epochs are per communicator, +1 per op, identical on every rank because
+// every rank runs the same sequence of jax_ub ops):
+//   flags[slot * world + q] on rank r holds the last epoch that peer q signalled in `slot`:
+//   kDataReady: q's data for r is in place (AG: q's shard in q's buffer; RS: q's partial in r's).
+//   kAck:       q has finished touching r's buffer for that epoch.
+//   kReady:     q's buffer may be written by peers for that epoch.
+// Every op at epoch e starts with: wait kAck >= e-1 from all peers, then signal kReady = e.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace jax_ub {
+
+enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kNumFlagSlots = 3 };
+constexpr int kMaxWorld = 16;
+constexpr int kNumComputeStreams = 3;
+
+class Communicator {
+ public:
+  struct Options {
+    int set_id = 0;   // which jax_ub.initialize() communicator set (FFI attribute)
+    int group = 0;    // TP group index within the set
+    int rank = 0;     // rank within the group
+    int world = 1;    // group size
+    int device = 0;   // process-local CUDA ordinal
+    size_t capacity = 0;  // bytes of the registered buffer (grows with Grow)
+    double timeout_s = 120.0;
+  };
+
+  static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
+  Status Destroy();  // frees everything; safe to call twice (Drain first, on every rank)
+  // Waits until this member's side streams are idle, firing timeouts like the watchdog does;
+  // bounded by timeout_s.
+  Status Drain();
+  ~Communicator() = default;
+
+  // --- wiring (initialize time) ---
+  // Same-process peer: enables peer access and uses its pointers directly.
+  Status ConnectLocal(int peer, const Communicator& other);
+  // Cross-process peer: CUDA IPC handles of the peer's buffer and flags.
+  std::string ExportIpc() const;
+  Status ConnectIpc(int peer, const std::string& blob);
+  bool Connected() const;
+  // Replaces the buffer by a larger one (all ranks must then reconnect). Synchronizes the device.
+  Status Grow(size_t capacity);
+
+  // --- per op (execute time) ---
+  // Starts an op on XLA's stream: returns its epoch; side streams wait for XLA's work so far;
+  // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
+  Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch);
+  // Joins every side stream back into XLA's stream.
+  Status End(cudaStream_t xla);
+  // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
+  Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
+  // Stream-ordered write of `value` into peer's flags[slot][my rank].
+  Status Signal(cudaStream_t s, int slot, int peer, uint64_t value);
+
+  const Options& options() const { return o_; }
+  int rank() const { return o_.rank; }
+  int world() const { return o_.world; }
+  int device() const { return o_.device; }
+  size_t capacity() const { return o_.capacity; }
+  void* buffer() const { return buffer_; }
+  void* peer_buffer(int q) const { return peer_buffer_[q]; }
+  cudaStream_t comm(int i) const { return comm_[i]; }
+  cudaStream_t compute(int i) const { return compute_[i % kNumComputeStreams]; }
+  cudaEvent_t event(int i) const { return events_[i]; }  // scratch events, i < kNumEvents
+  static constexpr int kNumEvents = 4 * kMaxWorld;
+
+  // Sticky error set by the watchdog after a timeout; every later op fails with it.
+  std::string error() const;
+  void SetError(const std::string& msg);
+
+  // Watchdog interface.
+  struct PendingWait {
+    bool pending = false;
+    uint64_t want = 0;
+    std::chrono::steady_clock::time_point since;
+    const char* op = "";
+  };
+  // Polls flags; fires timeouts. Called from the watchdog thread only.
+  void Poll();
+
+ private:
+  Communicator() = default;
+  Status AllocBuffer(size_t capacity);
+
+  Options o_;
+  void* buffer_ = nullptr;
+  uint64_t* flags_ = nullptr;          // device: kNumFlagSlots * world
+  uint64_t* host_flags_ = nullptr;     // pinned mirror for the watchdog
+  std::vector<void*> peer_buffer_;
+  std::vector<uint64_t*> peer_flags_;
+  std::vector<bool> ipc_buffer_, ipc_flags_;  // which peer pointers came from IPC (to close)
+  cudaStream_t comm_[kMaxWorld] = {};
+  cudaStream_t compute_[kNumComputeStreams] = {};
+  cudaStream_t watch_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
+  cudaEvent_t events_[kNumEvents] = {};
+  uint64_t epoch_ = 0;
+  bool destroyed_ = false;
+
+  mutable std::mutex mu_;  // error_, pending_
+  std::string error_;
+  PendingWait pending_[kNumFlagSlots][kMaxWorld];
+  std::atomic<bool> any_pending_{false};
+};
+
+// Process-wide table: (set id, device ordinal) -> communicator. FFI handlers look themselves up
+// with their attribute `set_id` and Ctx<DeviceOrdinal>.
+Status RegistryAdd(std::unique_ptr<Communicator> c);
+Communicator* RegistryGet(int set_id, int device);
+std::vector<Communicator*> RegistrySet(int set_id);
+Status RegistryDestroySet(int set_id);
+size_t RegistrySize();
+
+// Describes an op's failure on this communicator: "jax_ub <op> (set S group G rank R/W, device D): ..."
+std::string Where(const Communicator& c, const char* op);
+
+}  // namespace jax_ub

@@ -1,0 +1,16 @@
+#include "kernels/flags.h"
+
+namespace jax_ub {
+namespace {
+__global__ void CheckFlagKernel(const volatile uint64_t* flag) {
+  if (*flag >= kTimeoutMark) __trap();
+}
+}  // namespace
+
+Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream) {
+  CheckFlagKernel<<<1, 1, 0, stream>>>(flag);
+  JAX_UB_CUDA_RETURN(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace jax_ub

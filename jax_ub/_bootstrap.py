@@ -1,0 +1,463 @@
+"""Rendezvous for :func:`jax_ub.initialize`: small blobs between the ranks of one TP group.
+
+Communicators need each rank to learn a few bytes from its peers (CUDA IPC handles, an NCCL
+unique id, rank tables) and to check that every rank was configured the same way. This module does
+that over a key-value store:
+
+* across processes: jax.distributed's store (``jax._src.distributed.global_state.client``), which
+  exists once ``jax.distributed.initialize()`` has been called — no MPI, no files;
+* within one process (one thread per rank): a :class:`LocalStore`, so the same protocol code
+  serves single-process, many-GPU runs and the tests.
+
+Every rank of a group builds one :class:`KVExchange` on the group's namespace and calls the same
+collective operations in the same order::
+
+    init_id = next_init_id()                      # once per jax_ub.initialize(), in every process
+    ex = KVExchange(group_namespace(init_id, g), rank, world, timeout_s=cfg.timeout_s)
+    agree(ex, {"layout": ..., "version": jax_ub.__version__})
+    handles = ex.all_gather("handles", my_handle)  # list[bytes], indexed by rank
+
+Every wait is bounded by ``timeout_s``; a peer that never publishes raises
+:class:`PeerTimeoutError` naming it, and ranks configured differently raise
+:class:`AgreementError` with the same message on every rank. Importing this module imports only
+the standard library; jax is looked up when a :class:`KVExchange` first needs its client.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "AgreementError",
+    "KVExchange",
+    "LocalStore",
+    "PeerTimeoutError",
+    "agree",
+    "group_namespace",
+    "next_init_id",
+]
+
+class PeerTimeoutError(RuntimeError):
+    """A peer did not publish its part of a bootstrap step within ``timeout_s``."""
+
+
+class AgreementError(RuntimeError):
+    """The ranks of a group were not configured identically (same message on every rank)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Namespaces
+
+_init_counter = itertools.count(1)
+_init_lock = threading.Lock()
+
+
+def next_init_id() -> int:
+    """Number this process's next ``jax_ub.initialize()`` call: 1, 2, 3, ...
+
+    Call it exactly once per ``initialize()`` (not once per group or per rank): every process
+    calls ``initialize()`` the same number of times, so the ids agree across processes even when
+    a process holds several ranks, several groups, or different groups from one call to the next.
+    """
+    with _init_lock:
+        return next(_init_counter)
+
+
+def group_namespace(init_id: int, group: int | str) -> str:
+    """The key prefix of one group in one ``initialize()`` call: ``jax_ub/init{init_id}/group{group}``.
+
+    ``group`` is the TP group index, or a name such as ``"all"`` for a process-wide exchange.
+    """
+    return f"jax_ub/init{init_id}/group{group}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Stores: a minimal interface over jax.distributed's client and the in-process LocalStore
+
+
+class _Store(Protocol):
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        """The value of ``key``, waiting up to ``timeout_s``; None if it did not appear."""
+
+    def try_get(self, key: str) -> bytes | None:
+        """The value of ``key`` if present now, else None."""
+
+
+class LocalStore:
+    """A thread-safe in-process key-value store standing in for jax.distributed's.
+
+    Share one instance between the :class:`KVExchange` objects of ranks living in one process
+    (one thread per rank). Keys are write-once, like in jax.distributed's store.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+        self._cv = threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self._cv:
+            if key in self._data:
+                raise KeyError(f"LocalStore: key {key!r} already exists")
+            self._data[key] = bytes(value)
+            self._cv.notify_all()
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        with self._cv:
+            self._cv.wait_for(lambda: key in self._data, timeout=max(0.0, timeout_s))
+            return self._data.get(key)
+
+    def try_get(self, key: str) -> bytes | None:
+        with self._cv:
+            return self._data.get(key)
+
+    def list_keys(self) -> list[str]:
+        """Every key stored so far (sorted); for tests and debugging."""
+        with self._cv:
+            return sorted(self._data)
+
+
+def _is_deadline(err: BaseException) -> bool:
+    return isinstance(err, TimeoutError) or "DEADLINE_EXCEEDED" in str(err)
+
+
+def _is_not_found(err: BaseException) -> bool:
+    return isinstance(err, KeyError) or "NOT_FOUND" in str(err)
+
+
+class _JaxClientStore:
+    """Adapts jax.distributed's ``DistributedRuntimeClient`` (or anything with its methods).
+
+    Uses the ``*_bytes`` methods when the client has them; otherwise stores base64 text through
+    ``key_value_set`` / ``blocking_key_value_get``. ``try_get`` falls back from
+    ``key_value_try_get[_bytes]`` to ``key_value_dir_get[_bytes]`` to a 1 ms blocking read.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._binary = all(
+            hasattr(client, m) for m in ("key_value_set_bytes", "blocking_key_value_get_bytes"))
+        for m in ("key_value_set", "blocking_key_value_get"):
+            if not self._binary and not hasattr(client, m):
+                raise TypeError(f"jax_ub bootstrap: the key-value client {type(client).__name__} "
+                                f"has neither {m} nor {m}_bytes")
+
+    def _decode(self, raw: bytes | str) -> bytes:
+        if self._binary:
+            return raw if isinstance(raw, bytes) else raw.encode("latin-1")
+        return base64.b64decode(raw)
+
+    def set(self, key: str, value: bytes) -> None:
+        if self._binary:
+            self._client.key_value_set_bytes(key, bytes(value))
+        else:
+            self._client.key_value_set(key, base64.b64encode(value).decode("ascii"))
+
+    def wait(self, key: str, timeout_s: float) -> bytes | None:
+        get = (self._client.blocking_key_value_get_bytes if self._binary
+               else self._client.blocking_key_value_get)
+        try:
+            return self._decode(get(key, max(1, int(timeout_s * 1000))))
+        except Exception as err:
+            if _is_deadline(err) or _is_not_found(err):
+                return None
+            raise
+
+    def try_get(self, key: str) -> bytes | None:
+        suffix = "_bytes" if self._binary else ""
+        try_get = getattr(self._client, "key_value_try_get" + suffix, None)
+        if try_get is not None:
+            try:
+                return self._decode(try_get(key))
+            except Exception as err:
+                if _is_not_found(err):
+                    return None
+                raise
+        dir_get = getattr(self._client, "key_value_dir_get" + suffix, None)
+        if dir_get is not None:
+            parent = key.rsplit("/", 1)[0] + "/"
+            for k, v in dir_get(parent):
+                if k == key:
+                    return self._decode(v)
+            return None
+        return self.wait(key, 0.001)
+
+
+def _default_client() -> Any:
+    """jax.distributed's client, or None when ``jax.distributed.initialize()`` was not called."""
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+# ------------------------------------------------------------------------------------------------
+# The exchange
+
+
+def _plural(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class KVExchange:
+    """Collective exchange of small byte strings among the ``world`` ranks of one group.
+
+    Every rank of the group constructs one with the same ``namespace`` and ``world`` and its own
+    ``rank``, and calls the same operations with the same tags in the same order. A tag names one
+    operation and may be used once per exchange (keys are write-once); rank ``r`` publishes under
+    ``{namespace}/{tag}/{r}``.
+
+    Args:
+      namespace: key prefix unique to this group and this ``initialize()`` call, e.g.
+        ``group_namespace(next_init_id(), g)``.
+      rank: this rank, ``0 <= rank < world``.
+      world: number of ranks in the group.
+      timeout_s: bound on each operation's wait for all its peers (overall, not per peer).
+      client: a :class:`LocalStore` (ranks in threads of one process), a jax.distributed client,
+        or None: jax.distributed's client if ``jax.distributed.initialize()`` was called, else
+        (only when ``world == 1``) a private :class:`LocalStore`.
+      peer_names: optional description of who holds each rank, used in error messages, e.g.
+        ``["process 0", "process 0", "process 1", "process 1"]``.
+    """
+
+    def __init__(self, namespace: str, rank: int, world: int, timeout_s: float,
+                 client: Any = None, *, peer_names: Sequence[str] | None = None) -> None:
+        if not namespace or namespace.endswith("/"):
+            raise ValueError(f"namespace must be non-empty without a trailing '/'; got {namespace!r}")
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, world) with world >= 1; got rank={rank}, world={world}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0; got {timeout_s!r}")
+        if peer_names is not None and len(peer_names) != world:
+            raise ValueError(f"peer_names must have world={world} entries; got {len(peer_names)}")
+        if client is None:
+            client = _default_client()
+            if client is None:
+                if world > 1:
+                    raise RuntimeError(
+                        f"jax_ub bootstrap ({namespace}): a group of {world} ranks needs "
+                        "jax.distributed.initialize() to have been called in every process, or a "
+                        "LocalStore shared by ranks living in one process")
+                client = LocalStore()
+        self.namespace = namespace
+        self.rank = rank
+        self.world = world
+        self.timeout_s = float(timeout_s)
+        self.peer_names = list(peer_names) if peer_names is not None else None
+        self._store: _Store = client if isinstance(client, LocalStore) else _JaxClientStore(client)
+        self._used_tags: set[str] = set()
+
+    def __repr__(self) -> str:
+        return (f"KVExchange({self.namespace!r}, rank={self.rank}, world={self.world}, "
+                f"timeout_s={self.timeout_s})")
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _key(self, tag: str, rank: int) -> str:
+        return f"{self.namespace}/{tag}/{rank}"
+
+    def _claim(self, tag: str) -> None:
+        if not tag or "/" in tag:
+            raise ValueError(f"tag must be non-empty and contain no '/'; got {tag!r}")
+        if tag in self._used_tags:
+            raise ValueError(f"jax_ub bootstrap ({self.namespace}): tag {tag!r} was already used on "
+                             "this exchange; every operation needs its own tag")
+        self._used_tags.add(tag)
+
+    def _who(self, rank: int) -> str:
+        return f"rank {rank} ({self.peer_names[rank]})" if self.peer_names else f"rank {rank}"
+
+    def _timeout_error(self, op: str, tag: str, missing: Sequence[int]) -> PeerTimeoutError:
+        if self.peer_names:
+            ranks = ", ".join(f"{r} ({self.peer_names[r]})" for r in missing)
+            holders = list(dict.fromkeys(self.peer_names[r] for r in missing))
+            one = len(holders) == 1
+            question = (f"{'is' if one else 'are'} {' and '.join(holders)} running and did "
+                        f"{'it' if one else 'they'} call jax_ub.initialize()?")
+        else:
+            ranks = ", ".join(map(str, missing))
+            one = len(missing) == 1
+            question = (f"{'is the process' if one else 'are the processes'} holding "
+                        f"{'rank' if one else 'ranks'} {ranks} running and did "
+                        f"{'it' if one else 'they'} call jax_ub.initialize()?")
+        return PeerTimeoutError(
+            f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} waited "
+            f"{self.timeout_s:g} s for {'rank' if len(missing) == 1 else 'ranks'} {ranks} of "
+            f"world {self.world}, which never published; {question} (timeout: JAX_UB_TIMEOUT)")
+
+    def _publish(self, op: str, tag: str, payload: bytes) -> None:
+        key = self._key(tag, self.rank)
+        try:
+            self._store.set(key, payload)
+        except Exception as err:
+            raise RuntimeError(
+                f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
+                f"publish key {key!r}: {err} (a namespace must be used by one exchange per rank: "
+                "call next_init_id() once per initialize())") from err
+
+    def _read(self, op: str, tag: str, ranks: Sequence[int], deadline: float) -> dict[int, bytes]:
+        """Read the keys of ``ranks`` under ``tag``, all by ``deadline`` (time.monotonic())."""
+        got: dict[int, bytes] = {}
+        pending = list(ranks)
+        while pending:
+            r = pending[0]
+            try:
+                value = self._store.wait(self._key(tag, r), deadline - time.monotonic())
+            except Exception as err:
+                raise RuntimeError(
+                    f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
+                    f"read {self._who(r)}'s key {self._key(tag, r)!r}: {err}") from err
+            if value is None:
+                break
+            got[r] = value
+            pending.pop(0)
+        if pending:
+            # Timed out: find every rank still absent, to name them all.
+            missing = []
+            for r in pending:
+                try:
+                    value = self._store.try_get(self._key(tag, r))
+                except Exception:  # a failed probe still means "not received"
+                    value = None
+                if value is None:
+                    missing.append(r)
+                else:
+                    got[r] = value
+            if missing:
+                raise self._timeout_error(op, tag, missing)
+        return got
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def all_gather(self, tag: str, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, indexed by rank (this rank's own included).
+
+        Raises:
+          PeerTimeoutError: some rank did not publish within ``timeout_s``; names every such rank.
+        """
+        return self._all_gather("all_gather", tag, payload)
+
+    def _all_gather(self, op: str, tag: str, payload: bytes) -> list[bytes]:
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes; got {type(payload).__name__}")
+        self._claim(tag)
+        deadline = time.monotonic() + self.timeout_s
+        payload = bytes(payload)
+        self._publish(op, tag, payload)
+        peers = [r for r in range(self.world) if r != self.rank]
+        got = self._read(op, tag, peers, deadline)
+        got[self.rank] = payload
+        return [got[r] for r in range(self.world)]
+
+    def broadcast(self, tag: str, payload: bytes | None, root: int = 0) -> bytes:
+        """``root``'s ``payload`` on every rank; the other ranks pass None (ignored).
+
+        Raises:
+          PeerTimeoutError: ``root`` did not publish within ``timeout_s``.
+        """
+        if not 0 <= root < self.world:
+            raise ValueError(f"root must be in [0, {self.world}); got {root}")
+        self._claim(tag)
+        if self.rank == root:
+            if not isinstance(payload, (bytes, bytearray, memoryview)):
+                raise TypeError(f"the root's payload must be bytes; got {type(payload).__name__}")
+            payload = bytes(payload)
+            self._publish("broadcast", tag, payload)
+            return payload
+        deadline = time.monotonic() + self.timeout_s
+        return self._read("broadcast", tag, [root], deadline)[root]
+
+    def barrier(self, tag: str) -> None:
+        """Return once every rank has reached ``barrier(tag)``.
+
+        Raises:
+          PeerTimeoutError: some rank did not arrive within ``timeout_s``; names every such rank.
+        """
+        self._all_gather("barrier", tag, b"")
+
+
+# ------------------------------------------------------------------------------------------------
+# Agreement
+
+
+def _jsonable(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+
+def _decode_fields(blob: bytes) -> dict[str, Any] | None:
+    try:
+        out = json.loads(blob.split(b"\n", 1)[1])
+    except (IndexError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _show(table: dict[str, Any], name: str) -> str:
+    return _canonical(table[name]) if name in table else "<absent>"
+
+
+def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree") -> None:
+    """Check that every rank of ``exchange`` passed equal ``fields``.
+
+    Each rank publishes a canonical JSON of ``fields`` (keys sorted; tuples compare equal to
+    lists; values JSON cannot hold compare by ``str``) prefixed by its SHA-256. On any mismatch
+    every rank raises :class:`AgreementError` with the same message: in rank order, each rank
+    whose fields differ from rank 0's, and each differing field with both values.
+
+    Raises:
+      AgreementError: the ranks disagree.
+      PeerTimeoutError: some rank did not take part within ``exchange.timeout_s``.
+    """
+    if not all(isinstance(k, str) for k in fields):
+        raise TypeError(f"agree() field names must be str; got {sorted(map(repr, fields))}")
+    text = _canonical(dict(fields))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    blobs = exchange.all_gather(tag, f"{digest}\n{text}".encode())
+    digests = [b.split(b"\n", 1)[0] for b in blobs]
+    if all(d == digests[0] for d in digests):
+        return
+
+    tables = [_decode_fields(b) for b in blobs]
+    lines = []
+    for r in range(1, exchange.world):
+        if digests[r] == digests[0]:
+            continue
+        base, table = tables[0], tables[r]
+        if base is None or table is None:
+            lines.append(f"  rank {r}: unreadable agreement payload from rank "
+                         f"{0 if base is None else r}")
+            continue
+        diffs = [f"{name}={_show(table, name)} (rank 0: {_show(base, name)})"
+                 for name in sorted(set(base) | set(table))
+                 if _show(base, name) != _show(table, name)]
+        lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "
+                                          "(different jax_ub versions?)"))
+    bad = [r for r in range(1, exchange.world) if digests[r] != digests[0]]
+    raise AgreementError(
+        f"jax_ub bootstrap: the {exchange.world} ranks of {exchange.namespace} disagree; every "
+        "process must call jax_ub.initialize() with the same mesh, arguments, configuration and "
+        f"jax_ub version. {_plural(bad).capitalize()} {'differs' if len(bad) == 1 else 'differ'} "
+        "from rank 0:\n" + "\n".join(lines))
+

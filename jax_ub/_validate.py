@@ -1,0 +1,108 @@
+"""Argument checks shared by the jax_ub primitives; they run at trace time, before any kernel.
+
+Every error says what was expected and what was received (shapes, dtypes, values), and names the
+public function it came from. Shape errors are ``ValueError``; wrong types and dtypes ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+SUPPORTED_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+_DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+
+
+def shape_str(shape: tuple[int, ...]) -> str:
+    """``(3, 5)`` -> ``[3, 5]``, the notation of the docstrings."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def check_array(fn: str, name: str, a: Any) -> None:
+    if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+        raise TypeError(f"{fn}: `{name}` must be a jax array; got {type(a).__name__}")
+
+
+def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> None:
+    """``x`` at least 2-D, ``w`` 2-D, same supported float dtype, matching contracting dims."""
+    check_array(fn, "x", x)
+    check_array(fn, "w", w)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: `x` must be at least 2-D `{x_layout}`; got shape {shape_str(x.shape)}")
+    if w.ndim != 2:
+        raise ValueError(f"{fn}: `w` must be 2-D `{w_layout}`; got shape {shape_str(w.shape)}")
+    for name, a in (("x", x), ("w", w)):
+        if np.dtype(a.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{fn}: `{name}` must have dtype {_DTYPE_NAMES}; got {np.dtype(a.dtype).name}")
+    if x.dtype != w.dtype:
+        raise TypeError(
+            f"{fn}: `x` and `w` must have the same dtype; got x {np.dtype(x.dtype).name}, "
+            f"w {np.dtype(w.dtype).name}"
+        )
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(
+            f"{fn}: contracting dims must match: x.shape[-1] == w.shape[0] (x `{x_layout}`, "
+            f"w `{w_layout}`); got x {shape_str(x.shape)}, w {shape_str(w.shape)}"
+        )
+
+
+def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...]) -> int:
+    """A non-negative axis of ``x`` that is not the last (contracting) one."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{fn}: `{kw}` must be an int; got {axis!r} of type {type(axis).__name__}")
+    ndim = len(x_shape)
+    valid = (*range(-ndim, -1), *range(ndim - 1))
+    if axis not in valid:
+        raise ValueError(
+            f"{fn}: `{kw}` must be an axis of x other than the last (contracting) one, i.e. one of "
+            f"{valid} for x of shape {shape_str(x_shape)}; got {axis}"
+        )
+    return int(axis) % ndim
+
+
+def bound_axis_size(fn: str, axis_name: Any) -> int:
+    """The size of mesh axis ``axis_name``, or a ValueError when no enclosing shard_map binds it."""
+    try:
+        hash(axis_name)
+    except TypeError:
+        raise TypeError(
+            f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}"
+        ) from None
+    try:
+        return int(lax.axis_size(axis_name))
+    except NameError:
+        pass
+    msg = (
+        f"{fn}: axis_name {axis_name!r} is not bound: call it inside jax.shard_map over a mesh with that axis"
+    )
+    bound = _manual_axes()
+    if bound:
+        msg += f" (axes bound here: {bound})"
+    raise ValueError(msg)
+
+
+def _manual_axes() -> tuple[str, ...]:
+    """Mesh axes of the enclosing shard_map, for error messages only (best effort)."""
+    try:
+        mesh = jax.sharding.get_abstract_mesh()
+        manual = getattr(mesh, "manual_axes", ())
+        return tuple(n for n in mesh.axis_names if n in manual)
+    except Exception:
+        return ()
+
+
+def check_divisible(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], axis_name: Any, tp: int) -> None:
+    if x_shape[axis] % tp:
+        raise ValueError(
+            f"{fn}: x.shape[{kw}={axis}] must be divisible by the size of mesh axis {axis_name!r} "
+            f"({tp}); got x {shape_str(x_shape)}"
+        )
+
+
+def check_bool(fn: str, kw: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: `{kw}` must be a bool; got {value!r}")

@@ -1,0 +1,213 @@
+"""Flax NNX tensor-/sequence-parallel layers with comm/GEMM overlap.
+
+* :class:`ColumnParallelDense` — SP→TP: `[batch, seq/tp, in]` → all-gather + GEMM →
+  `[batch, seq, out/tp]`.
+* :class:`RowParallelDense` — TP→SP: `[batch, seq, in/tp]` → GEMM + reduce-scatter →
+  `[batch, seq/tp, out]`.
+* :class:`ParallelMLP` — LayerNorm → column → activation → row, `[batch, seq/tp, features]` in and
+  out.
+
+Shapes above are per device. A layer works in one of two modes, chosen at each call: on *global*
+arrays under ``jax.set_mesh(mesh)`` (or with ``mesh=``), where it applies ``jax.shard_map`` itself,
+or on *local* shards inside the user's ``jax.shard_map`` over ``axis_name``. See
+:mod:`jax_ub._layers` for the rules. Parameters carry partitioning metadata (``nnx.get_partition_spec``):
+column kernel ``(None, axis_name)`` and bias ``(axis_name,)``; row kernel ``(axis_name, None)`` and
+bias ``(None,)``. Under a mesh with ``axis_name`` they are created sharded (Flax eager sharding).
+
+Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
+
+    import jax, jax.numpy as jnp
+    from flax import nnx
+    from jax_ub import nn as ubnn
+
+    mesh = jax.make_mesh((1, 4), ("dp", "tp"))
+    with jax.set_mesh(mesh):
+        mlp = ubnn.ParallelMLP(64, 256, rngs=nnx.Rngs(0))
+        x = jnp.ones((2, 16, 64))                  # [batch, seq, features]
+        y = nnx.jit(lambda m, x: m(x))(mlp, x)     # [2, 16, 64], seq split over "tp"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_ub import _layers
+
+__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense"]
+
+default_kernel_init = nnx.initializers.lecun_normal()
+default_bias_init = nnx.initializers.zeros_init()
+
+
+def _param(where: str, init: Callable[..., jax.Array], key: jax.Array, shape: Sequence[int],
+           dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any) -> nnx.Param:
+    """A parameter of global ``shape`` split over ``axis_name`` as ``names`` says.
+
+    Inside a shard_map over ``axis_name`` it is created as this device's shard; under a mesh with
+    ``axis_name`` it is created sharded; otherwise as a plain array. Metadata is always attached.
+    """
+    p = _layers.placement(axis_name, mesh)
+    shape = tuple(shape)
+    for dim, name in enumerate(names):
+        if name == axis_name:
+            _layers.check_divisible(where, f"parameter dim {dim} of {list(shape)}", shape[dim],
+                                    p.tp, axis_name)
+    if p.local:
+        assert p.tp is not None
+        init = _layers.local_initializer(init, shape, names, axis_name, p.tp)
+        shape = _layers.local_shape(shape, names, axis_name, p.tp)
+    eager = not p.local and p.tp is not None
+    concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
+    boxed = nnx.with_partitioning(init, names, mesh=concrete)
+    return nnx.Param(boxed(key, shape, dtype), eager_sharding=eager)
+
+
+class ColumnParallelDense(nnx.Module):
+    """Column-parallel dense layer (sequence-parallel in, tensor-parallel out): AG→GEMM.
+
+    Global mode: x `[batch, seq, in_features]` with seq split over ``axis_name`` →
+    `[batch, seq, out_features]` with the features split over ``axis_name``. Local mode (inside
+    ``shard_map``): x `[batch, seq/tp, in_features]` → `[batch, seq, out_features/tp]`.
+
+    Args:
+      in_features: input size (the hidden size; not split).
+      out_features: global output size, divisible by ``tp``.
+      use_bias: add a bias `[out_features]` (split over ``axis_name``).
+      dtype: compute dtype (default: promoted from input and parameters).
+      param_dtype: parameter dtype.
+      kernel_init, bias_init: initializers, called with the global shapes.
+      precision: passed to the GEMM.
+      method: overlap algorithm for :func:`jax_ub.all_gather_matmul` (``None``: configured default;
+        ``"xla"``: pure-XLA reference).
+      axis_name: the tensor-parallel mesh axis.
+      mesh: mesh for global mode (default: the one set with ``jax.set_mesh``).
+      rngs: random streams; ``rngs.params`` initialises the parameters.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 dtype: Any = None, param_dtype: Any = jnp.float32,
+                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
+                 bias_init: Callable[..., jax.Array] = default_bias_init,
+                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
+                 mesh: Any = None, rngs: nnx.Rngs):
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+        self.method = method
+        self.axis_name = axis_name
+        self.mesh = mesh
+        kernel_names, bias_names = _layers.column_partitioning(axis_name)
+        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
+                             (in_features, out_features), param_dtype, kernel_names, axis_name,
+                             mesh)
+        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
+                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layers.column_parallel_dense(
+            x, self.kernel[...], None if self.bias is None else self.bias[...],
+            out_features=self.out_features, axis_name=self.axis_name, mesh=self.mesh,
+            dtype=self.dtype, precision=self.precision, method=self.method,
+            where=type(self).__name__)
+
+
+class RowParallelDense(nnx.Module):
+    """Row-parallel dense layer (tensor-parallel in, sequence-parallel out): GEMM→RS.
+
+    Global mode: x `[batch, seq, in_features]` with the features split over ``axis_name`` →
+    `[batch, seq, out_features]` with seq split over ``axis_name``. Local mode: x
+    `[batch, seq, in_features/tp]` → `[batch, seq/tp, out_features]`. The bias `[out_features]`
+    (replicated) is added once, after the reduce-scatter.
+
+    Args: as :class:`ColumnParallelDense`, with ``in_features`` (global) divisible by ``tp``;
+    ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 dtype: Any = None, param_dtype: Any = jnp.float32,
+                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
+                 bias_init: Callable[..., jax.Array] = default_bias_init,
+                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
+                 mesh: Any = None, rngs: nnx.Rngs):
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+        self.method = method
+        self.axis_name = axis_name
+        self.mesh = mesh
+        kernel_names, bias_names = _layers.row_partitioning(axis_name)
+        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
+                             (in_features, out_features), param_dtype, kernel_names, axis_name,
+                             mesh)
+        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
+                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layers.row_parallel_dense(
+            x, self.kernel[...], None if self.bias is None else self.bias[...],
+            in_features=self.in_features, axis_name=self.axis_name, mesh=self.mesh,
+            dtype=self.dtype, precision=self.precision, method=self.method,
+            where=type(self).__name__)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last dim with replicated `[features]` scale and bias (token-local)."""
+
+    def __init__(self, features: int, *, epsilon: float = 1e-6, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, axis_name: str = "tp", mesh: Any = None,
+                 rngs: nnx.Rngs):
+        self.epsilon = epsilon
+        self.dtype = dtype
+        ones = nnx.initializers.ones_init()
+        zeros = nnx.initializers.zeros_init()
+        self.scale = _param("LayerNorm", ones, rngs.params(), (features,), param_dtype, (None,),
+                            axis_name, mesh)
+        self.bias = _param("LayerNorm", zeros, rngs.params(), (features,), param_dtype, (None,),
+                           axis_name, mesh)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layers.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon,
+                                  dtype=self.dtype)
+
+
+class ParallelMLP(nnx.Module):
+    """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (no residual).
+
+    x `[batch, seq, features]` → `[batch, seq, features]`, the sequence split over ``axis_name`` on
+    both sides (global mode; local mode sees `[batch, seq/tp, features]`). ``up`` is a
+    :class:`ColumnParallelDense` ``features → ffn_features``, ``down`` a :class:`RowParallelDense`
+    ``ffn_features → features``; ``ffn_features`` must be divisible by ``tp``.
+
+    Args: ``activation`` (default :func:`jax.nn.gelu`), ``epsilon`` of the LayerNorm, the rest as
+    :class:`ColumnParallelDense`.
+    """
+
+    def __init__(self, features: int, ffn_features: int, *,
+                 activation: Callable[[jax.Array], jax.Array] = jax.nn.gelu,
+                 use_bias: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
+                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
+                 bias_init: Callable[..., jax.Array] = default_bias_init,
+                 precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
+                 axis_name: str = "tp", mesh: Any = None, rngs: nnx.Rngs):
+        self.activation = activation
+        common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=kernel_init, bias_init=bias_init, precision=precision,
+                      method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
+        self.norm = LayerNorm(features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
+                              axis_name=axis_name, mesh=mesh, rngs=rngs)
+        self.up = ColumnParallelDense(features, ffn_features, **common)
+        self.down = RowParallelDense(ffn_features, features, **common)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(self.activation(self.up(self.norm(x))))

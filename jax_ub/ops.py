@@ -1,0 +1,335 @@
+"""Tensor-parallel primitives: AG→GEMM and GEMM→RS, differentiable, for use inside ``jax.shard_map``.
+
+:func:`all_gather_matmul` and :func:`matmul_reduce_scatter` have the semantics of
+:mod:`jax_ub.reference` (DESIGN.md §2). Each call
+
+1. validates its arguments at trace time (before any kernel), with errors naming expected and
+   received shapes/dtypes/values;
+2. picks an implementation: :func:`_resolve_method` maps ``method`` (or ``config.get().method``)
+   to a registered name, and ``_IMPLS[(op, name)]`` is the forward;
+3. differentiates through one ``custom_vjp`` whose backward is the *dual* op (:data:`DUAL`), called
+   through the same dispatch, so an overlapped forward gets an overlapped backward.
+
+The method is resolved when the call is traced: a ``jax.jit`` cache keeps the path it traced with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax import lax
+
+from jax_ub import _validate, config, reference
+
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter"]
+
+# Op keys of the implementation registry.
+AG = "ag"  # all_gather_matmul: y = all_gather(x) @ w
+RS = "rs"  # matmul_reduce_scatter: y = reduce_scatter(x @ w)
+
+# The AG<->RS duality of tensor parallelism, written once. The backward of each op is its dual op
+# applied to (dy, wᵀ) along the same axis; everything else in the VJP is shared (see _overlap_bwd).
+DUAL: dict[str, str] = {AG: RS, RS: AG}
+
+_PUBLIC_NAME = {AG: "all_gather_matmul", RS: "matmul_reduce_scatter"}
+
+# An implementation computes ``(y, x_full)`` from local shards, where ``x_full`` is the left operand
+# the GEMM actually saw: the gathered x for AG, x itself for RS. Keyword arguments: ``axis_name``,
+# ``axis`` (the gather/scatter axis, non-negative) and ``precision``.
+Impl = Callable[..., tuple[jax.Array, jax.Array]]
+_IMPLS: dict[tuple[str, str], Impl] = {}
+
+
+def register_impl(op: str, method: str) -> Callable[[Impl], Impl]:
+    """Decorator registering ``fn`` as the forward of ``op`` (``"ag"``/``"rs"``) for ``method``."""
+    if op not in DUAL:
+        raise ValueError(f"op must be one of {tuple(DUAL)}; got {op!r}")
+
+    def register(fn: Impl) -> Impl:
+        _IMPLS[(op, method)] = fn
+        return fn
+
+    return register
+
+
+@register_impl(AG, "xla")
+def _ag_xla(x, w, *, axis_name, axis, precision):
+    return reference.all_gather_matmul(
+        x, w, axis_name, gather_axis=axis, return_gathered=True, precision=precision
+    )
+
+
+@register_impl(RS, "xla")
+def _rs_xla(x, w, *, axis_name, axis, precision):
+    return reference.matmul_reduce_scatter(x, w, axis_name, scatter_axis=axis, precision=precision), x
+
+
+def _cuda_status() -> tuple[bool, str]:
+    try:
+        from jax_ub._ext import cuda_path_available
+    except ImportError as e:  # the extension loader itself is missing (partial install)
+        return False, f"jax_ub._ext could not be imported ({e})"
+    return cuda_path_available()
+
+
+def _cuda_unavailable_reason() -> str:
+    return _cuda_status()[1] or "the CUDA path is available"
+
+
+def _resolve_method(method: str | None) -> str:
+    """The registered implementation name to use for ``method`` (``None``: the configured one).
+
+    ``JAX_UB_DISABLE=1`` (``config.disable``) and ``"xla"`` give ``"xla"``; ``"auto"`` gives
+    ``"auto"`` (which picks a CUDA algorithm per shape, or the reference when the mesh axis has no
+    communicator) when the CUDA path can run, else ``"xla"``; the CUDA algorithms need it.
+    """
+    cfg = config.get()
+    requested = cfg.method if method is None else method
+    if not isinstance(requested, str) or requested not in config.METHODS:
+        raise ValueError(f"method must be None or one of {config.METHODS}; got {requested!r}")
+    if cfg.disable or requested == "xla":
+        return "xla"
+    ok, why = _cuda_status()
+    if requested == "auto":
+        return "auto" if ok else "xla"
+    if not ok:
+        raise ValueError(
+            f"method={requested!r} needs the CUDA overlap extension, which is not available: "
+            f"{why}. Use method='auto' or 'xla' (the pure-XLA path), or set JAX_UB_DISABLE=1 to "
+            "force that path everywhere"
+        )
+    return requested
+
+
+def _impl(op: str, method: str) -> Impl:
+    try:
+        return _IMPLS[(op, method)]
+    except KeyError:
+        have = sorted(m for o, m in _IMPLS if o == op)
+        raise ValueError(
+            f"{_PUBLIC_NAME[op]}: no implementation registered for method {method!r}; have {have}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Varying mesh axes (shard_map's check_vma): a cotangent must vary over exactly the axes its primal
+# varies over. A replicated w used on every device gets the sum of the per-device contributions.
+
+
+def _vma(a: Any) -> frozenset:
+    aval = jax.typeof(a)
+    vma = getattr(aval, "vma", None)  # jax >= 0.7 spelling
+    if vma is None:  # jax 0.10: ShapedArray.manual_axis_type.varying
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
+
+
+def _match_vma(ct: jax.Array, target: frozenset) -> jax.Array:
+    have = _vma(ct)
+    extra = tuple(sorted(have - target, key=str))
+    if extra:  # primal replicated over these axes: sum the per-device contributions
+        ct = lax.psum(ct, extra)
+    missing = tuple(sorted(target - have, key=str))
+    if missing:  # primal varies where the cotangent does not (e.g. it came from a replicated dy)
+        ct = lax.pcast(ct, missing, to="varying") if hasattr(lax, "pcast") else lax.pvary(ct, missing)
+    return ct
+
+
+# ----------------------------------------------------------------------------------------------
+# One custom_vjp for both ops.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """Static description of one call (the custom_vjp's non-differentiable argument)."""
+
+    op: str  # AG or RS
+    method: str  # a registered implementation name
+    axis_name: Any
+    axis: int  # gather/scatter axis, non-negative
+    precision: Any
+    x_vma: frozenset  # mesh axes x varies over (empty with check_vma=False)
+    w_vma: frozenset
+    return_full: bool  # also output x_full (AG: return_gathered; the dual call in a backward)
+
+
+def _call_for(op, method, axis_name, axis, precision, x, w, *, return_full) -> _Call:
+    return _Call(op, method, axis_name, axis, precision, _vma(x), _vma(w), return_full)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _overlap(call: _Call, x: jax.Array, w: jax.Array) -> Any:
+    """``y``, or ``(y, x_full)`` with ``call.return_full``, of ``call.op``; see :data:`Impl`."""
+    y, x_full = _impl(call.op, call.method)(
+        x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision
+    )
+    return (y, x_full) if call.return_full else y
+
+
+def _overlap_fwd(call, x, w):
+    y, x_full = _impl(call.op, call.method)(
+        x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision
+    )
+    return ((y, x_full) if call.return_full else y), (x_full, w)
+
+
+def _overlap_bwd(call, residuals, cotangents):
+    x_full, w = residuals
+    dy, dx_full = cotangents if call.return_full else (cotangents, None)
+    # dgrad is the dual op of (dy, wᵀ) along the same axis. The dual's x_full is dy at full extent
+    # (gathered when the dual is AG, dy itself when it is RS), so wgrad is x_fullᵀ @ dy_full
+    # contracted over all leading dims: AG(x)ᵀ @ dy, or xᵀ @ AG(dy).
+    wt = w.T
+    dual = _call_for(
+        DUAL[call.op], call.method, call.axis_name, call.axis, call.precision, dy, wt, return_full=True
+    )
+    dx, dy_full = _overlap(dual, dy, wt)
+    lead = tuple(range(x_full.ndim - 1))
+    dw = lax.dot_general(x_full, dy_full, ((lead, lead), ((), ())), precision=call.precision)
+    if dx_full is not None:
+        # x_full was an output too (return_gathered): its cotangent goes back to x through the
+        # transpose of the bare collective, a reduce-scatter for AG and the identity for RS.
+        if call.op == AG:
+            dx_full = lax.psum_scatter(dx_full, call.axis_name, scatter_dimension=call.axis, tiled=True)
+        dx = dx + dx_full
+    return _match_vma(dx, call.x_vma), _match_vma(dw, call.w_vma)
+
+
+_overlap.defvjp(_overlap_fwd, _overlap_bwd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API.
+
+
+def all_gather_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    axis_name: str | tuple[str, ...],
+    *,
+    gather_axis: int = 0,
+    return_gathered: bool = False,
+    precision: Any = None,
+    method: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """``all_gather(x, axis_name, gather_axis) @ w`` with the gather overlapped with the GEMM.
+
+    Call inside ``jax.shard_map`` (under ``jax.jit`` or not) over a mesh with axis ``axis_name``
+    of size ``tp``; the arguments are local shards. This is the column-parallel input of a
+    sequence-parallel layer: SP-sharded activations in, TP-sharded features out.
+
+    Args:
+      x: `[..., m, k]` with `bfloat16`, `float16` or `float32`, this device's shard of the
+        activations, gathered (tiled) along ``gather_axis`` over ``axis_name``.
+      w: `[k, n_local]` with the dtype of ``x``, this device's weight columns (or a replicated w).
+      axis_name: the mesh axis (or tuple of axes) to gather over.
+      gather_axis: any axis of ``x`` but the last (contracting) one; negative counts from the end.
+        For `[b, s, h]` activations, ``1`` (or ``-2``) gathers the sequence.
+      return_gathered: also return the gathered ``x`` (e.g. to reuse in another GEMM).
+      precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
+      method: ``None`` (``jax_ub.config.get().method``), ``"auto"``, ``"xla"`` or a CUDA
+        algorithm (``"ring"``, ``"all_peer"``, ``"pipeline"``, ``"nccl"``).
+
+    Returns:
+      y: `[..., m*tp, n_local]` (``gather_axis`` grows by ``tp``) with the dtype of ``x``; with
+      ``return_gathered`` the tuple ``(y, x_gathered)``, ``x_gathered`` `[..., m*tp, k]`.
+
+    Gradients: ``dx = matmul_reduce_scatter(dy, wᵀ, scatter_axis=gather_axis)`` and
+    ``dw = x_gatheredᵀ @ dy`` (the gathered x kept from the forward), summed over ``axis_name``
+    when ``w`` is replicated.
+
+    Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        import jax_ub
+
+        mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+        x = jnp.ones((2, 8, 16), jnp.bfloat16)     # [b, s, h], s sharded over "tp"
+        w = jnp.ones((16, 32), jnp.bfloat16)       # [h, f], f sharded over "tp"
+        f = jax.jit(jax.shard_map(
+            lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", gather_axis=1), mesh=mesh,
+            in_specs=(P(None, "tp"), P(None, "tp")), out_specs=P(None, None, "tp")))
+        y = f(x, w)                                # [2, 8, 32] == x @ w
+    """
+    fn = "all_gather_matmul"
+    _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
+    axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
+    _validate.bound_axis_size(fn, axis_name)
+    _validate.check_bool(fn, "return_gathered", return_gathered)
+    call = _call_for(
+        AG,
+        _resolve_method(method),
+        axis_name,
+        axis,
+        _static(precision),
+        x,
+        w,
+        return_full=bool(return_gathered),
+    )
+    return _overlap(call, x, w)
+
+
+def matmul_reduce_scatter(
+    x: jax.Array,
+    w: jax.Array,
+    axis_name: str | tuple[str, ...],
+    *,
+    scatter_axis: int = 0,
+    precision: Any = None,
+    method: str | None = None,
+) -> jax.Array:
+    """``reduce_scatter(x @ w, axis_name, scatter_axis)`` with the reduce-scatter overlapped.
+
+    Call inside ``jax.shard_map`` over a mesh with axis ``axis_name`` of size ``tp``; the arguments
+    are local shards. This is the row-parallel output of a sequence-parallel layer: TP-sharded
+    features in, partial sums reduced and SP-sharded out.
+
+    Args:
+      x: `[..., M, k_local]` with `bfloat16`, `float16` or `float32`, this device's slice of the
+        contracting features; ``x.shape[scatter_axis]`` must be divisible by ``tp``.
+      w: `[k_local, n]` with the dtype of ``x``, this device's weight rows.
+      axis_name: the mesh axis (or tuple of axes) to sum and scatter over.
+      scatter_axis: any axis of ``x`` but the last (contracting) one; negative counts from the end.
+      precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
+      method: as in :func:`all_gather_matmul`.
+
+    Returns:
+      `[..., M/tp, n]` (``scatter_axis`` shrinks by ``tp``) with the dtype of ``x``: this device's
+      slice of the sum over ``axis_name`` of ``x @ w``.
+
+    Gradients: ``(dx, dy_gathered) = all_gather_matmul(dy, wᵀ, gather_axis=scatter_axis,
+    return_gathered=True)`` and ``dw = xᵀ @ dy_gathered``.
+
+    Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        import jax_ub
+
+        mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+        x = jnp.ones((2, 8, 32), jnp.float32)      # [b, s, f], f sharded over "tp"
+        w = jnp.ones((32, 16), jnp.float32)        # [f, h], f sharded over "tp"
+        f = jax.jit(jax.shard_map(
+            lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", scatter_axis=1), mesh=mesh,
+            in_specs=(P(None, None, "tp"), P("tp")), out_specs=P(None, "tp")))
+        y = f(x, w)                                # [2, 8, 16] == x @ w, s sharded over "tp"
+    """
+    fn = "matmul_reduce_scatter"
+    _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
+    axis = _validate.normalize_axis(fn, "scatter_axis", scatter_axis, x.shape)
+    tp = _validate.bound_axis_size(fn, axis_name)
+    _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
+    call = _call_for(
+        RS, _resolve_method(method), axis_name, axis, _static(precision), x, w, return_full=False
+    )
+    return _overlap(call, x, w)
+
+
+def _static(precision: Any) -> Any:
+    """``precision`` in a hashable form (lists become tuples) for the custom_vjp's static argument."""
+    return tuple(precision) if isinstance(precision, list) else precision

@@ -1,0 +1,113 @@
+"""Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
+
+    python _mp_worker.py exchange|timeout     (env from tests/launcher.py)
+
+Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+mode = sys.argv[1]
+nprocs = int(os.environ["JAX_UB_TEST_NPROCS"])
+rank = int(os.environ["JAX_UB_TEST_RANK"])
+jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
+                           heartbeat_timeout_seconds=120)
+import jax_ub  # noqa: E402
+from jax_ub import _bootstrap  # noqa: E402
+
+HP = lax.Precision.HIGHEST
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+tp = mesh.size
+
+
+def global_array(seed, shape, dtype, spec):
+    full = np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype))
+    sh = NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(shape, sh, lambda idx: full[idx]), full
+
+
+def check(name, arr, want, tol):
+    worst = 0.0
+    for shard in arr.addressable_shards:
+        got = np.asarray(shard.data, np.float64)
+        ref = np.asarray(want[shard.index], np.float64)
+        if np.isnan(got).any():
+            print(f"RESULT {name} NaN", flush=True)
+            sys.exit(3)
+        worst = max(worst, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)))
+    print(f"RESULT {name} {worst:.3e}", flush=True)
+    if worst > tol:
+        sys.exit(4)
+
+
+def smap(f, in_specs, out_specs):
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+
+jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
+ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
+
+if mode == "exchange":
+    # Bare transport: random pattern from every rank to every peer, verified exactly.
+    x, xf = global_array(1, (tp * 256, 1000), jnp.bfloat16, P("tp", None))
+    ag = smap(lambda x: jax_ub.overlap.all_gather(x, "tp"), P("tp", None), P())(x)
+    check("all_gather", ag, xf, 0.0)
+    rs = smap(lambda x: jax_ub.overlap.reduce_scatter(x, "tp"), P("tp", None), P("tp", None))(x)
+    # rank q's shard is rows [q*256, (q+1)*256) of x; RS sums the tp shards, chunk c -> rank c.
+    shards = xf.astype(np.float32).reshape(tp, 256, 1000)
+    rs_want = shards.sum(axis=0)  # [256, 1000], split in tp row chunks across ranks
+    check("reduce_scatter", rs, rs_want, 5e-3)
+    for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-5)):
+        name = jnp.dtype(dtype).name
+        x, xf = global_array(2, (1536, 1280), dtype, P("tp", None))
+        w, wf = global_array(3, (1280, 1024), dtype, P(None, "tp"))
+        ref = xf.astype(np.float64) @ wf.astype(np.float64)
+        y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+                 (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+        check(f"ag_gemm_{name}", y, ref, tol)
+        x2, x2f = global_array(4, (1536, 1280), dtype, P(None, "tp"))
+        w2, w2f = global_array(5, (1280, 1024), dtype, P("tp", None))
+        ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
+        y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP),
+                  (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
+        check(f"gemm_rs_{name}", y2, ref2, tol)
+    ex.barrier("done")
+    jax_ub.shutdown()
+    ex.barrier("shutdown")
+    if rank == 0:
+        time.sleep(1.0)
+    jax.distributed.shutdown()
+elif mode == "timeout":
+    # The last rank skips its part: every other rank must fail with the timeout message.
+    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    if rank == nprocs - 1:
+        f.lower(x, w)  # traces (buffers grow collectively) but never runs
+        print("RESULT skipped 1", flush=True)
+        time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 15)
+        os._exit(0)
+    t0 = time.time()
+    try:
+        jax.block_until_ready(f(x, w))
+        print("RESULT completed 1", flush=True)
+    except Exception as e:
+        print(f"RESULT failed_after {time.time() - t0:.1f}", flush=True)
+        print(f"RESULT error {type(e).__name__}: {str(e)[:300]!r}", flush=True)
+    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
+    sys.stdout.flush()
+    if rank == 0:
+        time.sleep(5.0)
+    os._exit(0)

@@ -1,0 +1,62 @@
+"""Multi-GPU tier, one process per GPU under jax.distributed (KV-store bootstrap, CUDA IPC).
+
+Skips without >= 2 CUDA GPUs. Uses tests/launcher.py: every child is killed and reaped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.launcher import format_failures, parallel_launch
+
+WORKER = Path(__file__).with_name("_mp_worker.py")
+
+
+def _n_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return out.stdout.count("GPU ") if out.returncode == 0 else 0
+
+
+NGPU = _n_gpus()
+pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 2, reason="needs >= 2 CUDA GPUs")]
+ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
+
+
+def test_four_processes_exchange_and_overlap_ops(capsys):
+    n = min(NGPU, 4)
+    results = parallel_launch(n, WORKER, ["exchange"], env=ENV, timeout_s=240, devices_per_proc=1,
+                              fail_fast_s=30)
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+    assert all(r.ok for r in results), format_failures(results)
+    for r in results:
+        names = {ln.split()[0] for ln in r.lines("RESULT ")}
+        assert {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32"} <= names
+
+
+def test_missing_peer_times_out_with_a_clear_error(capsys):
+    n = min(NGPU, 4)
+    timeout = 8
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout))
+    results = parallel_launch(n, WORKER, ["timeout"], env=env, timeout_s=180, devices_per_proc=1)
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:600])
+            tail = [ln for ln in r.stderr.splitlines() if "timed out" in ln]
+            if tail:
+                print(f"rank {r.rank} stderr: {tail[0]}")
+    missing = n - 1
+    for r in results[:-1]:
+        assert not r.timed_out, format_failures(results)
+        assert f"waiting for rank {missing}" in r.stderr, format_failures(results)
+        assert "epoch" in r.stderr and "all_gather_matmul" in r.stderr
+        failed = r.lines("RESULT failed_after ")
+        assert failed, "the call did not fail: " + format_failures(results)
+        assert float(failed[0]) <= timeout + 5 + 10, failed  # + XLA's own error propagation
