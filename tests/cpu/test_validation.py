@@ -1,0 +1,240 @@
+"""Every argument error of the primitives: its exception type, and a message that names the function,
+what was expected and what was received."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jax_ub import config, ops
+
+F32 = jnp.float32
+
+
+def arr(shape, dtype=F32):
+    return jnp.asarray(np.random.default_rng(0).standard_normal(shape), dtype)
+
+
+def call_in_mesh(mesh, fn, x, w, **kw):
+    """Trace ``fn(x, w, **kw)`` inside shard_map with x, w replicated (only shapes matter here)."""
+    axis_name = kw.pop("axis_name", "tp")
+
+    def body(x, w):
+        return jnp.sum(jax.tree.leaves(fn(x, w, axis_name, **kw))[0])
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False)
+    return jax.eval_shape(jax.jit(f), x, w)
+
+
+OPS = [
+    pytest.param(ops.all_gather_matmul, "gather_axis", id="ag"),
+    pytest.param(ops.matmul_reduce_scatter, "scatter_axis", id="rs"),
+]
+
+
+def expect(exc, thunk, *fragments):
+    """``thunk()`` raises ``exc`` whose message contains every fragment."""
+    with pytest.raises(exc) as info:
+        thunk()
+    msg = str(info.value)
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_x_rank(fn, axis_kw, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((5,)), arr((5, 4))),
+        fn.__name__,
+        "`x` must be at least 2-D",
+        "got shape [5]",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_w_rank(fn, axis_kw, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((2, 5, 4))),
+        "`w` must be 2-D",
+        "got shape [2, 5, 4]",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_], ids=["int32", "uint8", "bool"])
+def test_unsupported_dtype(fn, axis_kw, dtype, cpu_mesh):
+    expect(
+        TypeError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)).astype(dtype), arr((5, 4)).astype(dtype)),
+        "`x` must have dtype bfloat16, float16, float32",
+        f"got {np.dtype(dtype).name}",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_dtype_mismatch(fn, axis_kw, cpu_mesh):
+    expect(
+        TypeError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5), jnp.bfloat16), arr((5, 4))),
+        "same dtype",
+        "x bfloat16",
+        "w float32",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_contracting_dim_mismatch(fn, axis_kw, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((2, 4, 5)), arr((6, 4))),
+        "x.shape[-1] == w.shape[0]",
+        "got x [2, 4, 5], w [6, 4]",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("axis", [3, -4, 2, -1], ids=["3", "-4", "contracting2", "contracting-1"])
+def test_axis_out_of_range(fn, axis_kw, axis, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((2, 4, 5)), arr((5, 4)), **{axis_kw: axis}),
+        f"`{axis_kw}` must be an axis of x other than the last",
+        "(-3, -2, 0, 1) for x of shape [2, 4, 5]",
+        f"got {axis}",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("axis", [1.0, "0", True], ids=["float", "str", "bool"])
+def test_axis_type(fn, axis_kw, axis, cpu_mesh):
+    expect(
+        TypeError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), **{axis_kw: axis}),
+        f"`{axis_kw}` must be an int",
+        f"got {axis!r}",
+    )
+
+
+def test_scatter_dim_not_divisible(cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(
+            cpu_mesh(4), ops.matmul_reduce_scatter, arr((2, 6, 5)), arr((5, 3)), scatter_axis=1
+        ),
+        "x.shape[scatter_axis=1] must be divisible",
+        "'tp' (4)",
+        "got x [2, 6, 5]",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_unknown_axis_name(fn, axis_kw, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), axis_name="model"),
+        f"{fn.__name__}: axis_name 'model' is not bound",
+        "inside jax.shard_map over a mesh with that axis",
+        "axes bound here: ('tp',)",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("under_jit", [False, True], ids=["eager", "jit"])
+def test_outside_shard_map(fn, axis_kw, under_jit):
+    def f(x, w):
+        return fn(x, w, "tp")
+
+    f = jax.jit(f) if under_jit else f
+    expect(
+        ValueError,
+        lambda: f(arr((4, 5)), arr((5, 4))),
+        f"{fn.__name__}: axis_name 'tp' is not bound: call it inside "
+        "jax.shard_map over a mesh with that axis",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_unhashable_axis_name(fn, axis_kw, cpu_mesh):
+    expect(
+        TypeError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), axis_name=["tp"]),
+        "`axis_name` must be a mesh axis name",
+        "got ['tp']",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_unknown_method(fn, axis_kw, cpu_mesh):
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method="fast"),
+        "method must be None or one of",
+        "'ring'",
+        "got 'fast'",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("method", ["ring", "all_peer", "pipeline", "nccl"])
+def test_cuda_method_without_extension(fn, axis_kw, method, cpu_mesh):
+    reason = ops._cuda_unavailable_reason()
+    with config.override(disable=False):
+        expect(
+            ValueError,
+            lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method=method),
+            f"method={method!r} needs the CUDA overlap extension",
+            reason,
+        )
+
+
+def test_cuda_method_from_config(cpu_mesh):
+    with config.override(method="ring", disable=False):
+        expect(
+            ValueError,
+            lambda: call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4))),
+            "method='ring' needs",
+        )
+
+
+def test_return_gathered_type(cpu_mesh):
+    expect(
+        TypeError,
+        lambda: call_in_mesh(
+            cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4)), return_gathered="yes"
+        ),
+        "`return_gathered` must be a bool",
+        "got 'yes'",
+    )
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_not_an_array(fn, axis_kw):
+    expect(TypeError, lambda: fn([[1.0, 2.0]], arr((2, 3)), "tp"), "`x` must be a jax array", "got list")
+
+
+def test_errors_come_before_any_kernel(monkeypatch, cpu_mesh):
+    """A bad call never reaches the implementation registry."""
+
+    def boom(*a, **k):
+        raise AssertionError("kernel reached")
+
+    monkeypatch.setitem(ops._IMPLS, ("ag", "xla"), boom)
+    with pytest.raises(ValueError, match=re.escape("x.shape[-1] == w.shape[0]")):
+        call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((6, 4)))
+
+
+def test_unregistered_method_names_what_exists(monkeypatch, cpu_mesh):
+    monkeypatch.setattr(ops, "_resolve_method", lambda method: "no_such_algo")
+    expect(
+        ValueError,
+        lambda: call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4))),
+        "all_gather_matmul: no implementation registered for method 'no_such_algo'",
+        "'xla'",
+    )
