@@ -139,6 +139,44 @@ std::vector<std::vector<int>> P2PMatrix() {
   return m;
 }
 
+// Runs one GEMM of this configuration on scratch memory and waits: loads the cuBLASLt kernel and
+// builds the plan at trace time, so no lazy module load (which may synchronize the context) happens
+// inside an overlapped op while peers wait on this device.
+void GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
+                size_t workspace_bytes) {
+  Raise([&]() -> jax_ub::Status {
+    JAX_UB_CUDA_RETURN(cudaSetDevice(device));
+    const auto t = static_cast<jax_ub::DType>(dtype);
+    const size_t es = jax_ub::DTypeSize(t);
+    void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
+    JAX_UB_CUDA_RETURN(cudaMalloc(&a, m * k * es));
+    JAX_UB_CUDA_RETURN(cudaMalloc(&b, k * n * es));
+    JAX_UB_CUDA_RETURN(cudaMalloc(&c, m * n * es));
+    if (workspace_bytes) JAX_UB_CUDA_RETURN(cudaMalloc(&ws, workspace_bytes));
+    jax_ub::GemmArgs g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.lda = k;
+    g.ldb = n;
+    g.ldc = n;
+    g.dtype = t;
+    g.tf32 = tf32;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.workspace = ws;
+    g.workspace_bytes = workspace_bytes;
+    jax_ub::Status st = jax_ub::Gemm(device, g, nullptr);
+    cudaDeviceSynchronize();
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    if (ws) cudaFree(ws);
+    return st;
+  }());
+}
+
 std::pair<size_t, size_t> DeviceMemory(int device) {
   size_t free_b = 0, total_b = 0;
   if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
@@ -184,6 +222,9 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("comm_destroy_set", [](int set_id) { Raise(jax_ub::RegistryDestroySet(set_id)); },
         arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
   m.def("registry_size", &jax_ub::RegistrySize);
+  m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
+        arg("tf32"), arg("workspace_bytes"), nogil,
+        "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, 2 bf16).");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("device_memory", &DeviceMemory, arg("device"), "(free, total) bytes of a device.");
   m.def("driver_check", [] {

@@ -348,15 +348,12 @@ def row_parallel_dense(
         return y if bias is None else y + bias
 
     if p.local:
-        full_in = in_features if in_features is not None else (
-            x.shape[-1] * tp if x.ndim == 3 else None)
-        local_in = None if full_in is None else full_in // tp
-        if full_in is not None:
-            check_divisible(where, "in_features", full_in, tp, axis_name)
-        _check_x(where, x, "[batch, seq, in_features/tp]", local_in, "in_features/tp")
+        _check_x(where, x, "[batch, seq, in_features/tp]", None, "")
+        full_in = x.shape[-1] * tp if in_features is None else in_features
+        check_divisible(where, "in_features", full_in, tp, axis_name)
+        _check_x(where, x, "[batch, seq, in_features/tp]", full_in // tp, "in_features/tp")
         check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)",
                         x.shape[1], tp, axis_name)
-        assert full_in is not None
         kernel = _local_slice(where, "kernel", kernel, 0, full_in, tp, axis_name)
         return body(x, kernel, bias)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_ub import _ext, _ffi, comm, ops
 
@@ -42,6 +43,24 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
     return x if axis == 0 else jnp.moveaxis(x, 0, axis)
 
 
+_DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_warmed: set = set()
+
+
+def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -> None:
+    """Loads the chunk GEMM's cuBLASLt kernel on every local GPU at trace time (see gemm_warmup)."""
+    from jax_ub import config
+
+    tf32 = bool(_ffi.tf32_allowed(precision))
+    ws = (max(int(config.get().gemm_workspace_mib) << 20, 256) // 3) // 256 * 256
+    mod = _ext.extension()
+    for dev, _, _ in s.local:
+        key = (dev, m, n, k, jnp.dtype(dtype).name, tf32, ws)
+        if key not in _warmed:
+            mod.gemm_warmup(dev, m, n, k, _DTYPE_CODE[jnp.dtype(dtype).name], tf32, ws)
+            _warmed.add(key)
+
+
 def ag_gemm(x, w, *, axis_name, axis, precision, method="ring"):
     """(y, x_gathered) of ``all_gather(x, axis) @ w`` through the CUDA overlap kernel."""
     _ext.ensure_registered()
@@ -49,11 +68,12 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring"):
     x2 = _front(x, axis)
     es = jnp.dtype(x.dtype).itemsize
     comm.ensure_capacity(s, math.prod(x2.shape) * es)
+    _warm(s, math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], x.dtype, precision)
     rows = (s.world * x2.shape[0], *x2.shape[1:-1])
     y_t = _ffi.result_type((*rows, w.shape[1]), x.dtype, x2, w)
     xg_t = _ffi.result_type((*rows, x2.shape[-1]), x.dtype, x2, w)
     y, xg, _ = jax.ffi.ffi_call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=AG_ALGOS[method], tf32=_ffi.tf32_allowed(precision))
+        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision))
     return _back(y, axis), _back(xg, axis)
 
 
@@ -66,13 +86,14 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring"):
     M, n = x2.shape[0], w.shape[1]
     inner = math.prod(x2.shape[1:-1])
     comm.ensure_capacity(s, M * inner * n * es)
+    _warm(s, (M // s.world) * inner, n, x2.shape[-1], x.dtype, precision)
     out_shape = (M // s.world, *x2.shape[1:-1], n)
     y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
     staging = max((s.world - 1) * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
     y, _, _ = jax.ffi.ffi_call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=RS_ALGOS[method], tf32=_ffi.tf32_allowed(precision),
-        reduce_blocks=REDUCE_BLOCKS)
+        x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
+        reduce_blocks=np.int32(REDUCE_BLOCKS))
     return _back(y, axis), x
 
 
@@ -88,7 +109,7 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ri
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
-    xg = jax.ffi.ffi_call("jax_ub_all_gather", xg_t)(x3, set_id=s.set_id, algo=AG_ALGOS[method])
+    xg = jax.ffi.ffi_call("jax_ub_all_gather", xg_t)(x3, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]))
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
 
 
@@ -102,7 +123,7 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = jax.ffi.ffi_call("jax_ub_reduce_scatter", y_t)(
-        x3, set_id=s.set_id, algo=RS_ALGOS[method], reduce_blocks=REDUCE_BLOCKS)
+        x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -61,6 +62,11 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
     JAX_UB_CUDA_RETURN(cudaStreamCreateWithPriority(&c->compute_[i], cudaStreamNonBlocking, lo));
   }
   JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->watch_, cudaStreamNonBlocking));
+  JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->release_, cudaStreamNonBlocking));
+  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->read_done_, cudaEventDisableTiming));
+  // Load our kernels now: lazy module loading at execute time can synchronize the context while
+  // peers wait on this device (one process, several GPUs).
+  JAX_UB_RETURN_IF_ERROR(PreloadFlagKernels());
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->start_, cudaEventDisableTiming));
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -131,6 +137,8 @@ Status Communicator::Destroy() {
   for (int i = 0; i < o_.world; ++i) cudaStreamDestroy(comm_[i]);
   for (auto s : compute_) cudaStreamDestroy(s);
   cudaStreamDestroy(watch_);
+  cudaStreamDestroy(release_);
+  cudaEventDestroy(read_done_);
   cudaEventDestroy(start_);
   for (auto e : join_) cudaEventDestroy(e);
   for (auto e : events_) cudaEventDestroy(e);
@@ -312,15 +320,33 @@ Status Communicator::Signal(cudaStream_t s, int slot, int peer, uint64_t value) 
 }
 
 void Communicator::Poll() {
+  // Never blocks: a flag read is an async D2H copy whose completion is checked on the next poll
+  // (a stream wait of ours may share a hardware queue with this copy; blocking here could stall
+  // the host threads that must enqueue the very signal being waited for).
   if (!any_pending_.load(std::memory_order_acquire) || buffer_ == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   const int n = kNumFlagSlots * o_.world;
-  if (cudaSetDevice(o_.device) != cudaSuccess ||
-      cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, watch_) !=
-          cudaSuccess ||
-      cudaStreamSynchronize(watch_) != cudaSuccess) {
+  if (cudaSetDevice(o_.device) != cudaSuccess) {
     cudaGetLastError();
     return;
+  }
+  bool fresh = false;
+  if (read_in_flight_) {
+    cudaError_t q = cudaEventQuery(read_done_);
+    if (q == cudaErrorNotReady) {
+      cudaGetLastError();
+    } else {
+      read_in_flight_ = false;
+      fresh = q == cudaSuccess;
+    }
+  }
+  if (!read_in_flight_ && !fresh) {
+    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        watch_) == cudaSuccess &&
+        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
+      read_in_flight_ = true;
+    }
+    cudaGetLastError();
   }
   const auto now = std::chrono::steady_clock::now();
   bool still = false;
@@ -329,7 +355,7 @@ void Communicator::Poll() {
       PendingWait& p = pending_[slot][q];
       if (!p.pending) continue;
       const uint64_t have = host_flags_[slot * o_.world + q];
-      if (have >= p.want) {
+      if (fresh && have >= p.want) {
         p.pending = false;
         continue;
       }
@@ -351,8 +377,8 @@ void Communicator::Poll() {
       // so XLA's call fails instead of hanging or computing on missing data.
       host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
       cudaMemcpyAsync(flags_ + slot * o_.world + q, host_flags_ + n + slot * o_.world + q,
-                      sizeof(uint64_t), cudaMemcpyHostToDevice, watch_);
-      cudaStreamSynchronize(watch_);
+                      sizeof(uint64_t), cudaMemcpyHostToDevice, release_);
+      cudaGetLastError();
       p.pending = false;
     }
   }
@@ -368,6 +394,8 @@ struct Registry {
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;
   std::thread watchdog;
   std::atomic<bool> stop{false};
+  std::mutex poll_mu;                // held while polling; taken before destroying a member
+  std::set<const Communicator*> alive;
 };
 
 Registry& Reg() {
@@ -378,9 +406,18 @@ Registry& Reg() {
 void WatchdogLoop() {
   Registry& r = Reg();
   while (!r.stop.load()) {
+    std::vector<Communicator*> comms;
     {
       std::lock_guard<std::mutex> lock(r.mu);
-      for (auto& kv : r.comms) kv.second->Poll();
+      for (auto& kv : r.comms) comms.push_back(kv.second.get());
+    }
+    // Members are only destroyed after the watchdog is joined (RegistryDestroySet), or while it
+    // keeps running for other sets: guard with the poll lock.
+    {
+      std::lock_guard<std::mutex> lock(r.poll_mu);
+      for (Communicator* c : comms) {
+        if (r.alive.count(c)) c->Poll();
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -396,6 +433,10 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
     return Status::Error(StrCat() << "device " << c->device()
                                   << " already has a communicator in set "
                                   << c->options().set_id);
+  }
+  {
+    std::lock_guard<std::mutex> plock(r.poll_mu);
+    r.alive.insert(c.get());
   }
   r.comms[key] = std::move(c);
   if (!r.watchdog.joinable()) {
@@ -428,8 +469,10 @@ Status RegistryDestroySet(int set_id) {
   std::thread to_join;
   {
     std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<std::mutex> plock(r.poll_mu);
     for (auto it = r.comms.begin(); it != r.comms.end();) {
       if (it->first.first == set_id) {
+        r.alive.erase(it->second.get());
         doomed.push_back(std::move(it->second));
         it = r.comms.erase(it);
       } else {

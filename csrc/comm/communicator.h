@@ -109,7 +109,10 @@ class Communicator {
   std::vector<bool> ipc_buffer_, ipc_flags_;  // which peer pointers came from IPC (to close)
   cudaStream_t comm_[kMaxWorld] = {};
   cudaStream_t compute_[kNumComputeStreams] = {};
-  cudaStream_t watch_ = nullptr;
+  cudaStream_t watch_ = nullptr;    // watchdog flag reads
+  cudaStream_t release_ = nullptr;  // watchdog releases after a timeout
+  cudaEvent_t read_done_ = nullptr;
+  bool read_in_flight_ = false;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
   cudaEvent_t events_[kNumEvents] = {};

@@ -13,4 +13,12 @@ Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream) {
   return Status::Ok();
 }
 
+Status PreloadReduceKernels();
+
+Status PreloadFlagKernels() {
+  cudaFuncAttributes attr;
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CheckFlagKernel));
+  return PreloadReduceKernels();
+}
+
 }  // namespace jax_ub

@@ -97,6 +97,17 @@ Status Launch(void* out, const void* const* inputs, int n, size_t count, int max
 
 }  // namespace
 
+Status PreloadReduceKernels() {
+  cudaFuncAttributes attr;
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceVec<float>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceVec<__half>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceVec<__nv_bfloat16>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceTail<float>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceTail<__half>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, SumReduceTail<__nv_bfloat16>));
+  return Status::Ok();
+}
+
 Status LaunchSumReduce(DType dtype, void* out, const void* const* inputs, int num_inputs,
                        size_t count, int max_blocks, cudaStream_t stream) {
   if (num_inputs < 1 || num_inputs > kMaxReduceInputs) {
