@@ -1,0 +1,341 @@
+#!/usr/bin/env python
+"""Train a small GPT-style transformer with tensor + sequence parallelism on synthetic data.
+
+Each block is ``x + attn(norm(x))`` then ``x + mlp(x)``, with
+
+* attention: QKV as one :class:`jax_ub.nn.ColumnParallelDense` (AG→GEMM; the heads are split over
+  ``tp``), causal softmax attention on each device's heads, output projection as a
+  :class:`jax_ub.nn.RowParallelDense` (GEMM→RS);
+* MLP: :class:`jax_ub.nn.ParallelMLP` (LayerNorm → column → gelu → row).
+
+Between the layers the activations `[batch, seq, hidden]` are split over ``tp`` along the sequence
+(sequence parallelism) and over ``dp`` along the batch. The task is next-token prediction on
+sequences that repeat a random motif, which a causal attention layer can learn, so the loss drops
+well below ``log(vocab)``.
+
+Runs:
+
+* one process driving every local device (``python examples/train_tp_block.py``); on a machine
+  without GPUs it uses 4 simulated CPU devices and the pure-XLA reference path;
+* one process per GPU: ``examples/launch.sh 4 examples/train_tp_block.py`` (the launcher's
+  ``LAUNCH_*`` variables go to ``jax.distributed.initialize``);
+* under mpirun / srun: add ``--distributed`` (``jax.distributed.initialize()`` detects the cluster);
+* by hand on several hosts: ``--coordinator HOST:PORT --num-processes N --process-id I``.
+
+It prints the path that ran, the loss every ``--log-every`` steps and tokens/s; ``--compare`` trains
+with ``method="xla"`` and with the chosen method from the same seed and prints the largest loss
+difference and the speedup. The exit status is 1 when the loss is NaN or does not decrease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import math
+import os
+import sys
+import time
+from typing import Any
+
+_FORCE_DEVICES = "--xla_force_host_platform_device_count"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if importlib.util.find_spec("jax_ub") is None:  # running from a source checkout
+    sys.path.insert(0, _REPO)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: 300 on GPU, 100 on CPU)")
+    p.add_argument("--batch", type=int, default=None, help="global batch (default: 16 on GPU, 8 on CPU)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: 1024 on GPU, 32 on CPU)")
+    p.add_argument("--hidden", type=int, default=None, help="model width (default: 1024 on GPU, 64 on CPU)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default: 16 on GPU, 4 on CPU)")
+    p.add_argument("--ffn", type=int, default=None, help="MLP width (default: 4 * hidden)")
+    p.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 on GPU, 1 on CPU)")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
+    p.add_argument("--motif", type=int, default=8, help="period of the repeated random motif")
+    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default: 3e-3 on GPU, 1e-2 on CPU)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="compute dtype (default: bfloat16 on GPU, float32 on CPU); params are float32")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel size (mesh axis 'dp')")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: devices / dp)")
+    p.add_argument("--method", default=None,
+                   help="jax_ub method: auto, xla, ring, all_peer, pipeline, nccl (default: JAX_UB_METHOD or auto)")
+    p.add_argument("--compare", action="store_true",
+                   help="train with method='xla' and with --method from the same seed; print the max "
+                        "loss difference and the speedup")
+    p.add_argument("--log-every", type=int, default=None, help="print the loss every N steps (default: steps/10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-devices", type=int, default=4,
+                   help="simulated CPU devices per process when XLA_FLAGS does not set them")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun)")
+    p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process by hand)")
+    p.add_argument("--num-processes", type=int, default=None)
+    p.add_argument("--process-id", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def prepare_environment(args: argparse.Namespace) -> None:
+    """Before jax is imported: simulated CPU devices (ignored by GPU backends)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _FORCE_DEVICES not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_FORCE_DEVICES}={args.cpu_devices}".strip()
+
+
+def maybe_initialize_distributed(args: argparse.Namespace) -> bool:
+    """jax.distributed.initialize from flags, from examples/launch.sh's variables, or auto-detected."""
+    import jax
+
+    env = os.environ
+    coordinator = args.coordinator or env.get("LAUNCH_COORDINATOR_ADDRESS")
+    if coordinator is None and not args.distributed:
+        return False  # one process
+    # Multi-process CPU runs need a collectives implementation (the option is harmless on GPU, and
+    # may be gone in a future jax).
+    with contextlib.suppress(Exception):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator is None:
+        jax.distributed.initialize()  # mpirun / srun / other detected cluster
+        return True
+    num = args.num_processes if args.num_processes is not None else int(env["LAUNCH_NUM_PROCESSES"])
+    pid = args.process_id if args.process_id is not None else int(env["LAUNCH_PROCESS_ID"])
+    kw: dict[str, Any] = {}
+    if "LAUNCH_LOCAL_RANK" in env:  # one GPU per process, by local rank
+        kw["local_device_ids"] = [int(env["LAUNCH_LOCAL_RANK"])]
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid, **kw)
+    return True
+
+
+def finish_distributed(status: int) -> int:
+    """Final barrier, then shutdown: process 0 hosts the coordinator and must leave last."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if status != 0:  # no barrier, no shutdown: either could wait for a peer that is gone
+        return status
+    multihost_utils.sync_global_devices("train_tp_block: done")
+    jax.distributed.shutdown()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    prepare_environment(args)
+    distributed = maybe_initialize_distributed(args)
+
+    import jax
+
+    on_gpu = jax.default_backend() == "gpu"
+    defaults = dict(steps=(300, 100), lr=(3e-3, 1e-2), batch=(16, 8), seq=(1024, 32), hidden=(1024, 64),
+                    heads=(16, 4), layers=(2, 1), dtype=("bfloat16", "float32"))
+    for name, (gpu, cpu) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if on_gpu else cpu)
+    args.ffn = args.ffn or 4 * args.hidden
+    args.log_every = args.log_every or max(1, args.steps // 10)
+
+    status = _run(args)
+    return finish_distributed(status) if distributed else status
+
+
+def _log(*parts: Any) -> None:
+    import jax
+
+    if jax.process_index() == 0:
+        print(*parts, flush=True)
+
+
+def _build(args: argparse.Namespace, method: str | None):
+    """The model class and a jitted train step (all jax imports happen here)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    from jax_ub import nn as ubnn
+
+    dtype = jnp.dtype(args.dtype)
+    head_dim = args.hidden // args.heads
+
+    def causal_attention(qkv: jax.Array) -> jax.Array:
+        """Local heads: `[b, s, heads_local * 3 * head_dim]` → `[b, s, heads_local * head_dim]`."""
+        b, s, f = qkv.shape
+        q, k, v = jnp.split(qkv.reshape(b, s, f // (3 * head_dim), 3, head_dim), 3, axis=3)
+        q, k, v = (t[:, :, :, 0] for t in (q, k, v))  # [b, s, h, d]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim)
+        mask = jnp.tril(jnp.ones((s, s), bool))
+        probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1).astype(v.dtype)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        return out.reshape(b, s, -1)
+
+    class Attention(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            h = args.hidden
+            self.norm = nnx.LayerNorm(h, dtype=dtype, rngs=rngs)
+            # QKV features ordered [heads, 3, head_dim], so each tp shard holds whole heads.
+            self.qkv = ubnn.ColumnParallelDense(h, 3 * h, dtype=dtype, method=method, rngs=rngs)
+            self.out = ubnn.RowParallelDense(h, h, dtype=dtype, method=method, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            qkv = self.qkv(self.norm(x))  # [b, s, 3h], features split over tp
+            spec = P("dp", None, "tp")
+            ctx = jax.shard_map(causal_attention, in_specs=spec, out_specs=spec)(qkv)
+            return self.out(ctx)  # [b, s, h], sequence split over tp
+
+    class Block(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.attn = Attention(rngs=rngs)
+            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = x + self.attn(x)
+            return x + self.mlp(x)
+
+    class Model(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.embed = nnx.Embed(args.vocab, args.hidden, rngs=rngs)
+            self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (args.seq, args.hidden)))
+            self.blocks = nnx.List([Block(rngs=rngs) for _ in range(args.layers)])
+            self.norm = nnx.LayerNorm(args.hidden, dtype=dtype, rngs=rngs)
+
+        def __call__(self, tokens: jax.Array) -> jax.Array:
+            x = (self.embed(tokens) + self.pos[...]).astype(dtype)
+            for block in self.blocks:
+                x = block(x)
+            return self.embed.attend(self.norm(x).astype(jnp.float32))  # tied output embedding
+
+    def batch(key: jax.Array) -> jax.Array:
+        """`[batch, seq + 1]` int32: a random motif of length ``--motif`` repeated."""
+        motif = jax.random.randint(key, (args.batch, args.motif), 0, args.vocab)
+        reps = -(-(args.seq + 1) // args.motif)
+        tokens = jnp.tile(motif, (1, reps))[:, : args.seq + 1]
+        return jax.lax.with_sharding_constraint(tokens, P("dp"))
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10),
+                                                  max(2, args.steps))
+    optimizer = optax.adamw(schedule, weight_decay=0.01)
+
+    @jax.jit
+    def init(key: jax.Array):
+        model = Model(rngs=nnx.Rngs(key))
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return params, rest, optimizer.init(params)
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Model(rngs=nnx.Rngs(0))))
+
+    def loss_fn(params, rest, tokens):
+        logits = nnx.merge(graphdef, params, rest)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    def step(params, rest, opt_state, key):
+        loss, grads = jax.value_and_grad(loss_fn)(params, rest, batch(key))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return init, step
+
+
+def _train(args: argparse.Namespace, mesh: Any, method: str | None) -> tuple[list[float], float]:
+    """Trains from ``--seed``; returns the losses and tokens/s (steps after the first)."""
+    import jax
+
+    with jax.set_mesh(mesh):
+        init, step_fn = _build(args, method)
+        key = jax.random.key(args.seed)
+        params, rest, opt_state = init(key)
+        # Outputs keep the inputs' shardings, so the step compiles once.
+        same = jax.tree.map(lambda a: a.sharding, (params, opt_state))
+        step = jax.jit(step_fn, out_shardings=(*same, None), donate_argnums=(0, 2))
+        losses: list[float] = []
+        t0 = None
+        for i in range(args.steps):
+            params, opt_state, loss = step(params, rest, opt_state, jax.random.fold_in(key, i + 1))
+            if i == 0 or (i + 1) % args.log_every == 0 or i + 1 == args.steps:
+                value = float(loss)  # waits for this step
+                if i == 0:
+                    t0 = time.perf_counter()  # compile + first step excluded from the rate
+                _log(f"step {i + 1:5d}  loss {value:.4f}")
+            losses.append(loss)
+        jax.block_until_ready(losses[-1])
+        elapsed = time.perf_counter() - t0 if t0 is not None else float("nan")
+    values = [float(v) for v in losses]
+    timed = args.steps - 1
+    tps = timed * args.batch * args.seq / elapsed if timed > 0 and elapsed > 0 else float("nan")
+    return values, tps
+
+
+def _resolved(method: str | None) -> str:
+    """What ``method`` resolves to in jax_ub.ops, and whether the CUDA path is active."""
+    import jax_ub
+    from jax_ub import ops
+
+    resolve = getattr(ops, "resolve_method", None) or getattr(ops, "_resolve_method", None)
+    name = resolve(method) if resolve is not None else (method or jax_ub.config.get().method)
+    kind = "pure-XLA reference" if name == "xla" else "jax_ub CUDA overlap"
+    info = jax_ub.build_info()
+    requested = method if method is not None else jax_ub.config.get().method
+    return f"method={requested!r} -> {name!r} ({kind}; build: {info.get('path')}: {info.get('reason')})"
+
+
+def _check(losses: list[float], label: str) -> str | None:
+    if any(math.isnan(v) or math.isinf(v) for v in losses):
+        return f"{label}: loss is not finite: {losses[-5:]}"
+    k = max(1, len(losses) // 5)
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    if not last < first:
+        return f"{label}: loss did not decrease (first {k} steps {first:.4f}, last {k} {last:.4f})"
+    return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    import jax
+
+    n = jax.device_count()
+    tp = args.tp or n // args.dp
+    if args.dp * tp != n:
+        print(f"error: dp ({args.dp}) * tp ({tp}) must equal the device count ({n})", file=sys.stderr)
+        return 2
+    for what, value in (("--heads", args.heads), ("--ffn", args.ffn), ("--seq", args.seq)):
+        if value % tp:
+            print(f"error: {what} ({value}) must be divisible by tp ({tp})", file=sys.stderr)
+            return 2
+    if args.hidden % args.heads or args.batch % args.dp:
+        print("error: --hidden must be divisible by --heads and --batch by --dp", file=sys.stderr)
+        return 2
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)
+    _log(f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
+         f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
+         f"{args.heads} heads, ffn {args.ffn}, seq {args.seq}, batch {args.batch}, {args.dtype}")
+
+    import jax_ub
+
+    if jax_ub.build_info()["cuda_path"]:
+        jax_ub.initialize(mesh, "tp")  # Userbuffers communicators for the TP groups
+    runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
+    results = {}
+    for label, method in runs:
+        _log(f"[{label}] path: {_resolved(method)}")
+        losses, tps = _train(args, mesh, method)
+        _log(f"[{label}] tokens/s: {tps:,.0f}  final loss {losses[-1]:.4f}")
+        results[label] = (losses, tps)
+        problem = _check(losses, label)
+        if problem:
+            print(f"FAILED: {problem}", file=sys.stderr, flush=True)
+            return 1
+    if args.compare:
+        (la, ta), (lb, tb) = results["xla"], results["default"]
+        diff = max(abs(a - b) for a, b in zip(la, lb, strict=True))
+        _log(f"compare: max |loss(xla) - loss(default)| = {diff:.3e}; "
+             f"speedup default/xla = {tb / ta:.3f}x")
+    jax_ub.shutdown()
+    _log("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

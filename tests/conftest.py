@@ -1,0 +1,82 @@
+"""Shared pytest setup for the three tiers (cpu, gpu, multigpu).
+
+The CPU tier runs on 8 forced host devices, so this file sets ``XLA_FLAGS`` before anything imports
+jax. It does not touch ``JAX_PLATFORMS``: the forced device count only affects the CPU platform, and
+the CPU-tier meshes are built from ``jax.devices("cpu")``, so the same run also works on a GPU host.
+
+Markers: ``gpu`` (needs one GPU) and ``multigpu`` (needs at least two); such tests are skipped, never
+failed, where the GPUs are missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+HOST_DEVICES = 8
+_FLAG = "--xla_force_host_platform_device_count"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}={HOST_DEVICES}".strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs one NVIDIA GPU (skipped without)")
+    config.addinivalue_line("markers", "multigpu: needs two or more NVIDIA GPUs (skipped without)")
+
+
+def _gpus() -> list[jax.Device]:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # no GPU backend in this jaxlib / on this machine
+        return []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = [i for i in items if i.get_closest_marker("gpu") or i.get_closest_marker("multigpu")]
+    if not wanted:
+        return
+    n = len(_gpus())
+    for item in wanted:
+        need = 2 if item.get_closest_marker("multigpu") else 1
+        if n < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s); found {n}"))
+
+
+def _mesh(devices: list[jax.Device], shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    n = int(np.prod(shape))
+    if len(devices) < n:
+        pytest.skip(f"mesh {dict(zip(names, shape, strict=True))} needs {n} devices; found {len(devices)}")
+    kw = {}
+    if hasattr(jax.sharding, "AxisType"):  # shard_map meshes here are plain (Auto) meshes
+        kw["axis_types"] = (jax.sharding.AxisType.Auto,) * len(shape)
+    return Mesh(np.array(devices[:n]).reshape(shape), names, **kw)
+
+
+@pytest.fixture
+def cpu_mesh():
+    """``cpu_mesh(tp)`` -> 1-D mesh ``("tp",)``; ``cpu_mesh(tp, dp=2)`` -> ``("dp", "tp")``;
+    ``cpu_mesh(tp, dp=2, tp_first=True)`` -> ``("tp", "dp")`` (TP groups strided in device ids)."""
+
+    def make(tp: int, dp: int | None = None, tp_first: bool = False) -> Mesh:
+        devices = jax.devices("cpu")
+        if dp is None:
+            return _mesh(devices, (tp,), ("tp",))
+        if tp_first:
+            return _mesh(devices, (tp, dp), ("tp", "dp"))
+        return _mesh(devices, (dp, tp), ("dp", "tp"))
+
+    return make
+
+
+@pytest.fixture
+def gpu_mesh():
+    """``gpu_mesh(tp)`` -> 1-D ``("tp",)`` mesh of GPUs; skips when fewer than ``tp`` GPUs."""
+
+    def make(tp: int) -> Mesh:
+        return _mesh(_gpus(), (tp,), ("tp",))
+
+    return make

@@ -1,0 +1,166 @@
+"""jax_ub.config: every JAX_UB_* variable, UB_SKIPMC, bad values, override()."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jax_ub import config
+from jax_ub.config import Config
+
+
+def test_defaults_from_empty_environment():
+    assert Config.from_env({}) == Config()
+    assert dataclasses.asdict(Config()) == {
+        "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
+        "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "log_level": "WARNING",
+    }  # fmt: skip
+
+
+VARIABLES = [
+    ("JAX_UB_METHOD", "ring", "method", "ring"),
+    ("JAX_UB_METHOD", " XLA ", "method", "xla"),
+    ("JAX_UB_METHOD", "all_peer", "method", "all_peer"),
+    ("JAX_UB_DISABLE", "1", "disable", True),
+    ("JAX_UB_DISABLE", "True", "disable", True),
+    ("JAX_UB_DISABLE", "off", "disable", False),
+    ("JAX_UB_DISABLE", "", "disable", False),
+    ("JAX_UB_TIMEOUT", "5.5", "timeout_s", 5.5),
+    ("JAX_UB_TIMEOUT", "30", "timeout_s", 30.0),
+    ("JAX_UB_BOOTSTRAP", "nccl", "bootstrap", "nccl"),
+    ("JAX_UB_BOOTSTRAP", "kv", "bootstrap", "kv"),
+    ("JAX_UB_TRANSPORT", "ipc", "transport", "ipc"),
+    ("JAX_UB_TRANSPORT", "NCCL", "transport", "nccl"),
+    ("JAX_UB_MULTICAST", "1", "multicast", True),
+    ("JAX_UB_MULTICAST", "no", "multicast", False),
+    ("JAX_UB_BUFFER_MIB", "64", "buffer_mib", 64),
+    ("JAX_UB_BUFFER_MIB", "0", "buffer_mib", 0),
+    ("JAX_UB_GEMM_WORKSPACE_MIB", "8", "gemm_workspace_mib", 8),
+    ("JAX_UB_LOG", "debug", "log_level", "DEBUG"),
+    ("JAX_UB_LOG", "ERROR", "log_level", "ERROR"),
+]
+
+
+@pytest.mark.parametrize("var,value,field,want", VARIABLES, ids=[f"{v[0]}={v[1]!r}" for v in VARIABLES])
+def test_each_variable(var, value, field, want):
+    c = Config.from_env({var: value})
+    assert getattr(c, field) == want
+    others = {f.name for f in dataclasses.fields(Config)} - {field}
+    assert all(getattr(c, f) == getattr(Config(), f) for f in others)
+
+
+@pytest.mark.parametrize(
+    "env,want",
+    [
+        ({"JAX_UB_MULTICAST": "1", "UB_SKIPMC": "1"}, False),
+        ({"JAX_UB_MULTICAST": "1", "UB_SKIPMC": "0"}, True),
+        ({"JAX_UB_MULTICAST": "1", "UB_SKIPMC": "true"}, False),
+        ({"UB_SKIPMC": "1"}, False),
+        ({"JAX_UB_MULTICAST": "1"}, True),
+    ],
+    ids=["skipmc-wins", "skipmc-0", "skipmc-true", "skipmc-only", "multicast-only"],
+)
+def test_ub_skipmc_turns_multicast_off(env, want):
+    assert Config.from_env(env).multicast is want
+
+
+BAD_VALUES = [
+    ("JAX_UB_METHOD", "fast", "one of ('auto', 'xla', 'ring'"),
+    ("JAX_UB_DISABLE", "maybe", "one of ('1', 'true'"),
+    ("JAX_UB_TIMEOUT", "soon", "must be a float"),
+    ("JAX_UB_TIMEOUT", "0", "must be >= 0.001"),
+    ("JAX_UB_TIMEOUT", "-3", "must be >= 0.001"),
+    ("JAX_UB_BOOTSTRAP", "mpi", "one of ('auto', 'kv', 'nccl')"),
+    ("JAX_UB_TRANSPORT", "shm", "one of ('auto', 'ipc', 'nccl')"),
+    ("JAX_UB_MULTICAST", "2", "one of ('1', 'true'"),
+    ("UB_SKIPMC", "sometimes", "one of ('1', 'true'"),
+    ("JAX_UB_BUFFER_MIB", "-1", "must be >= 0"),
+    ("JAX_UB_BUFFER_MIB", "1.5", "must be a int"),
+    ("JAX_UB_GEMM_WORKSPACE_MIB", "lots", "must be a int"),
+    ("JAX_UB_LOG", "verbose", "DEBUG, INFO, WARNING or ERROR"),
+]
+
+
+@pytest.mark.parametrize("var,value,expected", BAD_VALUES, ids=[f"{v[0]}={v[1]!r}" for v in BAD_VALUES])
+def test_bad_values_name_variable_and_value(var, value, expected):
+    with pytest.raises(ValueError) as info:
+        Config.from_env({var: value})
+    msg = str(info.value)
+    assert var in msg and repr(value) in msg and expected in msg, msg
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"method": "fast"},
+        {"bootstrap": "mpi"},
+        {"transport": "shm"},
+        {"timeout_s": 0.0},
+        {"buffer_mib": -1},
+        {"gemm_workspace_mib": -2},
+    ],
+    ids=lambda kw: next(iter(kw)),
+)
+def test_invalid_fields_rejected_on_construction(kw):
+    with pytest.raises(ValueError) as info:
+        Config(**kw)
+    assert repr(next(iter(kw.values()))) in str(info.value)
+
+
+def test_unrelated_variables_ignored():
+    assert Config.from_env({"JAX_UB_UNKNOWN": "1", "XLA_FLAGS": "--foo", "PATH": "/bin"}) == Config()
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().method = "xla"  # type: ignore[misc]
+
+
+def test_get_reads_environment_once(monkeypatch):
+    monkeypatch.setattr(config, "_active", None)
+    monkeypatch.setenv("JAX_UB_METHOD", "xla")
+    monkeypatch.setenv("JAX_UB_TIMEOUT", "7")
+    first = config.get()
+    assert (first.method, first.timeout_s) == ("xla", 7.0)
+    monkeypatch.setenv("JAX_UB_METHOD", "ring")
+    assert config.get() is first  # cached until override/reset
+
+
+def test_override_restores_on_exit():
+    before = config.get()
+    with config.override(method="xla", timeout_s=3.0) as c:
+        assert config.get() is c and (c.method, c.timeout_s) == ("xla", 3.0)
+        assert c.bootstrap == before.bootstrap
+    assert config.get() is before
+
+
+def test_override_restores_after_exception():
+    before = config.get()
+    with pytest.raises(RuntimeError), config.override(disable=True):
+        assert config.get().disable
+        raise RuntimeError("boom")
+    assert config.get() is before
+
+
+def test_override_nests():
+    before = config.get()
+    with config.override(method="xla"):
+        with config.override(disable=True):
+            assert (config.get().method, config.get().disable) == ("xla", True)
+        assert (config.get().method, config.get().disable) == ("xla", before.disable)
+    assert config.get() is before
+
+
+def test_override_with_invalid_value_leaves_config_unchanged():
+    before = config.get()
+    with pytest.raises(ValueError, match="'fast'"), config.override(method="fast"):
+        pass
+    assert config.get() is before
+
+
+def test_override_unknown_field():
+    before = config.get()
+    with pytest.raises(TypeError, match="no_such_knob"), config.override(no_such_knob=1):
+        pass
+    assert config.get() is before

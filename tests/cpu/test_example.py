@@ -1,0 +1,103 @@
+"""CPU tier: examples/train_tp_block.py as a user runs it (one process, and two via launch.sh)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "train_tp_block.py"
+LAUNCH = REPO / "examples" / "launch.sh"
+TINY = ["--hidden", "32", "--heads", "4", "--ffn", "64", "--seq", "16", "--batch", "4",
+        "--motif", "4", "--vocab", "32"]
+LOSS = re.compile(r"step\s+(\d+)\s+loss\s+(\S+)")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
+    # Let the script choose its own simulated device count (tests/conftest.py forces 8 here).
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env.pop("JAX_UB_METHOD", None)
+    return env
+
+
+def _run(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return proc
+
+
+def _losses(stdout: str) -> list[float]:
+    return [float(m.group(2)) for m in LOSS.finditer(stdout)]
+
+
+def _describe(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+
+
+def test_one_process_trains_and_compares():
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--compare", *TINY],
+                timeout=110)
+    assert proc.returncode == 0, _describe(proc)
+    out = proc.stdout
+    assert "devices: 4 x cpu in 1 process(es); mesh dp=1 tp=4" in out
+    assert out.count("path: method='xla' -> 'xla' (pure-XLA reference") == 1
+    assert out.count("path: method='auto' -> 'xla' (pure-XLA reference") == 1
+    assert out.count("tokens/s: ") == 2
+    losses = _losses(out)
+    assert len(losses) == 2 * 9  # step 1, 5, 10, ..., 40 for each run
+    first_run = losses[:9]
+    assert first_run[-1] < first_run[0] - 0.2, losses
+    m = re.search(r"max \|loss\(xla\) - loss\(default\)\| = (\S+);", out)
+    assert m and float(m.group(1)) == 0.0, out  # both runs take the reference path here
+    assert "speedup default/xla = " in out and out.rstrip().endswith("OK")
+
+
+def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "3", "--dp", "2", "--lr", "nan", *TINY],
+                timeout=90)
+    assert "mesh dp=2 tp=2" in proc.stdout, _describe(proc)
+    assert proc.returncode == 1, _describe(proc)
+    assert "loss is not finite" in proc.stderr
+
+
+def _gloo_reason() -> str | None:
+    if shutil.which("timeout") is None:
+        return "coreutils `timeout` is not installed"
+    probe = ("import jax\n"
+             "from jax._src.lib import _jax\n"
+             "assert hasattr(_jax, 'make_gloo_tcp_collectives'), 'no make_gloo_tcp_collectives'\n"
+             "jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
+                          timeout=60)
+    if proc.returncode:
+        return f"this jaxlib has no gloo CPU collectives: {proc.stderr.strip().splitlines()[-1:]}"
+    bash = subprocess.run(["bash", "-c", "wait -n -p x 2>/dev/null; echo $?"], capture_output=True,
+                          text=True, check=False)
+    if bash.stdout.strip() not in ("0", "127"):
+        return "launch.sh needs bash >= 5.1 (`wait -n -p`)"
+    return None
+
+
+def test_launch_sh_two_processes():
+    reason = _gloo_reason()
+    if reason:
+        pytest.skip(reason)
+    proc = _run(["bash", str(LAUNCH), "2", str(SCRIPT), "--cpu-devices", "2", "--steps", "12",
+                 "--log-every", "4", *TINY], timeout=110, LAUNCH_TIMEOUT="100")
+    assert proc.returncode == 0, _describe(proc)
+    out = proc.stdout
+    assert "[rank 0] devices: 4 x cpu in 2 process(es); mesh dp=1 tp=4" in out, _describe(proc)
+    assert "[rank 0] [run] path: method='auto' -> 'xla'" in out
+    assert "[rank 0] OK" in out
+    assert "[rank 1] step" not in out and "[rank 1] OK" not in out  # only process 0 reports
+    losses = _losses(out)
+    assert len(losses) == 4 and losses[-1] < losses[0], losses

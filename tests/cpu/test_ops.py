@@ -1,0 +1,501 @@
+"""jax_ub.ops against plain JAX on 8 forced host devices: forward values and gradients.
+
+Oracles: the global product in float64 NumPy (forward), and ``jax.grad`` of the same shard_map'ed
+function built from :mod:`jax_ub.reference` (gradients), plus ``check_grads`` on a few fp32 cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+from jax.test_util import check_grads
+
+from jax_ub import config, ops, reference
+
+BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
+DTYPES = {"bf16": BF16, "f16": F16, "f32": F32}
+# Relative Frobenius error bounds (DESIGN.md §2: bf16 1e-2 against float32, fp32 1e-5).
+RTOL = {BF16: 1.5e-2, F16: 3e-3, F32: 1e-5}
+AGRAD_RTOL = {BF16: 2e-2, F16: 4e-3, F32: 1e-5}
+
+
+def rel_err(got, want) -> float:
+    got = np.asarray(jnp.asarray(got, F32), np.float64)
+    want = np.asarray(jnp.asarray(want, F32), np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def rand(key, shape, dtype):
+    """Standard normal values (never all zeros), rounded to ``dtype``."""
+    return jax.random.normal(key, shape, F32).astype(dtype)
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(jnp.asarray(a, F32), np.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# One test case: global operands, the shard_map specs, and the expected global output.
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str  # "ag" | "rs"
+    tp: int
+    dtype: object
+    x_local: tuple[int, ...]  # local shape of x on one device
+    axis: int = 0  # gather_axis / scatter_axis as passed (may be negative)
+    n: int = 7  # AG: n_local; RS: n
+    w_sharded: bool = True
+    dp: int | None = None  # dp x tp mesh with x's axis 0 sharded over "dp"
+    tp_first: bool = False
+    return_gathered: bool = False
+    check_vma: bool = True
+
+    @property
+    def naxis(self) -> int:
+        return self.axis % len(self.x_local)
+
+    def x_spec(self) -> P:
+        spec: list = [None] * len(self.x_local)
+        spec[self.naxis if self.op == "ag" else -1] = "tp"
+        if self.dp:
+            spec[0] = "dp"
+        return P(*spec)
+
+    def w_spec(self) -> P:
+        if not self.w_sharded:
+            return P()
+        return P(None, "tp") if self.op == "ag" else P("tp", None)
+
+    def y_spec(self) -> P:
+        """AG: rows full, columns sharded; RS: scatter axis sharded. A replicated-w AG output is
+        the same on every device but still typed as varying, so it is stacked on a new axis 0."""
+        spec: list = [None] * len(self.x_local)
+        if self.dp:
+            spec[0] = "dp"
+        if self.op == "rs":
+            spec[self.naxis] = "tp"
+        elif self.w_sharded:
+            spec[-1] = "tp"
+        else:
+            spec = ["tp", *spec]
+        return P(*spec)
+
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, int]]:
+        """Global shapes of x and w."""
+        xs = list(self.x_local)
+        if self.dp:
+            xs[0] *= self.dp
+        if self.op == "ag":
+            xs[self.naxis] *= self.tp
+            ws = (self.x_local[-1], self.n * (self.tp if self.w_sharded else 1))
+        else:
+            xs[-1] *= self.tp
+            ws = (self.x_local[-1] * (self.tp if self.w_sharded else 1), self.n)
+        return tuple(xs), ws
+
+    def operands(self, seed: int = 0):
+        kx, kw = jax.random.split(jax.random.key(seed))
+        xs, ws = self.shapes()
+        return rand(kx, xs, self.dtype), rand(kw, ws, self.dtype)
+
+    def expected(self, x, w) -> np.ndarray:
+        x, w = f64(x), f64(w)
+        if self.op == "ag":
+            y = x @ w
+            return y if self.w_sharded else np.broadcast_to(y, (self.tp, *y.shape))
+        if not self.w_sharded:  # every device multiplies its k-slice by the same w
+            x = x.reshape(*x.shape[:-1], self.tp, -1).sum(-2)
+        return x @ w
+
+    def fn(self, lib, mesh, method: str | None = None):
+        """jit(shard_map(the op of ``lib``)) over ``mesh`` on global operands."""
+        kw = {} if lib is reference else {"method": method}
+        if self.op == "ag":
+
+            def body(x, w):
+                out = lib.all_gather_matmul(
+                    x, w, "tp", gather_axis=self.axis, return_gathered=self.return_gathered, **kw
+                )
+                return out if self.w_sharded else jax.tree.map(lambda a: a[None], out)
+        else:
+
+            def body(x, w):
+                return lib.matmul_reduce_scatter(x, w, "tp", scatter_axis=self.axis, **kw)
+
+        out_specs = self.y_spec()
+        if self.return_gathered:  # x_gathered is the same on every "tp" device: concatenate copies
+            g: list = [None] * len(self.x_local)
+            if self.dp:
+                g[0] = "dp"
+            out_specs = (out_specs, P(*g[:-1], "tp") if self.w_sharded else P("tp", *g))
+        return jax.jit(
+            jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=(self.x_spec(), self.w_spec()),
+                out_specs=out_specs,
+                check_vma=self.check_vma,
+            )
+        )
+
+
+def case_id(c: Case) -> str:
+    dt = {BF16: "bf16", F16: "f16", F32: "f32"}[c.dtype]
+    xs, ws = c.shapes()
+    parts = [c.op, f"tp{c.tp}" if not c.dp else f"dp{c.dp}tp{c.tp}", dt, "x".join(map(str, (*xs, ws[1])))]
+    if c.axis:
+        parts.append(f"axis{c.axis}")
+    if not c.w_sharded:
+        parts.append("wrepl")
+    if c.tp_first:
+        parts.append("tpfirst")
+    if c.return_gathered:
+        parts.append("gathered")
+    if not c.check_vma:
+        parts.append("novma")
+    return "-".join(parts)
+
+
+def loss_fn(f, cot):
+    """Scalar loss <f(x, w), cot> in float32 over every output leaf."""
+
+    def loss(x, w):
+        outs = jax.tree.leaves(f(x, w))
+        return sum(jnp.vdot(o.astype(F32), c) for o, c in zip(outs, cot, strict=True))
+
+    return loss
+
+
+def cotangents(f, x, w, seed=1):
+    outs = jax.tree.leaves(jax.eval_shape(f, x, w))
+    keys = jax.random.split(jax.random.key(seed), len(outs))
+    return [rand(k, o.shape, F32) for k, o in zip(keys, outs, strict=True)]
+
+
+def outputs_and_grads(c: Case, lib, mesh, x, w, cot):
+    """One compiled program per library: the op's outputs and (dx, dw) of <outputs, cot>."""
+    f = c.fn(lib, mesh)
+
+    def loss(x, w):
+        out = f(x, w)
+        return sum(jnp.vdot(o.astype(F32), k) for o, k in zip(jax.tree.leaves(out), cot, strict=True)), out
+
+    return jax.jit(lambda x, w: jax.grad(loss, argnums=(0, 1), has_aux=True)(x, w)[::-1])(x, w)
+
+
+def check(c: Case, mesh):
+    """Forward against the float64 global product and against the reference; gradients against
+    jax.grad of the reference."""
+    x, w = c.operands()
+    cot = cotangents(c.fn(ops, mesh), x, w)
+    got, g_got = outputs_and_grads(c, ops, mesh, x, w, cot)
+    want, g_want = outputs_and_grads(c, reference, mesh, x, w, cot)
+    y = got[0] if c.return_gathered else got
+    assert y.dtype == c.dtype
+    assert rel_err(y, c.expected(x, w)) <= RTOL[c.dtype]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert rel_err(a, b) <= RTOL[c.dtype]
+    for name, a, b in zip(("dx", "dw"), g_got, g_want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert rel_err(a, b) <= AGRAD_RTOL[c.dtype], name
+    return got
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid: tp x dtype, non-power-of-two sizes (m=3 per shard, k=5, n=7).
+
+GRID = [Case(op, tp, dt, (3, 5)) for op in ("ag", "rs") for tp in (1, 2, 4, 8) for dt in (BF16, F16, F32)]
+# RS needs the scatter dim divisible by tp: 3*tp rows locally.
+GRID = [dataclasses.replace(c, x_local=(3 * c.tp, 5)) if c.op == "rs" else c for c in GRID]
+
+
+@pytest.mark.parametrize("case", GRID, ids=case_id)
+def test_grid(case, cpu_mesh):
+    check(case, cpu_mesh(case.tp))
+
+
+# Leading batch dims: [b, s, h] gathered / scattered along s and along b, positive and negative.
+BATCH = [
+    Case("ag", 4, BF16, (2, 3, 5), axis=1),
+    Case("ag", 4, F32, (2, 3, 5), axis=-2),
+    Case("ag", 4, F32, (2, 3, 5), axis=0),
+    Case("ag", 2, F16, (2, 3, 5), axis=-3),
+    Case("ag", 2, F32, (2, 2, 3, 5), axis=-2),  # two batch dims
+    Case("rs", 4, BF16, (2, 4, 5), axis=1),
+    Case("rs", 4, F32, (2, 8, 5), axis=-2),
+    Case("rs", 4, F32, (4, 3, 5), axis=0),
+    Case("rs", 2, F16, (2, 3, 5), axis=-3),
+    Case("rs", 2, F32, (2, 2, 6, 5), axis=1),
+]
+
+
+@pytest.mark.parametrize("case", BATCH, ids=case_id)
+def test_batch_dims(case, cpu_mesh):
+    check(case, cpu_mesh(case.tp))
+
+
+# shard_map's varying-axes checking on and off, with w sharded and replicated.
+VMA = [
+    Case(op, 4, F32, (2, 4, 5) if op == "rs" else (2, 3, 5), axis=1, w_sharded=ws, check_vma=cv)
+    for op in ("ag", "rs")
+    for ws in (True, False)
+    for cv in (True, False)
+]
+
+
+@pytest.mark.parametrize("case", VMA, ids=case_id)
+def test_vma_and_replicated_w(case, cpu_mesh):
+    check(case, cpu_mesh(case.tp))
+
+
+RETURN_GATHERED = [
+    Case("ag", 4, F32, (3, 5), return_gathered=True),
+    Case("ag", 4, BF16, (2, 3, 5), axis=-2, return_gathered=True),
+    Case("ag", 2, F32, (2, 3, 5), axis=1, return_gathered=True, w_sharded=False),
+    Case("ag", 2, F32, (2, 3, 5), axis=1, return_gathered=True, check_vma=False),
+]
+
+
+@pytest.mark.parametrize("case", RETURN_GATHERED, ids=case_id)
+def test_return_gathered(case, cpu_mesh):
+    """The gathered x equals all_gather(x); its cotangent flows back into dx."""
+    _, xg = check(case, cpu_mesh(case.tp))
+    x, _ = case.operands()
+    xg = xg[0] if not case.w_sharded else xg
+    want = f64(x)  # gathering the shards gives the global x back (per dp block)
+    if case.w_sharded:  # stacked column blocks of identical gathered copies
+        want = np.concatenate([want] * case.tp, axis=-1)
+    assert rel_err(xg, want) == 0.0
+
+
+DPTP = [
+    Case("ag", 4, F32, (1, 3, 5), axis=1, dp=2),
+    Case("ag", 4, BF16, (1, 3, 5), axis=-2, dp=2, w_sharded=False),
+    Case("ag", 4, F32, (1, 3, 5), axis=1, dp=2, tp_first=True),
+    Case("rs", 4, F32, (1, 4, 5), axis=1, dp=2),
+    Case("rs", 4, BF16, (1, 4, 5), axis=-2, dp=2, w_sharded=False),
+    Case("rs", 4, F32, (1, 4, 5), axis=1, dp=2, tp_first=True),
+    Case("rs", 4, F32, (1, 4, 5), axis=1, dp=2, check_vma=False),
+]
+
+
+@pytest.mark.parametrize("case", DPTP, ids=case_id)
+def test_dp_by_tp_mesh(case, cpu_mesh):
+    """A 2x4 mesh: TP groups along "tp", batch sharded over "dp"; w replicated over "dp" gets its
+    gradient summed over "dp" too."""
+    check(case, cpu_mesh(case.tp, dp=case.dp, tp_first=case.tp_first))
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients by finite differences (fp32), including second order through the dual op.
+
+
+@pytest.mark.parametrize(
+    "case,order",
+    [
+        (Case("ag", 2, F32, (3, 5)), 1),
+        (Case("ag", 4, F32, (2, 3, 5), axis=1, w_sharded=False), 1),
+        (Case("rs", 2, F32, (4, 5)), 1),
+        (Case("rs", 4, F32, (2, 4, 5), axis=-2, w_sharded=False), 1),
+        (Case("ag", 2, F32, (3, 5), return_gathered=True), 2),
+        (Case("rs", 2, F32, (4, 5)), 2),
+    ],
+    ids=lambda v: case_id(v) if isinstance(v, Case) else f"order{v}",
+)
+def test_check_grads(case, order, cpu_mesh):
+    x, w = case.operands()
+    f = case.fn(ops, cpu_mesh(case.tp))
+    cot = cotangents(f, x, w)
+    with jax.default_matmul_precision("highest"):
+        check_grads(loss_fn(f, cot), (x, w), order=order, modes=("rev",), atol=2e-2, rtol=2e-2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Composition: scan over layers, several shapes in one jit, precision, dispatch.
+
+
+def _mlp(lib, x, w1, w2):
+    """Sequence-parallel MLP stack: [b, s/tp, h] -> AG along s -> tanh -> RS along s, per layer."""
+
+    def layer(h, ws):
+        a, b = ws
+        u = jnp.tanh(lib.all_gather_matmul(h, a, "tp", gather_axis=1))
+        return h + lib.matmul_reduce_scatter(u, b, "tp", scatter_axis=1), None
+
+    return lax.scan(layer, x, (w1, w2))[0]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_inside_scan(dtype, cpu_mesh):
+    tp, layers, b, s, h, f = 4, 3, 2, 8, 6, 12
+    mesh = cpu_mesh(tp)
+    k = jax.random.split(jax.random.key(3), 3)
+    x = rand(k[0], (b, s, h), dtype)
+    w1 = (rand(k[1], (layers, h, f), F32) * 0.3).astype(dtype)
+    w2 = (rand(k[2], (layers, f, h), F32) * 0.3).astype(dtype)
+    specs = (P(None, "tp"), P(None, None, "tp"), P(None, "tp", None))
+
+    def loss(lib):
+        g = jax.shard_map(lambda *a: _mlp(lib, *a), mesh=mesh, in_specs=specs, out_specs=P(None, "tp"))
+        return lambda *a: jnp.sum(jnp.sin(g(*a).astype(F32)))
+
+    v1, g1 = jax.jit(jax.value_and_grad(loss(ops), argnums=(0, 1, 2)))(x, w1, w2)
+    v2, g2 = jax.jit(jax.value_and_grad(loss(reference), argnums=(0, 1, 2)))(x, w1, w2)
+    assert rel_err(v1, v2) <= AGRAD_RTOL[dtype]
+    for a, r in zip(g1, g2, strict=True):
+        assert rel_err(a, r) <= AGRAD_RTOL[dtype]
+
+
+def test_several_shapes_in_one_jit(cpu_mesh):
+    mesh = cpu_mesh(4)
+    k = jax.random.split(jax.random.key(4), 4)
+    x1, w1 = rand(k[0], (3, 5), F32), rand(k[1], (5, 7), F32)  # AG, m=3
+    x2, w2 = rand(k[2], (2, 4, 6), F32), rand(k[3], (6, 3), F32)  # RS along s=4
+
+    def body(lib):
+        def f(x1, w1, x2, w2):
+            return (
+                lib.all_gather_matmul(x1, w1, "tp"),
+                lib.all_gather_matmul(x2, w2, "tp", gather_axis=-2),
+                lib.matmul_reduce_scatter(x2, w2, "tp", scatter_axis=1),
+            )
+
+        return f
+
+    def run(lib):
+        g = jax.shard_map(body(lib), mesh=mesh, in_specs=P("tp"), out_specs=(P("tp"), P("tp"), P("tp")))
+        return jax.jit(
+            lambda *a: (
+                g(*a),
+                jax.grad(lambda *a: sum(jnp.sum(jnp.cos(o)) for o in g(*a)), argnums=(0, 1, 2, 3))(*a),
+            )
+        )
+
+    shapes = (x1.repeat(4, 0), w1.repeat(4, 0), x2.repeat(4, 0), w2.repeat(4, 0))
+    got, want = run(ops)(*shapes), run(reference)(*shapes)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert rel_err(a, b) <= 1e-5
+
+
+def _dot_precisions(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn.params["precision"]
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _dot_precisions(inner)
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_precision_reaches_every_dot(op, cpu_mesh):
+    mesh = cpu_mesh(2)
+    x, w = rand(jax.random.key(5), (4, 6), F32), rand(jax.random.key(6), (6, 8), F32)
+    hi = lax.Precision.HIGHEST
+    if op == "ag":
+        body = lambda x, w: ops.all_gather_matmul(x, w, "tp", precision=hi)  # noqa: E731
+    else:
+        body = lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", precision=hi)  # noqa: E731
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P("tp"))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=(0, 1)))(x, w)
+    precisions = list(_dot_precisions(jaxpr.jaxpr))
+    assert len(precisions) == 3  # forward, dgrad, wgrad
+    assert all(p == (hi, hi) for p in precisions), precisions
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_backward_uses_same_dispatch(op, cpu_mesh, monkeypatch):
+    """The backward of each op is its dual, through the same (op, method) registry."""
+    calls = []
+
+    def spy(kind):
+        def impl(x, w, **kw):
+            calls.append(kind)
+            return ops._IMPLS[(kind, "xla")](x, w, **kw)
+
+        return impl
+
+    monkeypatch.setitem(ops._IMPLS, ("ag", "spy"), spy("ag"))
+    monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
+    monkeypatch.setattr(ops, "_resolve_method", lambda method: "spy")
+    c = Case(op, 2, F32, (4, 5))
+    x, w = c.operands()
+    f = c.fn(ops, cpu_mesh(2))
+    cot = cotangents(f, x, w)
+    calls.clear()
+    jax.grad(loss_fn(f, cot), argnums=(0, 1))(x, w)
+    assert calls[-1] == ops.DUAL[op] and set(calls) == {op, ops.DUAL[op]}, calls
+
+
+def test_duality_table():
+    assert ops.DUAL == {"ag": "rs", "rs": "ag"}
+    assert all(ops.DUAL[ops.DUAL[k]] == k for k in ops.DUAL)
+    assert {("ag", "xla"), ("rs", "xla")} <= set(ops._IMPLS)
+
+
+@pytest.mark.parametrize(
+    "cfg,method,want",
+    [
+        ({}, None, "xla"),
+        ({}, "auto", "xla"),
+        ({}, "xla", "xla"),
+        ({"method": "xla"}, None, "xla"),
+        ({"disable": True}, "ring", "xla"),
+        ({"disable": True, "method": "nccl"}, None, "xla"),
+    ],
+    ids=["default", "auto", "xla", "config-xla", "disable-ring", "disable-config-nccl"],
+)
+def test_resolve_method(cfg, method, want):
+    with config.override(method="auto", disable=False), config.override(**cfg):
+        assert ops._resolve_method(method) == want
+
+
+def test_disable_runs_reference_for_cuda_method(cpu_mesh):
+    c = Case("ag", 2, F32, (3, 5))
+    x, w = c.operands()
+    with config.override(disable=True):
+        y = c.fn(ops, cpu_mesh(2), method="ring")(x, w)
+    assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
+
+
+def test_eager_shard_map_without_jit(cpu_mesh):
+    mesh = cpu_mesh(2)
+    x, w = rand(jax.random.key(7), (4, 5), F32), rand(jax.random.key(8), (5, 6), F32)
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp"),
+        mesh=mesh,
+        in_specs=(P("tp"), P(None, "tp")),
+        out_specs=P(None, "tp"),
+    )
+    assert rel_err(f(x, w), f64(x) @ f64(w)) <= RTOL[F32]
+
+
+@pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
+def test_replicated_x_gradient_is_summed(check_vma, cpu_mesh):
+    """x replicated (P()) into an AG: its cotangent is the sum over "tp" of the per-device ones."""
+    mesh = cpu_mesh(4)
+    x, w = rand(jax.random.key(9), (3, 5), F32), rand(jax.random.key(10), (5, 28), F32)
+
+    def grads(lib):
+        f = jax.shard_map(
+            lambda x, w: lib.all_gather_matmul(x, w, "tp"),
+            mesh=mesh,
+            in_specs=(P(), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=check_vma,
+        )
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1)))(x, w)
+
+    for a, b in zip(grads(ops), grads(reference), strict=True):
+        assert rel_err(a, b) <= 1e-5
