@@ -11,13 +11,16 @@ Public API:
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
 """
 
-from jax_ub import config, reference
+from jax_ub import (
+    config,
+    overlap,
+    reference,
+)
 from jax_ub._bootstrap import AgreementError, PeerTimeoutError
 from jax_ub._ext import build_info
 from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
 from jax_ub.ops import all_gather_matmul, matmul_reduce_scatter
-from jax_ub import overlap  # noqa: E402,I001  (registers the CUDA implementations)
 
 __version__ = "0.1.0"
 
