@@ -67,7 +67,35 @@ def _param(where: str, init: Callable[..., jax.Array], key: jax.Array, shape: Se
     return nnx.Param(boxed(key, shape, dtype), eager_sharding=eager)
 
 
-class ColumnParallelDense(nnx.Module):
+class _ParallelDense(nnx.Module):
+    """Parameters and options shared by the column- and row-parallel layers."""
+
+    _partitioning: Callable[[str], tuple[Any, Any]]
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 dtype: Any = None, param_dtype: Any = jnp.float32,
+                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
+                 bias_init: Callable[..., jax.Array] = default_bias_init,
+                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
+                 mesh: Any = None, rngs: nnx.Rngs):
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.precision = precision
+        self.method = method
+        self.axis_name = axis_name
+        self.mesh = mesh
+        kernel_names, bias_names = type(self)._partitioning(axis_name)
+        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
+                             (in_features, out_features), param_dtype, kernel_names, axis_name,
+                             mesh)
+        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
+                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+
+
+class ColumnParallelDense(_ParallelDense):
     """Column-parallel dense layer (sequence-parallel in, tensor-parallel out): AG→GEMM.
 
     Global mode: x `[batch, seq, in_features]` with seq split over ``axis_name`` →
@@ -89,27 +117,7 @@ class ColumnParallelDense(nnx.Module):
       rngs: random streams; ``rngs.params`` initialises the parameters.
     """
 
-    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
-                 dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
-                 bias_init: Callable[..., jax.Array] = default_bias_init,
-                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
-                 mesh: Any = None, rngs: nnx.Rngs):
-        self.in_features = in_features
-        self.out_features = out_features
-        self.use_bias = use_bias
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.precision = precision
-        self.method = method
-        self.axis_name = axis_name
-        self.mesh = mesh
-        kernel_names, bias_names = _layers.column_partitioning(axis_name)
-        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
-                             (in_features, out_features), param_dtype, kernel_names, axis_name,
-                             mesh)
-        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
-                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+    _partitioning = staticmethod(_layers.column_partitioning)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.column_parallel_dense(
@@ -119,7 +127,7 @@ class ColumnParallelDense(nnx.Module):
             where=type(self).__name__)
 
 
-class RowParallelDense(nnx.Module):
+class RowParallelDense(_ParallelDense):
     """Row-parallel dense layer (tensor-parallel in, sequence-parallel out): GEMM→RS.
 
     Global mode: x `[batch, seq, in_features]` with the features split over ``axis_name`` →
@@ -131,27 +139,7 @@ class RowParallelDense(nnx.Module):
     ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`.
     """
 
-    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
-                 dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
-                 bias_init: Callable[..., jax.Array] = default_bias_init,
-                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
-                 mesh: Any = None, rngs: nnx.Rngs):
-        self.in_features = in_features
-        self.out_features = out_features
-        self.use_bias = use_bias
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.precision = precision
-        self.method = method
-        self.axis_name = axis_name
-        self.mesh = mesh
-        kernel_names, bias_names = _layers.row_partitioning(axis_name)
-        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
-                             (in_features, out_features), param_dtype, kernel_names, axis_name,
-                             mesh)
-        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
-                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+    _partitioning = staticmethod(_layers.row_partitioning)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.row_parallel_dense(
