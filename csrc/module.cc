@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "comm/communicator.h"
+#include "comm/trace.h"
 #include "comm/driver.h"
 #include "common/dynlib.h"
 #include "ffi/gemm.h"
@@ -22,6 +23,8 @@
 #include "gemm/cublaslt.h"
 
 namespace nb = nanobind;
+
+void BindNccl(nanobind::module_& m);  // module_nccl.cc
 
 namespace jax_ub {
 bool CublasLtApiChecked();
@@ -42,6 +45,7 @@ nb::dict Registrations() {
   d["jax_ub_all_gather"] = Capsule(JaxUbAllGather);
   d["jax_ub_gemm_rs"] = Capsule(JaxUbGemmRs);
   d["jax_ub_reduce_scatter"] = Capsule(JaxUbReduceScatter);
+  d["jax_ub_bulk"] = Capsule(JaxUbBulk);
   return d;
 }
 
@@ -226,10 +230,30 @@ NB_MODULE(_jax_ub_cuda, m) {
         arg("tf32"), arg("workspace_bytes"), nogil,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, 2 bf16).");
   m.def("p2p_matrix", &P2PMatrix, nogil);
+  m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),
+        "Record CUDA-event timelines of the overlap ops (bench --timeline).");
+  m.def("trace_collect", [] {
+    nb::list out;
+    for (const jax_ub::TraceRecord& r : jax_ub::TraceCollect()) {
+      nb::dict d;
+      d["device"] = r.device;
+      d["rank"] = r.rank;
+      d["op"] = r.op;
+      d["epoch"] = r.epoch;
+      d["name"] = r.name;
+      d["chunk"] = r.chunk;
+      d["stream"] = r.stream;
+      d["start_ms"] = r.start_ms;
+      d["end_ms"] = r.end_ms;
+      out.append(d);
+    }
+    return out;
+  }, "Waits for the traced spans and returns them as dicts (times in ms from each op's start).");
   m.def("device_memory", &DeviceMemory, arg("device"), "(free, total) bytes of a device.");
   m.def("driver_check", [] {
     const jax_ub::Driver* d = nullptr;
     jax_ub::Status s = jax_ub::GetDriver(&d);
     return s.ok() ? std::string() : s.message();
   }, "'' when the driver entry points jax_ub needs are present, else why not.");
+  BindNccl(m);
 }

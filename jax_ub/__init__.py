@@ -4,6 +4,8 @@ Public API:
 
 * :func:`all_gather_matmul` / :func:`matmul_reduce_scatter` — shard_map primitives (AG→GEMM, GEMM→RS),
   differentiable, with a pure-XLA reference path (:mod:`jax_ub.reference`).
+* :func:`bulk_all_gather` / :func:`bulk_reduce_scatter` — a collective under an independent GEMM
+  (backward-pass bulk overlap).
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
 * :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
 * :func:`build_info` — which path is active and why.
@@ -18,6 +20,7 @@ from jax_ub import (
 )
 from jax_ub._bootstrap import AgreementError, PeerTimeoutError
 from jax_ub._ext import build_info
+from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
 from jax_ub.ops import all_gather_matmul, matmul_reduce_scatter
@@ -30,6 +33,8 @@ __all__ = [
     "__version__",
     "all_gather_matmul",
     "build_info",
+    "bulk_all_gather",
+    "bulk_reduce_scatter",
     "config",
     "initialize",
     "matmul",

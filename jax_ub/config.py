@@ -6,7 +6,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
-| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``pipeline``, ``nccl``) |
+| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``nccl``) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-METHODS = ("auto", "xla", "ring", "all_peer", "pipeline", "nccl")
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "nccl")
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 

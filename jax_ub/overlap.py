@@ -1,6 +1,16 @@
 """CUDA implementations of the TP primitives (``csrc/ffi/overlap.cc``), registered with
-:mod:`jax_ub.ops` under the method names ``ring``, ``all_peer`` and ``pipeline``, plus the bare
-collectives over jax_ub's transport (:func:`all_gather`, :func:`reduce_scatter`).
+:mod:`jax_ub.ops` under the method names ``ring``, ``all_peer``, ``push`` and ``pipeline``, plus the
+bare collectives over jax_ub's transport (:func:`all_gather`, :func:`reduce_scatter`), the bulk
+forms (:func:`bulk_all_gather`, :func:`bulk_reduce_scatter`: a collective under an independent
+GEMM) and the timeline hooks (:func:`trace_enable`, :func:`trace_collect`).
+
+Algorithms (``csrc/overlap/schedules.h``):
+
+* all-gather: ``ring`` pulls peers' shards one after another (r+1, r+2, ...) by copy engine;
+  ``all_peer`` pulls all at once; ``push`` has every rank push its shard straight from its input
+  into every peer's registered buffer (no publish copy). ``pipeline`` is ``ring``.
+* reduce-scatter: ``ring`` pushes each destination's partial on one comm stream as soon as it is
+  computed; ``pipeline`` (= ``all_peer``) gives every push its own stream. ``push`` is ``ring``.
 
 These run only when the extension is loaded, a CUDA GPU is present and :func:`jax_ub.initialize`
 was called for the mesh axis; :mod:`jax_ub.ops` falls back to the reference otherwise (``auto``) or
@@ -18,9 +28,11 @@ import numpy as np
 
 from jax_ub import _ext, _ffi, comm, ops
 
-AG_ALGOS = {"ring": 0, "all_peer": 1, "pipeline": 0}
-RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1}
-REDUCE_BLOCKS = 32
+AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0}
+RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0}
+REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
+BULK_REDUCE_SMS = 16  # SMs a bulk reduce-scatter keeps from its concurrent GEMM
+COMPUTE_STREAMS = 2  # csrc/comm/communicator.h kNumComputeStreams
 
 
 def _set_for(axis_name: Any, what: str) -> comm.CommSet:
@@ -52,7 +64,7 @@ def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -
     from jax_ub import config
 
     tf32 = bool(_ffi.tf32_allowed(precision))
-    ws = (max(int(config.get().gemm_workspace_mib) << 20, 256) // 3) // 256 * 256
+    ws = (max(int(config.get().gemm_workspace_mib) << 20, 256) // COMPUTE_STREAMS) // 256 * 256
     mod = _ext.extension()
     for dev, _, _ in s.local:
         key = (dev, m, n, k, jnp.dtype(dtype).name, tf32, ws)
@@ -67,7 +79,7 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring"):
     s = _set_for(axis_name, "all_gather_matmul")
     x2 = _front(x, axis)
     es = jnp.dtype(x.dtype).itemsize
-    comm.ensure_capacity(s, math.prod(x2.shape) * es)
+    comm.ensure_capacity(s, s.world * math.prod(x2.shape) * es)  # push lands every shard
     _warm(s, math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], x.dtype, precision)
     rows = (s.world * x2.shape[0], *x2.shape[1:-1])
     y_t = _ffi.result_type((*rows, w.shape[1]), x.dtype, x2, w)
@@ -107,7 +119,7 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ri
     s = _set_for(axis_name, "all_gather")
     x2 = _front(x, axis % x.ndim)
     x3 = x2.reshape(x2.shape[0], -1)
-    comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
+    comm.ensure_capacity(s, s.world * math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
     xg = jax.ffi.ffi_call("jax_ub_all_gather", xg_t)(x3, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]))
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
@@ -125,6 +137,57 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     y = jax.ffi.ffi_call("jax_ub_reduce_scatter", y_t)(
         x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
+
+
+def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
+    _ext.ensure_registered()
+    s = _set_for(axis_name, what)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        raise ValueError(f"{what}: the independent GEMM must be a[m, k] @ b[k, n] of one dtype; "
+                         f"got a {a.shape} {a.dtype}, b {b.shape} {b.dtype}")
+    x2 = _front(x, axis % x.ndim)
+    x3 = x2.reshape(x2.shape[0], -1)
+    es = jnp.dtype(x.dtype).itemsize
+    comm.ensure_capacity(s, (s.world if kind == 0 else 1) * math.prod(x2.shape) * es)
+    _warm(s, a.shape[0], b.shape[1], a.shape[1], a.dtype, precision)
+    if kind == 0:
+        out_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
+        algo = AG_ALGOS[method]
+    else:
+        if x3.shape[0] % s.world:
+            raise ValueError(f"{what}: dimension {axis} of x ({x3.shape[0]}) is not divisible by "
+                             f"the axis size {s.world}")
+        out_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
+        algo = RS_ALGOS[method]
+    gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
+    out, gy, _ = jax.ffi.ffi_call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
+        x3, a, b, set_id=s.set_id, kind=np.int32(kind), algo=np.int32(algo),
+        tf32=_ffi.tf32_allowed(precision), reduce_sms=np.int32(BULK_REDUCE_SMS))
+    rows = s.world * x2.shape[0] if kind == 0 else x2.shape[0] // s.world
+    return _back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy
+
+
+def bulk_all_gather_cuda(x, a, b, axis_name, *, axis=0, precision=None, method="ring"):
+    """(all_gather(x), a @ b) in one custom call: the gather runs by copy engine under the GEMM."""
+    return _bulk(0, x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
+
+
+def bulk_reduce_scatter_cuda(x, a, b, axis_name, *, axis=0, precision=None, method="ring"):
+    """(psum_scatter(x), a @ b) in one custom call: pushes by copy engine under the GEMM, the fp32
+    sum on the SMs the GEMM leaves free (``BULK_REDUCE_SMS``)."""
+    return _bulk(1, x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")
+
+
+def trace_enable(on: bool) -> None:
+    """Records a CUDA-event timeline of every overlap op from now on (``bench --timeline``)."""
+    _ext.extension().trace_enable(bool(on))
+
+
+def trace_collect() -> list[dict]:
+    """The spans recorded since :func:`trace_enable` (waits for them): one dict per copy, GEMM or
+    reduction with ``device, rank, op, epoch, name, chunk, stream, start_ms, end_ms`` (ms from the
+    start of that op on that device)."""
+    return list(_ext.extension().trace_collect())
 
 
 def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
@@ -164,7 +227,7 @@ def _auto(op: str):
 def _register() -> None:
     ops.register_impl(ops.AG, "auto")(_auto(ops.AG))
     ops.register_impl(ops.RS, "auto")(_auto(ops.RS))
-    for name in ("ring", "all_peer", "pipeline"):
+    for name in ("ring", "all_peer", "push", "pipeline"):
         ops.register_impl(ops.AG, name)(
             lambda x, w, *, axis_name, axis, precision, _m=name: ag_gemm(
                 x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m))

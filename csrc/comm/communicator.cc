@@ -53,6 +53,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   c->o_ = o;
   c->o_.capacity = 0;
   JAX_UB_CUDA_RETURN(cudaSetDevice(o.device));
+  JAX_UB_CUDA_RETURN(cudaDeviceGetAttribute(&c->sms_, cudaDevAttrMultiProcessorCount, o.device));
   int lo = 0, hi = 0;  // numerically lower = higher priority
   JAX_UB_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   for (int i = 0; i < o.world; ++i) {
@@ -70,10 +71,14 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->start_, cudaEventDisableTiming));
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  const size_t flag_bytes = sizeof(uint64_t) * kNumFlagSlots * o.world;
-  JAX_UB_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&c->flags_), flag_bytes));
-  JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, flag_bytes));
-  JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_), 2 * flag_bytes));
+  const size_t n_flags = kNumFlagSlots * o.world;
+  JAX_UB_CUDA_RETURN(
+      cudaMalloc(reinterpret_cast<void**>(&c->flags_), (n_flags + 1) * sizeof(uint64_t)));
+  JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, (n_flags + 1) * sizeof(uint64_t)));
+  c->poison_ = c->flags_ + n_flags;
+  JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
+                                    (2 * n_flags + 1) * sizeof(uint64_t)));
+  c->host_flags_[2 * n_flags] = 1;
   c->peer_buffer_.assign(o.world, nullptr);
   c->peer_flags_.assign(o.world, nullptr);
   c->ipc_buffer_.assign(o.world, false);
@@ -293,7 +298,9 @@ Status Communicator::End(cudaStream_t xla) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], compute_[i]));
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
   }
-  return Status::Ok();
+  // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
+  // there would queue behind a running GEMM that holds every SM).
+  return LaunchCheckFlag(poison_, xla);
 }
 
 Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
@@ -310,8 +317,7 @@ Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, co
     if (value > p.want) p.want = value;
     any_pending_.store(true, std::memory_order_release);
   }
-  JAX_UB_RETURN_IF_ERROR(StreamWaitGeq(s, flag, value));
-  return LaunchCheckFlag(flag, s);
+  return StreamWaitGeq(s, flag, value);
 }
 
 Status Communicator::Signal(cudaStream_t s, int slot, int peer, uint64_t value) {
@@ -373,8 +379,10 @@ void Communicator::Poll() {
       std::fprintf(stderr, "%s\n", msg.c_str());
       std::fflush(stderr);
       if (error_.empty()) error_ = msg;
-      // Release the waiting stream with a marked value: the check kernel after the wait traps,
-      // so XLA's call fails instead of hanging or computing on missing data.
+      // Poison first, then release the waiting stream with a marked value: the op's final check
+      // kernel (End) traps, so XLA's call fails instead of hanging or computing on missing data.
+      cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                      release_);
       host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
       cudaMemcpyAsync(flags_ + slot * o_.world + q, host_flags_ + n + slot * o_.world + q,
                       sizeof(uint64_t), cudaMemcpyHostToDevice, release_);

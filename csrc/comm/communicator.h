@@ -28,7 +28,7 @@ namespace jax_ub {
 
 enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kNumFlagSlots = 3 };
 constexpr int kMaxWorld = 16;
-constexpr int kNumComputeStreams = 3;
+constexpr int kNumComputeStreams = 2;
 
 class Communicator {
  public:
@@ -63,7 +63,8 @@ class Communicator {
   // Starts an op on XLA's stream: returns its epoch; side streams wait for XLA's work so far;
   // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
   Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch);
-  // Joins every side stream back into XLA's stream.
+  // Joins every side stream back into XLA's stream, then (one tiny kernel on XLA's stream) fails
+  // the call if the watchdog force-released a wait of this communicator.
   Status End(cudaStream_t xla);
   // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
@@ -75,6 +76,7 @@ class Communicator {
   int world() const { return o_.world; }
   int device() const { return o_.device; }
   size_t capacity() const { return o_.capacity; }
+  int sms() const { return sms_; }  // multiprocessors of this member's GPU
   void* buffer() const { return buffer_; }
   void* peer_buffer(int q) const { return peer_buffer_[q]; }
   cudaStream_t comm(int i) const { return comm_[i]; }
@@ -102,8 +104,9 @@ class Communicator {
 
   Options o_;
   void* buffer_ = nullptr;
-  uint64_t* flags_ = nullptr;          // device: kNumFlagSlots * world
-  uint64_t* host_flags_ = nullptr;     // pinned mirror for the watchdog
+  uint64_t* flags_ = nullptr;          // device: kNumFlagSlots * world, then the poison word
+  uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
+  uint64_t* host_flags_ = nullptr;     // pinned: mirror for the watchdog, release values, 1
   std::vector<void*> peer_buffer_;
   std::vector<uint64_t*> peer_flags_;
   std::vector<bool> ipc_buffer_, ipc_flags_;  // which peer pointers came from IPC (to close)
@@ -117,6 +120,7 @@ class Communicator {
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
   cudaEvent_t events_[kNumEvents] = {};
   uint64_t epoch_ = 0;
+  int sms_ = 0;
   bool destroyed_ = false;
 
   mutable std::mutex mu_;  // error_, pending_

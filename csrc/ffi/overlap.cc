@@ -47,11 +47,10 @@ ffi::Error Check(const char* op, const Communicator& c, bool ok, const std::stri
   return InvalidArgument(Where(c, op) + ": " + what);
 }
 
-ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
-                  const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32) {
-  Communicator* c = nullptr;
-  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+// Decodes and validates an AG op's buffers into `a` (w, y, ws null: all-gather only).
+ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
+                    const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
+                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
     return Check(op, *c, false, "x must be float32, float16 or bfloat16");
@@ -65,7 +64,10 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
       e.failure()) {
     return e;
   }
-  AgGemmArgs a;
+  if (algo < 0 || algo > static_cast<int>(AgAlgo::kPush)) {
+    return Check(op, *c, false, StrCat() << "unknown all-gather algorithm " << algo);
+  }
+  AgGemmArgs& a = *out;
   a.dtype = t;
   a.tf32 = tf32;
   a.algo = static_cast<AgAlgo>(algo);
@@ -90,11 +92,22 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
     a.workspace = ws->untyped_data();
     a.workspace_bytes = ws->size_bytes();
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s) {
+  return ToFfi(op, device, s.ok() ? s : Status::Error(Where(*c, op) + ": " + s.message()));
+}
+
+ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                  const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
+                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32) {
+  Communicator* c = nullptr;
+  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  AgGemmArgs a;
+  if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
-  return ToFfi(op, device, [&] {
-    Status s = AgGemm(c, a, stream);
-    return s.ok() ? s : Status::Error(Where(*c, op) + ": " + s.message());
-  }());
+  return Run(op, device, c, AgGemm(c, a, stream));
 }
 
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
@@ -110,12 +123,10 @@ ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                 false);
 }
 
-ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
-                  const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
-                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t reduce_blocks) {
-  Communicator* c = nullptr;
-  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
+                    const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
+                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
+                    GemmRsArgs* out) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
     return Check(op, *c, false, "x must be float32, float16 or bfloat16");
@@ -132,7 +143,10 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
       e.failure()) {
     return e;
   }
-  GemmRsArgs a;
+  if (algo < 0 || algo > static_cast<int>(RsAlgo::kPipeline)) {
+    return Check(op, *c, false, StrCat() << "unknown reduce-scatter algorithm " << algo);
+  }
+  GemmRsArgs& a = *out;
   a.dtype = t;
   a.tf32 = tf32;
   a.algo = static_cast<RsAlgo>(algo);
@@ -161,11 +175,21 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
     a.workspace = ws->untyped_data();
     a.workspace_bytes = ws->size_bytes();
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                  const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
+                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
+                  int32_t reduce_blocks) {
+  Communicator* c = nullptr;
+  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  GemmRsArgs a;
+  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a); e.failure()) {
+    return e;
+  }
   if (a.M == 0 || a.n == 0) return ffi::Error::Success();
-  return ToFfi(op, device, [&] {
-    Status s = GemmRs(c, a, stream);
-    return s.ok() ? s : Status::Error(Where(*c, op) + ": " + s.message());
-  }());
+  return Run(op, device, c, GemmRs(c, a, stream));
 }
 
 ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
@@ -183,7 +207,73 @@ ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuf
                 false, reduce_blocks);
 }
 
+// Bulk overlap: collective of x (all-gather: out [world*m, k]; reduce-scatter: out [M/world, n])
+// under the independent GEMM gy = ga @ gb.
+ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer ga,
+                       ffi::AnyBuffer gb, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::AnyBuffer> gy, ffi::Result<ffi::AnyBuffer> ws,
+                       int64_t set_id, int32_t kind, int32_t algo, bool tf32,
+                       int32_t reduce_sms) {
+  const char* op = kind == 1 ? "bulk_reduce_scatter" : "bulk_all_gather";
+  Communicator* c = nullptr;
+  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  BulkArgs a;
+  a.reduce_scatter = kind == 1;
+  const int sms = reduce_sms > 0 && reduce_sms < c->sms() ? reduce_sms : 0;
+  if (a.reduce_scatter) {
+    if (auto e = DecodeRs(op, c, x, nullptr, &*out, nullptr, nullptr, algo, false, 4 * sms,
+                          &a.rs);
+        e.failure()) {
+      return e;
+    }
+  } else if (auto e = DecodeAg(op, c, x, nullptr, nullptr, &*out, nullptr, algo, false, &a.ag);
+             e.failure()) {
+    return e;
+  }
+  const auto ad = ga.dimensions(), bd = gb.dimensions(), yd = gy->dimensions();
+  DType gt;
+  if (auto e = Check(op, *c,
+                     ad.size() == 2 && bd.size() == 2 && yd.size() == 2 && ad[1] == bd[0] &&
+                         yd[0] == ad[0] && yd[1] == bd[1] &&
+                         ga.element_type() == gb.element_type() &&
+                         ToDType(ga.element_type(), &gt),
+                     StrCat() << "the GEMM operands must be a[m, k] @ b[k, n] -> [m, n] of one "
+                                 "float dtype; got a "
+                              << ad.size() << "-d, b " << bd.size() << "-d");
+      e.failure()) {
+    return e;
+  }
+  a.gemm.dtype = gt;
+  a.gemm.tf32 = tf32;
+  a.gemm.k = ad[1];
+  a.gemm.n = bd[1];
+  a.gemm.w = gb.untyped_data();
+  a.gemm.workspace = ws->untyped_data();
+  a.gemm.workspace_bytes = ws->size_bytes() / kNumComputeStreams / 256 * 256;
+  a.gemm.sm_count = a.reduce_scatter && sms > 0 ? c->sms() - sms : 0;
+  a.ga = ga.untyped_data();
+  a.gm = ad[0] > 0 && ad[1] > 0 && bd[1] > 0 ? ad[0] : 0;
+  a.gy = gy->untyped_data();
+  return Run(op, device, c, Bulk(c, a, stream));
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbBulk, BulkExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()     // selects the communicator
+                                  .Arg<ffi::AnyBuffer>()         // x: collective input
+                                  .Arg<ffi::AnyBuffer>()         // a: [m, k] GEMM operand
+                                  .Arg<ffi::AnyBuffer>()         // b: [k, n] GEMM operand
+                                  .Ret<ffi::AnyBuffer>()         // collective result
+                                  .Ret<ffi::AnyBuffer>()         // a @ b
+                                  .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
+                                  .Attr<int64_t>("set_id")       // jax_ub.initialize() set
+                                  .Attr<int32_t>("kind")         // 0 all-gather, 1 reduce-scatter
+                                  .Attr<int32_t>("algo")         // AgAlgo / RsAlgo
+                                  .Attr<bool>("tf32")            // float32 GEMM may use TF32
+                                  .Attr<int32_t>("reduce_sms"));  // SMs left to the reduction
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                               ffi::Ffi::Bind()
@@ -195,7 +285,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Ret<ffi::AnyBuffer>()         // xg: [world*m, k] gathered x
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer
+                                  .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer, 2 push
                                   .Attr<bool>("tf32"));          // float32 may use TF32
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,

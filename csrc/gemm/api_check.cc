@@ -14,6 +14,7 @@ static_assert(kCompute32FFastTF32 == CUBLAS_COMPUTE_32F_FAST_TF32);
 static_assert(kOpN == CUBLAS_OP_N && kOpT == CUBLAS_OP_T);
 static_assert(kDescTransA == CUBLASLT_MATMUL_DESC_TRANSA);
 static_assert(kDescTransB == CUBLASLT_MATMUL_DESC_TRANSB);
+static_assert(kDescSmCountTarget == CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET);
 static_assert(kPrefMaxWorkspaceBytes == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);
 static_assert(kPrefMinAlignmentABytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES);
 static_assert(kPrefMinAlignmentBBytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES);

@@ -96,7 +96,7 @@ struct Plan {
 };
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                           int, bool, size_t, int, int, int>;
+                           int, bool, size_t, int, int, int, int>;
 
 std::mutex g_mu;
 std::map<int, lt::Handle>& Handles() {
@@ -136,6 +136,11 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   const int op_b = g.trans_a ? lt::kOpT : lt::kOpN;
   JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_a, sizeof(op_a)));
   JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_b, sizeof(op_b)));
+  if (g.sm_count > 0) {
+    const int32_t sms = g.sm_count;
+    JAX_UB_LT_RETURN(api,
+                     api.MatmulDescSetAttribute(plan->desc, lt::kDescSmCountTarget, &sms, sizeof(sms)));
+  }
   // Stored (pre-op) shapes of the column-major matrices.
   const uint64_t a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
   const uint64_t b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
@@ -205,7 +210,7 @@ Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
   const int align_a = Alignment(g.a), align_b = Alignment(g.b), align_c = Alignment(g.c);
   const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
                     static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
-                    align_c};
+                    align_c, g.sm_count};
   lt::Handle handle = nullptr;
   Plan* plan = nullptr;
   {

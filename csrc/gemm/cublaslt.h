@@ -26,6 +26,7 @@ struct GemmArgs {
   DType dtype = DType::kBF16;
   bool tf32 = false;
   bool accumulate = false;  // beta = 1 (C += ...) instead of beta = 0
+  int sm_count = 0;         // SMs the GEMM may plan for (0: all); leaves room for a concurrent kernel
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;

@@ -39,6 +39,7 @@ constexpr int kOpT = 1;
 // cublasLtMatmulDescAttributes_t
 constexpr int kDescTransA = 3;
 constexpr int kDescTransB = 4;
+constexpr int kDescSmCountTarget = 15;
 // cublasLtMatmulPreferenceAttributes_t
 constexpr int kPrefMaxWorkspaceBytes = 1;
 constexpr int kPrefMinAlignmentABytes = 5;

@@ -1,74 +1,143 @@
-// AG->GEMM schedule (pull): see schedules.h and the protocol in comm/communicator.h.
+// AG->GEMM schedules (pull ring, pull all-peer, push ring): see schedules.h and the protocol in
+// comm/communicator.h.
 #include "overlap/schedules.h"
 
 namespace jax_ub {
 
-size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k) {
-  return static_cast<size_t>(m) * static_cast<size_t>(k) * DTypeSize(t);
+Status RowGemm::Run(int device, const void* x, int64_t m, void* y, int stream_index,
+                    cudaStream_t s) const {
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = k;
+  g.ldb = n;
+  g.ldc = n;
+  g.dtype = dtype;
+  g.tf32 = tf32;
+  g.sm_count = sm_count;
+  g.a = x;
+  g.b = w;
+  g.c = y;
+  g.workspace = static_cast<char*>(workspace) + workspace_bytes * (stream_index % kNumComputeStreams);
+  g.workspace_bytes = workspace_bytes;
+  return Gemm(device, g, s);
 }
 
-Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
-  static constexpr const char* kOp = "all_gather_matmul";
+size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world) {
+  return static_cast<size_t>(world) * static_cast<size_t>(m) * static_cast<size_t>(k) *
+         DTypeSize(t);
+}
+
+namespace {
+
+RowGemm ChunkGemm(const AgGemmArgs& a) {
+  RowGemm g;
+  g.dtype = a.dtype;
+  g.tf32 = a.tf32;
+  g.k = a.k;
+  g.n = a.n;
+  g.w = a.w;
+  g.workspace = a.workspace;
+  g.workspace_bytes = a.workspace_bytes / kNumComputeStreams / 256 * 256;
+  return g;
+}
+
+}  // namespace
+
+Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const size_t chunk = static_cast<size_t>(a.m) * a.k * es;
-  if (chunk > c->capacity()) {
+  const size_t need = a.algo == AgAlgo::kPush ? chunk * world : chunk;
+  if (need > c->capacity()) {
     return Status::Error(StrCat() << "registered buffer holds " << c->capacity()
-                                  << " bytes, op needs " << chunk
+                                  << " bytes, op needs " << need
                                   << " (the op was traced before jax_ub.initialize()?)");
   }
   char* xg = static_cast<char*>(a.xg);
-  const size_t ws_each = a.workspace_bytes / kNumComputeStreams / 256 * 256;
-  auto chunk_gemm = [&](int i, int src_rank, const void* src) -> Status {
+  char* buf = static_cast<char*>(c->buffer());
+  const RowGemm gemm = ChunkGemm(a);
+  int gi = 0;  // chunk GEMMs alternate between the compute streams
+  auto chunk_gemm = [&](int src_rank, const void* src) -> Status {
     if (a.w == nullptr) return Status::Ok();
-    GemmArgs g;
-    g.m = a.m;
-    g.n = a.n;
-    g.k = a.k;
-    g.lda = a.k;
-    g.ldb = a.n;
-    g.ldc = a.n;
-    g.dtype = a.dtype;
-    g.tf32 = a.tf32;
-    g.a = src;
-    g.b = a.w;
-    g.c = static_cast<char*>(a.y) + static_cast<size_t>(src_rank) * a.m * a.n * es;
-    g.workspace = static_cast<char*>(a.workspace) + ws_each * (i % kNumComputeStreams);
-    g.workspace_bytes = ws_each;
-    return Gemm(c->device(), g, c->compute(i));
+    const int si = gi++ % kNumComputeStreams;
+    const int span = t.Start("gemm", src_rank, ComputeLabel(si), c->compute(si));
+    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), src, a.m,
+                                    static_cast<char*>(a.y) + src_rank * a.m * a.n * es, si,
+                                    c->compute(si)));
+    t.Stop(span, c->compute(si));
+    return Status::Ok();
   };
+  auto copy = [&](const char* name, int chunk_rank, void* dst, const void* src, int stream) {
+    const int span = t.Start(name, chunk_rank, CommLabel(stream), c->comm(stream));
+    cudaError_t err = cudaMemcpyAsync(dst, src, chunk, cudaMemcpyDeviceToDevice, c->comm(stream));
+    t.Stop(span, c->comm(stream));
+    return err;
+  };
+  // Local copies into xg go on comm(0), after the publish (pull) or Begin's handshake (push).
+  const int local_stream = 0;
 
-  uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(kOp, xla, &e));
-  // 1. Publish my shard: my buffer is free once every peer acked epoch e-1 (Begin waited).
-  cudaStream_t pub = c->comm(0);
-  JAX_UB_CUDA_RETURN(cudaMemcpyAsync(c->buffer(), a.x, chunk, cudaMemcpyDeviceToDevice, pub));
-  for (int q = 0; q < world; ++q) {
-    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(pub, kDataReady, q, e));
+  if (a.algo == AgAlgo::kPush) {
+    // 1. My chunk: GEMM straight from x; copy into xg beside it.
+    JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
+    JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+    // 2. Push x into every peer's slot r (ring order r-1, r-2, ...: at each step every GPU
+    //    sends to one peer and receives from another). Begin signalled our own buffer free.
+    for (int i = 1; i < world; ++i) {
+      const int d = (r - i + world) % world;
+      JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(1), kReady, d, e, op));
+      JAX_UB_CUDA_RETURN(
+          copy("copy", d, static_cast<char*>(c->peer_buffer(d)) + r * chunk, a.x, 1));
+      JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kDataReady, d, e));
+      JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
+    }
+    // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
+    for (int i = 1; i < world; ++i) {
+      const int q = (r + i) % world;
+      const int si = gi % kNumComputeStreams;
+      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(si), kDataReady, q, e, op));
+      JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
+      JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
+    }
+    return Status::Ok();
   }
-  // 2. My own chunk: GEMM straight from x; copy it into xg beside the GEMM.
-  JAX_UB_RETURN_IF_ERROR(chunk_gemm(0, r, a.x));
-  cudaStream_t local = c->comm(world > 1 ? world - 1 : 0);
-  if (world == 1) local = c->compute(1);
-  JAX_UB_CUDA_RETURN(
-      cudaMemcpyAsync(xg + r * chunk, a.x, chunk, cudaMemcpyDeviceToDevice, local));
-  // 3. Pull peers' chunks in ring order (r+1, r+2, ...): one stream (ring: each chunk lands at
-  //    full link speed, so the first GEMM starts early) or one stream per peer (all_peer).
+
+  // Pull: publish my shard (my buffer is free: Begin waited for every peer's ack of e-1).
+  {
+    const int span = t.Start("publish", r, CommLabel(0), c->comm(0));
+    JAX_UB_CUDA_RETURN(cudaMemcpyAsync(buf, a.x, chunk, cudaMemcpyDeviceToDevice, c->comm(0)));
+    t.Stop(span, c->comm(0));
+  }
+  for (int q = 0; q < world; ++q) {
+    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(0), kDataReady, q, e));
+  }
+  JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
+  JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
   for (int i = 1; i < world; ++i) {
     const int p = (r + i) % world;
-    cudaStream_t s = a.algo == AgAlgo::kRing ? c->comm(1) : c->comm(i);
-    if (a.algo == AgAlgo::kRing && world == 2) s = c->comm(1);
-    JAX_UB_RETURN_IF_ERROR(c->Wait(s, kDataReady, p, e, kOp));
-    JAX_UB_CUDA_RETURN(cudaMemcpyAsync(xg + p * chunk, c->peer_buffer(p), chunk,
-                                       cudaMemcpyDeviceToDevice, s));
+    const int si = a.algo == AgAlgo::kRing ? 1 : i;
+    cudaStream_t s = c->comm(si);
+    JAX_UB_RETURN_IF_ERROR(c->Wait(s, kDataReady, p, e, op));
+    JAX_UB_CUDA_RETURN(copy("copy", p, xg + p * chunk, c->peer_buffer(p), si));
     cudaEvent_t landed = c->event(i);
     JAX_UB_CUDA_RETURN(cudaEventRecord(landed, s));
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, p, e));
     if (a.w != nullptr) {
-      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(i), landed, 0));
-      JAX_UB_RETURN_IF_ERROR(chunk_gemm(i, p, xg + p * chunk));
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(gi % kNumComputeStreams), landed, 0));
+      JAX_UB_RETURN_IF_ERROR(chunk_gemm(p, xg + p * chunk));
     }
   }
+  return Status::Ok();
+}
+
+Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
+  const char* op = a.w != nullptr ? "all_gather_matmul" : "all_gather";
+  uint64_t e = 0;
+  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
+  OpTrace t(*c, op, e, xla);
+  JAX_UB_RETURN_IF_ERROR(AgBody(c, a, op, e, t));
   return c->End(xla);
 }
 

@@ -1,4 +1,5 @@
-// GEMM->RS schedule (push + fp32 reduce): see schedules.h and comm/communicator.h.
+// GEMM->RS schedule (push + fp32 reduce) and the bulk form: see schedules.h and
+// comm/communicator.h.
 #include <vector>
 
 #include "kernels/reduce.h"
@@ -10,8 +11,7 @@ size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n) {
   return static_cast<size_t>(M) * static_cast<size_t>(n) * DTypeSize(t);
 }
 
-Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
-  static constexpr const char* kOp = "matmul_reduce_scatter";
+Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;  // output rows per rank
@@ -22,57 +22,57 @@ Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
                                   << " (the op was traced before jax_ub.initialize()?)");
   }
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
-  const size_t ws_each = a.workspace_bytes / kNumComputeStreams / 256 * 256;
-  auto partial = [&](int i, int dest, void* out) -> Status {
-    if (a.w == nullptr) return Status::Ok();
-    GemmArgs g;
-    g.m = mo;
-    g.n = a.n;
-    g.k = a.k;
-    g.lda = a.k;
-    g.ldb = a.n;
-    g.ldc = a.n;
-    g.dtype = a.dtype;
-    g.tf32 = a.tf32;
-    g.a = static_cast<const char*>(a.x) + static_cast<size_t>(dest) * mo * a.k * es;
-    g.b = a.w;
-    g.c = out;
-    g.workspace = static_cast<char*>(a.workspace) + ws_each * (i % kNumComputeStreams);
-    g.workspace_bytes = ws_each;
-    return Gemm(c->device(), g, c->compute(i));
+  RowGemm gemm;
+  gemm.dtype = a.dtype;
+  gemm.tf32 = a.tf32;
+  gemm.k = a.k;
+  gemm.n = a.n;
+  gemm.w = a.w;
+  gemm.workspace = a.workspace;
+  gemm.workspace_bytes = a.workspace_bytes / kNumComputeStreams / 256 * 256;
+  // Partials run one after another on compute(0), in push order, so the first is ready after a
+  // world-th of the GEMM time and its push overlaps the next partial.
+  cudaStream_t cs = c->compute(0);
+  auto partial = [&](int dest, void* out) -> Status {
+    const int span = t.Start("gemm", dest, ComputeLabel(0), cs);
+    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(),
+                                    static_cast<const char*>(a.x) + dest * mo * a.k * es, mo, out,
+                                    0, cs));
+    t.Stop(span, cs);
+    return Status::Ok();
   };
 
-  uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(kOp, xla, &e));
-  // Peers' partials first, in ring order (r+1, r+2, ...), each pushed as soon as it is computed;
-  // my own partial last, straight into my slot.
+  // Peers' partials first, in ring order (r+1, r+2, ...), each pushed as soon as it is computed.
   for (int i = 1; i < world; ++i) {
     const int d = (r + i) % world;
     const void* src;
     if (a.w != nullptr) {
       void* stage = static_cast<char*>(a.staging) + (i - 1) * part;
-      JAX_UB_RETURN_IF_ERROR(partial(i, d, stage));
-      JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(i), c->compute(i)));
+      JAX_UB_RETURN_IF_ERROR(partial(d, stage));
+      JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(i), cs));
       src = stage;
     } else {
       src = static_cast<const char*>(a.x) + d * part;
     }
-    cudaStream_t s = a.algo == RsAlgo::kRing ? c->comm(1) : c->comm(i);
+    const int si = a.algo == RsAlgo::kRing ? 1 : i;
+    cudaStream_t s = c->comm(si);
     if (a.w != nullptr) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, c->event(i), 0));
-    JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, kOp));
+    JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
+    const int span = t.Start("copy", d, CommLabel(si), s);
     JAX_UB_CUDA_RETURN(cudaMemcpyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part, src,
                                        part, cudaMemcpyDeviceToDevice, s));
+    t.Stop(span, s);
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kDataReady, d, e));
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
   }
-  // Own partial into my slot (after Begin's buffer-free wait on comm(0)).
+  // Own partial last, into my slot (after Begin's buffer-free wait on comm(0)).
   cudaStream_t red = c->comm(0);
   std::vector<const void*> inputs(world);
   if (a.w != nullptr) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(0), red));  // Begin's waits done
-    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(0), c->event(0), 0));
-    JAX_UB_RETURN_IF_ERROR(partial(0, r, mine + r * part));
-    JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(world), c->compute(0)));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(cs, c->event(0), 0));
+    JAX_UB_RETURN_IF_ERROR(partial(r, mine + r * part));
+    JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(world), cs));
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, c->event(world), 0));
     for (int q = 0; q < world; ++q) inputs[q] = mine + q * part;
   } else {
@@ -82,11 +82,40 @@ Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
     }
   }
   for (int q = 0; q < world; ++q) {
-    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kDataReady, q, e, kOp));
+    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kDataReady, q, e, op));
   }
-  // Sum in rank order (identical rounding on every rank), fp32 accumulation.
+  // Sum in rank order (the same rounding whatever the arrival order), fp32 accumulation.
+  const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
+  const int span = t.Start("reduce", -1, CommLabel(0), red);
   JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs.data(), world,
-                                         static_cast<size_t>(mo) * a.n, a.reduce_blocks, red));
+                                         static_cast<size_t>(mo) * a.n, blocks, red));
+  t.Stop(span, red);
+  return Status::Ok();
+}
+
+Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
+  const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
+  uint64_t e = 0;
+  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
+  OpTrace t(*c, op, e, xla);
+  JAX_UB_RETURN_IF_ERROR(RsBody(c, a, op, e, t));
+  return c->End(xla);
+}
+
+Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
+  const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
+  uint64_t e = 0;
+  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
+  OpTrace t(*c, op, e, xla);
+  // The independent GEMM first (compute(1): the collective's bodies only use compute(0) when
+  // they have a GEMM of their own, which they do not here).
+  cudaStream_t gs = c->compute(1);
+  if (a.gm > 0) {
+    const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
+    JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, 1, gs));
+    t.Stop(span, gs);
+  }
+  JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
   return c->End(xla);
 }
 

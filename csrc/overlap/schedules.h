@@ -1,5 +1,8 @@
 // Host-side overlap schedules: enqueue copies, flag waits/signals and chunk GEMMs on the
 // communicator's side streams, all joined back into XLA's stream. No XLA headers.
+//
+// Every schedule is Begin -> body -> End (comm/communicator.h). The bodies are separate so that
+// the bulk form can run an independent GEMM beside a bare collective inside one op.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,17 +11,38 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "comm/trace.h"
 #include "common/status.h"
 #include "gemm/cublaslt.h"
 
 namespace jax_ub {
 
-enum class AgAlgo : int { kRing = 0, kAllPeer = 1 };
+// kRing: pull peers' chunks one after another in ring order (r+1, r+2, ...), each at full link
+//        speed, so the first chunk GEMM starts early.
+// kAllPeer: pull every peer's chunk at once (one comm stream each).
+// kPush: each rank pushes its shard straight from x into every peer's buffer (ring order r-1,
+//        r-2, ...); no publish copy; the receiver GEMMs from its buffer and copies into xg.
+enum class AgAlgo : int { kRing = 0, kAllPeer = 1, kPush = 2 };
+// kRing: partials pushed one after another on one comm stream; kPipeline: each push on its own
+// comm stream (a slow push never delays the next one).
 enum class RsAlgo : int { kRing = 0, kPipeline = 1 };
 
+// Row-major y[m, n] = x[m, k] @ w[k, n] on `s` (one chunk of a schedule).
+struct RowGemm {
+  DType dtype = DType::kBF16;
+  bool tf32 = false;
+  int64_t k = 0, n = 0;
+  const void* w = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;  // per compute stream
+  int sm_count = 0;
+  Status Run(int device, const void* x, int64_t m, void* y, int stream_index,
+             cudaStream_t s) const;
+};
+
 // y[world*m, n] = all_gather(x[m, k]) @ w[k, n], xg[world*m, k] = all_gather(x).
-// Copy-engine pulls from peers' registered buffers into xg at each chunk's global row offset;
-// chunk GEMMs start as chunks land (local chunk first). w == nullptr: all-gather only.
+// Chunks land in xg at their global row offsets; chunk GEMMs start as chunks land (local chunk
+// first). w == nullptr: all-gather only.
 struct AgGemmArgs {
   DType dtype = DType::kBF16;
   bool tf32 = false;
@@ -32,11 +56,13 @@ struct AgGemmArgs {
   size_t workspace_bytes = 0;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
-size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k);
+// Registered-buffer bytes AgGemm needs (every rank's shard: kPush lands peers' shards there).
+size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world);
 
 // y[M/world, n] = reduce_scatter(x[M, k] @ w[k, n]) over rows, fp32 accumulation.
-// Each destination's partial is computed (into `staging`) and pushed by copy engine into the
-// owner's registered buffer while the next partial is computed; the owner sums all partials.
+// Each destination's partial is computed (into `staging`, one compute stream, in push order) and
+// pushed by copy engine into the owner's registered buffer while the next one is computed; the
+// owner's partial is computed last, into its own slot; then one sum over the world partials.
 // w == nullptr: reduce-scatter of x[M, n] itself.
 struct GemmRsArgs {
   DType dtype = DType::kBF16;
@@ -49,9 +75,27 @@ struct GemmRsArgs {
   void* staging = nullptr;  // [(world-1) * M/world, n]
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int reduce_blocks = 32;   // SMs' worth of blocks for the final reduction
+  int reduce_blocks = 0;    // blocks of the final fp32 sum (0: enough for the whole GPU)
 };
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
+
+// Bulk overlap: a bare collective (all-gather or reduce-scatter of `coll`) under an independent
+// GEMM gy[gm, gn] = ga[gm, gk] @ gb[gk, gn], in one op. For a reduce-scatter the GEMM leaves
+// `reduce_sms` SMs to the reduction.
+struct BulkArgs {
+  bool reduce_scatter = false;
+  AgGemmArgs ag;  // w == nullptr
+  GemmRsArgs rs;  // w == nullptr
+  RowGemm gemm;
+  const void* ga = nullptr;
+  int64_t gm = 0;
+  void* gy = nullptr;
+};
+Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla);
+
+// Schedule bodies (between Begin and End).
+Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t);
+Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t);
 
 }  // namespace jax_ub

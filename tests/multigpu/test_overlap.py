@@ -96,7 +96,7 @@ def _ag_case(ub, tp, dtype, M, K, N, method, batch=None):
     assert "jax_ub_ag_gemm" in g.lower(x, w).as_text()
 
 
-@pytest.mark.parametrize("method", ["ring", "all_peer"])
+@pytest.mark.parametrize("method", ["ring", "all_peer", "push"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -153,6 +153,70 @@ def test_bare_collectives_random_pattern(ub):
     # tp shards, rows split across ranks.
     want = np.asarray(x, np.float32).reshape(tp, 384, 1000).sum(axis=0)
     assert _rel(rs, want) < 5e-3
+
+
+@pytest.mark.parametrize("method", ["ring", "push"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_bulk_overlap(ub, tp, dtype, method):
+    """Bulk forms: the collective under an independent GEMM equals lax + jnp.matmul."""
+    _need(tp)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    x = _rand(31, (tp * 640, 1000), dtype)       # AG: gathered exactly
+    z = _rand(34, (tp * tp * 640, 1000), dtype)  # RS: each rank's [tp*640, 1000] partial sums
+    a = _rand(32, (1536, 768), dtype)
+    b = _rand(33, (768, 1280), dtype)
+    spec = dict(mesh=mesh, check_vma=False)
+
+    def f(x, z, a, b):
+        g, y1 = ub.bulk_all_gather(x, a, b, "tp", method=method, precision=HP)
+        r, y2 = ub.bulk_reduce_scatter(z, a, b, "tp", method="ring", precision=HP)
+        return g, y1, r, y2
+
+    def f_ref(x, z, a, b):
+        g = lax.all_gather(x, "tp", axis=0, tiled=True)
+        r = lax.psum_scatter(z.astype(jnp.float32), "tp", scatter_dimension=0, tiled=True)
+        y = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=HP)
+        return g, y, r, y
+
+    ins = (P("tp", None), P("tp", None), P(), P())
+    outs = (P(), P(), P("tp", None), P())
+    got = jax.jit(jax.shard_map(f, in_specs=ins, out_specs=outs, **spec))
+    ref = jax.jit(jax.shard_map(f_ref, in_specs=ins, out_specs=outs, **spec))
+    _poison((tp * 640, 1000), dtype, mesh.devices.flat)
+    g, y1, r, y2 = got(x, z, a, b)
+    rg, ry, rr, _ = ref(x, z, a, b)
+    assert _rel(g, rg) == 0.0
+    assert _rel(y1, ry) <= TOL[dtype] and _rel(y2, ry) <= TOL[dtype]
+    assert _rel(r, rr) <= TOL[dtype]
+    assert "jax_ub_bulk" in got.lower(x, z, a, b).as_text()
+
+
+def test_timeline_trace_records_overlap(ub):
+    """trace_enable/trace_collect: every chunk's copy and GEMM of one AG call, on every GPU."""
+    tp = min(_n_gpus(), 4)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    x = _rand(41, (tp * 512, 1024), jnp.bfloat16)
+    w = _rand(42, (1024, 1024 * tp), jnp.bfloat16)
+    g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
+                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                              out_specs=P(None, "tp"), check_vma=False))
+    jax.block_until_ready(g(x, w))
+    ub.overlap.trace_enable(True)
+    try:
+        jax.block_until_ready(g(x, w))
+    finally:
+        ub.overlap.trace_enable(False)
+    recs = ub.overlap.trace_collect()
+    assert {r["rank"] for r in recs} == set(range(tp))
+    for rank in range(tp):
+        mine = [r for r in recs if r["rank"] == rank]
+        assert sorted(r["chunk"] for r in mine if r["name"] == "gemm") == list(range(tp))
+        assert sorted(r["chunk"] for r in mine if r["name"] == "copy") == sorted(set(range(tp)) - {rank})
+        assert all(0.0 <= r["start_ms"] <= r["end_ms"] for r in mine)
+    assert ub.overlap.trace_collect() == []  # collected once
 
 
 def test_scan_batch_dims_repeated_and_mixed_shapes(ub):

@@ -1,0 +1,487 @@
+#include "comm/nccl.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/dynlib.h"
+
+namespace jax_ub {
+namespace {
+
+using nccl::Result;
+
+// The loaded library and its entry points.
+struct Api {
+  DynLib lib;
+  nccl::GetVersionFn* GetVersion = nullptr;
+  nccl::GetUniqueIdFn* GetUniqueId = nullptr;
+  nccl::CommInitRankFn* CommInitRank = nullptr;
+  nccl::CommDestroyFn* CommDestroy = nullptr;
+  nccl::CommAbortFn* CommAbort = nullptr;
+  nccl::CommGetAsyncErrorFn* CommGetAsyncError = nullptr;
+  nccl::GetErrorStringFn* GetErrorString = nullptr;
+  nccl::GetLastErrorFn* GetLastError = nullptr;
+  nccl::GroupStartFn* GroupStart = nullptr;
+  nccl::GroupEndFn* GroupEnd = nullptr;
+  nccl::SendFn* Send = nullptr;
+  nccl::RecvFn* Recv = nullptr;
+  nccl::AllGatherFn* AllGather = nullptr;
+  nccl::CommCountFn* CommCount = nullptr;
+  nccl::CommUserRankFn* CommUserRank = nullptr;
+  int version = -1;
+
+  template <typename Fn>
+  Status Sym(const char* name, Fn** fn) {
+    Status s = lib.Sym(name, fn);
+    if (!s.ok()) {
+      return Status::Error(StrCat() << "jax_ub NCCL: " << s.message()
+                                    << " (jax_ub needs NCCL >= 2.13; install a newer "
+                                       "nvidia-nccl-cu12/-cu13 wheel)");
+    }
+    return s;
+  }
+
+  Status Load() {
+    std::vector<std::string> candidates = LibraryCandidates("nccl");
+    candidates.push_back("libnccl.so.2");
+    JAX_UB_RETURN_IF_ERROR(lib.Open("NCCL (libnccl.so.2)", candidates));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGetVersion", &GetVersion));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGetUniqueId", &GetUniqueId));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommInitRank", &CommInitRank));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommDestroy", &CommDestroy));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommAbort", &CommAbort));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommGetAsyncError", &CommGetAsyncError));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGetErrorString", &GetErrorString));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGetLastError", &GetLastError));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGroupStart", &GroupStart));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclGroupEnd", &GroupEnd));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclSend", &Send));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclRecv", &Recv));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclAllGather", &AllGather));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommCount", &CommCount));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommUserRank", &CommUserRank));
+    int v = 0;
+    Result r = GetVersion(&v);
+    if (r != nccl::kSuccess) {
+      return Status::Error(StrCat() << "jax_ub NCCL: ncclGetVersion failed in " << lib.path()
+                                    << ": " << GetErrorString(r) << " (" << static_cast<int>(r)
+                                    << ")");
+    }
+    version = v;
+    return Status::Ok();
+  }
+};
+
+// The loaded API: set once, on the first successful load, and never freed (communicators and
+// their detached init threads may outlive static destruction). A failed load is retried by the
+// next call, since jax_ub/_ext.py may hand over the wheel's path only after an early query.
+std::mutex g_load_mu;
+std::atomic<Api*> g_api{nullptr};
+
+// Loads NCCL if needed and returns the API, or null with *st saying why it cannot be loaded.
+Api* LoadedApi(Status* st) {
+  if (Api* api = g_api.load(std::memory_order_acquire)) {
+    *st = Status::Ok();
+    return api;
+  }
+  std::lock_guard<std::mutex> lock(g_load_mu);
+  if (Api* api = g_api.load(std::memory_order_acquire)) {
+    *st = Status::Ok();
+    return api;
+  }
+  auto api = std::make_unique<Api>();
+  *st = api->Load();
+  if (!st->ok()) return nullptr;
+  g_api.store(api.get(), std::memory_order_release);
+  return api.release();
+}
+
+// The API of a library already loaded (every NcclComm exists only after a successful load).
+Api* GetApi() { return g_api.load(std::memory_order_acquire); }
+
+const char* ResultName(Result r) {
+  switch (r) {
+    case nccl::kSuccess: return "ncclSuccess";
+    case nccl::kUnhandledCudaError: return "ncclUnhandledCudaError";
+    case nccl::kSystemError: return "ncclSystemError";
+    case nccl::kInternalError: return "ncclInternalError";
+    case nccl::kInvalidArgument: return "ncclInvalidArgument";
+    case nccl::kInvalidUsage: return "ncclInvalidUsage";
+    case nccl::kRemoteError: return "ncclRemoteError";
+    case nccl::kInProgress: return "ncclInProgress";
+    case nccl::kTimeout: return "ncclTimeout";
+  }
+  return "ncclResult?";
+}
+
+// "ncclSystemError (2): <ncclGetErrorString>; NCCL last error: '<ncclGetLastError>'".
+std::string Describe(const Api* api, Result r, const std::string& last_error) {
+  const char* text = api->GetErrorString ? api->GetErrorString(r) : nullptr;
+  return StrCat() << ResultName(r) << " (" << static_cast<int>(r) << "): "
+                  << (text ? text : "(no description)") << "; NCCL last error: '"
+                  << (last_error.empty() ? std::string("(none)") : last_error)
+                  << "' (NCCL_DEBUG=INFO prints NCCL's own log)";
+}
+
+std::string LastError(const Api* api, nccl::Comm comm) {
+  const char* s = api->GetLastError ? api->GetLastError(comm) : nullptr;
+  return s ? std::string(s) : std::string();
+}
+
+std::string Who(int rank, int world, int device) {
+  return StrCat() << "rank " << rank << " of world " << world << " (CUDA device " << device << ")";
+}
+
+// Makes `device` current for its scope and restores the previous device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      cudaGetLastError();
+      prev_ = -1;
+    }
+    err_ = prev_ == device ? cudaSuccess : cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0 && err_ == cudaSuccess) cudaSetDevice(prev_);
+  }
+  cudaError_t error() const { return err_; }
+
+ private:
+  int prev_ = -1;
+  cudaError_t err_ = cudaSuccess;
+};
+
+// Shared between Create() and its helper thread (which may outlive the call).
+struct InitState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;  // Create() gave up waiting; the thread must clean up after itself
+  Result result = nccl::kSuccess;
+  nccl::Comm comm = nullptr;
+  std::string cuda_error;  // cudaSetDevice failed before NCCL was called
+  std::string last_error;  // ncclGetLastError() right after a failed init, on the same thread
+};
+
+void InitThread(std::shared_ptr<InitState> st, Api* api, nccl::UniqueId id, int rank, int world,
+                int device) {
+  nccl::Comm comm = nullptr;
+  Result r = nccl::kSuccess;
+  std::string cuda_error, last_error;
+  cudaError_t ce = cudaSetDevice(device);  // ncclCommInitRank binds to the current device
+  if (ce != cudaSuccess) {
+    cuda_error = StrCat() << "cudaSetDevice(" << device << ") failed: " << cudaGetErrorName(ce)
+                          << " (" << cudaGetErrorString(ce) << ")";
+    cudaGetLastError();
+  } else {
+    r = api->CommInitRank(&comm, world, id, rank);
+    if (r != nccl::kSuccess) last_error = LastError(api, comm);
+  }
+  bool abandoned = false;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    abandoned = st->abandoned;
+    st->done = true;
+    if (!abandoned) {
+      st->result = r;
+      st->comm = comm;
+      st->cuda_error = std::move(cuda_error);
+      st->last_error = std::move(last_error);
+    }
+  }
+  st->cv.notify_all();
+  // Nobody will ever own a communicator created after Create() gave up: release it locally.
+  if (abandoned && r == nccl::kSuccess && comm != nullptr) api->CommAbort(comm);
+}
+
+}  // namespace
+
+Status NcclLoad() {
+  Status st;
+  LoadedApi(&st);
+  return st;
+}
+
+int NcclVersion() {
+  Status st;
+  Api* api = LoadedApi(&st);
+  return api ? api->version : -1;
+}
+
+std::string NcclLibraryPath() {
+  Status st;
+  Api* api = LoadedApi(&st);
+  return api ? api->lib.path() : std::string();
+}
+
+Status NcclUniqueId(std::string* out) {
+  Status st;
+  Api* api = LoadedApi(&st);
+  if (api == nullptr) return st;
+  nccl::UniqueId id{};
+  Result r = api->GetUniqueId(&id);
+  if (r != nccl::kSuccess) {
+    return Status::Error(StrCat() << "jax_ub NCCL: ncclGetUniqueId failed: "
+                                  << Describe(api, r, LastError(api, nullptr))
+                                  << ". It opens NCCL's bootstrap socket in this process: check "
+                                     "that a network interface is usable (NCCL_SOCKET_IFNAME)");
+  }
+  out->assign(id.internal, sizeof(id.internal));
+  return Status::Ok();
+}
+
+Status NcclComm::Create(const std::string& unique_id, int rank, int world, int device,
+                        double timeout_s, std::unique_ptr<NcclComm>* out) {
+  const std::string who = Who(rank, world, device);
+  if (world < 1 || rank < 0 || rank >= world) {
+    return Status::Error(StrCat() << "jax_ub NCCL: invalid communicator member " << who
+                                  << ": need 0 <= rank < world");
+  }
+  if (device < 0) {
+    return Status::Error(StrCat() << "jax_ub NCCL: invalid CUDA device for " << who);
+  }
+  if (!(timeout_s > 0)) {
+    return Status::Error(StrCat() << "jax_ub NCCL: timeout_s must be > 0 for " << who
+                                  << "; got " << timeout_s);
+  }
+  if (unique_id.size() != nccl::kUniqueIdBytes) {
+    return Status::Error(StrCat() << "jax_ub NCCL: the unique id given to " << who << " has "
+                                  << unique_id.size() << " bytes; an ncclUniqueId has "
+                                  << nccl::kUniqueIdBytes
+                                  << " (it must come from ncclGetUniqueId on rank 0)");
+  }
+  Status load;
+  Api* api = LoadedApi(&load);
+  if (api == nullptr) return load;
+
+  nccl::UniqueId id{};
+  std::memcpy(id.internal, unique_id.data(), nccl::kUniqueIdBytes);
+  auto st = std::make_shared<InitState>();
+  try {
+    std::thread(InitThread, st, api, id, rank, world, device).detach();
+  } catch (const std::system_error& e) {
+    return Status::Error(StrCat() << "jax_ub NCCL: could not start the ncclCommInitRank thread of "
+                                  << who << ": " << e.what());
+  }
+
+  std::unique_lock<std::mutex> lock(st->mu);
+  const auto limit = std::chrono::duration<double>(timeout_s);
+  if (!st->cv.wait_for(lock, limit, [&] { return st->done; })) {
+    st->abandoned = true;  // the helper thread stays blocked in NCCL; it cleans up if it returns
+    return Status::Error(
+        StrCat() << "jax_ub NCCL: ncclCommInitRank timed out after " << timeout_s << " s on "
+                 << who << ": it waits until all " << world
+                 << " ranks of the communicator have joined, and some never did. Every rank of "
+                    "the group must call jax_ub.initialize() (same configuration, same unique id), "
+                    "and the processes must reach rank 0's process over the network "
+                    "(NCCL_SOCKET_IFNAME, firewalls). The init thread was left behind, blocked "
+                    "inside NCCL. (timeout: JAX_UB_TIMEOUT)");
+  }
+  if (!st->cuda_error.empty()) {
+    return Status::Error(StrCat() << "jax_ub NCCL: cannot create the communicator of " << who
+                                  << ": " << st->cuda_error);
+  }
+  if (st->result != nccl::kSuccess) {
+    return Status::Error(StrCat() << "jax_ub NCCL: ncclCommInitRank failed on " << who << ": "
+                                  << Describe(api, st->result, st->last_error));
+  }
+  out->reset(new NcclComm(st->comm, rank, world, device, timeout_s));
+  return Status::Ok();
+}
+
+Status NcclComm::Fail(const char* call, Result r, const std::string& hint) const {
+  Api* api = GetApi();
+  return Status::Error(StrCat() << "jax_ub NCCL: " << call << " failed on "
+                                << Who(rank_, world_, device_) << ": "
+                                << Describe(api, r, LastError(api, comm_)) << hint);
+}
+
+Status NcclComm::Usable(const char* call) const {
+  if (comm_ != nullptr) return Status::Ok();
+  return Status::Error(StrCat() << "jax_ub NCCL: " << call << " on "
+                                << Who(rank_, world_, device_)
+                                << ": the communicator is no longer usable: "
+                                << (dead_.empty() ? std::string("destroyed") : dead_));
+}
+
+void NcclComm::AbortAfter(const std::string& why) {
+  if (comm_ == nullptr) return;
+  GetApi()->CommAbort(comm_);
+  comm_ = nullptr;
+  dead_ = "aborted after: " + why;
+}
+
+Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
+  Result r = GetApi()->AllGather(send, recv, bytes, nccl::kUint8, comm_, stream);
+  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclAllGather", r);
+}
+
+Status NcclComm::Send(const void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclSend"));
+  Result r = GetApi()->Send(buf, bytes, nccl::kUint8, peer, comm_, stream);
+  return r == nccl::kSuccess ? Status::Ok()
+                             : Fail("ncclSend", r, StrCat() << " (to peer " << peer << ")");
+}
+
+Status NcclComm::Recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclRecv"));
+  Result r = GetApi()->Recv(buf, bytes, nccl::kUint8, peer, comm_, stream);
+  return r == nccl::kSuccess ? Status::Ok()
+                             : Fail("ncclRecv", r, StrCat() << " (from peer " << peer << ")");
+}
+
+Status NcclComm::GroupStart() {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclGroupStart"));
+  Result r = GetApi()->GroupStart();
+  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclGroupStart", r);
+}
+
+Status NcclComm::GroupEnd() {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclGroupEnd"));
+  Result r = GetApi()->GroupEnd();
+  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclGroupEnd", r);
+}
+
+Status NcclComm::CheckAsync() {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclCommGetAsyncError"));
+  Result async = nccl::kSuccess;
+  Result r = GetApi()->CommGetAsyncError(comm_, &async);
+  if (r != nccl::kSuccess) return Fail("ncclCommGetAsyncError", r);
+  if (async != nccl::kSuccess && async != nccl::kInProgress) {
+    return Fail("an earlier NCCL operation (reported by ncclCommGetAsyncError)", async);
+  }
+  return Status::Ok();
+}
+
+Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double timeout_s) {
+  JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
+  if (!(timeout_s > 0)) timeout_s = timeout_s_;
+  const size_t n = data.size();
+  out->clear();
+  if (n == 0) return Status::Ok();  // every rank passes the same length: nothing to exchange
+
+  DeviceScope scope(device_);
+  if (scope.error() != cudaSuccess) {
+    cudaError_t e = scope.error();
+    cudaGetLastError();
+    return Status::Error(StrCat() << "jax_ub NCCL: cudaSetDevice(" << device_ << ") failed on "
+                                  << Who(rank_, world_, device_) << ": " << cudaGetErrorName(e));
+  }
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  char* buf = nullptr;  // [world * n recv | n send]
+  auto release = [&] {
+    if (stream) cudaStreamSynchronize(stream);  // only reached once the collective is finished
+    if (buf) cudaFree(buf);
+    if (done) cudaEventDestroy(done);
+    if (stream) cudaStreamDestroy(stream);
+  };
+  auto cuda_fail = [&](const char* what, cudaError_t e) {
+    cudaGetLastError();
+    release();
+    return Status::Error(StrCat() << "jax_ub NCCL: " << what << " failed on "
+                                  << Who(rank_, world_, device_) << " (all-gather of " << n
+                                  << " bytes): " << cudaGetErrorName(e) << " ("
+                                  << cudaGetErrorString(e) << ")");
+  };
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_fail("cudaStreamCreateWithFlags", e);
+  if ((e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess) {
+    return cuda_fail("cudaEventCreateWithFlags", e);
+  }
+  void* mem = nullptr;
+  if ((e = cudaMalloc(&mem, n * (static_cast<size_t>(world_) + 1))) != cudaSuccess) {
+    return cuda_fail("cudaMalloc", e);
+  }
+  buf = static_cast<char*>(mem);
+  char* send = buf + n * static_cast<size_t>(world_);
+  if ((e = cudaMemcpyAsync(send, data.data(), n, cudaMemcpyHostToDevice, stream)) != cudaSuccess) {
+    return cuda_fail("cudaMemcpyAsync (host to device)", e);
+  }
+  Status st = AllGatherBytes(send, buf, n, stream);
+  if (!st.ok()) {
+    release();
+    return st;
+  }
+  if ((e = cudaEventRecord(done, stream)) != cudaSuccess) {
+    // The collective is enqueued and may never finish: do not wait on the stream.
+    cudaGetLastError();
+    AbortAfter("cudaEventRecord failed after ncclAllGather");
+    return Status::Error(StrCat() << "jax_ub NCCL: cudaEventRecord failed on "
+                                  << Who(rank_, world_, device_) << ": " << cudaGetErrorName(e)
+                                  << "; the communicator was aborted");
+  }
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    e = cudaEventQuery(done);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) {
+      cudaGetLastError();
+      AbortAfter("a CUDA error during ncclAllGather");
+      return Status::Error(StrCat() << "jax_ub NCCL: ncclAllGather of " << n << " bytes failed on "
+                                    << Who(rank_, world_, device_) << ": " << cudaGetErrorName(e)
+                                    << " (" << cudaGetErrorString(e)
+                                    << "); the communicator was aborted");
+    }
+    Status async = CheckAsync();
+    if (!async.ok()) {
+      AbortAfter(async.message());
+      return Status::Error(async.message() + "; the communicator was aborted");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string msg = StrCat()
+                        << "jax_ub NCCL: ncclAllGather of " << n << " bytes did not complete within "
+                        << timeout_s << " s on " << Who(rank_, world_, device_)
+                        << ": some rank of the communicator never took part. Every rank must make "
+                           "the same NCCL calls in the same order (did every process call "
+                           "jax_ub.initialize()?) (timeout: JAX_UB_TIMEOUT)";
+      AbortAfter(msg);
+      return Status::Error(msg + "; the communicator was aborted");  // buffers leaked on purpose
+    }
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::milliseconds(2)) pause *= 2;
+  }
+  out->resize(n * static_cast<size_t>(world_));
+  if ((e = cudaMemcpyAsync(&(*out)[0], buf, out->size(), cudaMemcpyDeviceToHost, stream)) !=
+          cudaSuccess ||
+      (e = cudaStreamSynchronize(stream)) != cudaSuccess) {
+    out->clear();
+    return cuda_fail("cudaMemcpyAsync (device to host)", e);
+  }
+  release();
+  return Status::Ok();
+}
+
+Status NcclComm::Destroy() {
+  if (comm_ == nullptr) {
+    if (dead_.empty()) dead_ = "destroyed";
+    return Status::Ok();  // destroyed before, or aborted after a failure that was reported then
+  }
+  Api* api = GetApi();
+  nccl::Comm comm = comm_;
+  Result async = nccl::kSuccess;
+  Result q = api->CommGetAsyncError(comm, &async);
+  const bool broken = q != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress);
+  Result r = broken ? api->CommAbort(comm) : api->CommDestroy(comm);
+  comm_ = nullptr;  // never retried: NCCL may have freed part of it even on failure
+  dead_ = "destroyed";
+  if (r != nccl::kSuccess) {
+    return Status::Error(StrCat() << "jax_ub NCCL: " << (broken ? "ncclCommAbort" : "ncclCommDestroy")
+                                  << " failed on " << Who(rank_, world_, device_) << ": "
+                                  << Describe(api, r, LastError(api, nullptr)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace jax_ub

@@ -1,0 +1,129 @@
+#include "comm/trace.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "comm/communicator.h"
+
+namespace jax_ub {
+
+struct OpTrace::Span {
+  const char* name;
+  int chunk;
+  const char* stream;
+  cudaEvent_t start = nullptr, end = nullptr;
+};
+
+namespace {
+
+struct PendingOp {
+  int device, rank;
+  std::string op;
+  uint64_t epoch;
+  cudaEvent_t t0;
+  std::vector<OpTrace::Span>* spans;
+};
+
+std::atomic<bool> g_on{false};
+std::mutex g_mu;
+std::vector<PendingOp>& Pending() {
+  static auto* v = new std::vector<PendingOp>();
+  return *v;
+}
+
+cudaEvent_t NewEvent() {
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreate(&e) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return e;
+}
+
+}  // namespace
+
+void TraceEnable(bool on) { g_on.store(on); }
+bool TraceOn() { return g_on.load(std::memory_order_relaxed); }
+
+OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStream_t xla) {
+  if (!TraceOn()) return;
+  t0_ = NewEvent();
+  if (t0_ == nullptr) return;
+  on_ = true;
+  device_ = c.device();
+  rank_ = c.rank();
+  op_ = op;
+  epoch_ = epoch;
+  spans_ = new std::vector<Span>();
+  cudaEventRecord(t0_, xla);
+}
+
+OpTrace::~OpTrace() {
+  if (!on_) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Pending().push_back(PendingOp{device_, rank_, op_, epoch_, t0_, spans_});
+}
+
+int OpTrace::Start(const char* name, int chunk, const char* stream_label, cudaStream_t s) {
+  if (!on_) return -1;
+  Span sp{name, chunk, stream_label};
+  sp.start = NewEvent();
+  sp.end = NewEvent();
+  if (sp.start == nullptr || sp.end == nullptr) return -1;
+  cudaEventRecord(sp.start, s);
+  spans_->push_back(sp);
+  return static_cast<int>(spans_->size()) - 1;
+}
+
+void OpTrace::Stop(int span, cudaStream_t s) {
+  if (!on_ || span < 0) return;
+  cudaEventRecord((*spans_)[span].end, s);
+}
+
+std::vector<TraceRecord> TraceCollect() {
+  std::vector<PendingOp> ops;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ops.swap(Pending());
+  }
+  std::vector<TraceRecord> out;
+  for (PendingOp& p : ops) {
+    cudaSetDevice(p.device);
+    for (const OpTrace::Span& s : *p.spans) {
+      TraceRecord r;
+      r.device = p.device;
+      r.rank = p.rank;
+      r.op = p.op;
+      r.epoch = p.epoch;
+      r.name = s.name;
+      r.chunk = s.chunk;
+      r.stream = s.stream;
+      if (cudaEventSynchronize(s.end) == cudaSuccess &&
+          cudaEventElapsedTime(&r.start_ms, p.t0, s.start) == cudaSuccess &&
+          cudaEventElapsedTime(&r.end_ms, p.t0, s.end) == cudaSuccess) {
+        out.push_back(r);
+      }
+      cudaGetLastError();
+      cudaEventDestroy(s.start);
+      cudaEventDestroy(s.end);
+    }
+    cudaEventDestroy(p.t0);
+    delete p.spans;
+  }
+  return out;
+}
+
+const char* CommLabel(int i) {
+  static const char* kNames[kMaxWorld] = {"comm0",  "comm1",  "comm2",  "comm3",
+                                          "comm4",  "comm5",  "comm6",  "comm7",
+                                          "comm8",  "comm9",  "comm10", "comm11",
+                                          "comm12", "comm13", "comm14", "comm15"};
+  return i >= 0 && i < kMaxWorld ? kNames[i] : "comm?";
+}
+
+const char* ComputeLabel(int i) {
+  static const char* kNames[] = {"compute0", "compute1", "compute2", "compute3"};
+  return i >= 0 && i < 4 ? kNames[i] : "compute?";
+}
+
+}  // namespace jax_ub

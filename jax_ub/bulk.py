@@ -1,0 +1,102 @@
+"""Bulk overlap: a collective running under an *independent* GEMM, in one call.
+
+The backward pass of a tensor-parallel layer has work of this shape (TransformerEngine's "bulk"
+overlap): re-gather the saved input shard while the dgrad GEMM runs, or reduce-scatter the dgrad
+while the wgrad GEMM runs. Inside ``shard_map`` over ``axis_name``:
+
+* :func:`bulk_all_gather` ``(x, a, b)`` → ``(all_gather(x, axis, tiled), a @ b)``
+* :func:`bulk_reduce_scatter` ``(x, a, b)`` → ``(psum_scatter(x, axis, tiled), a @ b)``
+
+On GPUs (after :func:`jax_ub.initialize`) the collective moves by copy engine while cuBLASLt runs
+the GEMM; the reduce-scatter's fp32 sum runs on SMs the GEMM leaves free. Elsewhere, or with
+``method="xla"``, the same numbers come from ``lax`` collectives and ``jnp.matmul``. Both are
+differentiable (the backward is the reference's).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_ub import comm, ops
+
+__all__ = ["bulk_all_gather", "bulk_reduce_scatter"]
+
+
+def _reference(kind: str, x, a, b, axis_name, axis, precision):
+    if kind == "ag":
+        out = lax.all_gather(x, axis_name, axis=axis, tiled=True)
+    else:
+        out = lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
+    return out, jnp.matmul(a, b, precision=precision)
+
+
+def _cuda(kind, x, a, b, axis_name, axis, precision, method):
+    from jax_ub import overlap
+
+    fn = overlap.bulk_all_gather_cuda if kind == "ag" else overlap.bulk_reduce_scatter_cuda
+    return fn(x, a, b, axis_name, axis=axis, precision=precision, method=method)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5, 6, 7))
+def _bulk(kind, x, a, b, axis_name, axis, precision, method):
+    return _cuda(kind, x, a, b, axis_name, axis, precision, method)
+
+
+def _bulk_fwd(kind, x, a, b, axis_name, axis, precision, method):
+    return _cuda(kind, x, a, b, axis_name, axis, precision, method), (x, a, b)
+
+
+def _bulk_bwd(kind, axis_name, axis, precision, method, res, cts):
+    x, a, b = res
+    _, vjp = jax.vjp(lambda x, a, b: _reference(kind, x, a, b, axis_name, axis, precision), x, a, b)
+    return vjp(cts)
+
+
+_bulk.defvjp(_bulk_fwd, _bulk_bwd)
+
+
+def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"{what}: the GEMM operands must be a[m, k] and b[k, n]; got a "
+                         f"{tuple(a.shape)} and b {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"{what}: a and b must have one dtype; got {a.dtype} and {b.dtype}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{what}: axis {axis} out of range for x of rank {x.ndim}")
+    axis %= x.ndim
+    m = ops._resolve_method(method)
+    if m == "auto":
+        m = "ring" if comm.get(axis_name) is not None else "xla"
+    if m == "xla":
+        return _reference(kind, x, a, b, axis_name, axis, precision)
+    if m == "nccl":
+        raise NotImplementedError(f"{what}: the nccl transport has no bulk form yet; use "
+                                  "method='auto', 'ring' or 'xla'")
+    return _bulk(kind, x, a, b, axis_name, axis, ops._static(precision), m)
+
+
+def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *, axis: int = 0,
+                    precision: Any = None, method: str | None = None):
+    """``(lax.all_gather(x, axis_name, axis=axis, tiled=True), a @ b)``, overlapped on GPUs.
+
+    x: the local shard; a[m, k], b[k, n]: an independent GEMM (e.g. the dgrad of the layer whose
+    input x is re-gathered). method: ``None`` (the configured one), ``"auto"``, ``"xla"`` or an
+    all-gather algorithm (``"ring"``, ``"all_peer"``, ``"push"``).
+    """
+    return _run("ag", x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
+
+
+def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
+                        axis: int = 0, precision: Any = None, method: str | None = None):
+    """``(lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True), a @ b)``, overlapped
+    on GPUs (fp32 accumulation in the reduction).
+
+    x: the full-extent partial sums (dimension ``axis`` divisible by the axis size); a[m, k],
+    b[k, n]: an independent GEMM (e.g. the wgrad while the dgrad is reduce-scattered).
+    """
+    return _run("rs", x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")

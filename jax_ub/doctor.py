@@ -1,0 +1,674 @@
+"""``python -m jax_ub.doctor [--json] [--no-live]``: can jax_ub's overlap run on this machine, and if
+not, why not.
+
+It gathers, section by section (each a function returning a plain dict, so tests can replace it):
+
+1. versions: python, jax, jaxlib, jax_ub, the extension (built? loaded? how was it compiled?), the
+   CUDA driver and device count as the CUDA runtime sees them, cuBLASLt and NCCL (the libraries of
+   jax's ``nvidia-*`` wheels that the extension loads at run time);
+2. the CUDA GPUs of jax (and how many processes jax.distributed has);
+3. the peer-access (P2P) matrix and ``nvidia-smi topo -m``;
+4. the decision ``jax_ub.initialize`` takes here: bootstrap (``local`` / ``kv``), transport
+   (``ipc`` when every GPU pair can access each other, else ``nccl``), multicast, and the
+   environment variables that matter;
+5. a live ring test: ``jax_ub.overlap.all_gather`` over every local GPU, checked bit for bit and
+   timed (``--no-live`` skips it);
+6. a verdict: ``OK: overlap can run (...)`` (exit 0) or ``CANNOT RUN OVERLAP: <reasons>`` (exit 1).
+
+``--json`` prints one JSON object with the same facts instead of the text report. Nothing here
+touches a GPU at import time and nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from jax_ub import _ext, config
+
+# Environment variables that change what jax_ub or XLA do on a GPU machine (every JAX_UB_* set is
+# reported as well).
+ENV_VARS = (
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "NCCL_NVLS_ENABLE",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "CUDA_VISIBLE_DEVICES",
+    "UB_SKIPMC",
+)
+
+# Extension functions the Python side calls (comm.py, overlap.py); an installed extension without
+# them is an older build than this checkout.
+REQUIRED_EXT_FUNCTIONS = (
+    "registrations", "runtime_info", "cublaslt_description", "set_library_candidates",
+    "comm_create", "comm_connect_local", "comm_export_ipc", "comm_connect_ipc", "comm_grow",
+    "comm_drain", "comm_destroy_set", "comm_error", "gemm_warmup", "p2p_matrix",
+)
+
+LIVE_ROWS_PER_GPU = 256
+LIVE_COLS = 1024
+LIVE_WARMUP = 2
+LIVE_REPEATS = 5
+TOPO_TIMEOUT_S = 10
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. versions
+
+
+def nccl_version_string(code: int) -> str:
+    """``ncclGetVersion``'s code as ``major.minor.patch`` (two encodings: before and since 2.9)."""
+    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"  # older: major*1000 + minor*100 + patch
+
+
+def nccl_version(path: str | None) -> dict[str, Any]:
+    """Loads ``libnccl.so.2`` from ``path`` with ctypes and asks ``ncclGetVersion``; never raises."""
+    out: dict[str, Any] = {"path": path, "code": None, "version": None, "error": None}
+    if not path:
+        out["error"] = "libnccl.so.2 not found in an nvidia-nccl wheel on sys.path"
+        return out
+    try:
+        lib = ctypes.CDLL(path)
+        code = ctypes.c_int(0)
+        rc = lib.ncclGetVersion(ctypes.byref(code))
+    except (OSError, AttributeError) as e:
+        out["error"] = f"cannot load {path}: {_err(e)}"
+        return out
+    if rc != 0:
+        out["error"] = f"ncclGetVersion returned {rc}"
+        return out
+    out["code"] = int(code.value)
+    out["version"] = nccl_version_string(int(code.value))
+    return out
+
+
+def _cuda_version_string(v: int | None) -> str | None:
+    """CUDA's integer versions (12040) as ``12.4``; None/0 as None."""
+    if not v:
+        return None
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def gather_versions() -> dict[str, Any]:
+    """Versions of python/jax/jaxlib/jax_ub, the extension's build and load state, the CUDA driver,
+    cuBLASLt and NCCL."""
+    import jax_ub
+
+    try:
+        import jaxlib
+
+        jaxlib_version = getattr(jaxlib, "__version__", None)
+    except ImportError:
+        jaxlib_version = None
+    facts = dict(_ext._build_facts())
+    try:
+        mod, load_reason = _ext._load()
+    except Exception as e:  # the loader itself failed (e.g. set_library_candidates raised)
+        mod, load_reason = None, f"loading the extension raised {_err(e)}"
+    ext: dict[str, Any] = {
+        "built": bool(facts.get("cuda_built")),
+        "build_reason": facts.get("reason") or None,
+        "build_facts": facts,
+        "loaded": mod is not None,
+        "load_error": (load_reason or None) if mod is None else None,
+        "file": getattr(mod, "__file__", None),
+        "build_info": None,
+        "missing_functions": [],
+    }
+    cuda: dict[str, Any] = {"driver_version": None, "driver": None, "device_count": None, "error": None}
+    libs = _ext.find_libraries()
+    cublaslt: dict[str, Any] = {"paths": libs.get("cublasLt", []), "description": None}
+    if mod is not None:
+        ext["missing_functions"] = [f for f in REQUIRED_EXT_FUNCTIONS if not hasattr(mod, f)]
+        try:
+            ext["build_info"] = dict(mod.build_info())
+        except Exception as e:
+            ext["build_info"] = {"error": _err(e)}
+        try:
+            rt = dict(mod.runtime_info())
+            cuda["driver_version"] = rt.get("driver_version") or None
+            cuda["driver"] = _cuda_version_string(rt.get("driver_version"))
+            cuda["device_count"] = rt.get("device_count")
+            cuda["error"] = rt.get("error")
+        except Exception as e:
+            cuda["error"] = _err(e)
+        try:
+            cublaslt["description"] = str(mod.cublaslt_description())
+        except Exception as e:
+            cublaslt["description"] = _err(e)
+    else:
+        cuda["error"] = "unknown: the extension (which asks the CUDA runtime) is not loaded"
+    nccl_paths = libs.get("nccl", [])
+    nccl = nccl_version(nccl_paths[0] if nccl_paths else None)
+    nccl["paths"] = nccl_paths
+    if mod is not None and hasattr(mod, "nccl_version"):  # extensions with the NCCL bindings
+        try:
+            code = int(mod.nccl_version())
+            nccl["extension_view"] = {
+                "version": nccl_version_string(code) if code > 0 else None,
+                "library": str(mod.nccl_library()) if hasattr(mod, "nccl_library") else None,
+                "load_error": (str(mod.nccl_load_error()) or None) if hasattr(mod, "nccl_load_error") else None,
+            }
+        except Exception as e:
+            nccl["extension_view"] = {"version": None, "library": None, "load_error": _err(e)}
+    return {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib_version,
+        "jax_ub": getattr(jax_ub, "__version__", None),
+        "extension": ext,
+        "cuda": cuda,
+        "cublaslt": cublaslt,
+        "nccl": nccl,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. GPUs
+
+
+def gather_gpus() -> dict[str, Any]:
+    """jax's CUDA devices (all processes), this process's ones, and jax.distributed's state."""
+    out: dict[str, Any] = {"backend": None, "devices": [], "local_ids": [], "error": None,
+                           "process_index": 0, "process_count": 1, "distributed": False}
+    try:
+        out["backend"] = jax.default_backend()
+    except Exception as e:
+        out["error"] = _err(e)
+    try:
+        devices = jax.devices("cuda")
+    except Exception as e:  # no CUDA backend in this jaxlib, or it failed to start
+        devices = []
+        out["error"] = out["error"] or _err(e)
+    try:
+        out["process_index"] = jax.process_index()
+        out["process_count"] = jax.process_count()
+    except Exception as e:
+        out["error"] = out["error"] or _err(e)
+    is_init = getattr(jax.distributed, "is_initialized", None)
+    with contextlib.suppress(Exception):
+        out["distributed"] = bool(is_init()) if is_init is not None else out["process_count"] > 1
+    mod = _ext.extension() if devices else None
+    for d in devices:
+        ordinal = getattr(d, "local_hardware_id", None)
+        entry: dict[str, Any] = {"id": d.id, "device_kind": d.device_kind,
+                                 "process_index": d.process_index, "local_hardware_id": ordinal}
+        if mod is not None and ordinal is not None and d.process_index == out["process_index"]:
+            try:
+                free_b, total_b = mod.device_memory(ordinal)
+                entry["memory_free"], entry["memory_total"] = int(free_b), int(total_b)
+            except Exception:  # older extension, or the query failed: memory is only informative
+                pass
+        out["devices"].append(entry)
+    out["local_ids"] = [e["id"] for e in out["devices"] if e["process_index"] == out["process_index"]]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. P2P and topology
+
+
+def gather_p2p() -> dict[str, Any]:
+    """``can_access[i][j]`` between CUDA ordinals i and j, from the extension."""
+    mod = _ext.extension()
+    if mod is None:
+        return {"matrix": None, "error": "the extension is not loaded"}
+    if not hasattr(mod, "p2p_matrix"):
+        return {"matrix": None, "error": "the installed extension has no p2p_matrix (older build)"}
+    try:
+        m = [[int(bool(v)) for v in row] for row in mod.p2p_matrix()]
+    except Exception as e:
+        return {"matrix": None, "error": _err(e)}
+    return {"matrix": m, "error": None if m else "the CUDA runtime sees no device"}
+
+
+def gather_topology() -> dict[str, Any]:
+    """``nvidia-smi topo -m`` (NVLink/PCIe links between GPUs) when nvidia-smi is installed."""
+    exe = shutil.which("nvidia-smi")
+    out: dict[str, Any] = {"nvidia_smi": exe, "output": None, "error": None}
+    if exe is None:
+        out["error"] = "nvidia-smi not found on PATH"
+        return out
+    try:
+        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=TOPO_TIMEOUT_S,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        out["error"] = f"nvidia-smi topo -m did not finish within {TOPO_TIMEOUT_S} s"
+        return out
+    except OSError as e:
+        out["error"] = _err(e)
+        return out
+    if r.returncode != 0:
+        out["error"] = f"nvidia-smi topo -m exited with {r.returncode}: {(r.stderr or r.stdout).strip()}"
+    out["output"] = r.stdout.rstrip() or None
+    return out
+
+
+def no_p2p_pairs(matrix: Sequence[Sequence[int]], ordinals: Sequence[int]) -> list[tuple[int, int]]:
+    """Pairs (i < j) of ``ordinals`` where i cannot access j or j cannot access i."""
+    n = len(matrix)
+    bad = []
+    for a, i in enumerate(ordinals):
+        for j in ordinals[a + 1:]:
+            if i >= n or j >= n or not (matrix[i][j] and matrix[j][i]):
+                bad.append((i, j))
+    return bad
+
+
+def p2p_group(matrix: Sequence[Sequence[int]], ordinals: Sequence[int]) -> list[int]:
+    """A set of ``ordinals`` that can all access each other (greedy, starting at the first)."""
+    group: list[int] = []
+    for i in ordinals:
+        if not no_p2p_pairs(matrix, [*group, i]):
+            group.append(i)
+    return group
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. configuration and decision
+
+
+def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The configuration jax_ub would read from this environment, multicast, relevant variables."""
+    env = dict(os.environ if environ is None else environ)
+    out: dict[str, Any] = {"config": None, "error": None,
+                           "env": {k: env.get(k) for k in ENV_VARS},
+                           "jax_ub_env": {k: v for k, v in sorted(env.items()) if k.startswith("JAX_UB_")}}
+    try:
+        cfg = config.Config.from_env(env)
+        out["config"] = dataclasses.asdict(cfg)
+    except ValueError as e:
+        out["error"] = str(e)
+    mc_raw, skip_raw = env.get("JAX_UB_MULTICAST"), env.get("UB_SKIPMC")
+    try:
+        requested = config._parse_bool("JAX_UB_MULTICAST", mc_raw or "0")
+        skipped = config._parse_bool("UB_SKIPMC", skip_raw or "0")
+    except ValueError as e:
+        out["multicast"] = {"requested": None, "enabled": False, "reason": str(e)}
+        return out
+    if not requested:
+        reason = "off (the default; never enabled unless JAX_UB_MULTICAST=1)"
+    elif skipped:
+        reason = f"off: JAX_UB_MULTICAST={mc_raw} but UB_SKIPMC={skip_raw} forces it off"
+    else:
+        reason = (f"requested (JAX_UB_MULTICAST={mc_raw}) but ignored: this version of jax_ub has no "
+                  "multicast path (initialize logs a warning)")
+    out["multicast"] = {"requested": requested and not skipped, "enabled": False, "reason": reason}
+    return out
+
+
+def nccl_transport_implemented() -> bool:
+    """Whether ``jax_ub.initialize`` can use the NCCL bootstrap/transport (not in this version)."""
+    from jax_ub import comm
+
+    return "nccl" in getattr(comm, "IMPLEMENTED_TRANSPORTS", ("ipc",))
+
+
+def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Which bootstrap and transport ``jax_ub.initialize(mesh of every GPU, "tp")`` uses here."""
+    c = cfg.get("config") or {}
+    nccl_ok = nccl_transport_implemented()
+    local = [d for d in gpus["devices"] if d["id"] in gpus["local_ids"]]
+    ordinals = [d["local_hardware_id"] if d.get("local_hardware_id") is not None else d["id"] for d in local]
+    nprocs = gpus.get("process_count", 1)
+    out: dict[str, Any] = {"processes": nprocs, "gpus": len(gpus["devices"]), "local_gpus": len(local),
+                           "nccl_transport_implemented": nccl_ok, "no_p2p_pairs": [], "blocking": None}
+
+    # bootstrap
+    want_b = c.get("bootstrap", "auto")
+    if want_b == "nccl":
+        out["bootstrap"] = "nccl"
+        out["bootstrap_reason"] = "forced by JAX_UB_BOOTSTRAP=nccl (NCCL unique id through the KV store)"
+    elif nprocs > 1:
+        out["bootstrap"] = "kv"
+        out["bootstrap_reason"] = (f"jax.distributed is initialized with {nprocs} processes: CUDA IPC "
+                                   "handles travel through its key-value store")
+    elif len(local) >= 2:
+        out["bootstrap"] = "local"
+        out["bootstrap_reason"] = (f"one process drives all {len(local)} local GPUs: peers are wired "
+                                   "in-process, nothing is exchanged")
+    else:
+        out["bootstrap"] = "local"
+        out["bootstrap_reason"] = f"one process with {len(local)} local CUDA GPU(s)"
+    # transport
+    want_t = c.get("transport", "auto")
+    if want_t != "auto":
+        out["transport"] = want_t
+        out["transport_reason"] = f"forced by JAX_UB_TRANSPORT={want_t}"
+    elif len(local) < 2:
+        out["transport"] = None
+        out["transport_reason"] = f"none needed: {len(local)} local CUDA GPU(s)"
+    elif p2p.get("matrix") is None:
+        out["transport"] = None
+        out["transport_reason"] = f"unknown: no P2P matrix ({p2p.get('error')})"
+    else:
+        bad = no_p2p_pairs(p2p["matrix"], ordinals)
+        out["no_p2p_pairs"] = [list(b) for b in bad]
+        if not bad:
+            out["transport"] = "ipc"
+            out["transport_reason"] = (f"every pair of the {len(local)} local GPUs can access each other "
+                                       "(P2P): copy engine over peer-mapped memory")
+        else:
+            out["transport"] = "nccl"
+            out["transport_reason"] = "; ".join(f"GPU {i} and GPU {j} cannot access each other"
+                                                for i, j in bad) + ": transport nccl"
+    if "nccl" in (out["bootstrap"], out["transport"]) and not nccl_ok:
+        what = "bootstrap" if out["bootstrap"] == "nccl" else "transport"
+        if want_b == "nccl" or want_t == "nccl":
+            out["blocking"] = (f"the NCCL {what} (forced by JAX_UB_{what.upper()}=nccl) is not available "
+                               "in this version of jax_ub: unset it")
+        else:
+            group = p2p_group(p2p["matrix"], ordinals)
+            out["p2p_group"] = group
+            out["note"] = ("this version of jax_ub implements only the ipc transport: a TP group must "
+                           "consist of GPUs that can all access each other, e.g. GPUs "
+                           f"{', '.join(map(str, group))}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. live test
+
+
+def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: int = LIVE_REPEATS,
+                  warmup: int = LIVE_WARMUP) -> dict[str, Any]:
+    """``jax_ub.overlap.all_gather`` over a 1-D ``("tp",)`` mesh of ``device_ids``: checked to
+    equal its input bit for bit, timed (median of ``repeats`` after ``warmup``). Never raises."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_ub
+
+    out: dict[str, Any] = {"ran": True, "ok": False, "devices": list(device_ids), "error": None}
+    started = False
+    try:
+        by_id = {d.id: d for d in jax.devices(platform)}
+        devs = [by_id[i] for i in device_ids]
+        world = len(devs)
+        kw = {}
+        if hasattr(jax.sharding, "AxisType"):
+            kw["axis_types"] = (jax.sharding.AxisType.Auto,)
+        mesh = Mesh(np.array(devs), ("tp",), **kw)
+        shape = (world * LIVE_ROWS_PER_GPU, LIVE_COLS)
+        out["shape"], out["dtype"] = list(shape), "bfloat16"
+        started = True  # shutdown() also after a half-done initialize (it is safe to call twice)
+        jax_ub.initialize(mesh, "tp")
+        x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+        x = jax.device_put(x, NamedSharding(mesh, P("tp", None)))
+        f = jax.jit(jax.shard_map(lambda a: jax_ub.overlap.all_gather(a, "tp"), mesh=mesh,
+                                  in_specs=P("tp", None), out_specs=P(), check_vma=False))
+        y = jax.block_until_ready(f(x))
+        want = np.asarray(x).view(np.uint16)
+        for shard in y.addressable_shards:
+            got = np.asarray(shard.data)
+            if got.shape != want.shape or not np.array_equal(got.view(np.uint16), want):
+                diff = int(np.sum(got.view(np.uint16) != want)) if got.shape == want.shape else None
+                raise AssertionError(f"all_gather on device {shard.device.id} differs from its input "
+                                     + (f"in {diff} of {want.size} elements" if diff is not None
+                                        else f"(shape {got.shape}, want {want.shape})"))
+        for _ in range(max(warmup - 1, 0)):
+            jax.block_until_ready(f(x))
+        times = []
+        for _ in range(max(repeats, 1)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(x))
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        nbytes = shape[0] * shape[1] * 2
+        out.update(ok=True, median_ms=t * 1e3, bytes=nbytes, algbw_gbps=nbytes / t / 1e9,
+                   busbw_gbps=nbytes * (world - 1) / world / t / 1e9)
+    except Exception as e:
+        out["error"] = _err(e)
+    finally:
+        if started:
+            try:
+                jax_ub.shutdown()
+            except Exception as e:
+                out["ok"] = False
+                out["error"] = (out["error"] + "; " if out["error"] else "") + f"shutdown: {_err(e)}"
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. report, verdict, text
+
+
+def _blocking_reasons(r: dict[str, Any]) -> list[str]:
+    """Everything that stops ``jax_ub.initialize`` + an overlapped op from running, in order."""
+    v, g, c, d = r["versions"], r["gpus"], r["config"], r["decision"]
+    ext = v["extension"]
+    reasons = []
+    if not ext["built"]:
+        reasons.append(f"the CUDA extension is not built: {ext['build_reason'] or 'no reason recorded'}")
+    elif not ext["loaded"]:
+        reasons.append(f"the CUDA extension cannot be loaded: {ext['load_error']}")
+    elif ext["missing_functions"]:
+        reasons.append(f"the installed CUDA extension ({ext['file']}) is older than this jax_ub: it lacks "
+                       f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`")
+    if c.get("error"):
+        reasons.append(f"invalid jax_ub configuration: {c['error']}")
+    elif (c.get("config") or {}).get("disable"):
+        reasons.append("JAX_UB_DISABLE=1 forces the pure-XLA reference path")
+    n = len(g["devices"])
+    if n == 0:
+        extra = f"; CUDA runtime: {v['cuda']['error']}" if ext["loaded"] and v["cuda"].get("error") else ""
+        reasons.append(f"no CUDA GPU (jax backend: {g.get('backend')}{extra})")
+    else:
+        lt = v["cublaslt"].get("description")
+        if ext["loaded"] and lt is not None and not lt.startswith("cuBLASLt "):
+            reasons.append(f"cuBLASLt unavailable: {lt}")
+        if n < 2:
+            reasons.append(f"fewer than 2 GPUs: only {n} CUDA GPU, TP overlap needs at least 2")
+    if d.get("blocking"):
+        reasons.append(d["blocking"])
+    live = r.get("live") or {}
+    if live.get("ran") and not live.get("ok"):
+        reasons.append(f"live test failed: {live.get('error')}")
+    return reasons
+
+
+def _live_plan(r: dict[str, Any], no_live: bool) -> tuple[list[int] | None, str]:
+    """(jax device ids to test, "") or (None, why the live test is skipped)."""
+    if no_live:
+        return None, "skipped (--no-live)"
+    if _blocking_reasons(r):
+        return None, "skipped: overlap cannot run here (see the verdict)"
+    g, d = r["gpus"], r["decision"]
+    if g.get("process_count", 1) > 1:
+        return None, "skipped: jax.distributed has several processes (run it in one process)"
+    ids = list(g["local_ids"])
+    if d.get("transport") == "nccl" and not d.get("nccl_transport_implemented"):
+        ordinal_to_id = {(e["local_hardware_id"] if e.get("local_hardware_id") is not None else e["id"]):
+                         e["id"] for e in g["devices"] if e["id"] in ids}
+        ids = [ordinal_to_id[o] for o in d.get("p2p_group", []) if o in ordinal_to_id]
+    if len(ids) < 2:
+        return None, "skipped: fewer than 2 local GPUs can take part"
+    return ids, ""
+
+
+def verdict(r: dict[str, Any]) -> dict[str, Any]:
+    reasons = _blocking_reasons(r)
+    d = r["decision"]
+    notes = []
+    if d.get("transport") == "nccl":
+        notes.append(d["transport_reason"])
+    if d.get("note"):
+        notes.append(d["note"])
+    live = r.get("live") or {}
+    if live.get("ran") and live.get("ok") and len(live.get("devices", [])) < d["local_gpus"]:
+        notes.append(f"the live test ran on GPUs {live['devices']} only")
+    if reasons:
+        return {"ok": False, "exit_code": 1, "reasons": reasons, "notes": notes,
+                "message": "CANNOT RUN OVERLAP: " + "; ".join(reasons)}
+    transport = d.get("transport") or "ipc"
+    return {"ok": True, "exit_code": 0, "reasons": [], "notes": notes,
+            "message": f"OK: overlap can run (transport {transport}, {d['gpus']} GPUs)"}
+
+
+def collect(no_live: bool = False) -> dict[str, Any]:
+    """Every section of the report (the gatherers are module attributes so tests can swap them)."""
+    r: dict[str, Any] = {
+        "versions": gather_versions(),
+        "gpus": gather_gpus(),
+        "p2p": gather_p2p(),
+        "topology": gather_topology(),
+        "config": gather_config(),
+    }
+    r["decision"] = decide(r["gpus"], r["p2p"], r["config"])
+    ids, why = _live_plan(r, no_live)
+    r["live"] = run_live_test(ids) if ids is not None else {"ran": False, "ok": None, "skipped": why}
+    r["verdict"] = verdict(r)
+    return r
+
+
+def _gib(b: int) -> str:
+    return f"{b / (1 << 30):.1f} GiB"
+
+
+def _p2p_table(m: list[list[int]]) -> list[str]:
+    head = "        " + "".join(f"{'GPU' + str(j):>6}" for j in range(len(m)))
+    rows = [head]
+    for i, row in enumerate(m):
+        cells = "".join(f"{'-' if i == j else ('yes' if v else 'NO'):>6}" for j, v in enumerate(row))
+        rows.append(f"  {'GPU' + str(i):<6}{cells}")
+    return rows
+
+
+def render_text(r: dict[str, Any]) -> str:
+    v, g, p, t, c, d, live = (r[k] for k in ("versions", "gpus", "p2p", "topology", "config",
+                                              "decision", "live"))
+    ext, cuda, nccl = v["extension"], v["cuda"], v["nccl"]
+    L: list[str] = ["jax_ub doctor", ""]
+
+    L.append("== Versions ==")
+    L.append(f"  python        {v['python']} ({v['python_executable']})")
+    L.append(f"  jax / jaxlib  {v['jax']} / {v['jaxlib']}")
+    L.append(f"  jax_ub        {v['jax_ub']}")
+    if not ext["built"]:
+        L.append(f"  extension     NOT BUILT: {ext['build_reason']}")
+    else:
+        bf = ext["build_facts"]
+        built = f"built with nvcc {bf.get('nvcc_version')} for archs {bf.get('cuda_archs')}"
+        if not ext["loaded"]:
+            L.append(f"  extension     {built}; CANNOT LOAD: {ext['load_error']}")
+        else:
+            bi = ext.get("build_info") or {}
+            rt = _cuda_version_string(bi.get("cuda_runtime_version"))
+            L.append(f"  extension     {built}, CUDA runtime {rt}; loaded from {ext['file']}")
+            if ext["missing_functions"]:
+                L.append(f"                older build: lacks {', '.join(ext['missing_functions'])}")
+    driver = cuda.get("driver") or "unavailable"
+    count = cuda.get("device_count")
+    L.append(f"  CUDA driver   {driver}; devices: {'?' if count is None else count}"
+             + (f" ({cuda['error']})" if cuda.get("error") else ""))
+    lt = v["cublaslt"]
+    L.append(f"  cuBLASLt      {lt.get('description') or (lt['paths'][0] if lt['paths'] else 'not found')}")
+    if nccl.get("version"):
+        L.append(f"  NCCL          {nccl['version']} (code {nccl['code']}) from {nccl['path']}")
+    else:
+        L.append(f"  NCCL          unavailable: {nccl.get('error')}")
+    ev = nccl.get("extension_view")
+    if ev:
+        L.append(f"                the extension loads NCCL {ev['version']} from {ev['library']}" if ev["version"]
+                 else f"                the extension cannot load NCCL: {ev['load_error']}")
+    L.append("")
+
+    L.append("== GPUs ==")
+    if not g["devices"]:
+        L.append(f"  no CUDA GPU (backend: {g.get('backend')})")
+    for e in g["devices"]:
+        mem = (f", {_gib(e['memory_free'])} free of {_gib(e['memory_total'])}"
+               if "memory_total" in e else "")
+        L.append(f"  id {e['id']}: {e['device_kind']} (process {e['process_index']}, "
+                 f"local_hardware_id {e['local_hardware_id']}{mem})")
+    L.append(f"  processes: {g.get('process_count')} (jax.distributed "
+             f"{'initialized' if g.get('distributed') else 'not initialized'})")
+    L.append("")
+
+    L.append("== P2P and topology ==")
+    if p.get("matrix"):
+        L.append("  P2P (row can access column):")
+        L.extend("  " + row for row in _p2p_table(p["matrix"]))
+    else:
+        L.append(f"  P2P matrix: unavailable ({p.get('error')})")
+    if t.get("output"):
+        L.append("  nvidia-smi topo -m:")
+        L.extend("    " + line for line in t["output"].splitlines())
+    if t.get("error"):
+        L.append(f"  topology: {t['error']}")
+    L.append("")
+
+    L.append("== Decision (jax_ub.initialize on every local GPU) ==")
+    L.append(f"  bootstrap   {d['bootstrap']}: {d['bootstrap_reason']}")
+    L.append(f"  transport   {d['transport'] or '-'}: {d['transport_reason']}")
+    if d.get("note"):
+        L.append(f"  note        {d['note']}")
+    L.append(f"  multicast   {c['multicast']['reason']}")
+    if c.get("error"):
+        L.append(f"  config      INVALID: {c['error']}")
+    elif c.get("config"):
+        cf = c["config"]
+        L.append(f"  config      method={cf['method']} disable={int(cf['disable'])} "
+                 f"timeout_s={cf['timeout_s']:g} buffer_mib={cf['buffer_mib']}")
+    L.append("  environment:")
+    for k, val in [*c["env"].items(), *c["jax_ub_env"].items()]:
+        L.append(f"    {k:<32}{'(unset)' if val is None else val}")
+    L.append("")
+
+    L.append("== Live ring test ==")
+    if not live.get("ran"):
+        L.append(f"  {live.get('skipped')}")
+    elif live.get("ok"):
+        L.append(f"  all_gather of bf16 {live['shape']} over GPUs {live['devices']}: equal to the input; "
+                 f"{live['median_ms']:.3f} ms median, algbw {live['algbw_gbps']:.1f} GB/s, "
+                 f"busbw {live['busbw_gbps']:.1f} GB/s")
+    else:
+        L.append(f"  FAILED on GPUs {live.get('devices')}: {live.get('error')}")
+    L.append("")
+
+    vd = r["verdict"]
+    L.extend(f"note: {n}" for n in vd["notes"])
+    L.append(vd["message"])
+    return "\n".join(L)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jax_ub.doctor",
+                                 description="Says whether jax_ub's TP overlap can run on this machine, "
+                                             "and if not, why not.")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    ap.add_argument("--no-live", action="store_true", help="skip the live all-gather test on the GPUs")
+    a = ap.parse_args(argv)
+    report = collect(no_live=a.no_live)
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(render_text(report))
+    return int(report["verdict"]["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

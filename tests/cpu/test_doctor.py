@@ -1,0 +1,452 @@
+"""``python -m jax_ub.doctor``: the real report on this machine, and simulated GPU machines (the
+gathering functions replaced by fakes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+import jax_ub
+from jax_ub import doctor
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _has_cuda() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+cpu_only = pytest.mark.skipif(_has_cuda(), reason="checks the report of a machine without CUDA GPUs")
+
+
+# ------------------------------------------------------------------------------------------------
+# the real report on this (CPU) machine
+
+
+@cpu_only
+def test_text_report_on_this_machine(capsys, monkeypatch):
+    monkeypatch.delenv("JAX_UB_MULTICAST", raising=False)
+    rc = doctor.main(["--no-live"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    for section in ("== Versions ==", "== GPUs ==", "== P2P and topology ==", "== Decision",
+                    "== Live ring test =="):
+        assert section in out
+    assert f"jax / jaxlib  {jax.__version__} / " in out
+    assert f"jax_ub        {jax_ub.__version__}" in out
+    assert "no CUDA GPU (backend: cpu)" in out
+    assert "skipped (--no-live)" in out
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in out and "XLA_PYTHON_CLIENT_MEM_FRACTION" in out
+    assert "multicast   off (the default" in out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("CANNOT RUN OVERLAP: ")
+    assert "no CUDA GPU (jax backend: cpu" in last
+
+
+@cpu_only
+def test_json_report_on_this_machine(capsys):
+    rc = doctor.main(["--json", "--no-live"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert set(r) == {"versions", "gpus", "p2p", "topology", "config", "decision", "live", "verdict"}
+    assert r["versions"]["jax"] == jax.__version__
+    assert r["versions"]["jax_ub"] == jax_ub.__version__
+    assert r["gpus"]["devices"] == [] and r["gpus"]["backend"] == "cpu"
+    assert r["live"] == {"ran": False, "ok": None, "skipped": "skipped (--no-live)"}
+    assert r["decision"]["bootstrap"] == "local" and r["decision"]["transport"] is None
+    assert r["verdict"]["ok"] is False and r["verdict"]["exit_code"] == 1
+    assert any(reason.startswith("no CUDA GPU") for reason in r["verdict"]["reasons"])
+    assert r["verdict"]["message"].startswith("CANNOT RUN OVERLAP: ")
+    assert r["config"]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def test_nccl_version_of_the_wheel():
+    paths = doctor._ext.find_libraries()["nccl"]
+    if not paths:
+        pytest.skip("no nvidia-nccl wheel on sys.path")
+    v = doctor.nccl_version(paths[0])
+    assert v["error"] is None, v
+    assert v["version"] == doctor.nccl_version_string(v["code"])
+    assert v["version"].startswith("2.") and v["code"] >= 20000
+
+
+def test_nccl_version_decoding_and_failure():
+    assert doctor.nccl_version_string(22105) == "2.21.5"
+    assert doctor.nccl_version_string(23203) == "2.32.3"
+    assert doctor.nccl_version_string(2708) == "2.7.8"  # before 2.9: major*1000 + minor*100 + patch
+    bad = doctor.nccl_version("/nonexistent/libnccl.so.2")
+    assert bad["version"] is None and "cannot load /nonexistent/libnccl.so.2" in bad["error"]
+    assert "not found" in doctor.nccl_version(None)["error"]
+
+
+@cpu_only
+def test_cli_subprocess():
+    r = subprocess.run([sys.executable, "-m", "jax_ub.doctor", "--no-live"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ), check=False)
+    assert r.returncode == 1, r.stderr
+    assert "== Versions ==" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("CANNOT RUN OVERLAP: ")
+    assert "no CUDA GPU" in r.stdout.rstrip().splitlines()[-1]
+
+
+def test_cli_bad_usage_exits_2():
+    r = subprocess.run([sys.executable, "-m", "jax_ub.doctor", "--bogus"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ), check=False)
+    assert r.returncode == 2
+    assert "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_import_touches_no_backend():
+    code = ("import jax_ub.doctor\nfrom jax._src import xla_bridge\n"
+            "print(len(getattr(xla_bridge, '_backends', {})))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
+# ------------------------------------------------------------------------------------------------
+# simulated machines
+
+
+def _versions(built=True, loaded=True, missing=()):
+    return {
+        "python": "3.11.7", "python_executable": "/usr/bin/python3", "jax": "0.10.2", "jaxlib": "0.10.2",
+        "jax_ub": "0.1.0",
+        "extension": {"built": built, "build_reason": None if built else "nvcc not found on PATH",
+                      "build_facts": {"cuda_built": built, "nvcc_version": "12.8", "cuda_archs": "80;90a"},
+                      "loaded": loaded, "load_error": None if loaded else "libcudart.so.12: not found",
+                      "file": "/site/_jax_ub_cuda.so", "build_info": {"cuda_runtime_version": 12080},
+                      "missing_functions": list(missing)},
+        "cuda": {"driver_version": 12040, "driver": "12.4", "device_count": 4, "error": None},
+        "cublaslt": {"paths": ["/site/libcublasLt.so.12"], "description": "cuBLASLt 120800 from /site/x"},
+        "nccl": {"path": "/site/libnccl.so.2", "paths": ["/site/libnccl.so.2"], "code": 22105,
+                 "version": "2.21.5", "error": None},
+    }
+
+
+def _gpus(n=4, process_count=1):
+    devs = [{"id": i, "device_kind": "NVIDIA H100 80GB HBM3", "process_index": 0, "local_hardware_id": i,
+             "memory_free": 20 << 30, "memory_total": 80 << 30} for i in range(n)]
+    return {"backend": "gpu", "devices": devs, "local_ids": list(range(n)), "error": None,
+            "process_index": 0, "process_count": process_count, "distributed": process_count > 1}
+
+
+def _matrix(n=4, missing=()):
+    m = [[1] * n for _ in range(n)]
+    for i, j in missing:
+        m[i][j] = m[j][i] = 0
+    return m
+
+
+TOPO = "\tGPU0\tGPU1\tGPU2\tGPU3\nGPU0\t X \tNV18\tNV18\tNV18"
+
+
+class LiveSpy:
+    def __init__(self, ok=True, error=None):
+        self.calls = []
+        self.ok, self.error = ok, error
+
+    def __call__(self, ids, *a, **kw):
+        self.calls.append(list(ids))
+        if not self.ok:
+            return {"ran": True, "ok": False, "devices": list(ids), "error": self.error}
+        return {"ran": True, "ok": True, "devices": list(ids), "error": None, "shape": [len(ids) * 256, 1024],
+                "dtype": "bfloat16", "median_ms": 0.05, "bytes": len(ids) * 524288, "algbw_gbps": 42.0,
+                "busbw_gbps": 31.5}
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(n=4, missing_p2p=(), ...)`` installs fakes for every gatherer; returns the live spy."""
+    for k in list(os.environ):
+        if k.startswith("JAX_UB_") or k in doctor.ENV_VARS:
+            monkeypatch.delenv(k)
+
+    def install(n=4, missing_p2p=(), versions=None, process_count=1, live=None, matrix=None):
+        spy = live or LiveSpy()
+        monkeypatch.setattr(doctor, "gather_versions", lambda: versions or _versions())
+        monkeypatch.setattr(doctor, "gather_gpus", lambda: _gpus(n, process_count))
+        m = matrix if matrix is not None else _matrix(n, missing_p2p)
+        monkeypatch.setattr(doctor, "gather_p2p", lambda: {"matrix": m, "error": None})
+        monkeypatch.setattr(doctor, "gather_topology",
+                            lambda: {"nvidia_smi": "/usr/bin/nvidia-smi", "output": TOPO, "error": None})
+        monkeypatch.setattr(doctor, "run_live_test", spy)
+        return spy
+
+    return install
+
+
+def _run(capsys, *args):
+    rc = doctor.main(list(args))
+    out = capsys.readouterr().out
+    return rc, out, out.rstrip().splitlines()[-1]
+
+
+def test_four_gpus_full_p2p_ok(machine, capsys):
+    live = machine(4)
+    rc, out, last = _run(capsys)
+    assert rc == 0
+    assert last == "OK: overlap can run (transport ipc, 4 GPUs)"
+    assert live.calls == [[0, 1, 2, 3]]
+    assert "bootstrap   local: one process drives all 4 local GPUs" in out
+    assert "transport   ipc: every pair of the 4 local GPUs can access each other (P2P)" in out
+    assert "id 3: NVIDIA H100 80GB HBM3 (process 0, local_hardware_id 3, 20.0 GiB free of 80.0 GiB)" in out
+    assert "NV18" in out  # nvidia-smi topo -m
+    assert "busbw 31.5 GB/s" in out and "equal to the input" in out
+    assert "CUDA driver   12.4; devices: 4" in out and "NCCL          2.21.5 (code 22105)" in out
+    assert " NO" not in out  # no P2P hole in the table
+
+
+def test_four_gpus_full_p2p_json(machine, capsys):
+    machine(4)
+    rc, out, _ = _run(capsys, "--json")
+    r = json.loads(out)
+    assert rc == 0 and r["verdict"]["ok"] is True and r["verdict"]["exit_code"] == 0
+    assert r["decision"]["transport"] == "ipc" and r["decision"]["bootstrap"] == "local"
+    assert r["decision"]["no_p2p_pairs"] == []
+    assert r["live"]["ok"] is True and r["live"]["devices"] == [0, 1, 2, 3]
+
+
+def test_extension_view_of_nccl(machine, capsys):
+    v = _versions()
+    v["nccl"]["extension_view"] = {"version": None, "library": None, "load_error": "dlopen failed: nope"}
+    machine(4, versions=v)
+    _, out, _ = _run(capsys, "--no-live")
+    assert "the extension cannot load NCCL: dlopen failed: nope" in out
+    v["nccl"]["extension_view"] = {"version": "2.21.5", "library": "/site/libnccl.so.2", "load_error": None}
+    _, out, _ = _run(capsys, "--no-live")
+    assert "the extension loads NCCL 2.21.5 from /site/libnccl.so.2" in out
+
+
+def test_no_live_skips_the_live_test(machine, capsys):
+    live = machine(4)
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 0 and last == "OK: overlap can run (transport ipc, 4 GPUs)"
+    assert live.calls == []
+    assert "skipped (--no-live)" in out
+
+
+def test_gpu0_and_gpu2_without_p2p_transport_nccl(machine, capsys, monkeypatch):
+    monkeypatch.setattr(doctor, "nccl_transport_implemented", lambda: True)
+    live = machine(4, missing_p2p=[(0, 2)])
+    rc, out, last = _run(capsys)
+    assert rc == 0
+    assert "GPU 0 and GPU 2 cannot access each other: transport nccl" in out
+    assert "transport   nccl: GPU 0 and GPU 2 cannot access each other: transport nccl" in out
+    assert last == "OK: overlap can run (transport nccl, 4 GPUs)"
+    assert "note: GPU 0 and GPU 2 cannot access each other: transport nccl" in out
+    assert live.calls == [[0, 1, 2, 3]]
+    table = [ln for ln in out.splitlines() if ln.strip().startswith("GPU0 ")]
+    assert len(table) == 2 and table[1].split() == ["GPU0", "-", "yes", "NO", "yes"]
+
+
+def test_no_p2p_pair_without_nccl_transport_tests_a_p2p_group(machine, capsys):
+    # this version has no NCCL transport: still not fatal, but TP groups must be P2P cliques
+    assert doctor.nccl_transport_implemented() is False
+    live = machine(4, missing_p2p=[(0, 2)])
+    rc, out, _ = _run(capsys, "--json")
+    r = json.loads(out)
+    assert rc == 0 and r["verdict"]["message"] == "OK: overlap can run (transport nccl, 4 GPUs)"
+    assert r["decision"]["transport"] == "nccl"
+    assert r["decision"]["transport_reason"] == "GPU 0 and GPU 2 cannot access each other: transport nccl"
+    assert r["decision"]["no_p2p_pairs"] == [[0, 2]]
+    assert r["decision"]["p2p_group"] == [0, 1, 3]
+    assert live.calls == [[0, 1, 3]]
+    assert any("only the ipc transport" in n for n in r["verdict"]["notes"])
+    assert any("live test ran on GPUs [0, 1, 3] only" in n for n in r["verdict"]["notes"])
+
+
+def test_one_way_p2p_counts_as_no_p2p(machine, capsys):
+    m = _matrix(2)
+    m[1][0] = 0
+    machine(2, matrix=m)
+    rc, out, _ = _run(capsys, "--no-live")
+    assert rc == 0
+    assert "GPU 0 and GPU 1 cannot access each other: transport nccl" in out
+
+
+def test_live_test_failure(machine, capsys):
+    machine(4, live=LiveSpy(ok=False, error="RuntimeError: peer 2 did not answer"))
+    rc, out, last = _run(capsys)
+    assert rc == 1
+    assert last == "CANNOT RUN OVERLAP: live test failed: RuntimeError: peer 2 did not answer"
+    assert "FAILED on GPUs [0, 1, 2, 3]: RuntimeError: peer 2 did not answer" in out
+
+
+def test_one_gpu(machine, capsys):
+    live = machine(1)
+    rc, out, last = _run(capsys)
+    assert rc == 1 and live.calls == []
+    assert last == "CANNOT RUN OVERLAP: fewer than 2 GPUs: only 1 CUDA GPU, TP overlap needs at least 2"
+    assert "skipped: overlap cannot run here" in out
+
+
+def test_extension_not_built_says_why(machine, capsys):
+    live = machine(4, versions=_versions(built=False, loaded=False))
+    rc, out, last = _run(capsys)
+    assert rc == 1 and live.calls == []
+    assert last == "CANNOT RUN OVERLAP: the CUDA extension is not built: nvcc not found on PATH"
+    assert "extension     NOT BUILT: nvcc not found on PATH" in out
+
+
+def test_extension_cannot_load(machine, capsys):
+    machine(4, versions=_versions(loaded=False))
+    rc, _, last = _run(capsys)
+    assert rc == 1
+    assert last == "CANNOT RUN OVERLAP: the CUDA extension cannot be loaded: libcudart.so.12: not found"
+
+
+def test_stale_extension(machine, capsys):
+    machine(4, versions=_versions(missing=["comm_create", "p2p_matrix"]))
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1
+    assert "older build: lacks comm_create, p2p_matrix" in out
+    assert "lacks comm_create, p2p_matrix; rebuild it with `pip install .`" in last
+
+
+def test_multi_process_uses_kv_bootstrap(machine, capsys):
+    live = machine(4, process_count=4)
+    rc, out, _ = _run(capsys)
+    assert "bootstrap   kv: jax.distributed is initialized with 4 processes" in out
+    assert "skipped: jax.distributed has several processes" in out
+    assert live.calls == [] and rc == 0
+
+
+def test_environment_and_multicast(machine, capsys, monkeypatch):
+    machine(4)
+    monkeypatch.setenv("JAX_UB_TIMEOUT", "33")
+    monkeypatch.setenv("JAX_UB_MULTICAST", "1")
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    rc, out, _ = _run(capsys, "--no-live")
+    assert rc == 0
+    lines = {ln.split()[0]: ln.split()[1] for ln in out.splitlines()
+             if ln.startswith("    ") and len(ln.split()) == 2}
+    assert lines["JAX_UB_TIMEOUT"] == "33" and lines["JAX_UB_MULTICAST"] == "1"
+    assert lines["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and lines["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert "NCCL_NVLS_ENABLE                (unset)" in out
+    assert "timeout_s=33" in out
+    assert "multicast   requested (JAX_UB_MULTICAST=1) but ignored" in out
+    monkeypatch.setenv("UB_SKIPMC", "1")
+    _run(capsys, "--no-live")
+    r = doctor.gather_config()
+    assert r["multicast"] == {"requested": False, "enabled": False,
+                              "reason": "off: JAX_UB_MULTICAST=1 but UB_SKIPMC=1 forces it off"}
+
+
+def test_invalid_configuration_is_fatal(machine, capsys, monkeypatch):
+    live = machine(4)
+    monkeypatch.setenv("JAX_UB_METHOD", "bogus")
+    rc, out, last = _run(capsys)
+    assert rc == 1 and live.calls == []
+    assert "config      INVALID: JAX_UB_METHOD must be one of" in out
+    assert last.startswith("CANNOT RUN OVERLAP: invalid jax_ub configuration: JAX_UB_METHOD must be one of")
+
+
+def test_disable_is_fatal(machine, capsys, monkeypatch):
+    machine(4)
+    monkeypatch.setenv("JAX_UB_DISABLE", "1")
+    rc, _, last = _run(capsys, "--no-live")
+    assert rc == 1 and last == "CANNOT RUN OVERLAP: JAX_UB_DISABLE=1 forces the pure-XLA reference path"
+
+
+def test_forced_nccl_transport_is_not_available(machine, capsys, monkeypatch):
+    machine(4)
+    monkeypatch.setenv("JAX_UB_TRANSPORT", "nccl")
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1
+    assert "transport   nccl: forced by JAX_UB_TRANSPORT=nccl" in out
+    assert "the NCCL transport (forced by JAX_UB_TRANSPORT=nccl) is not available" in last
+
+
+# ------------------------------------------------------------------------------------------------
+# the pieces
+
+
+def test_topology_absent_timeout_and_output(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert doctor.gather_topology() == {"nvidia_smi": None, "output": None,
+                                        "error": "nvidia-smi not found on PATH"}
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    seen = {}
+
+    def ok(cmd, **kw):
+        seen.update(cmd=cmd, timeout=kw.get("timeout"))
+        return subprocess.CompletedProcess(cmd, 0, stdout=TOPO + "\n", stderr="")
+
+    monkeypatch.setattr(doctor.subprocess, "run", ok)
+    assert doctor.gather_topology()["output"] == TOPO
+    assert seen == {"cmd": ["/usr/bin/nvidia-smi", "topo", "-m"], "timeout": 10}
+
+    def hang(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    monkeypatch.setattr(doctor.subprocess, "run", hang)
+    t = doctor.gather_topology()
+    assert t["output"] is None and "did not finish within 10 s" in t["error"]
+
+
+def test_p2p_helpers():
+    m = _matrix(4, [(0, 2), (1, 3)])
+    assert doctor.no_p2p_pairs(m, [0, 1, 2, 3]) == [(0, 2), (1, 3)]
+    assert doctor.no_p2p_pairs(m, [0, 1]) == []
+    assert doctor.p2p_group(m, [0, 1, 2, 3]) == [0, 1]
+    assert doctor.no_p2p_pairs(_matrix(2), [0, 5]) == [(0, 5)]  # ordinal outside the matrix
+
+
+def test_live_test_reports_initialize_error_and_shuts_down(monkeypatch):
+    # on CPU the real jax_ub.initialize refuses: the error is reported, shutdown still runs
+    calls = []
+    real_shutdown = jax_ub.shutdown
+    monkeypatch.setattr(jax_ub, "shutdown", lambda *a: calls.append(a) or real_shutdown(*a))
+    r = doctor.run_live_test([0, 1], platform="cpu")
+    assert r["ran"] is True and r["ok"] is False
+    assert r["error"].startswith("RuntimeError: jax_ub.initialize: the CUDA path is unavailable")
+    assert calls == [()]
+
+
+def _fake_all_gather(x, axis_name):
+    return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+
+
+def test_live_test_checks_and_times_on_cpu(monkeypatch):
+    inits, shutdowns = [], []
+    monkeypatch.setattr(jax_ub, "initialize", lambda mesh, axis: inits.append((mesh.shape, axis)))
+    monkeypatch.setattr(jax_ub, "shutdown", lambda *a: shutdowns.append(a))
+    monkeypatch.setattr(jax_ub.overlap, "all_gather", _fake_all_gather)
+    r = doctor.run_live_test([0, 1, 2, 3], platform="cpu", repeats=2, warmup=1)
+    assert r["ok"] is True, r
+    assert inits == [({"tp": 4}, "tp")] and shutdowns == [()]
+    assert r["shape"] == [4 * 256, 1024] and r["bytes"] == 4 * 256 * 1024 * 2
+    assert r["median_ms"] > 0 and r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 3 / 4)
+
+
+def test_live_test_detects_wrong_data(monkeypatch):
+    monkeypatch.setattr(jax_ub, "initialize", lambda mesh, axis: None)
+    monkeypatch.setattr(jax_ub, "shutdown", lambda *a: None)
+    monkeypatch.setattr(jax_ub.overlap, "all_gather", lambda x, a: _fake_all_gather(x, a) * 2)
+    r = doctor.run_live_test([0, 1], platform="cpu", repeats=1, warmup=1)
+    assert r["ok"] is False
+    assert "AssertionError: all_gather on device" in r["error"] and "differs from its input" in r["error"]
+
+
+def test_live_test_shutdown_failure_fails_the_test(monkeypatch):
+    monkeypatch.setattr(jax_ub, "initialize", lambda mesh, axis: None)
+    monkeypatch.setattr(jax_ub.overlap, "all_gather", _fake_all_gather)
+
+    def bad_shutdown(*a):
+        raise RuntimeError("drain timed out")
+
+    monkeypatch.setattr(jax_ub, "shutdown", bad_shutdown)
+    r = doctor.run_live_test([0, 1], platform="cpu", repeats=1, warmup=1)
+    assert r["ok"] is False and r["error"] == "shutdown: RuntimeError: drain timed out"
