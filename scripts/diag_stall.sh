@@ -10,7 +10,7 @@ TESTS=(test_scan_batch_dims_repeated_and_mixed_shapes test_dp_by_tp_mesh "test_g
 for variant in "$@"; do
   for t in "${TESTS[@]}"; do
     tag=$(echo "$variant-$t" | tr -c 'A-Za-z0-9_=-' '_' | cut -c1-80)
-    start=$(date +%s.%N)
+    start=$SECONDS
     env $variant timeout -k 5 70 python3 -m pytest -x -q -p no:cacheprovider tests/multigpu/test_overlap.py -k "$t" > "$OUT_DIR/diag-$tag.log" 2>&1 &
     pid=$!
     # Stack dump if still running after 45 s (the watchdog fires at JAX_UB_TIMEOUT).
@@ -19,7 +19,6 @@ for variant in "$@"; do
         if command -v gdb >/dev/null; then timeout 30 gdb -p "$(pgrep -f 'pytest -x -q' | tail -1)" -batch -ex "thread apply all bt 12" > "$OUT_DIR/gdb-$tag.txt" 2>&1; fi
       fi ) &
     wait $pid; rc=$?
-    end=$(date +%s.%N)
-    printf "%-45s %-60s rc=%s %5.1fs %s\n" "[$variant]" "$t" "$rc" "$(echo "$end - $start" | bc)" "$(grep -E 'passed|failed' "$OUT_DIR/diag-$tag.log" | tail -1)"
+    printf "%-45s %-60s rc=%s %4ss %s\n" "[$variant]" "$t" "$rc" "$((SECONDS - start))" "$(grep -E 'passed|failed' "$OUT_DIR/diag-$tag.log" | tail -1)"
   done
 done

@@ -1,6 +1,7 @@
-"""``python -m jax_ub.bench ag|rs [--tp 4 2] [--shapes M,K,N ...] [--out DIR]``
+"""``python -m jax_ub.bench ag|rs|mlp|bulk [options]`` (``--help`` on each for its options).
 
-For each shape, in one process and one run, the median milliseconds of:
+``ag`` / ``rs`` — for each global shape (M, K, N) and tp, in one process and one run, the median
+milliseconds of:
 
 * ``gemm_alone``   cuBLASLt GEMM of the whole local problem on one GPU (AG: x_gathered[M, K] @
   w[K, N/tp]; RS: x[M, K/tp] @ w[K/tp, N]);
@@ -10,9 +11,25 @@ For each shape, in one process and one run, the median milliseconds of:
 * ``xla_windowed`` the jit-partitioned dot with XLA's windowed-einsum flags;
 * ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm.
 
+With ``--timeline`` (``ag``, ``rs``, ``bulk``; CUDA path only), each shape's ``jax_ub`` op also
+runs once traced (``jax_ub.overlap.trace_enable``/``trace_collect``): a Gantt PNG per shape
+(``<stem>-timeline-[<op>-]tp<tp>-<M>x<K>x<N>.png``, see :mod:`jax_ub.bench.timeline`) and the records
+under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", "records"}, ...]``.
+
+``mlp`` — forward+backward step of ``ParallelMLP`` and of the attention-projection pair with
+jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed`` (see :mod:`jax_ub.bench.mlp`).
+
+``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
+overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /
+``bulk_reduce_scatter`` (see :mod:`jax_ub.bench.bulk`).
+
+Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its pure-XLA reference
+("path: xla-reference"), which is how the harness is tested; CUDA-only impls are skipped.
+
 Timing: warm-up, then ``reps`` repetitions of ``iters`` back-to-back dispatches closed by one
 ``block_until_ready``; the median per-call time is recorded. Writes
-``<out>/<machine>-<yyyymmdd>-<op>.json`` and a PNG bar chart beside it, prints a table last.
+``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "path", "records": [{"op",
+..., "tp", "dtype", "impl", "ms"}, ...]}``) and a PNG bar chart beside it, prints a table last.
 """
 
 from __future__ import annotations
@@ -26,18 +43,27 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
+BULK_SHAPES = DEFAULT_SHAPES[:3]
 WINDOWED_FLAGS = {
     "xla_gpu_threshold_for_windowed_einsum_mib": 0,
     "xla_gpu_multi_streamed_windowed_einsum": True,
     "xla_gpu_use_memcpy_local_p2p": True,
 }
+AG_RS_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
+MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub"]
+BULK_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
 
 
 def _progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared: timing, mesh, records, JSON, chart.
 
 
 def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
@@ -56,6 +82,25 @@ def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
     return statistics.median(samples)
 
 
+def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
+               probe: Callable[[Any], Any] | None = None, probes: dict[str, Any] | None = None,
+               ) -> dict[str, float]:
+    """Median ms of each impl; an entry is ``(fn, args)`` or a thunk returning it (built here, so a
+    failure to build is reported like a failure to run: one progress line, no record). With
+    ``probe``, ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare)."""
+    out = {}
+    for name, entry in impls.items():
+        _progress(f"{label}: {name}")
+        try:
+            fn, args = entry() if callable(entry) else entry
+            out[name] = time_fn(fn, args, warmup=a.warmup, iters=a.iters, reps=a.reps)
+            if probe is not None and probes is not None:
+                probes[name] = probe(fn(*args))
+        except Exception as e:
+            _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
+    return out
+
+
 def _machine() -> str:
     try:
         import jax
@@ -66,40 +111,157 @@ def _machine() -> str:
         return socket.gethostname()
 
 
-def bench_shape(op: str, M: int, K: int, N: int, tp: int, dtype_name: str, a: argparse.Namespace):
+def path_info() -> tuple[bool, str]:
+    """(CUDA path active, ``"path: cuda"`` or ``"path: xla-reference (why)"``)."""
+    import jax_ub
+
+    info = jax_ub.build_info()
+    if info["cuda_path"]:
+        return True, "path: cuda"
+    return False, f"path: xla-reference ({info['reason']})"
+
+
+def make_mesh(tp: int, cuda: bool) -> Any:
+    """1-D ``("tp",)`` mesh of the first ``tp`` devices, with jax_ub's communicators on CUDA."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    import jax_ub
+
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    if cuda:
+        jax_ub.initialize(mesh, "tp")
+    return mesh
+
+
+def case_records(common: dict[str, Any], res: dict[str, float]) -> list[dict[str, Any]]:
+    return [{**common, "impl": impl, "ms": round(ms, 4)} for impl, ms in res.items()]
+
+
+def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:
+    import jax
+
+    with open(stem + ".json", "w") as f:
+        json.dump({"machine": a.machine, "date": a.date, "jax": jax.__version__, **extra,
+                   "records": records}, f, indent=1, default=_plain)
+
+
+def _plain(o: Any) -> Any:
+    """JSON for numpy scalars and anything else a trace record may hold."""
+    return o.item() if hasattr(o, "item") else str(o)
+
+
+def out_stem(a: argparse.Namespace, tag: str) -> str:
+    """``<out>/<machine>-<yyyymmdd>-<tag>`` (the folder is created)."""
+    os.makedirs(a.out, exist_ok=True)
+    return os.path.join(a.out, f"{a.machine}-{a.date}-{tag}")
+
+
+def plot(records: list[dict], path: str, title: str, impls: Sequence[str],
+         case_label: Callable[[dict], str]) -> bool:
+    """Grouped bar chart: one group per case (``case_label``, first-seen order), one bar per impl.
+    Returns whether the PNG was written (False without matplotlib or records)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _progress("matplotlib missing: no PNG")
+        return False
+    cases = list(dict.fromkeys(case_label(r) for r in records))
+    impls = [i for i in impls if any(r["impl"] == i for r in records)]
+    if not cases or not impls:
+        return False
+    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(cases)), 4.5))
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        vals = [next((r["ms"] for r in records if case_label(r) == c and r["impl"] == impl), 0.0)
+                for c in cases]
+        ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+    ax.set_xticklabels(cases, fontsize=8)
+    ax.set_ylabel("ms (median)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _wrote(stem: str, png: bool) -> None:
+    print(f"\nwrote {stem}.json" + (f" and {stem}.png" if png else " (no PNG)"))
+
+
+def _ideal(*ms: float) -> float:
+    """max(ms), or NaN when one is missing (max() would silently drop a NaN)."""
+    return float("nan") if any(m != m for m in ms) else max(ms)
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    good = [v for v in values if v == v and v > 0]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else None
+
+
+def _shapes(a: argparse.Namespace, default: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    if not a.shapes:
+        return default
+    return [tuple(int(v) for v in s.split(",")) for s in a.shapes]  # type: ignore[misc]
+
+
+def _cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
+    """(tp, M, K, N) to run, skipping (with a progress line) what the devices/tp cannot do."""
+    import jax
+
+    for tp in a.tp:
+        if tp > len(jax.devices()):
+            _progress(f"skip tp={tp}: only {len(jax.devices())} devices")
+            continue
+        for M, K, N in _shapes(a, default):
+            if M % tp or K % tp or N % tp:
+                _progress(f"skip {M}x{K}x{N}: not divisible by tp={tp}")
+                continue
+            yield tp, M, K, N
+
+
+# ------------------------------------------------------------------------------------------------
+# ag / rs
+
+
+def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: bool) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from jax import lax
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import jax_ub
     from jax_ub import overlap
 
     dtype = jnp.dtype(dtype_name)
-    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
-    jax_ub.initialize(mesh, "tp")
-    key = jax.random.key(M + K + N)
-    kx, kw = jax.random.split(key)
+    tp = mesh.shape["tp"]
+    kx, kw = jax.random.split(jax.random.key(M + K + N))
     if op == "ag":
-        x_shape, w_shape = (M, K), (K, N)
         x_spec, w_spec, y_spec = P("tp", None), P(None, "tp"), P(None, "tp")
     else:
-        x_shape, w_shape = (M, K), (K, N)
         x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
-    x = jax.device_put(jax.random.normal(kx, x_shape, jnp.float32).astype(dtype), NamedSharding(mesh, x_spec))
-    w = jax.device_put(jax.random.normal(kw, w_shape, jnp.float32).astype(dtype), NamedSharding(mesh, w_spec))
+
+    def rand(key, shape, where):
+        return jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), where)
+
+    x = rand(kx, (M, K), NamedSharding(mesh, x_spec))
+    w = rand(kw, (K, N), NamedSharding(mesh, w_spec))
 
     def smap(f, in_specs, out_specs):
         return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
     impls: dict[str, Any] = {}
-    dev0 = jax.devices()[0]
+    dev0 = mesh.devices.flat[0]
+    gemm = jax.jit(lambda a, b: jax_ub.matmul(a, b, method="cublaslt" if cuda else "xla"))
     if op == "ag":
-        xl = jax.device_put(jax.random.normal(kx, (M, K), jnp.float32).astype(dtype), dev0)
-        wl = jax.device_put(jax.random.normal(kw, (K, N // tp), jnp.float32).astype(dtype), dev0)
-        impls["gemm_alone"] = (jax.jit(lambda a, b: jax_ub.matmul(a, b, method="cublaslt")), (xl, wl))
+        impls["gemm_alone"] = (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
@@ -108,10 +270,8 @@ def bench_shape(op: str, M: int, K: int, N: int, tp: int, dtype_name: str, a: ar
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
     else:
-        xl = jax.device_put(jax.random.normal(kx, (M, K // tp), jnp.float32).astype(dtype), dev0)
-        wl = jax.device_put(jax.random.normal(kw, (K // tp, N), jnp.float32).astype(dtype), dev0)
-        p = jax.device_put(jax.random.normal(kx, (M * tp, N), jnp.float32).astype(dtype), NamedSharding(mesh, P("tp", None)))
-        impls["gemm_alone"] = (jax.jit(lambda a, b: jax_ub.matmul(a, b, method="cublaslt")), (xl, wl))
+        p = rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))
+        impls["gemm_alone"] = (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
         impls["comm_nccl"] = (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),), P("tp", None)), (p,))
         impls["comm_jax_ub"] = (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)), (p,))
         impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
@@ -119,107 +279,252 @@ def bench_shape(op: str, M: int, K: int, N: int, tp: int, dtype_name: str, a: ar
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
-    # XLA's windowed einsum: the jit-partitioned dot with sharded operands and output.
-    try:
+
+    def windowed():  # XLA's windowed einsum: the jit-partitioned dot with sharded operands and output
         fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))
-        compiled = fw.lower(x, w).compile(compiler_options=WINDOWED_FLAGS)
-        impls["xla_windowed"] = (compiled, (x, w))
-    except Exception as e:
-        _progress(f"xla_windowed unavailable: {type(e).__name__}: {e}")
-    out = {}
-    for name, (fn, args) in impls.items():
-        _progress(f"{op} tp={tp} {M}x{K}x{N} {dtype_name}: {name}")
-        try:
-            out[name] = time_fn(fn, args, warmup=a.warmup, iters=a.iters, reps=a.reps)
-        except Exception as e:
-            _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
-    return out
+        return fw.lower(x, w).compile(compiler_options=WINDOWED_FLAGS), (x, w)
+
+    impls["xla_windowed"] = windowed
+    if not cuda:  # the copy-engine collective and the explicit CUDA algorithms need the CUDA path
+        for name in [n for n in impls if n == "comm_jax_ub" or n.startswith("jax_ub_")]:
+            del impls[name]
+    return impls
 
 
-def plot(records: list[dict], path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _progress("matplotlib missing: no PNG")
-        return
-    cases = sorted({(r["tp"], r["M"], r["K"], r["N"]) for r in records})
-    impls = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
-    fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(cases)), 4.5))
-    width = 0.8 / len(impls)
-    for j, impl in enumerate(impls):
-        vals = [next((r["ms"] for r in records if (r["tp"], r["M"], r["K"], r["N"]) == c and r["impl"] == impl), 0.0)
-                for c in cases]
-        ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
-    ax.set_xticklabels([f"tp{t}\n{M}x{K}x{N}" for t, M, K, N in cases], fontsize=8)
-    ax.set_ylabel("ms (median)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("op", choices=["ag", "rs"])
-    ap.add_argument("--tp", type=int, nargs="+", default=[4, 2])
-    ap.add_argument("--shapes", nargs="+", default=None, help="global M,K,N triples")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--machine", default=None)
-    a = ap.parse_args(argv)
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+def capture_timeline(fn: Any, args: Sequence[Any]) -> tuple[list[dict] | None, str]:
+    """Runs ``fn(*args)`` once with jax_ub's tracing on: (records, "") or (None, why not)."""
     import jax
 
+    from jax_ub import overlap
+
+    try:
+        enable, collect = overlap.trace_enable, overlap.trace_collect
+    except AttributeError:
+        return None, ("jax_ub.overlap.trace_enable/trace_collect do not exist in this jax_ub "
+                      "(tracing not implemented yet)")
+    try:
+        enable(True)
+        try:
+            collect()  # drop records of earlier calls
+            jax.block_until_ready(fn(*args))
+            return list(collect()), ""
+        finally:
+            enable(False)
+    except Exception as e:  # e.g. an extension built without tracing
+        return None, f"tracing failed: {type(e).__name__}: {str(e)[:300]}"
+
+
+def _timeline_wanted(a: argparse.Namespace, cuda: bool, path: str) -> bool:
+    if a.timeline and not cuda:
+        _progress(f"--timeline needs the CUDA path; skipped ({path})")
+    return a.timeline and cuda
+
+
+def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: Any) -> dict | None:
+    """Traces one call of ``entry`` (the jax_ub impl), draws ``<stem>-timeline-<case>.png``, prints
+    a summary; returns the JSON ``timelines`` item, or None (with a progress line) if skipped."""
+    from jax_ub.bench import timeline
+
+    records, why = capture_timeline(*(entry() if callable(entry) else entry))
+    if records is None:
+        _progress(f"timeline skipped: {why}")
+        return None
+    tag = f"{case.get('op', '')}-tp{case['tp']}-{case['M']}x{case['K']}x{case['N']}".lstrip("-")
+    path = f"{stem}-timeline-{tag}.png"
+    title = f"jax_ub {tag} {a.dtype}: one traced call (ms from the op's start on each device)"
+    drawn = timeline.draw(records, path, title)
+    print(f"timeline {tag}: {len(records)} records"
+          + (f", {path}" if drawn else " (no PNG: matplotlib missing or no records)"))
+    if records:
+        print(timeline.summary(records))
+    return {**case, "dtype": a.dtype, "impl": "jax_ub", "records": records}
+
+
+def run_agrs(a: argparse.Namespace) -> int:
     import jax_ub
 
-    shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes] if a.shapes else DEFAULT_SHAPES
-    machine = a.machine or _machine()
-    records = []
-    rows = []
-    for tp in a.tp:
-        if tp > len(jax.devices()):
-            _progress(f"skip tp={tp}: only {len(jax.devices())} devices")
-            continue
-        for M, K, N in shapes:
-            if M % tp or K % tp or N % tp:
-                _progress(f"skip {M}x{K}x{N}: not divisible by tp={tp}")
-                continue
-            res = bench_shape(a.op, M, K, N, tp, a.dtype, a)
-            jax_ub.shutdown()
-            for impl, ms in res.items():
-                records.append({"op": "ag_gemm" if a.op == "ag" else "gemm_rs", "M": M, "K": K, "N": N,
-                                "tp": tp, "dtype": a.dtype, "impl": impl, "ms": round(ms, 4)})
-            rows.append((tp, M, K, N, res))
-    date = datetime.date.today().strftime("%Y%m%d")
-    os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"{machine}-{date}-{a.op}")
-    with open(stem + ".json", "w") as f:
-        json.dump({"machine": machine, "date": date, "jax": jax.__version__, "records": records}, f, indent=1)
-    plot(records, stem + ".png", f"jax_ub {a.op} ({machine}, {a.dtype})")
-    print(f"\nwrote {stem}.json and {stem}.png")
-    hdr = "tp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (ring/alt)  speedup  T/T_ideal"
-    print(hdr)
+    cuda, path = path_info()
+    print(path)
+    stem = out_stem(a, a.op)
+    timeline_ok = _timeline_wanted(a, cuda, path)
+    op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
+    records, rows, timelines = [], [], []
+    for tp, M, K, N in _cases(a, DEFAULT_SHAPES):
+        mesh = make_mesh(tp, cuda)
+        impls = agrs_impls(a.op, mesh, M, K, N, a.dtype, cuda)
+        res = time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+        if timeline_ok and "jax_ub" in res:
+            tl = traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp}, impls["jax_ub"])
+            timeline_ok = tl is not None  # a skip says why once, then no more tries
+            timelines += [tl] if tl else []
+        jax_ub.shutdown()
+        records += case_records({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, res)
+        rows.append((tp, M, K, N, res))
+    write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
+    png = plot(records, stem + ".png", f"jax_ub {a.op} ({os.path.basename(stem)}, {a.dtype})", AG_RS_CHART,
+               lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    _wrote(stem, png)
+    _agrs_table(a.op, rows, path)
+    return 0
+
+
+def _agrs_table(op: str, rows: list, path: str) -> None:
+    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (ring/alt)  speedup  T/T_ideal")
     speedups = []
     for tp, M, K, N, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        alt = g("jax_ub_all_peer") if a.op == "ag" else g("jax_ub_pipeline")
-        ideal = max(g("gemm_alone"), g("comm_jax_ub"))
+        alt = g("jax_ub_all_peer") if op == "ag" else g("jax_ub_pipeline")
+        ideal = _ideal(g("gemm_alone"), g("comm_jax_ub"))
         sp = g("xla_plain") / g("jax_ub")
         speedups.append(sp)
         print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
               f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  "
               f"{g('jax_ub_ring'):.3f}/{alt:.3f}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}")
-    good = [s for s in speedups if s == s]
-    if good:
-        print(f"geometric mean speedup vs xla_plain: {math.exp(sum(map(math.log, good)) / len(good)):.2f}x")
+    gm = _geomean(speedups)
+    if gm is not None:
+        print(f"geometric mean speedup vs xla_plain: {gm:.2f}x")
+
+
+# ------------------------------------------------------------------------------------------------
+# mlp
+
+
+def run_mlp(a: argparse.Namespace) -> int:
+    import jax
+
+    import jax_ub
+    from jax_ub.bench import mlp
+
+    if a.tp > len(jax.devices()):
+        print(f"error: --tp {a.tp} needs {a.tp} devices; found {len(jax.devices())}", file=sys.stderr)
+        return 2
+    for what, v in (("--tokens", a.tokens), ("--hidden", a.hidden), ("--ffn", a.ffn)):
+        if v % a.tp:
+            print(f"error: {what} ({v}) must be divisible by --tp ({a.tp})", file=sys.stderr)
+            return 2
+    cuda, path = path_info()
+    print(path)
+    if not cuda:
+        _progress("xla_windowed: the windowed-einsum flags are GPU flags; off GPU this is plain SPMD")
+    mesh = make_mesh(a.tp, cuda)
+    records, rows = [], []
+    for model in mlp.MODELS:
+        ffn = a.ffn if model == "mlp" else 3 * a.hidden
+        label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
+        try:
+            impls = mlp.build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
+                              windowed_flags=WINDOWED_FLAGS)
+        except Exception as e:
+            _progress(f"{label}: building the model failed: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        checks: dict[str, Any] = {}
+        res = time_impls(label, impls, a, probe=mlp.check, probes=checks)
+        print(f"{model} check (loss, |dx|): "
+              + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
+        common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp, "dtype": a.dtype}
+        records += case_records(common, res)
+        rows.append((model, ffn, res))
+    jax_ub.shutdown()
+    stem = out_stem(a, "mlp")
+    write_json(a, stem, records, path=path.split(" ")[1])
+    png = plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", MLP_CHART,
+               lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
+    _wrote(stem, png)
+    for model, _, r in rows:
+        sp = r.get("xla_plain", float("nan")) / r.get("jax_ub", float("nan"))
+        print(f"{model}: jax_ub speedup vs xla_plain {sp:.2f}x")
+    print(f"{path}\nmodel      tp  hidden  ffn     tokens  xla_plain  windowed  jax_ub  speedup")
+    for model, ffn, r in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        print(f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
+              f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {g('xla_plain') / g('jax_ub'):6.2f}x")
     return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# bulk
+
+
+def run_bulk(a: argparse.Namespace) -> int:
+    import jax_ub
+    from jax_ub.bench import bulk
+
+    cuda, path = path_info()
+    print(path)
+    stem = out_stem(a, "bulk")
+    timeline_ok = _timeline_wanted(a, cuda, path)
+    if not cuda:
+        _progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
+    records, rows, timelines = [], [], []
+    for tp, M, K, N in _cases(a, BULK_SHAPES):
+        mesh = make_mesh(tp, cuda)
+        for kind in bulk.KINDS:
+            impls = bulk.build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
+            res = time_impls(f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+            case = {"op": f"bulk_{kind}", "M": M, "K": K, "N": N, "tp": tp}
+            if timeline_ok and "jax_ub" in res:
+                tl = traced_case(a, stem, case, impls["jax_ub"])
+                timeline_ok = tl is not None
+                timelines += [tl] if tl else []
+            records += case_records({**case, "dtype": a.dtype}, res)
+            rows.append((f"bulk_{kind}", tp, M, K, N, res))
+        jax_ub.shutdown()
+    write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
+    png = plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {a.dtype})", BULK_CHART,
+               lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    _wrote(stem, png)
+    print(f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
+          "jax_ub/max(gemm,ub_comm) (target <= 1.10)")
+    for op, tp, M, K, N, r in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        ratio = g("jax_ub") / _ideal(g("gemm_alone"), g("comm_jax_ub"))
+        print(f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
+              f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {ratio:6.2f}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dtype", default="bfloat16")
+    common.add_argument("--warmup", type=int, default=3)
+    common.add_argument("--iters", type=int, default=10)
+    common.add_argument("--reps", type=int, default=5)
+    common.add_argument("--out", default="benchmarks/results")
+    common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
+    ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="op", required=True)
+    for op in ("ag", "rs"):
+        p = sub.add_parser(op, parents=[common], help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
+        p.add_argument("--tp", type=int, nargs="+", default=[4, 2])
+        p.add_argument("--shapes", nargs="+", default=None, help="global M,K,N triples")
+        p.add_argument("--timeline", action="store_true",
+                       help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
+    p = sub.add_parser("mlp", parents=[common], help="fwd+bwd step of ParallelMLP and the attention projections")
+    p.add_argument("--tp", type=int, default=4, help="mesh of the first TP devices")
+    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--ffn", type=int, default=28672)
+    p.add_argument("--tokens", type=int, default=8192, help="batch 1 x seq TOKENS")
+    p = sub.add_parser("bulk", parents=[common], help="AG / RS under an independent GEMM (backward pass)")
+    p.add_argument("--tp", type=int, nargs="+", default=[4])
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    a.machine = a.machine or _machine()
+    a.date = datetime.date.today().strftime("%Y%m%d")
+    run = {"ag": run_agrs, "rs": run_agrs, "mlp": run_mlp, "bulk": run_bulk}[a.op]
+    return run(a)
 
 
 if __name__ == "__main__":
