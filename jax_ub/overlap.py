@@ -32,7 +32,6 @@ AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0}
 RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0}
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
 BULK_REDUCE_SMS = 16  # SMs a bulk reduce-scatter keeps from its concurrent GEMM
-COMPUTE_STREAMS = 2  # csrc/comm/communicator.h kNumComputeStreams
 
 
 def _set_for(axis_name: Any, what: str) -> comm.CommSet:
@@ -64,7 +63,7 @@ def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -
     from jax_ub import config
 
     tf32 = bool(_ffi.tf32_allowed(precision))
-    ws = (max(int(config.get().gemm_workspace_mib) << 20, 256) // COMPUTE_STREAMS) // 256 * 256
+    ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
     mod = _ext.extension()
     for dev, _, _ in s.local:
         key = (dev, m, n, k, jnp.dtype(dtype).name, tf32, ws)

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Runs the single-process multi-GPU tests that stalled, one process each, under a timeout, with
-# environment variants; dumps native stacks of a stalled process when gdb is there.
-#   bash scripts/diag_stall.sh OUT_DIR "VAR=1 VAR2=2" ...   (one variant per argument; "" = none)
+# Runs single-process multi-GPU tests one process each under a timeout; when one is still running
+# after 30 s, dumps its Python stacks (faulthandler) and native stacks (cuda-gdb or gdb).
+#   bash scripts/diag_stall.sh OUT_DIR "pytest -k expression" ...
 set -u
 OUT_DIR="$1"; shift
 mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1 JAX_UB_TIMEOUT="${JAX_UB_TIMEOUT:-20}"
-TESTS=(test_scan_batch_dims_repeated_and_mixed_shapes test_dp_by_tp_mesh "test_gradients_through_cuda_path and bfloat16")
-for variant in "$@"; do
-  for t in "${TESTS[@]}"; do
-    tag=$(echo "$variant-$t" | tr -c 'A-Za-z0-9_=-' '_' | cut -c1-80)
-    start=$SECONDS
-    env $variant timeout -k 5 70 python3 -m pytest -x -q -p no:cacheprovider tests/multigpu/test_overlap.py -k "$t" > "$OUT_DIR/diag-$tag.log" 2>&1 &
-    pid=$!
-    # Stack dump if still running after 45 s (the watchdog fires at JAX_UB_TIMEOUT).
-    ( sleep 45; if kill -0 $pid 2>/dev/null; then
-        py=$(pgrep -P $pid -f pytest | head -1); py=${py:-$pid}
-        if command -v gdb >/dev/null; then timeout 30 gdb -p "$(pgrep -f 'pytest -x -q' | tail -1)" -batch -ex "thread apply all bt 12" > "$OUT_DIR/gdb-$tag.txt" 2>&1; fi
-      fi ) &
-    wait $pid; rc=$?
-    printf "%-45s %-60s rc=%s %4ss %s\n" "[$variant]" "$t" "$rc" "$((SECONDS - start))" "$(grep -E 'passed|failed' "$OUT_DIR/diag-$tag.log" | tail -1)"
-  done
+export PYTHONUNBUFFERED=1 JAX_UB_TIMEOUT="${JAX_UB_TIMEOUT:-40}"
+GDB=$(command -v gdb || command -v cuda-gdb || true)
+n=0
+for t in "$@"; do
+  n=$((n + 1))
+  start=$SECONDS
+  timeout -k 5 90 python3 -m pytest -x -q -p no:cacheprovider -o faulthandler_timeout=30 \
+    tests/multigpu/test_overlap.py -k "$t" > "$OUT_DIR/diag-$n.log" 2>&1 &
+  pid=$!
+  ( sleep 32
+    if kill -0 $pid 2>/dev/null && [[ -n "$GDB" ]]; then
+      target=$(pgrep -f "faulthandler_timeout" | head -1)
+      timeout 60 "$GDB" -p "$target" -batch -ex "thread apply all bt 25" > "$OUT_DIR/stacks-$n.txt" 2>&1
+    fi ) &
+  wait $pid; rc=$?
+  printf "%-2s %-60s rc=%s %4ss %s\n" "$n" "$t" "$rc" "$((SECONDS - start))" "$(grep -E 'passed|failed' "$OUT_DIR/diag-$n.log" | tail -1)"
 done
+wait

@@ -249,7 +249,7 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   a.gemm.n = bd[1];
   a.gemm.w = gb.untyped_data();
   a.gemm.workspace = ws->untyped_data();
-  a.gemm.workspace_bytes = ws->size_bytes() / kNumComputeStreams / 256 * 256;
+  a.gemm.workspace_bytes = ws->size_bytes() / 256 * 256;
   a.gemm.sm_count = a.reduce_scatter && sms > 0 ? c->sms() - sms : 0;
   a.ga = ga.untyped_data();
   a.gm = ad[0] > 0 && ad[1] > 0 && bd[1] > 0 ? ad[0] : 0;

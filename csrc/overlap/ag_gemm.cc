@@ -1,11 +1,11 @@
 // AG->GEMM schedules (pull ring, pull all-peer, push ring): see schedules.h and the protocol in
 // comm/communicator.h.
+#include "comm/copy.h"
 #include "overlap/schedules.h"
 
 namespace jax_ub {
 
-Status RowGemm::Run(int device, const void* x, int64_t m, void* y, int stream_index,
-                    cudaStream_t s) const {
+Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const {
   GemmArgs g;
   g.m = m;
   g.n = n;
@@ -19,7 +19,7 @@ Status RowGemm::Run(int device, const void* x, int64_t m, void* y, int stream_in
   g.a = x;
   g.b = w;
   g.c = y;
-  g.workspace = static_cast<char*>(workspace) + workspace_bytes * (stream_index % kNumComputeStreams);
+  g.workspace = workspace;
   g.workspace_bytes = workspace_bytes;
   return Gemm(device, g, s);
 }
@@ -39,7 +39,7 @@ RowGemm ChunkGemm(const AgGemmArgs& a) {
   g.n = a.n;
   g.w = a.w;
   g.workspace = a.workspace;
-  g.workspace_bytes = a.workspace_bytes / kNumComputeStreams / 256 * 256;
+  g.workspace_bytes = a.workspace_bytes / 256 * 256;
   return g;
 }
 
@@ -58,20 +58,21 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   char* xg = static_cast<char*>(a.xg);
   char* buf = static_cast<char*>(c->buffer());
   const RowGemm gemm = ChunkGemm(a);
-  int gi = 0;  // chunk GEMMs alternate between the compute streams
+  // Chunk GEMMs run one after another on compute(0), in arrival order: concurrent chunk GEMMs
+  // (persistent kernels) only slow each other down.
   auto chunk_gemm = [&](int src_rank, const void* src) -> Status {
     if (a.w == nullptr) return Status::Ok();
-    const int si = gi++ % kNumComputeStreams;
+    const int si = 0;
     const int span = t.Start("gemm", src_rank, ComputeLabel(si), c->compute(si));
     JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), src, a.m,
-                                    static_cast<char*>(a.y) + src_rank * a.m * a.n * es, si,
+                                    static_cast<char*>(a.y) + src_rank * a.m * a.n * es,
                                     c->compute(si)));
     t.Stop(span, c->compute(si));
     return Status::Ok();
   };
   auto copy = [&](const char* name, int chunk_rank, void* dst, const void* src, int stream) {
     const int span = t.Start(name, chunk_rank, CommLabel(stream), c->comm(stream));
-    cudaError_t err = cudaMemcpyAsync(dst, src, chunk, cudaMemcpyDeviceToDevice, c->comm(stream));
+    cudaError_t err = CopyAsync(dst, src, chunk, c->comm(stream));
     t.Stop(span, c->comm(stream));
     return err;
   };
@@ -95,8 +96,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      const int si = gi % kNumComputeStreams;
-      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(si), kDataReady, q, e, op));
+      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
       JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
       JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
@@ -107,7 +107,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   // Pull: publish my shard (my buffer is free: Begin waited for every peer's ack of e-1).
   {
     const int span = t.Start("publish", r, CommLabel(0), c->comm(0));
-    JAX_UB_CUDA_RETURN(cudaMemcpyAsync(buf, a.x, chunk, cudaMemcpyDeviceToDevice, c->comm(0)));
+    JAX_UB_CUDA_RETURN(CopyAsync(buf, a.x, chunk, c->comm(0)));
     t.Stop(span, c->comm(0));
   }
   for (int q = 0; q < world; ++q) {
@@ -125,7 +125,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     JAX_UB_CUDA_RETURN(cudaEventRecord(landed, s));
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, p, e));
     if (a.w != nullptr) {
-      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(gi % kNumComputeStreams), landed, 0));
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(0), landed, 0));
       JAX_UB_RETURN_IF_ERROR(chunk_gemm(p, xg + p * chunk));
     }
   }

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/reduce.h"
+#include "comm/copy.h"
 #include "overlap/schedules.h"
 
 namespace jax_ub {
@@ -29,7 +30,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   gemm.n = a.n;
   gemm.w = a.w;
   gemm.workspace = a.workspace;
-  gemm.workspace_bytes = a.workspace_bytes / kNumComputeStreams / 256 * 256;
+  gemm.workspace_bytes = a.workspace_bytes / 256 * 256;
   // Partials run one after another on compute(0), in push order, so the first is ready after a
   // world-th of the GEMM time and its push overlaps the next partial.
   cudaStream_t cs = c->compute(0);
@@ -37,7 +38,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     const int span = t.Start("gemm", dest, ComputeLabel(0), cs);
     JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(),
                                     static_cast<const char*>(a.x) + dest * mo * a.k * es, mo, out,
-                                    0, cs));
+                                    cs));
     t.Stop(span, cs);
     return Status::Ok();
   };
@@ -59,8 +60,8 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     if (a.w != nullptr) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, c->event(i), 0));
     JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
     const int span = t.Start("copy", d, CommLabel(si), s);
-    JAX_UB_CUDA_RETURN(cudaMemcpyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part, src,
-                                       part, cudaMemcpyDeviceToDevice, s));
+    JAX_UB_CUDA_RETURN(CopyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part, src,
+                                       part, s));
     t.Stop(span, s);
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kDataReady, d, e));
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
@@ -112,7 +113,7 @@ Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   cudaStream_t gs = c->compute(1);
   if (a.gm > 0) {
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
-    JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, 1, gs));
+    JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, gs));
     t.Stop(span, gs);
   }
   JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));

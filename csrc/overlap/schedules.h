@@ -34,10 +34,9 @@ struct RowGemm {
   int64_t k = 0, n = 0;
   const void* w = nullptr;
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;  // per compute stream
+  size_t workspace_bytes = 0;  // one GEMM of an op runs at a time: each gets all of it
   int sm_count = 0;
-  Status Run(int device, const void* x, int64_t m, void* y, int stream_index,
-             cudaStream_t s) const;
+  Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const;
 };
 
 // y[world*m, n] = all_gather(x[m, k]) @ w[k, n], xg[world*m, k] = all_gather(x).

@@ -105,6 +105,13 @@ def test_all_gather_matmul(ub, tp, dtype, shape, method):
     _ag_case(ub, tp, dtype, *shape, method)
 
 
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_all_gather_matmul_batch_dims(ub, tp):
+    """Leading batch dims: the gather axis is moved to the front (an XLA transpose before the op)."""
+    _need(tp)
+    _ag_case(ub, tp, jnp.bfloat16, 512, 256, 384, "ring", batch=2)
+
+
 @pytest.mark.parametrize("method", ["ring", "pipeline"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")

@@ -1,0 +1,27 @@
+#include "comm/copy.h"
+
+#include <atomic>
+
+namespace jax_ub {
+
+cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+#if CUDART_VERSION >= 12080
+  static std::atomic<bool> batch_ok{true};
+  if (batch_ok.load(std::memory_order_relaxed)) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    void* dsts[1] = {dst};
+    const void* srcs[1] = {src};
+    size_t sizes[1] = {bytes};
+    size_t attr_idx[1] = {0};
+    cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
+    if (err == cudaSuccess) return err;
+    cudaGetLastError();
+    batch_ok.store(false);  // unsupported here: plain copies from now on
+  }
+#endif
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+}
+
+}  // namespace jax_ub

@@ -1,0 +1,103 @@
+"""Workloads of ``python -m jax_ub.bench bulk``: a collective under an *independent* GEMM.
+
+The backward pass of a column-parallel layer ``y = all_gather(x) @ w`` (global ``x[M, K]``, ``w[K, N]``,
+``tp`` devices) is where the bulk primitives run. For a global shape (M, K, N), per device:
+
+* ``bulk_ag`` — re-gather the saved input shard under the dgrad GEMM:
+  ``all_gather(x[M/tp, K]) → [M, K]`` while computing ``a[M, N/tp] @ b[N/tp, K]`` (``dy @ wᵀ``);
+  :func:`jax_ub.bulk_all_gather`.
+* ``bulk_rs`` — reduce-scatter dgrad under the wgrad GEMM:
+  ``psum_scatter(x[M, K]) → [M/tp, K]`` while computing ``a[K, M] @ b[M, N/tp]`` (``x_gatheredᵀ @ dy``,
+  ``a`` given already transposed); :func:`jax_ub.bulk_reduce_scatter`.
+
+Impls timed per shape (``gemm_alone``/``comm_*`` alone give the bound ``max(gemm, comm)`` that the
+overlapped ``jax_ub`` should reach within 1.10×):
+
+* ``gemm_alone``   the GEMM alone on one GPU (cuBLASLt; ``jnp.matmul`` off the CUDA path);
+* ``comm_jax_ub``  ``jax_ub.overlap.all_gather`` / ``reduce_scatter`` alone (copy engine; CUDA only);
+* ``comm_nccl``    ``lax.all_gather`` / ``lax.psum_scatter`` alone;
+* ``xla_plain``    XLA collective and GEMM in one ``shard_map`` program (XLA may overlap them itself);
+* ``jax_ub``       the bulk primitive (``method="auto"``; the reference off the CUDA path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ub
+from jax_ub import overlap
+
+KINDS = ("ag", "rs")
+Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
+def _rand(key: Any, shape: tuple[int, ...], dtype: Any, where: Any) -> jax.Array:
+    return jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), where)
+
+
+def layout(kind: str, M: int, K: int, N: int, tp: int) -> dict[str, Any]:
+    """Global shapes and specs of ``x``, ``a``, ``b`` and of the outputs (collective, GEMM)."""
+    if kind == "ag":
+        return dict(x=((M, K), P("tp", None)), a=((M, N), P(None, "tp")), b=((N, K), P("tp", None)),
+                    out=(P(), P("tp", None)), local=((M, N // tp), (N // tp, K)))
+    if kind == "rs":
+        return dict(x=((tp * M, K), P("tp", None)), a=((K, M), P()), b=((M, N), P(None, "tp")),
+                    out=(P("tp", None), P(None, "tp")), local=((K, M), (M, N // tp)))
+    raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+
+
+def primitive(kind: str) -> Callable[..., Any]:
+    """``jax_ub.bulk_all_gather`` / ``jax_ub.bulk_reduce_scatter``, or a clear error if missing."""
+    name = "bulk_all_gather" if kind == "ag" else "bulk_reduce_scatter"
+    fn = getattr(jax_ub, name, None)
+    if fn is None:
+        raise NotImplementedError(f"jax_ub.{name} does not exist in this jax_ub "
+                                  f"({jax_ub.__file__}): the bulk primitives have not landed yet")
+    return fn
+
+
+def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda: bool) -> dict[str, Thunk]:
+    """``{impl: thunk}``; each thunk returns ``(fn, args)``. ``comm_jax_ub`` only with ``cuda``."""
+    dtype = jnp.dtype(dtype_name)
+    tp = mesh.shape["tp"]
+    lay = layout(kind, M, K, N, tp)
+    kx, ka, kb = jax.random.split(jax.random.key(M + K + N), 3)
+    x, a, b = (_rand(k, lay[n][0], dtype, NamedSharding(mesh, lay[n][1]))
+               for k, n in ((kx, "x"), (ka, "a"), (kb, "b")))
+    dev0 = mesh.devices.flat[0]
+    al, bl = (_rand(k, s, dtype, dev0) for k, s in zip((ka, kb), lay["local"], strict=True))
+    x_spec, ab_specs, out_specs = lay["x"][1], (lay["a"][1], lay["b"][1]), lay["out"]
+
+    def smap(f: Callable[..., Any], in_specs: Any, out_spec: Any) -> Callable[..., Any]:
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False))
+
+    if kind == "ag":
+        nccl = lambda x: lax.all_gather(x, "tp", axis=0, tiled=True)  # noqa: E731
+        ours = lambda x: overlap.all_gather(x, "tp", axis=0)  # noqa: E731
+    else:
+        nccl = lambda x: lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True)  # noqa: E731
+        ours = lambda x: overlap.reduce_scatter(x, "tp", axis=0)  # noqa: E731
+    gemm_method = "cublaslt" if cuda else "xla"
+
+    def bulk() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        prim = primitive(kind)
+        return smap(lambda x, a, b: prim(x, a, b, "tp", axis=0), (x_spec, *ab_specs), out_specs), (x, a, b)
+
+    impls: dict[str, Thunk] = {
+        "gemm_alone": lambda: (jax.jit(lambda a, b: jax_ub.matmul(a, b, method=gemm_method)), (al, bl)),
+        "comm_nccl": lambda: (smap(nccl, (x_spec,), out_specs[0]), (x,)),
+        "comm_jax_ub": lambda: (smap(ours, (x_spec,), out_specs[0]), (x,)),
+        "xla_plain": lambda: (smap(lambda x, a, b: (nccl(x), a @ b), (x_spec, *ab_specs), out_specs),
+                              (x, a, b)),
+        "jax_ub": bulk,
+    }
+    if not cuda:
+        del impls["comm_jax_ub"]
+    return impls

@@ -1,0 +1,155 @@
+"""Workloads of ``python -m jax_ub.bench mlp``: one training step of a TP/SP transformer's dense layers.
+
+Two models, built from :mod:`jax_ub.nn` layers in global mode over a 1-D ``("tp",)`` mesh, with the
+sequence-parallel layout (input and output `[1, tokens, hidden]`, the sequence split over ``tp``):
+
+* ``mlp``: :class:`jax_ub.nn.ParallelMLP` ``(hidden, ffn)``: LayerNorm → ColumnParallelDense
+  (AG→GEMM) → gelu → RowParallelDense (GEMM→RS);
+* ``attn_proj``: the attention projections without the attention math: ColumnParallelDense
+  ``hidden → 3*hidden`` (QKV), then per device ``q + k + v`` of its local features (a token-local
+  stand-in for attention, so the shapes and layouts are the real ones), then RowParallelDense
+  ``hidden → hidden`` (output projection). Its records carry ``ffn = 3*hidden`` (the QKV width).
+
+The step is ``jax.value_and_grad`` of ``mean(y**2)`` (float32) w.r.t. the parameters and the input,
+so it runs both overlapped primitives forward and their duals backward. Parameters and compute are
+in ``dtype``. Three configurations with the same parameters and input:
+
+* ``jax_ub``: the layers with ``method="auto"`` (the CUDA overlap after ``jax_ub.initialize``; the
+  pure-XLA reference where the CUDA path is unavailable);
+* ``xla_plain``: the same layers with ``method="xla"`` (XLA's all-gather / reduce-scatter, then the
+  dot, inside the layers' ``shard_map``: no overlap);
+* ``xla_windowed``: the same parameters and math written for jit's SPMD partitioner (sharding
+  constraints on the same layouts instead of ``shard_map``), compiled with the windowed-einsum
+  flags. XLA only decomposes the collectives its partitioner creates, so the flags would not touch
+  the layers' explicit ``shard_map`` collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_ub import _layers
+from jax_ub import nn as ubnn
+
+MODELS = ("mlp", "attn_proj")
+SP = P(None, "tp", None)  # [batch, seq, hidden], sequence split over tp
+TP = P(None, None, "tp")  # [batch, seq, features], features split over tp
+
+Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
+def _mix(qkv: jax.Array, mesh: Any) -> jax.Array:
+    """`[b, s, 3h]` split over tp on features → `[b, s, h]` likewise: ``q + k + v`` per device."""
+
+    def local(t: jax.Array) -> jax.Array:
+        q, k, v = jnp.split(t, 3, axis=-1)
+        return q + k + v
+
+    return jax.shard_map(local, mesh=mesh, in_specs=TP, out_specs=TP)(qkv)
+
+
+class AttnProj(nnx.Module):
+    """QKV (column-parallel, ``hidden → 3*hidden``) → :func:`_mix` → output projection (row)."""
+
+    def __init__(self, hidden: int, *, dtype: Any, method: str, mesh: Any, rngs: nnx.Rngs):
+        common = dict(dtype=dtype, param_dtype=dtype, method=method, mesh=mesh, rngs=rngs)
+        self.mesh = mesh
+        self.qkv = ubnn.ColumnParallelDense(hidden, 3 * hidden, **common)
+        self.out = ubnn.RowParallelDense(hidden, hidden, **common)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.out(_mix(self.qkv(x), self.mesh))
+
+
+def make_model(model: str, mesh: Any, hidden: int, ffn: int, dtype: Any, method: str) -> nnx.Module:
+    rngs = nnx.Rngs(0)
+    if model == "mlp":
+        return ubnn.ParallelMLP(hidden, ffn, dtype=dtype, param_dtype=dtype, method=method, mesh=mesh,
+                                rngs=rngs)
+    if model == "attn_proj":
+        return AttnProj(hidden, dtype=dtype, method=method, mesh=mesh, rngs=rngs)
+    raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The same math for jit's SPMD partitioner (xla_windowed).
+
+
+def _spmd_dense(x: jax.Array, layer: Any, out_spec: P, mesh: Any, dtype: Any) -> jax.Array:
+    y = jnp.matmul(x, layer.kernel[...].astype(dtype))
+    if layer.bias is not None:
+        y = y + layer.bias[...].astype(dtype)
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, out_spec))
+
+
+def spmd_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any) -> jax.Array:
+    """``m(x)`` computed on global arrays with sharding constraints instead of shard_map."""
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SP))
+    if model == "mlp":
+        h = _layers.layer_norm(x, m.norm.scale[...], m.norm.bias[...], epsilon=m.norm.epsilon,
+                               dtype=dtype)
+        h = m.activation(_spmd_dense(h, m.up, TP, mesh, dtype))
+        return _spmd_dense(h, m.down, SP, mesh, dtype)
+    ctx = _mix(_spmd_dense(x, m.qkv, TP, mesh, dtype), mesh)
+    return _spmd_dense(ctx, m.out, SP, mesh, dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Steps and the impls the harness times.
+
+
+def check(out: Any) -> tuple[float, float]:
+    """``(loss, |dx|)`` of a step's output: the harness prints them per impl as a sanity check."""
+    loss, (_, dx) = out
+    return float(loss), float(jnp.linalg.norm(dx.astype(jnp.float32)))
+
+
+def train_step(forward: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., Any]:
+    """``(params, x) -> (loss, (dparams, dx))`` with ``loss = mean(forward(params, x)**2)``."""
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.square(forward(params, x).astype(jnp.float32)))
+
+    return jax.value_and_grad(loss, argnums=(0, 1))
+
+
+def build(model: str, mesh: Any, *, hidden: int, ffn: int, tokens: int, dtype_name: str,
+          windowed_flags: dict[str, Any]) -> dict[str, Thunk]:
+    """``{impl: thunk}``; each thunk returns ``(step, (params, x))`` for the harness to time.
+
+    Call after ``jax_ub.initialize(mesh, "tp")`` where the CUDA path runs: ``method="auto"`` is
+    resolved when the jax_ub step is traced.
+    """
+    dtype = jnp.dtype(dtype_name)
+    def make(method: str) -> nnx.Module:
+        return make_model(model, mesh, hidden, ffn, dtype, method)
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: make("auto")))
+    xla_graphdef = nnx.graphdef(nnx.eval_shape(lambda: make("xla")))
+    params = jax.jit(lambda: nnx.state(make("auto")))()  # one program, created sharded
+    x = jax.random.normal(jax.random.key(1), (1, tokens, hidden), jnp.float32).astype(dtype)
+    x = jax.device_put(x, NamedSharding(mesh, SP))
+    args = (params, x)
+
+    def layers(gd: Any) -> Callable[[Any, jax.Array], jax.Array]:
+        return lambda p, x: nnx.merge(gd, p)(x)
+
+    def spmd(p: Any, x: jax.Array) -> jax.Array:
+        return spmd_forward(model, nnx.merge(xla_graphdef, p), x, mesh, dtype)
+
+    def windowed() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        compiled = jax.jit(train_step(spmd)).lower(*args).compile(compiler_options=windowed_flags)
+        return compiled, args
+
+    return {
+        "jax_ub": lambda: (jax.jit(train_step(layers(graphdef))), args),
+        "xla_plain": lambda: (jax.jit(train_step(layers(xla_graphdef))), args),
+        "xla_windowed": windowed,
+    }

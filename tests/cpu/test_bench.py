@@ -1,0 +1,246 @@
+"""CPU tier: the benchmark harness ``python -m jax_ub.bench ag|rs|mlp|bulk`` at tiny sizes.
+
+Off GPU everything runs on jax_ub's pure-XLA reference path; these tests check the plumbing (impls
+built and timed, JSON records, charts, the timeline drawing), not the speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ub
+from jax_ub import overlap
+from jax_ub.bench import __main__ as harness
+from jax_ub.bench import timeline
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--warmup", "1", "--iters", "1", "--reps", "1"]
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
+    env.pop("JAX_UB_METHOD", None)
+    return env
+
+
+def _bench(args: list[str], out: Path) -> tuple[dict, str]:
+    """Runs the harness in a subprocess on 4 simulated CPU devices; (the JSON, stdout)."""
+    proc = subprocess.run([sys.executable, "-m", "jax_ub.bench", *args, *FAST, "--out", str(out),
+                           "--machine", "test-box"], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    (path,) = out.glob(f"test-box-*-{args[0]}.json")
+    if HAVE_MPL:
+        assert path.with_suffix(".png").stat().st_size > 0
+    return json.loads(path.read_text()), proc.stdout
+
+
+def _by(records: list[dict], key: str) -> dict:
+    out: dict = {}
+    for r in records:
+        out.setdefault(r[key], []).append(r)
+    return out
+
+
+def _synthetic_records() -> list[dict]:
+    recs = []
+    for dev in range(2):
+        t = 0.0
+        for chunk in range(4):
+            peer = (dev + chunk) % 4
+            recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
+                         "name": "copy" if chunk else "local_copy", "chunk": peer,
+                         "stream": f"comm{chunk % 2}", "start_ms": t, "end_ms": t + 0.2})
+            recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
+                         "name": "gemm", "chunk": peer, "stream": "compute0",
+                         "start_ms": t + 0.2, "end_ms": t + 0.5})
+            t += 0.25
+        recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
+                     "name": "wait", "chunk": -1, "stream": "compute0", "start_ms": 0.0, "end_ms": 0.2})
+    return recs
+
+
+# ------------------------------------------------------------------------------------------------
+# timeline
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_timeline_draw_writes_png(tmp_path):
+    path = tmp_path / "tl.png"
+    assert timeline.draw(_synthetic_records(), str(path), "synthetic") == str(path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_timeline_lanes_and_summary():
+    recs = _synthetic_records()
+    assert timeline.lanes(recs) == [(0, "comm0"), (0, "comm1"), (0, "compute0"),
+                                    (1, "comm0"), (1, "comm1"), (1, "compute0")]
+    text = timeline.summary(recs)
+    assert "device 0: span 1.250 ms" in text and "device 1" in text
+    assert timeline.draw([], "unused.png", "empty") is None
+
+
+def test_capture_timeline_with_tracing(monkeypatch):
+    calls = []
+    fake = [{"device": 0, "name": "gemm"}]
+    monkeypatch.setattr(overlap, "trace_enable", calls.append, raising=False)
+    monkeypatch.setattr(overlap, "trace_collect", lambda: fake, raising=False)
+    records, why = harness.capture_timeline(lambda x: x + 1, (jnp.ones(3),))
+    assert records == fake and why == ""
+    assert calls == [True, False]
+
+
+def test_capture_timeline_without_tracing(monkeypatch):
+    monkeypatch.delattr(overlap, "trace_enable", raising=False)
+    records, why = harness.capture_timeline(lambda x: x, (jnp.ones(3),))
+    assert records is None and "trace_enable" in why
+
+    def broken(on):
+        raise RuntimeError("extension built without tracing")
+
+    monkeypatch.setattr(overlap, "trace_enable", broken, raising=False)
+    monkeypatch.setattr(overlap, "trace_collect", lambda: [], raising=False)
+    records, why = harness.capture_timeline(lambda x: x, (jnp.ones(3),))
+    assert records is None and "without tracing" in why
+
+
+# ------------------------------------------------------------------------------------------------
+# ag / rs (in this process: 8 simulated devices)
+
+
+@pytest.mark.parametrize(("op", "tps"), [("ag", ["4", "2"]), ("rs", ["4"])])
+def test_ag_rs_harness(op, tps, tmp_path, capsys):
+    rc = harness.main([op, "--tp", *tps, "--shapes", "64,32,64", "--timeline", *FAST,
+                       "--out", str(tmp_path), "--machine", "test-box"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "path: xla-reference" in out and "T/T_ideal" in out
+    (path,) = tmp_path.glob(f"test-box-*-{op}.json")
+    doc = json.loads(path.read_text())
+    assert {"machine", "date", "jax", "records"} <= set(doc) and "timelines" not in doc
+    by_tp = _by(doc["records"], "tp")
+    assert set(by_tp) == {int(t) for t in tps}
+    for recs in by_tp.values():
+        impls = {r["impl"]: r for r in recs}
+        assert {"gemm_alone", "comm_nccl", "xla_plain", "jax_ub"} <= set(impls)
+        assert all(r["ms"] > 0 and r["op"] == ("ag_gemm" if op == "ag" else "gemm_rs") for r in recs)
+        assert all((r["M"], r["K"], r["N"], r["dtype"]) == (64, 32, 64, "bfloat16") for r in recs)
+
+
+def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
+    """--timeline as on the CUDA path, with the trace functions faked: PNG + JSON "timelines"."""
+    from jax.sharding import Mesh
+
+    monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
+    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: Mesh(np.array(jax.devices()[:tp]), ("tp",)))
+    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(overlap, "trace_collect", _synthetic_records, raising=False)
+    rc = harness.main(["ag", "--tp", "4", "--shapes", "64,32,64", "--timeline", *FAST,
+                       "--out", str(tmp_path), "--machine", "test-box"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "timeline tp4-64x32x64: 18 records" in out and "device 1: span" in out
+    (path,) = tmp_path.glob("test-box-*-ag.json")
+    doc = json.loads(path.read_text())
+    (tl,) = doc["timelines"]
+    assert {k: tl[k] for k in ("M", "K", "N", "tp", "dtype", "impl")} == \
+        {"M": 64, "K": 32, "N": 64, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub"}
+    assert tl["records"] == _synthetic_records()
+    if HAVE_MPL:
+        (png,) = tmp_path.glob("test-box-*-ag-timeline-tp4-64x32x64.png")
+        assert png.stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# mlp
+
+
+def test_mlp_cli(tmp_path):
+    doc, stdout = _bench(["mlp", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--tp", "4"], tmp_path)
+    assert "path: xla-reference" in stdout and "speedup vs xla_plain" in stdout
+    assert doc["path"] == "xla-reference"
+    # The three configurations compute the same step: (loss, |dx|) printed per impl agree.
+    checks = re.findall(r"^(\w+) check \(loss, \|dx\|\): (.*)$", stdout, re.M)
+    assert [m for m, _ in checks] == ["mlp", "attn_proj"]
+    for model, line in checks:
+        vals = {k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)}
+        assert {"jax_ub", "xla_plain"} <= set(vals), line
+        for name, (loss, dx) in vals.items():
+            assert loss > 0 and dx > 0, (model, name)
+            np.testing.assert_allclose([loss, dx], vals["xla_plain"], rtol=2e-2, err_msg=f"{model} {name}")
+    by_op = _by(doc["records"], "op")
+    assert set(by_op) == {"mlp", "attn_proj"}
+    for op, recs in by_op.items():
+        impls = {r["impl"] for r in recs}
+        assert {"jax_ub", "xla_plain"} <= impls <= {"jax_ub", "xla_plain", "xla_windowed"}
+        for r in recs:
+            assert r["ms"] > 0
+            assert (r["hidden"], r["tokens"], r["tp"], r["dtype"]) == (64, 64, 4, "bfloat16")
+            assert r["ffn"] == (128 if op == "mlp" else 192)
+
+
+def test_mlp_cli_rejects_bad_sizes(capsys):
+    assert harness.main(["mlp", "--tp", "4", "--tokens", "66", "--hidden", "64", "--ffn", "128"]) == 2
+    assert "--tokens (66) must be divisible" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# bulk
+
+needs_bulk = pytest.mark.skipif(not hasattr(jax_ub, "bulk_all_gather"),
+                                reason="jax_ub.bulk_all_gather / bulk_reduce_scatter not implemented yet")
+
+
+@needs_bulk
+def test_bulk_impls_agree(cpu_mesh):
+    from jax_ub.bench import bulk
+
+    mesh = cpu_mesh(4)
+    for kind in bulk.KINDS:
+        impls = bulk.build(kind, mesh, 16, 8, 32, dtype_name="float32", cuda=False)
+        assert "comm_jax_ub" not in impls
+        outs = {}
+        for name, thunk in impls.items():
+            fn, args = thunk()
+            outs[name] = fn(*args)
+        (coll, gemm), (coll0, gemm0) = outs["jax_ub"], outs["xla_plain"]
+        np.testing.assert_allclose(np.asarray(coll), np.asarray(coll0), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(gemm), np.asarray(gemm0), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(outs["comm_nccl"]), np.asarray(coll0), rtol=1e-6)
+        lay = bulk.layout(kind, 16, 8, 32, 4)
+        assert outs["gemm_alone"].shape == (lay["local"][0][0], lay["local"][1][1])
+
+
+@needs_bulk
+def test_bulk_cli(tmp_path):
+    doc, stdout = _bench(["bulk", "--shapes", "64,32,128", "--tp", "4"], tmp_path)
+    assert "path: xla-reference" in stdout and "jax_ub/max(gemm,ub_comm)" in stdout
+    by_op = _by(doc["records"], "op")
+    assert set(by_op) == {"bulk_ag", "bulk_rs"}
+    for recs in by_op.values():
+        assert {"gemm_alone", "comm_nccl", "xla_plain", "jax_ub"} <= {r["impl"] for r in recs}
+        assert all(r["ms"] > 0 and (r["M"], r["K"], r["N"], r["tp"]) == (64, 32, 128, 4) for r in recs)
+
+
+def test_bulk_missing_primitive_is_a_clear_error(monkeypatch):
+    from jax_ub.bench import bulk
+
+    monkeypatch.delattr(jax_ub, "bulk_all_gather", raising=False)
+    with pytest.raises(NotImplementedError, match="bulk_all_gather does not exist"):
+        bulk.primitive("ag")
