@@ -94,7 +94,7 @@ jax_ub::Communicator* Get(int set_id, int device) {
 }
 
 void CommCreate(int set_id, int group, int rank, int world, int device, size_t capacity,
-                double timeout_s) {
+                double timeout_s, bool local_only) {
   jax_ub::Communicator::Options o;
   o.set_id = set_id;
   o.group = group;
@@ -103,6 +103,7 @@ void CommCreate(int set_id, int group, int rank, int world, int device, size_t c
   o.device = device;
   o.capacity = capacity;
   o.timeout_s = timeout_s;
+  o.local_only = local_only;
   std::unique_ptr<jax_ub::Communicator> c;
   Raise(jax_ub::Communicator::Create(o, &c));
   Raise(jax_ub::RegistryAdd(std::move(c)));
@@ -205,8 +206,9 @@ NB_MODULE(_jax_ub_cuda, m) {
   using nb::arg;
   auto nogil = nb::call_guard<nb::gil_scoped_release>();
   m.def("comm_create", &CommCreate, arg("set_id"), arg("group"), arg("rank"), arg("world"),
-        arg("device"), arg("capacity"), arg("timeout_s"), nogil,
-        "Creates the communicator of one group member (registered buffer, flags, streams).");
+        arg("device"), arg("capacity"), arg("timeout_s"), arg("local_only") = false, nogil,
+        "Creates the communicator of one group member (registered buffer, flags, streams); "
+        "local_only: every peer is in this process (cuMem buffers, no IPC, no peer access).");
   m.def("comm_connect_local", &CommConnectLocal, arg("set_id"), arg("device"), arg("peer"),
         arg("peer_device"), nogil, "Wires a same-process peer (peer access, direct pointers).");
   m.def("comm_export_ipc", &CommExportIpc, arg("set_id"), arg("device"),

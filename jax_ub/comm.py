@@ -147,7 +147,10 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         created: list[int] = []
         try:
             for dev, gi, r in local:
-                mod.comm_create(set_id, gi, r, world, dev, capacity, timeout_s)
+                # One process: cuMem buffers mapped for the peers only (no context-wide peer
+                # access, which let XLA's module loading on one GPU wait on a busy peer).
+                mod.comm_create(set_id, gi, r, world, dev, capacity, timeout_s,
+                                local_only=exchange is None)
                 created.append(dev)
             _connect(s, tag="connect")
         except BaseException:
@@ -169,8 +172,8 @@ def _connect(s: CommSet, tag: str) -> None:
     """Wires every local member to every peer (local pointers or IPC handles)."""
     mod = _ext.extension()
     host = socket.gethostname()
-    mine = {f"{gi}/{r}": mod.comm_export_ipc(s.set_id, dev).hex() for dev, gi, r in s.local}
     if s.exchange is not None:
+        mine = {f"{gi}/{r}": mod.comm_export_ipc(s.set_id, dev).hex() for dev, gi, r in s.local}
         import json
 
         blobs = s.exchange.all_gather(tag, json.dumps({"host": host, "members": mine}).encode())

@@ -72,8 +72,13 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * o.world;
-  JAX_UB_CUDA_RETURN(
-      cudaMalloc(reinterpret_cast<void**>(&c->flags_), (n_flags + 1) * sizeof(uint64_t)));
+  if (o.local_only) {
+    JAX_UB_RETURN_IF_ERROR(VmmCreate(o.device, (n_flags + 1) * sizeof(uint64_t), &c->flags_vmm_));
+    c->flags_ = static_cast<uint64_t*>(c->flags_vmm_.get());
+  } else {
+    JAX_UB_CUDA_RETURN(
+        cudaMalloc(reinterpret_cast<void**>(&c->flags_), (n_flags + 1) * sizeof(uint64_t)));
+  }
   JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, (n_flags + 1) * sizeof(uint64_t)));
   c->poison_ = c->flags_ + n_flags;
   JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
@@ -93,14 +98,29 @@ Status Communicator::AllocBuffer(size_t capacity) {
   if (capacity == 0) capacity = 1 << 20;
   capacity = (capacity + 4095) / 4096 * 4096;
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, capacity);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
+  std::string why;
+  if (o_.local_only) {
+    Status s = VmmCreate(o_.device, capacity, &buffer_vmm_);
+    if (s.ok()) {
+      p = buffer_vmm_.get();
+      capacity = buffer_vmm_.size;
+    } else {
+      why = s.message();
+    }
+  } else {
+    cudaError_t err = cudaMalloc(&p, capacity);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      why = cudaGetErrorString(err);
+      p = nullptr;
+    }
+  }
+  if (p == nullptr) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     return Status::Error(StrCat()
                          << "could not allocate the " << capacity << "-byte registered buffer on "
-                         << "device " << o_.device << ": " << cudaGetErrorString(err) << "; free "
+                         << "device " << o_.device << ": " << why << "; free "
                          << free_b << " of " << total_b
                          << " bytes. XLA preallocates 75% of GPU memory by default: set "
                             "XLA_PYTHON_CLIENT_MEM_FRACTION lower (e.g. 0.6) or "
@@ -122,9 +142,23 @@ Status Communicator::Grow(size_t capacity) {
     ipc_buffer_[q] = false;
     if (q != o_.rank) peer_buffer_[q] = nullptr;
   }
-  JAX_UB_CUDA_RETURN(cudaFree(buffer_));
-  buffer_ = nullptr;
+  FreeBuffer();
   return AllocBuffer(capacity);
+}
+
+void Communicator::FreeBuffer() {
+  if (buffer_vmm_.ptr != 0) {
+    VmmFree(&buffer_vmm_);
+  } else if (buffer_ != nullptr) {
+    cudaFree(buffer_);
+  }
+  buffer_ = nullptr;
+}
+
+Status Communicator::GrantTo(int peer_device) const {
+  if (!o_.local_only || peer_device == o_.device) return Status::Ok();
+  JAX_UB_RETURN_IF_ERROR(VmmGrant(buffer_vmm_, peer_device));
+  return VmmGrant(flags_vmm_, peer_device);
 }
 
 Status Communicator::Destroy() {
@@ -136,8 +170,12 @@ Status Communicator::Destroy() {
     if (ipc_buffer_[q] && peer_buffer_[q] != nullptr) cudaIpcCloseMemHandle(peer_buffer_[q]);
     if (ipc_flags_[q] && peer_flags_[q] != nullptr) cudaIpcCloseMemHandle(peer_flags_[q]);
   }
-  if (buffer_ != nullptr) cudaFree(buffer_);
-  if (flags_ != nullptr) cudaFree(flags_);
+  FreeBuffer();
+  if (flags_vmm_.ptr != 0) {
+    VmmFree(&flags_vmm_);
+  } else if (flags_ != nullptr) {
+    cudaFree(flags_);
+  }
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   for (int i = 0; i < o_.world; ++i) cudaStreamDestroy(comm_[i]);
   for (auto s : compute_) cudaStreamDestroy(s);
@@ -191,6 +229,10 @@ Status Communicator::ConnectLocal(int peer, const Communicator& other) {
                                     << other.device()
                                     << " (no P2P): use transport='nccl' for this group");
     }
+  }
+  if (other.device() != o_.device && o_.local_only && other.o_.local_only) {
+    JAX_UB_RETURN_IF_ERROR(other.GrantTo(o_.device));  // only these two allocations are mapped
+  } else if (other.device() != o_.device) {
     cudaError_t err = cudaDeviceEnablePeerAccess(other.device(), 0);
     if (err == cudaErrorPeerAccessAlreadyEnabled) {
       cudaGetLastError();
@@ -204,6 +246,7 @@ Status Communicator::ConnectLocal(int peer, const Communicator& other) {
 }
 
 std::string Communicator::ExportIpc() const {
+  if (o_.local_only) return std::string();  // cuMem allocations have no cudaIpc handle
   IpcBlob b{};
   std::memcpy(b.magic, "JAXUBIPC", 8);
   b.pid = static_cast<int>(getpid());

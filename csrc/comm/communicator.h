@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/driver.h"
 #include "common/status.h"
 
 namespace jax_ub {
@@ -40,6 +41,9 @@ class Communicator {
     int device = 0;   // process-local CUDA ordinal
     size_t capacity = 0;  // bytes of the registered buffer (grows with Grow)
     double timeout_s = 120.0;
+    // Every peer lives in this process: buffer and flags are cuMem allocations mapped for the
+    // peers (ConnectLocal) instead of cudaMalloc + cudaDeviceEnablePeerAccess; no IPC export.
+    bool local_only = false;
   };
 
   static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
@@ -101,9 +105,13 @@ class Communicator {
  private:
   Communicator() = default;
   Status AllocBuffer(size_t capacity);
+  void FreeBuffer();
+  // local_only: lets `peer_device` map this member's buffer and flags.
+  Status GrantTo(int peer_device) const;
 
   Options o_;
   void* buffer_ = nullptr;
+  VmmAlloc buffer_vmm_, flags_vmm_;    // local_only allocations
   uint64_t* flags_ = nullptr;          // device: kNumFlagSlots * world, then the poison word
   uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
   uint64_t* host_flags_ = nullptr;     // pinned: mirror for the watchdog, release values, 1

@@ -15,6 +15,19 @@ struct Driver {
   CUresult (*StreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
   CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+  // Virtual memory management (buffers shared within one process without cudaDeviceEnablePeerAccess).
+  CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                        unsigned long long) = nullptr;
+  CUresult (*MemRelease)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*MemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                unsigned long long) = nullptr;
+  CUresult (*MemAddressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                     unsigned long long) = nullptr;
+  CUresult (*MemUnmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*MemGetAllocationGranularity)(size_t*, const CUmemAllocationProp*,
+                                          CUmemAllocationGranularity_flags) = nullptr;
 };
 
 // Loaded once; returns an error naming the missing entry point.
@@ -23,5 +36,21 @@ Status GetDriver(const Driver** out);
 // Stream-ordered 64-bit flag operations (0 SMs): wait until (int64)(*addr - value) >= 0; write value.
 Status StreamWaitGeq(cudaStream_t s, const uint64_t* addr, uint64_t value);
 Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value);
+
+// Device memory mapped only where asked (cuMemCreate + cuMemMap + cuMemSetAccess). Used for the
+// buffers of a one-process group instead of cudaDeviceEnablePeerAccess: context-wide peer access
+// made XLA's first launch on one GPU (module loading) wait for a peer GPU that was itself waiting
+// in a jax_ub op for that launch -- a deadlock.
+struct VmmAlloc {
+  CUdeviceptr ptr = 0;
+  size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  int device = -1;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+};
+// Rounds `bytes` up to the allocation granularity; accessible from `device` only until VmmGrant.
+Status VmmCreate(int device, size_t bytes, VmmAlloc* out);
+Status VmmGrant(const VmmAlloc& a, int peer_device);  // read/write access for another GPU
+void VmmFree(VmmAlloc* a);                            // no-op when empty
 
 }  // namespace jax_ub
