@@ -16,7 +16,7 @@ for t in "$@"; do
   pid=$!
   ( sleep 32
     if kill -0 $pid 2>/dev/null && [[ -n "$GDB" ]]; then
-      target=$(pgrep -f "faulthandler_timeout" | head -1)
+      target=$(pgrep -P $pid | head -1)
       timeout 60 "$GDB" -p "$target" -batch -ex "thread apply all bt 25" > "$OUT_DIR/stacks-$n.txt" 2>&1
     fi ) &
   wait $pid; rc=$?
