@@ -108,7 +108,7 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring"):
     return _back(y, axis), x
 
 
-def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ring") -> jax.Array:
+def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:
     """``lax.all_gather(x, axis_name, axis=axis, tiled=True)`` over jax_ub's copy-engine transport.
 
     x: `[..., m, ...]` local shard (any dtype of bfloat16/float16/float32); inside ``shard_map``
@@ -193,14 +193,23 @@ def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: A
            axis_name: Any) -> str:
     """The algorithm ``method="auto"`` uses for one call: a CUDA one, or ``"xla"`` when the axis
     has no communicator. See :func:`explain`."""
-    if comm.get(axis_name) is None:
+    s = comm.get(axis_name)
+    if s is None:
         return "xla"
-    return _AUTO_TABLE.get(op, "ring")
+    if op == ops.AG:
+        return "push"
+    # RS: bytes of one destination's partial (x[M, k] @ w[k, n] -> M/world rows of n).
+    rows = math.prod(x_shape[:-1]) // max(s.world, 1)
+    part = rows * w_shape[-1] * jnp.dtype(dtype).itemsize
+    return "ring" if part > RS_RING_ABOVE_BYTES else "pipeline"
 
 
-# Measured on 4xH200 (benchmarks/results): the sequential ring pull lands each chunk at full link
-# speed, so the first chunk GEMM starts earliest; all_peer splits ingress three ways.
-_AUTO_TABLE = {ops.AG: "ring", ops.RS: "ring"}
+# Measured on 4xH200, bf16, tp=4 (scripts/probe_overlap.py, benchmarks/results):
+# * AG: push beat ring and all_peer at every shape (8192,8192,28672: 1.46 vs 1.58 / 1.66 ms;
+#   8192,8192,8192: 0.52 vs 0.83 / 0.96 ms): no publish copy, each chunk lands at link speed.
+# * RS: with 112 MiB partials ring was ahead (1.64 vs 1.68 ms), with 32 MiB partials pipeline
+#   (0.53 vs 0.63 ms): separate push streams help when a push is short next to its GEMM.
+RS_RING_ABOVE_BYTES = 64 << 20
 
 
 def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
@@ -212,7 +221,10 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
         return (f"xla: no jax_ub communicator for axis {axis_name!r} "
                 f"(call jax_ub.initialize(mesh, axis={axis_name!r}))")
     algo = choose(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
-    return f"{algo}: from the measured table for {op} (shape {tuple(x.shape)} @ {tuple(w.shape)})"
+    why = ("push beat ring/all_peer at every measured shape" if op == ops.AG else
+           f"partial per destination {'>' if algo == 'ring' else '<='} {RS_RING_ABOVE_BYTES >> 20} "
+           "MiB (measured crossover)")
+    return f"{algo}: {why} (shape {tuple(x.shape)} @ {tuple(w.shape)}; 4xH200 measurements)"
 
 
 def _auto(op: str):

@@ -265,7 +265,7 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "ring", "all_peer"):
+        for m in ("auto", "push", "ring", "all_peer"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
