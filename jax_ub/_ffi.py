@@ -10,20 +10,39 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def varying_axes(x: Any) -> frozenset:
+    """Mesh axes over which ``x`` varies inside ``shard_map`` (its vma), for any jax spelling."""
+    return varying_axes_of_type(jax.typeof(x))
+
+
+def varying_axes_of_type(aval: Any) -> frozenset:
+    """:func:`varying_axes` of an abstract value (a jax aval or a ShapeDtypeStruct)."""
+    vma = getattr(aval, "vma", None)  # jax 0.7-0.9
+    if vma is None:  # jax >= 0.10: ShapedArray.manual_axis_type.varying
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
+
+
 def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
     """FFI result type that keeps shard_map's varying-axes info (vma) of the inputs.
 
-    A bare ShapeDtypeStruct has no vma, which breaks ``shard_map(check_vma=True)``; derive the type
-    from an input's aval instead, with the union of the inputs' vma.
+    The result varies over the union of the inputs' varying axes. A bare ShapeDtypeStruct would
+    be typed invariant, and under ``check_vma=True`` autodiff would then psum the cotangents
+    flowing back into it over those axes (gradients off by the axis size).
     """
-    vma: frozenset = frozenset()
-    for x in inputs:
-        vma |= getattr(jax.typeof(x), "vma", frozenset())
-    aval = jax.typeof(inputs[0])
-    try:
-        return aval.update(shape=tuple(shape), dtype=jnp.dtype(dtype), vma=vma, weak_type=False)
-    except TypeError:
-        return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+    avals = [jax.typeof(x) for x in inputs]
+    union = frozenset().union(*(varying_axes_of_type(a) for a in avals))
+    i = max(range(len(avals)), key=lambda j: len(varying_axes_of_type(avals[j])))
+    out = avals[i].update(shape=tuple(shape), dtype=jnp.dtype(dtype), weak_type=False)
+    if union != varying_axes_of_type(out):
+        mat = getattr(out, "manual_axis_type", None)
+        if mat is not None:
+            out = out.update(manual_axis_type=type(mat)(
+                varying=union, unreduced=getattr(mat, "unreduced", frozenset()),
+                reduced=getattr(mat, "reduced", frozenset())))
+        else:
+            out = out.update(vma=union)
+    return out
 
 
 def workspace_type(*inputs: Any) -> Any:

@@ -121,11 +121,9 @@ def _impl(op: str, method: str) -> Impl:
 
 
 def _vma(a: Any) -> frozenset:
-    aval = jax.typeof(a)
-    vma = getattr(aval, "vma", None)  # jax >= 0.7 spelling
-    if vma is None:  # jax 0.10: ShapedArray.manual_axis_type.varying
-        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-    return frozenset(vma)
+    from jax_ub._ffi import varying_axes
+
+    return varying_axes(a)
 
 
 def _match_vma(ct: jax.Array, target: frozenset) -> jax.Array:
