@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "comm/trace.h"
 #include "comm/driver.h"
+#include "comm/nccl.h"
 #include "common/dynlib.h"
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
@@ -25,6 +26,9 @@
 namespace nb = nanobind;
 
 void BindNccl(nanobind::module_& m);  // module_nccl.cc
+// Removes NCCL communicator (key, device) from module_nccl.cc's table and returns it (null if
+// absent).
+std::shared_ptr<jax_ub::NcclComm> NcclTake(int key, int device);
 
 namespace jax_ub {
 bool CublasLtApiChecked();
@@ -94,7 +98,7 @@ jax_ub::Communicator* Get(int set_id, int device) {
 }
 
 void CommCreate(int set_id, int group, int rank, int world, int device, size_t capacity,
-                double timeout_s, bool local_only) {
+                double timeout_s, bool local_only, bool nccl) {
   jax_ub::Communicator::Options o;
   o.set_id = set_id;
   o.group = group;
@@ -103,7 +107,8 @@ void CommCreate(int set_id, int group, int rank, int world, int device, size_t c
   o.device = device;
   o.capacity = capacity;
   o.timeout_s = timeout_s;
-  o.local_only = local_only;
+  o.local_only = local_only && !nccl;
+  o.nccl = nccl;
   std::unique_ptr<jax_ub::Communicator> c;
   Raise(jax_ub::Communicator::Create(o, &c));
   Raise(jax_ub::RegistryAdd(std::move(c)));
@@ -147,9 +152,13 @@ std::vector<std::vector<int>> P2PMatrix() {
 // Runs one GEMM of this configuration on scratch memory and waits: loads the cuBLASLt kernel and
 // builds the plan at trace time, so no lazy module load (which may synchronize the context) happens
 // inside an overlapped op while peers wait on this device.
-void GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
-                size_t workspace_bytes) {
-  Raise([&]() -> jax_ub::Status {
+nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
+                    size_t workspace_bytes, int tune_candidates) {
+  jax_ub::GemmTuneResult tune;
+  jax_ub::Status status;
+  {
+  nb::gil_scoped_release nogil;
+  status = [&]() -> jax_ub::Status {
     JAX_UB_CUDA_RETURN(cudaSetDevice(device));
     const auto t = static_cast<jax_ub::DType>(dtype);
     const size_t es = jax_ub::DTypeSize(t);
@@ -172,14 +181,30 @@ void GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf3
     g.c = c;
     g.workspace = ws;
     g.workspace_bytes = workspace_bytes;
+    // Random-ish operands: tuning on zeros would time kernels that skip no work but may hit
+    // different power states; a fixed byte pattern is enough (values are irrelevant to speed).
+    cudaMemset(a, 0x3c, m * k * es);
+    cudaMemset(b, 0x3c, k * n * es);
     jax_ub::Status st = jax_ub::Gemm(device, g, nullptr);
+    if (st.ok() && tune_candidates > 1) {
+      st = jax_ub::GemmTune(device, g, tune_candidates, 5, nullptr, &tune);
+    }
     cudaDeviceSynchronize();
     cudaFree(a);
     cudaFree(b);
     cudaFree(c);
     if (ws) cudaFree(ws);
     return st;
-  }());
+  }();
+  }
+  Raise(status);
+  nb::dict d;
+  d["tuned"] = tune.candidates > 0 || tune.cached;
+  d["candidates"] = tune.candidates;
+  d["chosen"] = tune.chosen;
+  d["heuristic_ms"] = tune.heuristic_ms;
+  d["best_ms"] = tune.best_ms;
+  return d;
 }
 
 std::pair<size_t, size_t> DeviceMemory(int device) {
@@ -206,9 +231,20 @@ NB_MODULE(_jax_ub_cuda, m) {
   using nb::arg;
   auto nogil = nb::call_guard<nb::gil_scoped_release>();
   m.def("comm_create", &CommCreate, arg("set_id"), arg("group"), arg("rank"), arg("world"),
-        arg("device"), arg("capacity"), arg("timeout_s"), arg("local_only") = false, nogil,
+        arg("device"), arg("capacity"), arg("timeout_s"), arg("local_only") = false,
+        arg("nccl") = false, nogil,
         "Creates the communicator of one group member (registered buffer, flags, streams); "
         "local_only: every peer is in this process (cuMem buffers, no IPC, no peer access).");
+  m.def("comm_attach_nccl", [](int set_id, int device, int key) {
+          std::shared_ptr<jax_ub::NcclComm> n = NcclTake(key, device);
+          if (n == nullptr) {
+            throw std::runtime_error(jax_ub::StrCat() << "comm_attach_nccl: no NCCL communicator "
+                                                      << key << " on device " << device);
+          }
+          Raise(Get(set_id, device)->AttachNccl(std::move(n)));
+        }, arg("set_id"), arg("device"), arg("key"),
+        "Transport nccl: moves NCCL communicator (key, device) (nccl_comm_create) into the "
+        "member's communicator, which owns it from then on.");
   m.def("comm_connect_local", &CommConnectLocal, arg("set_id"), arg("device"), arg("peer"),
         arg("peer_device"), nogil, "Wires a same-process peer (peer access, direct pointers).");
   m.def("comm_export_ipc", &CommExportIpc, arg("set_id"), arg("device"),
@@ -229,8 +265,10 @@ NB_MODULE(_jax_ub_cuda, m) {
         arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
-        arg("tf32"), arg("workspace_bytes"), nogil,
-        "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, 2 bf16).");
+        arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0,
+        "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
+        "2 bf16); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
+        "and keeps the fastest. Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),
         "Record CUDA-event timelines of the overlap ops (bench --timeline).");

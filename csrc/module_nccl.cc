@@ -146,6 +146,15 @@ std::vector<std::pair<int, int>> CommList() {
 
 }  // namespace
 
+std::shared_ptr<jax_ub::NcclComm> NcclTake(int key, int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Comms().find({key, device});
+  if (it == Comms().end()) return nullptr;
+  std::shared_ptr<jax_ub::NcclComm> out = std::move(it->second);
+  Comms().erase(it);
+  return out;
+}
+
 void BindNccl(nb::module_& m) {
   using nb::arg;
   auto nogil = nb::call_guard<nb::gil_scoped_release>();

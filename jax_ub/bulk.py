@@ -75,8 +75,12 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     if m == "xla":
         return _reference(kind, x, a, b, axis_name, axis, precision)
     if m == "nccl":
-        raise NotImplementedError(f"{what}: the nccl transport has no bulk form yet; use "
-                                  "method='auto', 'ring' or 'xla'")
+        s = comm.get(axis_name)
+        if s is None or s.transport != "nccl":
+            raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, "
+                             f"axis={axis_name!r}, transport='nccl'); the axis has "
+                             f"{'no communicator' if s is None else 'transport ' + repr(s.transport)}")
+        m = "ring"  # a set with transport nccl runs every algorithm over NCCL
     return _bulk(kind, x, a, b, axis_name, axis, ops._static(precision), m)
 
 

@@ -5,7 +5,10 @@ devices that differ only along ``axis``) for every local device, and wires each 
 
 * peers in this process: peer access and direct pointers (no exchange at all);
 * peers in other processes of this host: CUDA IPC handles exchanged through jax.distributed's
-  key-value store (no MPI, no files), one process-wide exchange per ``initialize()``.
+  key-value store (no MPI, no files), one process-wide exchange per ``initialize()``, or, with
+  ``bootstrap="nccl"``, through an NCCL all-gather (unique id via the key-value store);
+* transport ``nccl`` (chosen when a group spans hosts or two of its GPUs cannot map each other's
+  memory, or when asked for): ncclSend/ncclRecv, no peer mapping at all.
 
 Every process calls ``initialize``/``shutdown`` collectively with the same mesh. All ranks first
 agree on (group layout, buffer size, transport, version); any difference fails every rank with the
@@ -24,11 +27,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _bootstrap, _ext, config
+from jax_ub import _bootstrap, _ext, _nccl, config
 
 log = logging.getLogger("jax_ub")
 
 _MIB = 1 << 20
+# Transports initialize() can set up (jax_ub.doctor reads this).
+IMPLEMENTED_TRANSPORTS = ("ipc", "nccl")
+# NCCL communicator keys (jax_ub._nccl's table): transport comms are attached to the members under
+# key = set id; bootstrap comms (IPC blobs) stay in the table under this offset + set id.
+_BOOTSTRAP_KEY = 1 << 20
 
 
 @dataclasses.dataclass
@@ -45,6 +53,9 @@ class CommSet:
     timeout_s: float
     transport: str
     exchange: _bootstrap.KVExchange | None  # process-wide, None in single-process mode
+    bootstrap: str = "kv"  # how IPC handles travel between processes: "kv" or "nccl"
+    transport_reason: str = ""
+    hosts: list[str] = dataclasses.field(default_factory=list)  # host of each process
     grow_count: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -89,10 +100,12 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
       mesh: a ``jax.sharding.Mesh`` of GPUs (any shape, e.g. ``("dp", "tp")``, device ids in any
         order).
       axis: the tensor-parallel mesh axis; ops inside ``shard_map`` use it as ``axis_name``.
-      bootstrap: ``"auto"``/``"kv"`` (jax.distributed's key-value store; nothing needed in one
-        process). ``"nccl"`` is reserved for the NCCL bootstrap and not available yet.
-      transport: ``"auto"``/``"ipc"`` (copy engine over peer-mapped memory). ``"nccl"`` is not
-        available yet.
+      bootstrap: how buffer handles travel between processes: ``"auto"``/``"kv"`` (jax.distributed's
+        key-value store) or ``"nccl"`` (NCCL unique id through the key-value store,
+        ``ncclCommInitRank``, handles by ``ncclAllGather``). One process needs no exchange.
+      transport: ``"auto"`` (``ipc`` when every pair of GPUs of each group can map each other's
+        memory, else ``nccl``; logged with the reason), ``"ipc"`` (copy engine over peer-mapped
+        memory, no SMs) or ``"nccl"`` (ncclSend/ncclRecv, works across hosts).
       timeout_s: bound on every wait for a peer (default ``JAX_UB_TIMEOUT``, 120 s).
       buffer_mib: registered buffer size per GPU at start (default ``JAX_UB_BUFFER_MIB``; buffers
         also grow when a larger op is traced).
@@ -109,17 +122,15 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         raise ValueError(f"initialize: bootstrap must be one of {config.BOOTSTRAPS}; got {bootstrap!r}")
     if transport not in config.TRANSPORTS:
         raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
-    if bootstrap == "nccl" or transport == "nccl":
-        raise NotImplementedError(
-            "initialize: the NCCL bootstrap/transport is not available in this version of jax_ub; "
-            "use bootstrap='kv', transport='ipc' (every GPU pair of a group must be peer-mappable)")
     if cfg.multicast:
         log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
     groups = _tp_groups(mesh, axis)
     with _lock:
         existing = _sets.get(axis)
         if existing is not None:
-            if existing.devices_key == tuple(tuple(d.id for d in g) for g in groups):
+            if (existing.devices_key == tuple(tuple(d.id for d in g) for g in groups)
+                    and transport in ("auto", existing.transport)
+                    and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)):
                 return existing
             shutdown(axis)
         mod = _ext.extension()
@@ -138,28 +149,138 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                  if d.process_index == me]
         capacity = max(buffer_mib, 1) * _MIB
         exchange = _process_exchange(init_id, timeout_s)
-        s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, "ipc", exchange)
+        hosts, bad_pairs = _survey(exchange, groups)
+        transport, reason = _choose_transport(transport, groups, hosts, bad_pairs)
+        if bootstrap == "auto":
+            bootstrap = "kv"
+        if transport == "nccl" or bootstrap == "nccl":
+            err = _nccl.load_error()
+            if err:
+                raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
+                                   f"bootstrap={bootstrap!r} need NCCL, which cannot be loaded: {err}")
+        s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
+                    exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
         if exchange is not None:
             fields = {"axis": axis, "groups": [list(k) for k in s.devices_key],
-                      "capacity": capacity, "transport": "ipc", "timeout_s": timeout_s,
-                      "version": _version()}
+                      "capacity": capacity, "transport": transport, "bootstrap": bootstrap,
+                      "timeout_s": timeout_s, "version": _version()}
             _bootstrap.agree(exchange, fields)
-        created: list[int] = []
         try:
             for dev, gi, r in local:
                 # One process: cuMem buffers mapped for the peers only (no context-wide peer
                 # access, which let XLA's module loading on one GPU wait on a busy peer).
                 mod.comm_create(set_id, gi, r, world, dev, capacity, timeout_s,
-                                local_only=exchange is None)
-                created.append(dev)
+                                local_only=exchange is None, nccl=transport == "nccl")
+            if transport == "nccl" or (bootstrap == "nccl" and exchange is not None):
+                _create_nccl(s, bootstrap_only=transport != "nccl")
             _connect(s, tag="connect")
         except BaseException:
             mod.comm_destroy_set(set_id)
+            _nccl.destroy_comm(_BOOTSTRAP_KEY + set_id)
+            _nccl.destroy_comm(set_id)
             raise
         _sets[axis] = s
-        log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers",
-                 axis, len(groups), world, len(local), capacity // _MIB)
+        log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
+                 "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
+                 capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
         return s
+
+
+def _survey(exchange: _bootstrap.KVExchange | None,
+            groups: list[list[Any]]) -> tuple[list[str], list[tuple[int, int]]]:
+    """(host name of every process, pairs of GPUs of one group that cannot map each other).
+
+    Every process reports its host and the P2P verdict on the group pairs it can see, so the
+    transport choice below is the same on every process.
+    """
+    import json
+
+    mod = _ext.extension()
+    try:
+        can = [[bool(v) for v in row] for row in mod.p2p_matrix()]
+    except Exception:  # noqa: BLE001 - older builds: no verdict, assume mappable
+        can = None
+    bad: set[tuple[int, int]] = set()
+    me = jax.process_index()
+    for g in groups:
+        mine = [_ordinal(d) for d in g if d.process_index == me]
+        if can is None:
+            continue
+        for a in mine:
+            for b in mine:
+                if a != b and a < len(can) and b < len(can[a]) and not can[a][b]:
+                    bad.add((min(a, b), max(a, b)))
+    host = socket.gethostname()
+    if exchange is None:
+        return [host], sorted(bad)
+    reports = exchange.all_gather("survey", json.dumps({"host": host, "bad": sorted(bad)}).encode())
+    hosts, all_bad = [], set()
+    for blob in reports:
+        info = json.loads(blob.decode())
+        hosts.append(info["host"])
+        all_bad.update(tuple(p) for p in info["bad"])
+    return hosts, sorted(all_bad)
+
+
+def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
+                      bad_pairs: list[tuple[int, int]]) -> tuple[str, str]:
+    """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``)."""
+    spans = []
+    for gi, g in enumerate(groups):
+        gh = sorted({hosts[d.process_index] if d.process_index < len(hosts) else hosts[0]
+                     for d in g})
+        if len(gh) > 1:
+            spans.append(f"group {gi} spans hosts {', '.join(gh)}")
+    blockers = spans + [f"GPU {a} and GPU {b} cannot access each other" for a, b in bad_pairs]
+    if requested == "nccl":
+        return "nccl", "requested"
+    if requested == "ipc":
+        if blockers:
+            raise ValueError(f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
+                             f"each other's memory, but {'; '.join(blockers)}: use transport='nccl' "
+                             "or 'auto'")
+        return "ipc", "requested"
+    if blockers:
+        return "nccl", "; ".join(blockers)
+    return "ipc", "every pair of GPUs of each group can map each other's memory"
+
+
+def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
+    """One NCCL communicator per group (unique id through the key-value store), every local member
+    created concurrently. Transport nccl: attached to the members. Bootstrap nccl: kept in
+    jax_ub._nccl's table for the IPC-handle all-gathers of this set."""
+    key = _BOOTSTRAP_KEY + s.set_id if bootstrap_only else s.set_id
+    uids: dict[int, bytes] = {}
+    for gi, g in enumerate(s.groups):
+        if not any(lg == gi for _, lg, _ in s.local):
+            continue
+        if s.exchange is None:
+            uids[gi] = _nccl.unique_id()
+        else:
+            uids[gi] = _nccl.bootstrap_unique_id(s.exchange, f"{s.set_id}-{gi}",
+                                                 root=g[0].process_index)
+    errors: dict[tuple[int, int], BaseException] = {}
+
+    def body(dev: int, gi: int, r: int) -> None:
+        try:
+            _nccl.create_comm(key, uids[gi], r, s.world, dev, s.timeout_s)
+        except BaseException as err:  # reported below
+            errors[(gi, r)] = err
+
+    threads = [threading.Thread(target=body, args=m, daemon=True, name=f"jax_ub-nccl-{m[1]}-{m[2]}")
+               for m in s.local]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        _nccl.destroy_comm(key)
+        detail = "; ".join(f"group {gi} rank {r}: {e}" for (gi, r), e in sorted(errors.items()))
+        raise RuntimeError(f"jax_ub.initialize: creating the NCCL communicators failed: {detail}")
+    if not bootstrap_only:
+        mod = _ext.extension()
+        for dev, _, _ in s.local:
+            mod.comm_attach_nccl(s.set_id, dev, key)
 
 
 def _version() -> str:
@@ -168,11 +289,48 @@ def _version() -> str:
     return __version__
 
 
+def _nccl_blobs(s: CommSet) -> dict[str, bytes]:
+    """Bootstrap nccl: every member's IPC handle blob, all-gathered over its group's NCCL
+    communicator (one thread per local member: the ranks of one group progress together)."""
+    mod = _ext.extension()
+    key = _BOOTSTRAP_KEY + s.set_id
+    out: dict[str, bytes] = {}
+    errors: list[str] = []
+
+    def body(dev: int, gi: int, r: int) -> None:
+        try:
+            blob = bytes(mod.comm_export_ipc(s.set_id, dev))
+            size = len(blob)
+            allb = _nccl.allgather_bytes(key, dev, blob, s.timeout_s)
+            for q in range(s.world):
+                out[f"{gi}/{q}"] = allb[q * size:(q + 1) * size]
+        except BaseException as err:  # reported below
+            errors.append(f"group {gi} rank {r}: {err}")
+
+    threads = [threading.Thread(target=body, args=m, daemon=True) for m in s.local]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("jax_ub.initialize: the NCCL all-gather of buffer handles failed: "
+                           + "; ".join(errors))
+    return out
+
+
 def _connect(s: CommSet, tag: str) -> None:
-    """Wires every local member to every peer (local pointers or IPC handles)."""
+    """Wires every local member to every peer (local pointers or IPC handles; nothing to wire for
+    transport nccl)."""
+    if s.transport == "nccl":
+        return
     mod = _ext.extension()
     host = socket.gethostname()
-    if s.exchange is not None:
+    if s.exchange is not None and s.bootstrap == "nccl":
+        by_member = _nccl_blobs(s)
+        proc_of = {(gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)}
+        remote = {k: (s.hosts[proc_of[tuple(map(int, k.split("/")))]], v)
+                  for k, v in by_member.items()}
+    elif s.exchange is not None:
         mine = {f"{gi}/{r}": mod.comm_export_ipc(s.set_id, dev).hex() for dev, gi, r in s.local}
         import json
 
@@ -199,9 +357,9 @@ def _connect(s: CommSet, tag: str) -> None:
                 raise RuntimeError(f"jax_ub.initialize: no handles received for group {gi} rank {q}")
             peer_host, blob = entry
             if peer_host != host:
-                raise NotImplementedError(
-                    f"jax_ub.initialize: group {gi} spans hosts {host!r} and {peer_host!r}; "
-                    "cross-host groups need the NCCL transport, which this version lacks")
+                raise ValueError(
+                    f"jax_ub.initialize: group {gi} spans hosts {host!r} and {peer_host!r}, which "
+                    "transport ipc cannot reach: use transport='nccl' or 'auto'")
             mod.comm_connect_ipc(s.set_id, dev, q, blob)
 
 
@@ -249,7 +407,8 @@ def shutdown(axis: str | None = None) -> None:
                 error = e
             if s.exchange is not None:
                 s.exchange.barrier("shutdown")
-            mod.comm_destroy_set(s.set_id)
+            mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
+            _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
             if error is not None:
                 raise error
 

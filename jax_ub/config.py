@@ -14,6 +14,8 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS); ``UB_SKIPMC=1`` forces it off |
 | buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
+| gemm_tune    | JAX_UB_GEMM_TUNE     | 8       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first) |
+| recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
 
@@ -69,6 +71,8 @@ class Config:
     multicast: bool = False
     buffer_mib: int = 0
     gemm_workspace_mib: int = 32
+    gemm_tune: int = 8
+    recompute_gathered: bool = False
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -77,6 +81,8 @@ class Config:
         _parse_choice("transport", self.transport, TRANSPORTS)
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
+        if not 0 <= self.gemm_tune <= 16:
+            raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
             raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
                              f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
@@ -104,6 +110,14 @@ class Config:
         if "JAX_UB_GEMM_WORKSPACE_MIB" in env:
             kw["gemm_workspace_mib"] = int(
                 _parse_number("JAX_UB_GEMM_WORKSPACE_MIB", env["JAX_UB_GEMM_WORKSPACE_MIB"], int, 0))
+        if "JAX_UB_GEMM_TUNE" in env:
+            kw["gemm_tune"] = int(_parse_number("JAX_UB_GEMM_TUNE", env["JAX_UB_GEMM_TUNE"], int, 0))
+            if kw["gemm_tune"] > 16:
+                raise ValueError(f"JAX_UB_GEMM_TUNE must be <= 16 (cuBLASLt candidates); got "
+                                 f"{env['JAX_UB_GEMM_TUNE']!r}")
+        if "JAX_UB_RECOMPUTE_GATHERED" in env:
+            kw["recompute_gathered"] = _parse_bool("JAX_UB_RECOMPUTE_GATHERED",
+                                                   env["JAX_UB_RECOMPUTE_GATHERED"])
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
             if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

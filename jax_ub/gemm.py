@@ -29,6 +29,45 @@ def _check(x: jax.Array, w: jax.Array) -> None:
             f"(k={w.shape[0]})")
 
 
+_DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_warmed: dict[tuple, dict] = {}
+
+
+def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
+         workspace_bytes: int | None = None) -> list[dict]:
+    """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
+    time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
+    a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
+    cuBLASLt's candidate algorithms and keeps the fastest for every later call of that shape.
+
+    ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
+    one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
+    """
+    from jax_ub import config
+
+    cfg = config.get()
+    tf32 = bool(_ffi.tf32_allowed(precision))
+    ws = workspace_bytes if workspace_bytes is not None else max(int(cfg.gemm_workspace_mib) << 20, 256)
+    name = jnp.dtype(dtype).name
+    mod = _ext.extension()
+    out = []
+    for dev in devices:
+        key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune))
+        if key not in _warmed:
+            _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
+                                                tf32, int(ws), tune_candidates=int(cfg.gemm_tune)))
+        out.append(_warmed[key])
+    return out
+
+
+def _local_cuda_ordinals() -> list[int]:
+    try:
+        devs = jax.local_devices(backend="cuda")
+    except RuntimeError:
+        return []
+    return [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devs]
+
+
 def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False,
              precision: Any = None) -> jax.Array:
     """Row-major ``op(a) @ op(b)`` through cuBLASLt (CUDA only; callers check availability).
@@ -41,6 +80,12 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
     else:
         shape = (*a.shape[:-1], b.shape[0] if trans_b else b.shape[1])
     out_type = _ffi.result_type(shape, a.dtype, a, b)
+    if not trans_a and not trans_b:  # the forward GEMM: tuned like the overlap kernels' chunks
+        m = 1
+        for d in a.shape[:-1]:
+            m *= int(d)
+        if m > 0:
+            warm(_local_cuda_ordinals(), m, b.shape[1], a.shape[-1], a.dtype, precision)
     call = jax.ffi.ffi_call(TARGET, (out_type, _ffi.workspace_type(a, b)))
     out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
                   tf32=bool(_ffi.tf32_allowed(precision)))

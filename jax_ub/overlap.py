@@ -28,17 +28,22 @@ import numpy as np
 
 from jax_ub import _ext, _ffi, comm, ops
 
-AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0}
-RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0}
+# "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
+AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "nccl": 2}
+RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "nccl": 0}
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
 BULK_REDUCE_SMS = 16  # SMs a bulk reduce-scatter keeps from its concurrent GEMM
 
 
-def _set_for(axis_name: Any, what: str) -> comm.CommSet:
+def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
     s = comm.get(axis_name)
     if s is None:
         raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis_name!r}: call "
                          f"jax_ub.initialize(mesh, axis={axis_name!r}) before tracing")
+    if method == "nccl" and s.transport != "nccl":
+        raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, axis={axis_name!r}, "
+                         f"transport='nccl'); this axis was initialized with transport "
+                         f"{s.transport!r}")
     size = jax.lax.axis_size(axis_name)
     if size != s.world:
         raise ValueError(f"{what}: axis {axis_name!r} has size {size} here but the communicator "
@@ -54,44 +59,37 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
     return x if axis == 0 else jnp.moveaxis(x, 0, axis)
 
 
-_DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
-_warmed: set = set()
-
-
 def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -> None:
-    """Loads the chunk GEMM's cuBLASLt kernel on every local GPU at trace time (see gemm_warmup)."""
-    from jax_ub import config
+    """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time."""
+    from jax_ub import config, gemm
 
-    tf32 = bool(_ffi.tf32_allowed(precision))
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
-    mod = _ext.extension()
-    for dev, _, _ in s.local:
-        key = (dev, m, n, k, jnp.dtype(dtype).name, tf32, ws)
-        if key not in _warmed:
-            mod.gemm_warmup(dev, m, n, k, _DTYPE_CODE[jnp.dtype(dtype).name], tf32, ws)
-            _warmed.add(key)
+    gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws)
 
 
-def ag_gemm(x, w, *, axis_name, axis, precision, method="ring"):
+def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
     """(y, x_gathered) of ``all_gather(x, axis) @ w`` through the CUDA overlap kernel."""
     _ext.ensure_registered()
-    s = _set_for(axis_name, "all_gather_matmul")
+    s = _set_for(axis_name, "all_gather_matmul", method)
     x2 = _front(x, axis)
     es = jnp.dtype(x.dtype).itemsize
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * es)  # push lands every shard
     _warm(s, math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], x.dtype, precision)
     rows = (s.world * x2.shape[0], *x2.shape[1:-1])
     y_t = _ffi.result_type((*rows, w.shape[1]), x.dtype, x2, w)
-    xg_t = _ffi.result_type((*rows, x2.shape[-1]), x.dtype, x2, w)
+    # The gathered x is an output only when someone uses it: push and nccl land peers' chunks in
+    # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
+    keep = need_full or (method != "push" and s.transport != "nccl")
+    xg_t = _ffi.result_type((*rows, x2.shape[-1]) if keep else (0, x2.shape[-1]), x.dtype, x2, w)
     y, xg, _ = jax.ffi.ffi_call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
         x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision))
-    return _back(y, axis), _back(xg, axis)
+    return _back(y, axis), (_back(xg, axis) if keep else None)
 
 
-def gemm_rs(x, w, *, axis_name, axis, precision, method="ring"):
+def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
     """(y, x) of ``reduce_scatter(x @ w, axis)`` through the CUDA overlap kernel."""
     _ext.ensure_registered()
-    s = _set_for(axis_name, "matmul_reduce_scatter")
+    s = _set_for(axis_name, "matmul_reduce_scatter", method)
     x2 = _front(x, axis)
     es = jnp.dtype(x.dtype).itemsize
     M, n = x2.shape[0], w.shape[1]
@@ -228,9 +226,10 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
 
 
 def _auto(op: str):
-    def impl(x, w, *, axis_name, axis, precision):
+    def impl(x, w, *, axis_name, axis, precision, need_full=True):
         algo = choose(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
-        return ops._IMPLS[(op, algo)](x, w, axis_name=axis_name, axis=axis, precision=precision)
+        return ops._IMPLS[(op, algo)](x, w, axis_name=axis_name, axis=axis, precision=precision,
+                                      need_full=need_full)
 
     return impl
 
@@ -238,13 +237,15 @@ def _auto(op: str):
 def _register() -> None:
     ops.register_impl(ops.AG, "auto")(_auto(ops.AG))
     ops.register_impl(ops.RS, "auto")(_auto(ops.RS))
-    for name in ("ring", "all_peer", "push", "pipeline"):
+    for name in ("ring", "all_peer", "push", "pipeline", "nccl"):
         ops.register_impl(ops.AG, name)(
-            lambda x, w, *, axis_name, axis, precision, _m=name: ag_gemm(
-                x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m))
+            lambda x, w, *, axis_name, axis, precision, need_full=True, _m=name: ag_gemm(
+                x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m,
+                need_full=need_full))
         ops.register_impl(ops.RS, name)(
-            lambda x, w, *, axis_name, axis, precision, _m=name: gemm_rs(
-                x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m))
+            lambda x, w, *, axis_name, axis, precision, need_full=True, _m=name: gemm_rs(
+                x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m,
+                need_full=need_full))
 
 
 _register()

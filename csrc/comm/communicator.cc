@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "comm/driver.h"
+#include "comm/nccl.h"
 #include "kernels/flags.h"
 
 namespace jax_ub {
@@ -166,6 +167,17 @@ Status Communicator::Destroy() {
   destroyed_ = true;
   JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
   Drain();
+  Status nccl_status;
+  if (nccl_ != nullptr) {
+    nccl_status = nccl_->Destroy();
+    nccl_.reset();
+  }
+  for (auto& p : nccl_pending_) {
+    if (p.done != nullptr) cudaEventDestroy(p.done);
+  }
+  nccl_pending_.clear();
+  for (auto e : nccl_events_) cudaEventDestroy(e);
+  nccl_events_.clear();
   for (int q = 0; q < o_.world; ++q) {
     if (ipc_buffer_[q] && peer_buffer_[q] != nullptr) cudaIpcCloseMemHandle(peer_buffer_[q]);
     if (ipc_flags_[q] && peer_flags_[q] != nullptr) cudaIpcCloseMemHandle(peer_flags_[q]);
@@ -192,7 +204,7 @@ Status Communicator::Destroy() {
   if (err != cudaSuccess) {
     return Status::Error(StrCat() << "communicator teardown: " << cudaGetErrorString(err));
   }
-  return Status::Ok();
+  return nccl_status;
 }
 
 Status Communicator::Drain() {
@@ -290,7 +302,24 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob) {
   return Status::Ok();
 }
 
+Status Communicator::AttachNccl(std::shared_ptr<NcclComm> n) {
+  if (!o_.nccl) {
+    return Status::Error(StrCat() << Where(*this, "attach_nccl")
+                                  << ": this communicator was created for transport ipc");
+  }
+  if (n == nullptr || n->rank() != o_.rank || n->world() != o_.world ||
+      n->device() != o_.device) {
+    return Status::Error(StrCat() << Where(*this, "attach_nccl")
+                                  << ": the NCCL communicator does not match (rank "
+                                  << (n ? n->rank() : -1) << " of " << (n ? n->world() : -1)
+                                  << " on device " << (n ? n->device() : -1) << ")");
+  }
+  nccl_ = std::move(n);
+  return Status::Ok();
+}
+
 bool Communicator::Connected() const {
+  if (o_.nccl) return nccl_ != nullptr;
   for (int q = 0; q < o_.world; ++q) {
     if (peer_buffer_[q] == nullptr || peer_flags_[q] == nullptr) return false;
   }
@@ -318,9 +347,22 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   }
   const uint64_t e = ++epoch_;
   *epoch = e;
+  op_ = op;
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
   for (int i = 0; i < o_.world; ++i) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(comm_[i], start_, 0));
   for (auto s : compute_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, start_, 0));
+  // NCCL matches sends with receives itself: a rank's buffer is only written once it has posted
+  // the receive, i.e. after its previous op (stream order). No handshake. The watchdog follows
+  // the op from here: enqueueing can block the host too (NCCL connects peers on first use).
+  if (o_.nccl) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
+      nccl_pending_.pop_back();  // an op whose enqueueing failed (its error was returned)
+    }
+    nccl_pending_.push_back({nullptr, std::chrono::steady_clock::now(), op, e});
+    any_pending_.store(true, std::memory_order_release);
+  }
+  if (o_.nccl) return Status::Ok();
   cudaStream_t s = comm_[0];
   for (int q = 0; q < o_.world; ++q) {
     if (q != o_.rank && e > 1) JAX_UB_RETURN_IF_ERROR(Wait(s, kAck, q, e - 1, op));
@@ -340,6 +382,23 @@ Status Communicator::End(cudaStream_t xla) {
   for (int i = 0; i < kNumComputeStreams; ++i, ++j) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], compute_[i]));
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
+  }
+  if (o_.nccl) {
+    // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s.
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaEvent_t done = nullptr;
+    if (!nccl_events_.empty()) {
+      done = nccl_events_.back();
+      nccl_events_.pop_back();
+    } else {
+      JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    }
+    JAX_UB_CUDA_RETURN(cudaEventRecord(done, xla));
+    if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
+      nccl_pending_.back().done = done;
+    } else {
+      nccl_pending_.push_back({done, std::chrono::steady_clock::now(), op_, epoch_});
+    }
   }
   // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
   // there would queue behind a running GEMM that holds every SM).
@@ -377,6 +436,10 @@ void Communicator::Poll() {
   const int n = kNumFlagSlots * o_.world;
   if (cudaSetDevice(o_.device) != cudaSuccess) {
     cudaGetLastError();
+    return;
+  }
+  if (o_.nccl) {
+    PollNccl();
     return;
   }
   bool fresh = false;
@@ -434,6 +497,46 @@ void Communicator::Poll() {
     }
   }
   any_pending_.store(still, std::memory_order_release);
+}
+
+void Communicator::PollNccl() {
+  while (!nccl_pending_.empty()) {
+    PendingOp& p = nccl_pending_.front();
+    // No event yet: the op is still being enqueued (maybe blocked in NCCL's connection setup).
+    cudaError_t q = p.done == nullptr ? cudaErrorNotReady : cudaEventQuery(p.done);
+    if (q == cudaSuccess) {
+      nccl_events_.push_back(p.done);
+      nccl_pending_.pop_front();
+      continue;
+    }
+    cudaGetLastError();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.since).count();
+    if (waited < o_.timeout_s || !error_.empty()) break;
+    std::string peers;
+    for (int r = 0; r < o_.world; ++r) {
+      if (r != o_.rank) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
+    }
+    std::string msg = StrCat()
+                      << Where(*this, p.op) << ": timed out after " << waited
+                      << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
+                      << "); NCCL cannot say which peer is missing. Is every process alive, and "
+                         "does every rank run the same sequence of jax_ub ops? The NCCL "
+                         "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+    error_ = msg;
+    // Poison first (the op's check kernel then fails the XLA call), then abort: NCCL's blocked
+    // kernels return and the stream moves on to the check.
+    const int n = kNumFlagSlots * o_.world;
+    cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                    release_);
+    cudaStreamSynchronize(release_);
+    cudaGetLastError();
+    if (nccl_ != nullptr) nccl_->Abort(msg);
+    break;
+  }
+  any_pending_.store(!nccl_pending_.empty() && error_.empty(), std::memory_order_release);
 }
 
 // ----------------------------------------------------------------------------- registry

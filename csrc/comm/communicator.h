@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,8 @@
 #include "common/status.h"
 
 namespace jax_ub {
+
+class NcclComm;
 
 enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kNumFlagSlots = 3 };
 constexpr int kMaxWorld = 16;
@@ -44,6 +47,9 @@ class Communicator {
     // Every peer lives in this process: buffer and flags are cuMem allocations mapped for the
     // peers (ConnectLocal) instead of cudaMalloc + cudaDeviceEnablePeerAccess; no IPC export.
     bool local_only = false;
+    // Transport "nccl": peers are reached by ncclSend/ncclRecv of an attached NcclComm
+    // (AttachNccl); no peer mapping, no flags. The buffer is a private landing/staging area.
+    bool nccl = false;
   };
 
   static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
@@ -60,6 +66,10 @@ class Communicator {
   std::string ExportIpc() const;
   Status ConnectIpc(int peer, const std::string& blob);
   bool Connected() const;
+  // Transport "nccl": takes (shared) ownership of this member's NCCL communicator (rank and world
+  // must match); Destroy() destroys it.
+  Status AttachNccl(std::shared_ptr<NcclComm> n);
+  NcclComm* nccl() const { return nccl_.get(); }
   // Replaces the buffer by a larger one (all ranks must then reconnect). Synchronizes the device.
   Status Grow(size_t capacity);
 
@@ -68,7 +78,8 @@ class Communicator {
   // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
   Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch);
   // Joins every side stream back into XLA's stream, then (one tiny kernel on XLA's stream) fails
-  // the call if the watchdog force-released a wait of this communicator.
+  // the call if the watchdog force-released a wait of this communicator. Transport nccl: the
+  // watchdog also watches the op's completion and aborts the NCCL communicator after timeout_s.
   Status End(cudaStream_t xla);
   // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
@@ -134,6 +145,18 @@ class Communicator {
   mutable std::mutex mu_;  // error_, pending_
   std::string error_;
   PendingWait pending_[kNumFlagSlots][kMaxWorld];
+  // Transport nccl: ops enqueued but not yet complete, oldest first (event recorded at End).
+  struct PendingOp {
+    cudaEvent_t done;
+    std::chrono::steady_clock::time_point since;
+    const char* op;
+    uint64_t epoch;
+  };
+  std::shared_ptr<NcclComm> nccl_;
+  std::deque<PendingOp> nccl_pending_;
+  std::vector<cudaEvent_t> nccl_events_;  // free completion events
+  const char* op_ = "";                  // op of the current Begin..End
+  void PollNccl();                        // with mu_ held
   std::atomic<bool> any_pending_{false};
 };
 

@@ -82,6 +82,11 @@ class NcclComm {
   // bootstrap-time blobs (IPC handles), not for the training step.
   Status AllGatherHost(const std::string& data, std::string* out, double timeout_s = 0);
 
+  // Aborts from a watchdog thread after `why` (ncclCommAbort is NCCL's way to release kernels and
+  // host calls blocked on a peer that never comes). The communicator is unusable afterwards;
+  // later calls fail with `why`.
+  void Abort(const std::string& why) { AbortAfter(why); }
+
   // ncclCommGetAsyncError: OK while healthy (or while a nonblocking call is still in progress).
   Status CheckAsync();
   // Frees the communicator: ncclCommAbort when an asynchronous error is pending (ncclCommDestroy

@@ -58,7 +58,9 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
   const Rows xr = Fold(x.dimensions());
   const Rows gr = Fold(xg->dimensions());
   const int world = c->world();
-  if (auto e = Check(op, *c, gr.rows == xr.rows * world && gr.cols == xr.cols,
+  // A gathered result with no rows: the caller does not want it (AG->GEMM with push or nccl).
+  const bool skip_xg = w != nullptr && gr.rows == 0;
+  if (auto e = Check(op, *c, (skip_xg || gr.rows == xr.rows * world) && gr.cols == xr.cols,
                      StrCat() << "gathered result has " << gr.rows << "x" << gr.cols
                               << ", expected " << xr.rows * world << "x" << xr.cols);
       e.failure()) {
@@ -74,7 +76,7 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.x = x.untyped_data();
   a.m = xr.rows;
   a.k = xr.cols;
-  a.xg = xg->untyped_data();
+  a.xg = skip_xg ? nullptr : xg->untyped_data();
   if (w != nullptr) {
     const auto wd = w->dimensions();
     const Rows yr = Fold(y->dimensions());

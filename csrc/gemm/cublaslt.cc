@@ -1,5 +1,6 @@
 #include "gemm/cublaslt.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,6 +94,8 @@ struct Plan {
   lt::MatmulDesc desc = nullptr;
   lt::MatrixLayout a = nullptr, b = nullptr, c = nullptr;
   lt::MatmulAlgo algo{};
+  std::vector<lt::MatmulAlgo> candidates;  // the heuristic's top results, best-ranked first
+  bool tuned = false;                      // algo was picked by timing the candidates
 };
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
@@ -153,7 +156,8 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   const uint64_t ws = g.workspace_bytes;
   const uint32_t al_a = align_b, al_b = align_a, al_c = align_c;  // swapped like the operands
   Status st;
-  lt::HeuristicResult result{};
+  constexpr int kMaxCandidates = 16;
+  lt::HeuristicResult results[kMaxCandidates] = {};
   int found = 0;
   lt::Status s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof(ws));
   if (s == lt::kSuccess)
@@ -165,20 +169,23 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   if (s == lt::kSuccess)
     s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentDBytes, &al_c, sizeof(al_c));
   if (s == lt::kSuccess)
-    s = api.MatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
-                                   &result, &found);
+    s = api.MatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
+                                   kMaxCandidates, results, &found);
   api.MatmulPreferenceDestroy(pref);
   if (s != lt::kSuccess) {
     return Status::Error(StrCat() << "cuBLASLt heuristic query failed: " << api.Err(s));
   }
-  if (found == 0 || result.state != lt::kSuccess) {
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == lt::kSuccess) plan->candidates.push_back(results[i].algo);
+  }
+  if (plan->candidates.empty()) {
     return Status::Error(StrCat() << "cuBLASLt found no algorithm for " << DTypeName(g.dtype)
                                   << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k
                                   << " trans_a=" << g.trans_a << " trans_b=" << g.trans_b
                                   << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc
                                   << " workspace=" << g.workspace_bytes << "B");
   }
-  plan->algo = result.algo;
+  plan->algo = plan->candidates.front();
   return Status::Ok();
 }
 
@@ -200,8 +207,9 @@ size_t GemmPlanCacheSize() {
   return Plans().size();
 }
 
-Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
-  Api* api = GetApi();
+namespace {
+
+Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, Plan** plan_out) {
   if (!api->load_status.ok()) return api->load_status;
   if (g.m <= 0 || g.n <= 0 || g.k <= 0) {
     return Status::Error(StrCat() << "GEMM sizes must be positive; got m=" << g.m << " n=" << g.n
@@ -230,11 +238,98 @@ Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
     }
     plan = it->second.get();
   }
+  *handle_out = handle;
+  *plan_out = plan;
+  return Status::Ok();
+}
+
+Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& algo,
+           const GemmArgs& g, cudaStream_t stream) {
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   // Our B is cuBLASLt's A and vice versa (see BuildPlan).
   JAX_UB_LT_RETURN(*api, api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
-                                     g.c, plan->c, g.c, plan->c, &plan->algo, g.workspace,
+                                     g.c, plan->c, g.c, plan->c, &algo, g.workspace,
                                      g.workspace_bytes, stream));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
+  Api* api = GetApi();
+  lt::Handle handle = nullptr;
+  Plan* plan = nullptr;
+  JAX_UB_RETURN_IF_ERROR(Lookup(api, device, g, &handle, &plan));
+  lt::MatmulAlgo algo;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);  // GemmTune may be replacing it
+    algo = plan->algo;
+  }
+  return Run(api, handle, plan, algo, g, stream);
+}
+
+Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStream_t stream,
+                GemmTuneResult* out) {
+  Api* api = GetApi();
+  if (!api->load_status.ok()) return api->load_status;
+  lt::Handle handle = nullptr;
+  Plan* plan = nullptr;
+  JAX_UB_RETURN_IF_ERROR(Lookup(api, device, g, &handle, &plan));
+  std::vector<lt::MatmulAlgo> algos;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (plan->tuned) {
+      if (out) out->cached = true;
+      return Status::Ok();
+    }
+    algos.assign(plan->candidates.begin(),
+                 plan->candidates.begin() +
+                     std::min<size_t>(plan->candidates.size(), std::max(candidates, 1)));
+  }
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  JAX_UB_CUDA_RETURN(cudaEventCreate(&e0));
+  JAX_UB_CUDA_RETURN(cudaEventCreate(&e1));
+  float best_ms = -1, first_ms = -1;
+  size_t best = 0;
+  Status st;
+  for (size_t i = 0; i < algos.size() && st.ok(); ++i) {
+    // One warm-up run, then `reps` timed back to back (the median is not needed: the GPU is
+    // otherwise idle at trace time, and back-to-back runs are how the schedules issue them).
+    Status run = Run(api, handle, plan, algos[i], g, stream);
+    if (!run.ok()) continue;  // a candidate the heuristic offered but that cannot run here
+    if (cudaEventRecord(e0, stream) != cudaSuccess) break;
+    for (int r = 0; r < reps && run.ok(); ++r) run = Run(api, handle, plan, algos[i], g, stream);
+    cudaEventRecord(e1, stream);
+    if (cudaEventSynchronize(e1) != cudaSuccess || !run.ok()) {
+      cudaGetLastError();
+      continue;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    ms /= std::max(reps, 1);
+    if (i == 0) first_ms = ms;
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (best_ms < 0) {
+    return Status::Error(StrCat() << "GEMM tuning: no candidate algorithm ran for m=" << g.m
+                                  << " n=" << g.n << " k=" << g.k);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    plan->algo = algos[best];
+    plan->tuned = true;
+  }
+  if (out) {
+    out->candidates = static_cast<int>(algos.size());
+    out->chosen = static_cast<int>(best);
+    out->heuristic_ms = first_ms;
+    out->best_ms = best_ms;
+  }
   return Status::Ok();
 }
 

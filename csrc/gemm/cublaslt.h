@@ -37,6 +37,18 @@ struct GemmArgs {
 // Enqueues the GEMM on `stream` (device `device` must be current). Thread-safe.
 Status Gemm(int device, const GemmArgs& args, cudaStream_t stream);
 
+// Times the heuristic's top `candidates` algorithms for this GEMM configuration (`reps` runs each
+// on `stream`, which it synchronizes: call outside execution, e.g. at trace time) and makes the
+// fastest the cached plan's algorithm for every later Gemm() of the same configuration. Once per
+// configuration; later calls return at once (cached = true).
+struct GemmTuneResult {
+  bool cached = false;
+  int candidates = 0, chosen = 0;  // chosen: rank in the heuristic's order (0 = its first choice)
+  float heuristic_ms = 0, best_ms = 0;
+};
+Status GemmTune(int device, const GemmArgs& args, int candidates, int reps, cudaStream_t stream,
+                GemmTuneResult* out);
+
 // Loads cuBLASLt if needed; returns "" when loaded, else the reason it cannot be.
 std::string CublasLtLoadError();
 // "cuBLASLt <version> from <path>" or the load error.

@@ -46,6 +46,11 @@ RowGemm ChunkGemm(const AgGemmArgs& a) {
 }  // namespace
 
 Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {
+  if (c->nccl() != nullptr) return AgBodyNccl(c, a, op, t);
+  if (a.xg == nullptr && a.algo != AgAlgo::kPush) {
+    return Status::Error("the pull all-gather algorithms land chunks in the gathered output, "
+                         "which this call did not request");
+  }
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const size_t chunk = static_cast<size_t>(a.m) * a.k * es;
@@ -82,7 +87,9 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   if (a.algo == AgAlgo::kPush) {
     // 1. My chunk: GEMM straight from x; copy into xg beside it.
     JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
-    JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+    if (xg != nullptr) {
+      JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+    }
     // 2. Push x into every peer's slot r (ring order r-1, r-2, ...: at each step every GPU
     //    sends to one peer and receives from another). Begin signalled our own buffer free.
     for (int i = 1; i < world; ++i) {
@@ -98,6 +105,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       const int q = (r + i) % world;
       if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
       JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
       JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
     }

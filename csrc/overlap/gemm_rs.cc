@@ -13,6 +13,7 @@ size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n) {
 }
 
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
+  if (c->nccl() != nullptr) return RsBodyNccl(c, a, op, t);
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;  // output rows per rank

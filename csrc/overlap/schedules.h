@@ -50,7 +50,7 @@ struct AgGemmArgs {
   int64_t m = 0, k = 0, n = 0;
   const void* w = nullptr;
   void* y = nullptr;
-  void* xg = nullptr;
+  void* xg = nullptr;  // nullptr: the gathered input is not wanted (push and nccl only)
   void* workspace = nullptr;  // split across compute streams
   size_t workspace_bytes = 0;
 };
@@ -93,8 +93,11 @@ struct BulkArgs {
 };
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla);
 
-// Schedule bodies (between Begin and End).
+// Schedule bodies (between Begin and End). On a communicator with transport nccl they hand over
+// to the NCCL bodies (overlap/nccl_schedules.cc), whatever the algorithm.
 Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t);
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t);
+Status AgBodyNccl(Communicator* c, const AgGemmArgs& a, const char* op, OpTrace& t);
+Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace& t);
 
 }  // namespace jax_ub

@@ -14,7 +14,9 @@ def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
-        "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "log_level": "WARNING",
+        "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
+        "recompute_gathered": False,
+        "log_level": "WARNING",
     }  # fmt: skip
 
 
@@ -37,6 +39,8 @@ VARIABLES = [
     ("JAX_UB_BUFFER_MIB", "64", "buffer_mib", 64),
     ("JAX_UB_BUFFER_MIB", "0", "buffer_mib", 0),
     ("JAX_UB_GEMM_WORKSPACE_MIB", "8", "gemm_workspace_mib", 8),
+    ("JAX_UB_GEMM_TUNE", "0", "gemm_tune", 0),
+    ("JAX_UB_GEMM_TUNE", "4", "gemm_tune", 4),
     ("JAX_UB_LOG", "debug", "log_level", "DEBUG"),
     ("JAX_UB_LOG", "ERROR", "log_level", "ERROR"),
 ]
@@ -78,6 +82,8 @@ BAD_VALUES = [
     ("JAX_UB_BUFFER_MIB", "-1", "must be >= 0"),
     ("JAX_UB_BUFFER_MIB", "1.5", "must be a int"),
     ("JAX_UB_GEMM_WORKSPACE_MIB", "lots", "must be a int"),
+    ("JAX_UB_GEMM_TUNE", "99", "must be <= 16"),
+    ("JAX_UB_GEMM_TUNE", "-1", "must be >= 0"),
     ("JAX_UB_LOG", "verbose", "DEBUG, INFO, WARNING or ERROR"),
 ]
 

@@ -250,9 +250,13 @@ def test_gpu0_and_gpu2_without_p2p_transport_nccl(machine, capsys, monkeypatch):
     assert len(table) == 2 and table[1].split() == ["GPU0", "-", "yes", "NO", "yes"]
 
 
-def test_no_p2p_pair_without_nccl_transport_tests_a_p2p_group(machine, capsys):
-    # this version has no NCCL transport: still not fatal, but TP groups must be P2P cliques
-    assert doctor.nccl_transport_implemented() is False
+def test_this_version_implements_the_nccl_transport():
+    assert doctor.nccl_transport_implemented() is True
+
+
+def test_no_p2p_pair_without_nccl_transport_tests_a_p2p_group(machine, capsys, monkeypatch):
+    # a build without the NCCL transport: still not fatal, but TP groups must be P2P cliques
+    monkeypatch.setattr(doctor, "nccl_transport_implemented", lambda: False)
     live = machine(4, missing_p2p=[(0, 2)])
     rc, out, _ = _run(capsys, "--json")
     r = json.loads(out)
@@ -360,8 +364,18 @@ def test_disable_is_fatal(machine, capsys, monkeypatch):
     assert rc == 1 and last == "CANNOT RUN OVERLAP: JAX_UB_DISABLE=1 forces the pure-XLA reference path"
 
 
-def test_forced_nccl_transport_is_not_available(machine, capsys, monkeypatch):
+def test_forced_nccl_transport_is_chosen(machine, capsys, monkeypatch):
     machine(4)
+    monkeypatch.setenv("JAX_UB_TRANSPORT", "nccl")
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 0, out
+    assert "transport   nccl: forced by JAX_UB_TRANSPORT=nccl" in out
+    assert last == "OK: overlap can run (transport nccl, 4 GPUs)"
+
+
+def test_forced_nccl_transport_is_not_available_in_builds_without_it(machine, capsys, monkeypatch):
+    machine(4)
+    monkeypatch.setattr(doctor, "nccl_transport_implemented", lambda: False)
     monkeypatch.setenv("JAX_UB_TRANSPORT", "nccl")
     rc, out, last = _run(capsys, "--no-live")
     assert rc == 1

@@ -1,6 +1,7 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|timeout     (env from tests/launcher.py)
+    python _mp_worker.py exchange|timeout     (env from tests/launcher.py; JAX_UB_TRANSPORT and
+                                                JAX_UB_BOOTSTRAP pick the transport/bootstrap)
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """
@@ -55,7 +56,8 @@ def smap(f, in_specs, out_specs):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
-jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
+cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
+print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
 ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
 
 if mode == "exchange":

@@ -1,4 +1,5 @@
-"""Multi-GPU tier, one process per GPU under jax.distributed (KV-store bootstrap, CUDA IPC).
+"""Multi-GPU tier, one process per GPU under jax.distributed (KV-store or NCCL bootstrap; CUDA IPC or
+NCCL transport).
 
 Skips without >= 2 CUDA GPUs. Uses tests/launcher.py: every child is killed and reaped.
 """
@@ -28,23 +29,27 @@ pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 2, reason="needs >
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
 
 
-def test_four_processes_exchange_and_overlap_ops(capsys):
+@pytest.mark.parametrize("bootstrap,transport", [("kv", "ipc"), ("nccl", "ipc"), ("kv", "nccl")])
+def test_four_processes_exchange_and_overlap_ops(capsys, bootstrap, transport):
     n = min(NGPU, 4)
-    results = parallel_launch(n, WORKER, ["exchange"], env=ENV, timeout_s=240, devices_per_proc=1,
+    env = dict(ENV, JAX_UB_BOOTSTRAP=bootstrap, JAX_UB_TRANSPORT=transport)
+    results = parallel_launch(n, WORKER, ["exchange"], env=env, timeout_s=240, devices_per_proc=1,
                               fail_fast_s=30)
     with capsys.disabled():
         for r in results:
-            print(f"\nrank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+            print(f"\n[{bootstrap}/{transport}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
         assert {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32"} <= names
+        assert r.lines("RESULT transport ") == [f"{transport} bootstrap {bootstrap}"]
 
 
-def test_missing_peer_times_out_with_a_clear_error(capsys):
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
+def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     n = min(NGPU, 4)
     timeout = 8
-    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout))
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
     results = parallel_launch(n, WORKER, ["timeout"], env=env, timeout_s=180, devices_per_proc=1)
     with capsys.disabled():
         for r in results:
@@ -55,7 +60,11 @@ def test_missing_peer_times_out_with_a_clear_error(capsys):
     missing = n - 1
     for r in results[:-1]:
         assert not r.timed_out, format_failures(results)
-        assert f"waiting for rank {missing}" in r.stderr, format_failures(results)
+        if transport == "ipc":
+            assert f"waiting for rank {missing}" in r.stderr, format_failures(results)
+        else:  # NCCL cannot tell which peer is missing: the message names them all
+            assert "in NCCL send/recv with ranks" in r.stderr, format_failures(results)
+            assert str(missing) in r.stderr.split("with ranks", 1)[1].split("(")[0]
         assert "epoch" in r.stderr and "all_gather_matmul" in r.stderr
         failed = r.lines("RESULT failed_after ")
         assert failed, "the call did not fail: " + format_failures(results)
