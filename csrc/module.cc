@@ -183,13 +183,17 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     g.workspace_bytes = workspace_bytes;
     // Random-ish operands: tuning on zeros would time kernels that skip no work but may hit
     // different power states; a fixed byte pattern is enough (values are irrelevant to speed).
-    cudaMemset(a, 0x3c, m * k * es);
-    cudaMemset(b, 0x3c, k * n * es);
-    jax_ub::Status st = jax_ub::Gemm(device, g, nullptr);
+    // A private non-blocking stream: never ordered behind XLA's or the communicators' streams.
+    cudaStream_t s = nullptr;
+    JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaMemsetAsync(a, 0x3c, m * k * es, s);
+    cudaMemsetAsync(b, 0x3c, k * n * es, s);
+    jax_ub::Status st = jax_ub::Gemm(device, g, s);
     if (st.ok() && tune_candidates > 1) {
-      st = jax_ub::GemmTune(device, g, tune_candidates, 5, nullptr, &tune);
+      st = jax_ub::GemmTune(device, g, tune_candidates, 5, s, &tune);
     }
-    cudaDeviceSynchronize();
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
     cudaFree(a);
     cudaFree(b);
     cudaFree(c);

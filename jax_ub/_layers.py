@@ -272,9 +272,13 @@ def column_parallel_dense(
     dtype: Any = None,
     precision: Any = None,
     method: str | None = None,
+    recompute_gathered: bool | None = None,
     where: str = "ColumnParallelDense",
 ) -> Array:
     """Column-parallel dense (SP→TP): all-gather the sequence, multiply by this shard's columns.
+
+    ``recompute_gathered`` goes to :func:`jax_ub.all_gather_matmul` (``None``: the configured
+    default): keep only the local x for the backward and re-gather it there.
 
     Global mode: x `[batch, seq, in]` (sequence split over ``axis_name``), kernel `[in, out]`, bias
     `[out]` → `[batch, seq, out]` split over ``axis_name`` on the last dim.
@@ -290,7 +294,7 @@ def column_parallel_dense(
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         y = ops.all_gather_matmul(x, kernel, axis_name, gather_axis=1, method=method,
-                                  precision=precision)
+                                  precision=precision, recompute_gathered=recompute_gathered)
         return y if bias is None else y + bias
 
     if p.local:

@@ -14,7 +14,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS); ``UB_SKIPMC=1`` forces it off |
 | buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
-| gemm_tune    | JAX_UB_GEMM_TUNE     | 8       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first) |
+| gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
@@ -71,7 +71,7 @@ class Config:
     multicast: bool = False
     buffer_mib: int = 0
     gemm_workspace_mib: int = 32
-    gemm_tune: int = 8
+    gemm_tune: int = 0
     recompute_gathered: bool = False
     log_level: str = "WARNING"
 

@@ -83,6 +83,7 @@ class ColumnParallelDense(nn.Module):
 
     Global mode: x `[batch, seq, in]` → `[batch, seq, features]` (features split over
     ``axis_name``); local mode: x `[batch, seq/tp, in]` → `[batch, seq, features/tp]`.
+    ``recompute_gathered``: keep only the local x for the backward (``None``: configured default).
     """
 
     features: int
@@ -94,6 +95,7 @@ class ColumnParallelDense(nn.Module):
     bias_init: Callable[..., jax.Array] = default_bias_init
     precision: Any = None
     method: str | None = None
+    recompute_gathered: bool | None = None
     axis_name: str = "tp"
     mesh: Any = None
 
@@ -107,7 +109,7 @@ class ColumnParallelDense(nn.Module):
         return _layers.column_parallel_dense(
             x, kernel, bias, out_features=self.features, axis_name=self.axis_name, mesh=self.mesh,
             dtype=self.dtype, precision=self.precision, method=self.method,
-            where=type(self).__name__)
+            recompute_gathered=self.recompute_gathered, where=type(self).__name__)
 
 
 class RowParallelDense(nn.Module):
@@ -168,7 +170,8 @@ class ParallelMLP(nn.Module):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (see :class:`jax_ub.nn.ParallelMLP`).
 
     x `[batch, seq, features]` → same shape, the sequence split over ``axis_name`` on both sides;
-    the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX.
+    the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
+    ``recompute_gathered`` applies to ``up``.
     """
 
     ffn_features: int
@@ -182,6 +185,7 @@ class ParallelMLP(nn.Module):
     precision: Any = None
     method: str | None = None
     epsilon: float = 1e-6
+    recompute_gathered: bool | None = None
     axis_name: str = "tp"
     mesh: Any = None
 
@@ -193,6 +197,7 @@ class ParallelMLP(nn.Module):
                       mesh=self.mesh)
         h = LayerNorm(epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
                       axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
-        h = ColumnParallelDense(self.ffn_features, name="up", **common)(h)
+        h = ColumnParallelDense(self.ffn_features, name="up",
+                                recompute_gathered=self.recompute_gathered, **common)(h)
         h = self.activation(h)
         return RowParallelDense(x.shape[-1], name="down", **common)(h)

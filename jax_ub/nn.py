@@ -112,6 +112,9 @@ class ColumnParallelDense(_ParallelDense):
       precision: passed to the GEMM.
       method: overlap algorithm for :func:`jax_ub.all_gather_matmul` (``None``: configured default;
         ``"xla"``: pure-XLA reference).
+      recompute_gathered: keep only the local (sequence-sharded) x for the backward instead of the
+        gathered one, ``tp``× smaller, and re-gather it there under the dgrad GEMM (``None``: the
+        configured default, ``JAX_UB_RECOMPUTE_GATHERED``); see :func:`jax_ub.all_gather_matmul`.
       axis_name: the tensor-parallel mesh axis.
       mesh: mesh for global mode (default: the one set with ``jax.set_mesh``).
       rngs: random streams; ``rngs.params`` initialises the parameters.
@@ -119,12 +122,17 @@ class ColumnParallelDense(_ParallelDense):
 
     _partitioning = staticmethod(_layers.column_partitioning)
 
+    def __init__(self, in_features: int, out_features: int, *,
+                 recompute_gathered: bool | None = None, **kwargs: Any):
+        super().__init__(in_features, out_features, **kwargs)
+        self.recompute_gathered = recompute_gathered
+
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.column_parallel_dense(
             x, self.kernel[...], None if self.bias is None else self.bias[...],
             out_features=self.out_features, axis_name=self.axis_name, mesh=self.mesh,
             dtype=self.dtype, precision=self.precision, method=self.method,
-            where=type(self).__name__)
+            recompute_gathered=self.recompute_gathered, where=type(self).__name__)
 
 
 class RowParallelDense(_ParallelDense):
@@ -177,7 +185,8 @@ class ParallelMLP(nnx.Module):
     :class:`ColumnParallelDense` ``features → ffn_features``, ``down`` a :class:`RowParallelDense`
     ``ffn_features → features``; ``ffn_features`` must be divisible by ``tp``.
 
-    Args: ``activation`` (default :func:`jax.nn.gelu`), ``epsilon`` of the LayerNorm, the rest as
+    Args: ``activation`` (default :func:`jax.nn.gelu`), ``epsilon`` of the LayerNorm,
+    ``recompute_gathered`` for ``up`` (the only all-gather), the rest as
     :class:`ColumnParallelDense`.
     """
 
@@ -187,14 +196,16 @@ class ParallelMLP(nnx.Module):
                  kernel_init: Callable[..., jax.Array] = default_kernel_init,
                  bias_init: Callable[..., jax.Array] = default_bias_init,
                  precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
-                 axis_name: str = "tp", mesh: Any = None, rngs: nnx.Rngs):
+                 recompute_gathered: bool | None = None, axis_name: str = "tp", mesh: Any = None,
+                 rngs: nnx.Rngs):
         self.activation = activation
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init, bias_init=bias_init, precision=precision,
                       method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
         self.norm = LayerNorm(features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
                               axis_name=axis_name, mesh=mesh, rngs=rngs)
-        self.up = ColumnParallelDense(features, ffn_features, **common)
+        self.up = ColumnParallelDense(features, ffn_features,
+                                      recompute_gathered=recompute_gathered, **common)
         self.down = RowParallelDense(ffn_features, features, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:

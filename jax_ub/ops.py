@@ -8,7 +8,9 @@
 2. picks an implementation: :func:`_resolve_method` maps ``method`` (or ``config.get().method``)
    to a registered name, and ``_IMPLS[(op, name)]`` is the forward;
 3. differentiates through one ``custom_vjp`` whose backward is the *dual* op (:data:`DUAL`), called
-   through the same dispatch, so an overlapped forward gets an overlapped backward.
+   through the same dispatch, so an overlapped forward gets an overlapped backward. With
+   ``recompute_gathered`` an AG keeps only its local shard for the backward, which re-gathers it
+   with the bulk ops of :mod:`jax_ub.bulk` (see :func:`_recompute_bwd`).
 
 The method is resolved when the call is traced: a ``jax.jit`` cache keeps the path it traced with.
 """
@@ -39,7 +41,10 @@ _PUBLIC_NAME = {AG: "all_gather_matmul", RS: "matmul_reduce_scatter"}
 
 # An implementation computes ``(y, x_full)`` from local shards, where ``x_full`` is the left operand
 # the GEMM actually saw: the gathered x for AG, x itself for RS. Keyword arguments: ``axis_name``,
-# ``axis`` (the gather/scatter axis, non-negative) and ``precision``.
+# ``axis`` (the gather/scatter axis, non-negative), ``precision`` and ``need_full``: True when the
+# caller uses ``x_full`` (it is returned, or saved as the residual of a VJP), False when it is
+# dropped (a plain call, or a forward with recompute_gathered), so an implementation may skip
+# materialising it; its second output is then ignored (it may be None).
 Impl = Callable[..., tuple[jax.Array, jax.Array]]
 _IMPLS: dict[tuple[str, str], Impl] = {}
 
@@ -57,14 +62,16 @@ def register_impl(op: str, method: str) -> Callable[[Impl], Impl]:
 
 
 @register_impl(AG, "xla")
-def _ag_xla(x, w, *, axis_name, axis, precision):
+def _ag_xla(x, w, *, axis_name, axis, precision, need_full=True):
+    del need_full  # XLA frees the gathered x itself when nothing uses it
     return reference.all_gather_matmul(
         x, w, axis_name, gather_axis=axis, return_gathered=True, precision=precision
     )
 
 
 @register_impl(RS, "xla")
-def _rs_xla(x, w, *, axis_name, axis, precision):
+def _rs_xla(x, w, *, axis_name, axis, precision, need_full=True):
+    del need_full
     return reference.matmul_reduce_scatter(x, w, axis_name, scatter_axis=axis, precision=precision), x
 
 
@@ -153,29 +160,76 @@ class _Call:
     x_vma: frozenset  # mesh axes x varies over (empty with check_vma=False)
     w_vma: frozenset
     return_full: bool  # also output x_full (AG: return_gathered; the dual call in a backward)
+    # AG only, and never with return_full (then x_full is an output anyway): save the local x, not
+    # x_full, for the backward, which re-gathers it (_recompute_bwd). Always False for RS.
+    recompute_gathered: bool = False
 
 
-def _call_for(op, method, axis_name, axis, precision, x, w, *, return_full) -> _Call:
-    return _Call(op, method, axis_name, axis, precision, _vma(x), _vma(w), return_full)
+def _call_for(
+    op, method, axis_name, axis, precision, x, w, *, return_full, recompute_gathered=False
+) -> _Call:
+    recompute = bool(recompute_gathered) and op == AG and not return_full
+    return _Call(op, method, axis_name, axis, precision, _vma(x), _vma(w), return_full, recompute)
+
+
+def _forward(call: _Call, x, w, *, need_full: bool):
+    return _impl(call.op, call.method)(
+        x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision, need_full=need_full
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _overlap(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     """``y``, or ``(y, x_full)`` with ``call.return_full``, of ``call.op``; see :data:`Impl`."""
-    y, x_full = _impl(call.op, call.method)(
-        x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision
-    )
+    y, x_full = _forward(call, x, w, need_full=call.return_full)
     return (y, x_full) if call.return_full else y
 
 
 def _overlap_fwd(call, x, w):
-    y, x_full = _impl(call.op, call.method)(
-        x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision
-    )
+    if call.recompute_gathered:  # keep the local shard: tp× smaller than x_full
+        y, _ = _forward(call, x, w, need_full=False)
+        return y, (x, w)
+    y, x_full = _forward(call, x, w, need_full=True)
     return ((y, x_full) if call.return_full else y), (x_full, w)
 
 
+def _recompute_bwd(call, x, w, dy):
+    """(dx, dw) of ``y = AG(x) @ w`` from the local x (TransformerEngine's bulk-overlap backward).
+
+    1. ``(x_full, dgrad_partial) = bulk_all_gather(x, dy, wᵀ)``: x is re-gathered while the dgrad
+       GEMM ``dy @ wᵀ`` (full rows, not yet reduced over the axis) runs;
+    2. ``(dx, dw) = bulk_reduce_scatter(dgrad_partial, x_fullᵀ, dy)``: the dgrad partials are
+       reduce-scattered while the wgrad GEMM runs.
+
+    The bulk GEMMs are 2-D: dy and x_full are flattened to rows over all their leading dims. Both
+    have the shape of x_full up to the last dim, so their rows line up for any gather axis; the
+    collectives act on the un-flattened arrays along ``call.axis``.
+    """
+    from jax_ub import bulk  # bulk imports this module
+
+    k, n = w.shape
+    dy2 = dy.reshape(-1, n)
+    x_full, dgrad = bulk.bulk_all_gather(
+        x, dy2, w.T, call.axis_name, axis=call.axis, precision=call.precision, method=call.method
+    )
+    dgrad = dgrad.reshape(*dy.shape[:-1], k)
+    dx, dw = bulk.bulk_reduce_scatter(
+        dgrad,
+        x_full.reshape(-1, k).T,
+        dy2,
+        call.axis_name,
+        axis=call.axis,
+        precision=call.precision,
+        method=call.method,
+    )
+    return dx, dw
+
+
 def _overlap_bwd(call, residuals, cotangents):
+    if call.recompute_gathered:
+        x, w = residuals
+        dx, dw = _recompute_bwd(call, x, w, cotangents)
+        return _match_vma(dx, call.x_vma), _match_vma(dw, call.w_vma)
     x_full, w = residuals
     dy, dx_full = cotangents if call.return_full else (cotangents, None)
     # dgrad is the dual op of (dy, wᵀ) along the same axis. The dual's x_full is dy at full extent
@@ -213,6 +267,7 @@ def all_gather_matmul(
     return_gathered: bool = False,
     precision: Any = None,
     method: str | None = None,
+    recompute_gathered: bool | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``all_gather(x, axis_name, gather_axis) @ w`` with the gather overlapped with the GEMM.
 
@@ -231,6 +286,11 @@ def all_gather_matmul(
       precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
       method: ``None`` (``jax_ub.config.get().method``), ``"auto"``, ``"xla"`` or a CUDA
         algorithm (``"ring"``, ``"all_peer"``, ``"pipeline"``, ``"nccl"``).
+      recompute_gathered: save only the local shard ``x`` for the backward instead of the
+        gathered x (``tp``× smaller), and re-gather it there (see Gradients). ``None``:
+        ``jax_ub.config.get().recompute_gathered`` (env ``JAX_UB_RECOMPUTE_GATHERED``, default
+        off). Ignored with ``return_gathered=True``: the caller holds the gathered x then anyway,
+        so it is saved as usual.
 
     Returns:
       y: `[..., m*tp, n_local]` (``gather_axis`` grows by ``tp``) with the dtype of ``x``; with
@@ -238,7 +298,9 @@ def all_gather_matmul(
 
     Gradients: ``dx = matmul_reduce_scatter(dy, wᵀ, scatter_axis=gather_axis)`` and
     ``dw = x_gatheredᵀ @ dy`` (the gathered x kept from the forward), summed over ``axis_name``
-    when ``w`` is replicated.
+    when ``w`` is replicated. With ``recompute_gathered`` the backward is two bulk overlaps
+    (:mod:`jax_ub.bulk`): the all-gather of the saved shard under the dgrad GEMM ``dy @ wᵀ``, then
+    the reduce-scatter of that dgrad under the wgrad GEMM ``x_gatheredᵀ @ dy``.
 
     Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
 
@@ -259,6 +321,9 @@ def all_gather_matmul(
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
     _validate.bound_axis_size(fn, axis_name)
     _validate.check_bool(fn, "return_gathered", return_gathered)
+    if recompute_gathered is None:
+        recompute_gathered = config.get().recompute_gathered
+    _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
     call = _call_for(
         AG,
         _resolve_method(method),
@@ -268,6 +333,7 @@ def all_gather_matmul(
         x,
         w,
         return_full=bool(return_gathered),
+        recompute_gathered=bool(recompute_gathered),
     )
     return _overlap(call, x, w)
 

@@ -128,7 +128,7 @@ ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
-                    GemmRsArgs* out) {
+                    GemmRsArgs* out, int32_t splits = 1) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
     return Check(op, *c, false, "x must be float32, float16 or bfloat16");
@@ -158,6 +158,10 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.n = n;
   a.y = y->untyped_data();
   a.reduce_blocks = reduce_blocks;
+  if (splits != 1 && splits != 2) {
+    return Check(op, *c, false, StrCat() << "splits must be 1 or 2; got " << splits);
+  }
+  a.splits = splits;
   if (w != nullptr) {
     const auto wd = w->dimensions();
     if (auto e = Check(op, *c, wd[0] == xr.cols && w->element_type() == x.element_type(),
@@ -183,11 +187,12 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
 ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t reduce_blocks) {
+                  int32_t reduce_blocks, int32_t splits = 1) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   GemmRsArgs a;
-  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a); e.failure()) {
+  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits);
+      e.failure()) {
     return e;
   }
   if (a.M == 0 || a.n == 0) return ffi::Error::Success();
@@ -197,9 +202,9 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> staging,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
-                         int32_t reduce_blocks) {
+                         int32_t reduce_blocks, int32_t splits) {
   return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id,
-                algo, tf32, reduce_blocks);
+                algo, tf32, reduce_blocks, splits);
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -311,7 +316,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline
                                   .Attr<bool>("tf32")            // float32 may use TF32
-                                  .Attr<int32_t>("reduce_blocks"));  // blocks of the fp32 sum
+                                  .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
+                                  .Attr<int32_t>("splits"));     // pieces per peer partial (1, 2)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                               ffi::Ffi::Bind()

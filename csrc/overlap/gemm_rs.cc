@@ -35,35 +35,45 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   // Partials run one after another on compute(0), in push order, so the first is ready after a
   // world-th of the GEMM time and its push overlaps the next partial.
   cudaStream_t cs = c->compute(0);
-  auto partial = [&](int dest, void* out) -> Status {
+  auto partial_rows = [&](int dest, int64_t row0, int64_t rows, void* out) -> Status {
     const int span = t.Start("gemm", dest, ComputeLabel(0), cs);
-    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(),
-                                    static_cast<const char*>(a.x) + dest * mo * a.k * es, mo, out,
-                                    cs));
+    JAX_UB_RETURN_IF_ERROR(gemm.Run(
+        c->device(), static_cast<const char*>(a.x) + (dest * mo + row0) * a.k * es, rows, out, cs));
     t.Stop(span, cs);
     return Status::Ok();
   };
+  auto partial = [&](int dest, void* out) { return partial_rows(dest, 0, mo, out); };
+  const int splits = (a.w != nullptr && a.splits == 2 && mo % 2 == 0) ? 2 : 1;
+  const int64_t piece_rows = mo / splits;
+  const size_t piece = part / splits;
 
   // Peers' partials first, in ring order (r+1, r+2, ...), each pushed as soon as it is computed.
   for (int i = 1; i < world; ++i) {
     const int d = (r + i) % world;
-    const void* src;
-    if (a.w != nullptr) {
-      void* stage = static_cast<char*>(a.staging) + (i - 1) * part;
-      JAX_UB_RETURN_IF_ERROR(partial(d, stage));
-      JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(i), cs));
-      src = stage;
-    } else {
-      src = static_cast<const char*>(a.x) + d * part;
-    }
     const int si = a.algo == RsAlgo::kRing ? 1 : i;
     cudaStream_t s = c->comm(si);
-    if (a.w != nullptr) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, c->event(i), 0));
-    JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
-    const int span = t.Start("copy", d, CommLabel(si), s);
-    JAX_UB_CUDA_RETURN(CopyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part, src,
-                                       part, s));
-    t.Stop(span, s);
+    char* dst = static_cast<char*>(c->peer_buffer(d)) + r * part;
+    if (a.w != nullptr) {
+      // Piece by piece: GEMM rows into the stage, then push them (the next piece's GEMM runs
+      // under that push). Piece events live above the per-step ones.
+      char* stage = static_cast<char*>(a.staging) + (i - 1) * part;
+      for (int j = 0; j < splits; ++j) {
+        JAX_UB_RETURN_IF_ERROR(partial_rows(d, j * piece_rows, piece_rows, stage + j * piece));
+        cudaEvent_t ready = c->event(2 * kMaxWorld + (i - 1) * splits + j);
+        JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
+        JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
+        if (j == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
+        const int span = t.Start("copy", d, CommLabel(si), s);
+        JAX_UB_CUDA_RETURN(CopyAsync(dst + j * piece, stage + j * piece, piece, s));
+        t.Stop(span, s);
+      }
+    } else {
+      JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
+      const int span = t.Start("copy", d, CommLabel(si), s);
+      JAX_UB_CUDA_RETURN(
+          CopyAsync(dst, static_cast<const char*>(a.x) + d * part, part, s));
+      t.Stop(span, s);
+    }
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kDataReady, d, e));
     JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
   }

@@ -75,6 +75,9 @@ struct GemmRsArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int reduce_blocks = 0;    // blocks of the final fp32 sum (0: enough for the whole GPU)
+  // Each peer's partial is computed and pushed in this many row pieces (1 or 2): the first push
+  // starts after half a partial's GEMM (comm-bound shapes), the rest as before.
+  int splits = 1;
 };
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);

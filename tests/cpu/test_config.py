@@ -14,7 +14,7 @@ def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
-        "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
+        "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
         "recompute_gathered": False,
         "log_level": "WARNING",
     }  # fmt: skip
