@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _ext, _ffi, comm, ops
+from jax_ub import _ext, _ffi, comm, config, ops
 
 # "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
 AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "nccl": 2}
@@ -37,7 +37,6 @@ REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
-BULK_REDUCE_SMS = 16  # SMs a bulk reduce-scatter keeps from its concurrent GEMM
 
 
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
@@ -66,7 +65,7 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
 
 def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time."""
-    from jax_ub import config, gemm
+    from jax_ub import gemm
 
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
     gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws)
@@ -169,7 +168,7 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
     out, gy, _ = jax.ffi.ffi_call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
         x3, a, b, set_id=s.set_id, kind=np.int32(kind), algo=np.int32(algo),
-        tf32=_ffi.tf32_allowed(precision), reduce_sms=np.int32(BULK_REDUCE_SMS))
+        tf32=_ffi.tf32_allowed(precision), reduce_sms=np.int32(config.get().bulk_reduce_sms))
     rows = s.world * x2.shape[0] if kind == 0 else x2.shape[0] // s.world
     return _back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy
 
@@ -181,7 +180,7 @@ def bulk_all_gather_cuda(x, a, b, axis_name, *, axis=0, precision=None, method="
 
 def bulk_reduce_scatter_cuda(x, a, b, axis_name, *, axis=0, precision=None, method="ring"):
     """(psum_scatter(x), a @ b) in one custom call: pushes by copy engine under the GEMM, the fp32
-    sum on the SMs the GEMM leaves free (``BULK_REDUCE_SMS``)."""
+    sum after the GEMM, or beside it on ``config.bulk_reduce_sms`` SMs kept from it."""
     return _bulk(1, x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")
 
 

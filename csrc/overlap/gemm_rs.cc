@@ -119,15 +119,25 @@ Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   uint64_t e = 0;
   JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
   OpTrace t(*c, op, e, xla);
-  // The independent GEMM first (compute(1): the collective's bodies only use compute(0) when
-  // they have a GEMM of their own, which they do not here).
+  // The collective first, then the GEMM (compute(1): the bodies only use compute(0), and only
+  // when they have a GEMM of their own, which they do not here). The order matters: a resident
+  // cuBLASLt kernel holds every SM until it ends, so whatever the collective runs on SMs must be
+  // on the GPU before the GEMM. Same-device copies (the all-gather's publish of x into the
+  // registered buffer, and x into its own rows of the output) and NCCL's kernels are SM work;
+  // peer copies and stream waits are not. Under ipc the all-gather's GEMM therefore waits for
+  // comm(0), whose last work is those local copies (a few tens of microseconds).
+  JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
   cudaStream_t gs = c->compute(1);
+  if (!a.reduce_scatter && c->nccl() == nullptr) {
+    cudaEvent_t local_done = c->event(kMaxWorld + 1);
+    JAX_UB_CUDA_RETURN(cudaEventRecord(local_done, c->comm(0)));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(gs, local_done, 0));
+  }
   if (a.gm > 0) {
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
     JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, gs));
     t.Stop(span, gs);
   }
-  JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
   return c->End(xla);
 }
 

@@ -1,0 +1,99 @@
+"""Where does AG->GEMM lose against T_ideal? For the tp-4 bench shapes, per call (10 back-to-back
+calls, median of 5): the GEMM alone on one GPU and on every GPU at once, the tp chunk GEMMs back to
+back on every GPU at once (the chunked schedule's floor without any copy), the larger pieces the
+"local chunk, then the rest" schedule would run, and each jax_ub algorithm; then the traced spans
+of 4 back-to-back calls (device 0: op span, first copy start, GEMM durations).
+
+    python scripts/ag_gap_probe.py [M,K,N ...]
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ub
+from jax_ub import overlap
+
+
+def timed(f, args, iters=10, reps=5):
+    for _ in range(3):
+        jax.block_until_ready(f(*args))
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        r = None
+        for _ in range(iters):
+            r = f(*args)
+        jax.block_until_ready(r)
+        out.append((time.perf_counter() - t0) * 1e3 / iters)
+    return statistics.median(out)
+
+
+def main():
+    tp = 4
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    jax_ub.initialize(mesh, "tp")
+    shapes = [tuple(int(v) for v in s.split(",")) for s in sys.argv[1:]] or [
+        (8192, 8192, 28672), (2048, 8192, 28672), (16384, 12288, 12288)]
+    smap = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o,  # noqa: E731
+                                                 check_vma=False))
+    mm = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
+    for M, K, N in shapes:
+        m = M // tp
+        x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
+                           NamedSharding(mesh, P("tp", None)))
+        w = jax.device_put(jax.random.normal(jax.random.key(1), (K, N), jnp.bfloat16),
+                           NamedSharding(mesh, P(None, "tp")))
+        xf = jax.device_put(jax.random.normal(jax.random.key(2), (M * tp, K), jnp.bfloat16),
+                            NamedSharding(mesh, P("tp", None)))  # a full [M, K] on every GPU
+        d0 = jax.devices()[0]
+        r = {}
+        r["gemm 1 GPU"] = timed(jax.jit(mm), (jax.device_put(xf[:M], d0), jax.device_put(w[:, :N // tp], d0)))
+        r["gemm all GPUs"] = timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))
+
+        def chunks(xx, ww, sizes):
+            outs, o = [], 0
+            for s in sizes:
+                outs.append(mm(xx[o:o + s * m], ww))
+                o += s * m
+            return jnp.concatenate(outs, 0)
+
+        for name, sizes in (("chunks 1+1+1+1", (1, 1, 1, 1)), ("chunks 1+3", (1, 3)),
+                            ("chunks 1+1+2", (1, 1, 2))):
+            f = smap(lambda xx, ww, sizes=sizes: chunks(xx, ww, sizes), (P("tp", None), P(None, "tp")),
+                     P("tp", None))
+            r[name + " all GPUs"] = timed(f, (xf, w))
+        r["our all_gather"] = timed(smap(lambda x: overlap.all_gather(x, "tp"), (P("tp", None),), P()), (x,))
+        for meth in ("auto", "push", "ring", "all_peer"):
+            f = smap(lambda x, w, meth=meth: jax_ub.all_gather_matmul(x, w, "tp", method=meth),
+                     (P("tp", None), P(None, "tp")), P(None, "tp"))
+            r[f"jax_ub {meth}"] = timed(f, (x, w))
+        print(f"GAP {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+        f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")),
+                 P(None, "tp"))
+        overlap.trace_enable(True)
+        jax.block_until_ready([f(x, w) for _ in range(4)])
+        overlap.trace_enable(False)
+        by = collections.defaultdict(list)
+        for rec in overlap.trace_collect():
+            by[(rec["device"], rec["epoch"])].append(rec)
+        for (dev, e) in sorted(by):
+            rr = sorted(by[(dev, e)], key=lambda q: q["start_ms"])
+            g = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "gemm")
+            c = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "copy")
+            print(f"TRACE {M},{K},{N} dev {dev} epoch {e}: span {max(q['end_ms'] for q in rr):.3f} "
+                  f"gemm [{g}] copy [{c}]", flush=True)
+    jax_ub.shutdown()
+
+
+if __name__ == "__main__":
+    main()
