@@ -289,10 +289,11 @@ NB_MODULE(_jax_ub_cuda, m) {
       d["stream"] = r.stream;
       d["start_ms"] = r.start_ms;
       d["end_ms"] = r.end_ms;
+      d["op_start_ms"] = r.op_start_ms;
       out.append(d);
     }
     return out;
-  }, "Waits for the traced spans and returns them as dicts (times in ms from each op's start).");
+  }, "Waits for the traced spans and returns them as dicts (times in ms from each op's start; op_start_ms: the op's start from the first traced op's on that device).");
   m.def("device_memory", &DeviceMemory, arg("device"), "(free, total) bytes of a device.");
   m.def("driver_check", [] {
     const jax_ub::Driver* d = nullptr;

@@ -43,7 +43,7 @@ def main():
     mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
     jax_ub.initialize(mesh, "tp")
     shapes = [tuple(int(v) for v in s.split(",")) for s in sys.argv[1:]] or [
-        (8192, 8192, 28672), (2048, 8192, 28672), (16384, 12288, 12288)]
+        (8192, 8192, 28672), (2048, 8192, 28672)]
     smap = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o,  # noqa: E731
                                                  check_vma=False))
     mm = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
@@ -60,28 +60,28 @@ def main():
         r["gemm 1 GPU"] = timed(jax.jit(mm), (jax.device_put(xf[:M], d0), jax.device_put(w[:, :N // tp], d0)))
         r["gemm all GPUs"] = timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))
 
-        def chunks(xx, ww, sizes):
-            outs, o = [], 0
-            for s in sizes:
-                outs.append(mm(xx[o:o + s * m], ww))
-                o += s * m
-            return jnp.concatenate(outs, 0)
-
-        for name, sizes in (("chunks 1+1+1+1", (1, 1, 1, 1)), ("chunks 1+3", (1, 3)),
-                            ("chunks 1+1+2", (1, 1, 2))):
-            f = smap(lambda xx, ww, sizes=sizes: chunks(xx, ww, sizes), (P("tp", None), P(None, "tp")),
-                     P("tp", None))
-            r[name + " all GPUs"] = timed(f, (xf, w))
+        ws = [jax.device_put(jax.random.normal(jax.random.key(10 + i), (K, N), jnp.bfloat16),
+                             NamedSharding(mesh, P(None, "tp"))) for i in range(4)]
+        four = smap(lambda x, *ws: tuple(jax_ub.all_gather_matmul(x, wi, "tp") for wi in ws),
+                    (P("tp", None),) + (P(None, "tp"),) * 4, (P(None, "tp"),) * 4)
+        r["jax_ub auto, 4 ops in one program (per op)"] = timed(four, (x, *ws)) / 4
+        gfour = smap(lambda x, *ws: tuple(mm(x, wi) for wi in ws), (P("tp", None),) + (P(None, "tp"),) * 4,
+                     (P("tp", None),) * 4)
+        r["gemm all GPUs, 4 in one program (per GEMM)"] = timed(gfour, (xf, *ws)) / 4
         r["our all_gather"] = timed(smap(lambda x: overlap.all_gather(x, "tp"), (P("tp", None),), P()), (x,))
-        for meth in ("auto", "push", "ring", "all_peer"):
-            f = smap(lambda x, w, meth=meth: jax_ub.all_gather_matmul(x, w, "tp", method=meth),
-                     (P("tp", None), P(None, "tp")), P(None, "tp"))
-            r[f"jax_ub {meth}"] = timed(f, (x, w))
+        from jax_ub import config
+        for merge in ("off", "on"):
+            with config.override(ag_merge=merge):  # decided at trace time
+                f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"),
+                         (P("tp", None), P(None, "tp")), P(None, "tp"))
+                r[f"jax_ub push merge {merge}"] = timed(f, (x, w))
+                r[f"jax_ub push merge {merge} (again)"] = timed(f, (x, w))
+        r["gemm all GPUs (again)"] = timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))
         print(f"GAP {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
         f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")),
                  P(None, "tp"))
         overlap.trace_enable(True)
-        jax.block_until_ready([f(x, w) for _ in range(4)])
+        jax.block_until_ready([f(x, w) for _ in range(6)])
         overlap.trace_enable(False)
         by = collections.defaultdict(list)
         for rec in overlap.trace_collect():
@@ -90,7 +90,11 @@ def main():
             rr = sorted(by[(dev, e)], key=lambda q: q["start_ms"])
             g = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "gemm")
             c = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "copy")
-            print(f"TRACE {M},{K},{N} dev {dev} epoch {e}: span {max(q['end_ms'] for q in rr):.3f} "
+            span = max(q['end_ms'] for q in rr)
+            nxt = by.get((dev, e + 1))
+            gap = f"{nxt[0]['op_start_ms'] - rr[0]['op_start_ms'] - span:.3f}" if nxt else "-"
+            print(f"TRACE {M},{K},{N} dev {dev} epoch {e}: start {rr[0]['op_start_ms']:.3f} span {span:.3f} "
+                  f"gap to next op {gap} "
                   f"gemm [{g}] copy [{c}]", flush=True)
     jax_ub.shutdown()
 

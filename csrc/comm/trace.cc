@@ -1,6 +1,7 @@
 #include "comm/trace.h"
 
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include "comm/communicator.h"
@@ -26,6 +27,12 @@ struct PendingOp {
 
 std::atomic<bool> g_on{false};
 std::mutex g_mu;
+// Per device: the start event of the first op traced since TraceEnable(true) (op_start_ms's
+// origin). Guarded by g_mu; destroyed when tracing is switched on again.
+std::map<int, cudaEvent_t>& Origins() {
+  static auto* m = new std::map<int, cudaEvent_t>();
+  return *m;
+}
 std::vector<PendingOp>& Pending() {
   static auto* v = new std::vector<PendingOp>();
   return *v;
@@ -42,7 +49,19 @@ cudaEvent_t NewEvent() {
 
 }  // namespace
 
-void TraceEnable(bool on) { g_on.store(on); }
+void TraceEnable(bool on) {
+  if (on) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto& [device, e] : Origins()) {
+      cudaSetDevice(device);
+      cudaEventSynchronize(e);
+      cudaEventDestroy(e);
+    }
+    Origins().clear();
+    cudaGetLastError();
+  }
+  g_on.store(on);
+}
 bool TraceOn() { return g_on.load(std::memory_order_relaxed); }
 
 OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStream_t xla) {
@@ -56,6 +75,12 @@ OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStre
   epoch_ = epoch;
   spans_ = new std::vector<Span>();
   cudaEventRecord(t0_, xla);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto [it, fresh] = Origins().emplace(device_, nullptr);
+  if (fresh) {
+    it->second = NewEvent();
+    if (it->second != nullptr) cudaEventRecord(it->second, xla);
+  }
 }
 
 OpTrace::~OpTrace() {
@@ -82,13 +107,23 @@ void OpTrace::Stop(int span, cudaStream_t s) {
 
 std::vector<TraceRecord> TraceCollect() {
   std::vector<PendingOp> ops;
+  std::map<int, cudaEvent_t> origins;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     ops.swap(Pending());
+    origins = Origins();
   }
   std::vector<TraceRecord> out;
   for (PendingOp& p : ops) {
     cudaSetDevice(p.device);
+    float op_start = 0;
+    auto origin = origins.find(p.device);
+    if (origin == origins.end() || origin->second == nullptr ||
+        cudaEventSynchronize(p.t0) != cudaSuccess ||
+        cudaEventElapsedTime(&op_start, origin->second, p.t0) != cudaSuccess) {
+      op_start = 0;
+      cudaGetLastError();
+    }
     for (const OpTrace::Span& s : *p.spans) {
       TraceRecord r;
       r.device = p.device;
@@ -98,6 +133,7 @@ std::vector<TraceRecord> TraceCollect() {
       r.name = s.name;
       r.chunk = s.chunk;
       r.stream = s.stream;
+      r.op_start_ms = op_start;
       if (cudaEventSynchronize(s.end) == cudaSuccess &&
           cudaEventElapsedTime(&r.start_ms, p.t0, s.start) == cudaSuccess &&
           cudaEventElapsedTime(&r.end_ms, p.t0, s.end) == cudaSuccess) {

@@ -22,6 +22,9 @@ struct TraceRecord {
   uint64_t epoch = 0;
   int chunk = -1;
   float start_ms = 0, end_ms = 0;  // relative to the op's start on this device
+  // The op's start relative to the first op traced on this device since TraceEnable(true): the
+  // gaps between back-to-back ops.
+  float op_start_ms = 0;
 };
 
 // The spans of one op on one device. Construct after Communicator::Begin (records the op's start

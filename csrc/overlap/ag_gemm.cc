@@ -101,10 +101,28 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
+    if (a.merge && a.w != nullptr) {
+      // Runs [r+1, world) then [0, r): adjacent rows in the buffer and in y, one GEMM each.
+      const int runs[2][2] = {{r + 1, world}, {0, r}};
+      for (const auto& run : runs) {
+        const int q0 = run[0], q1 = run[1];
+        if (q0 >= q1) continue;
+        for (int q = q0; q < q1; ++q) {
+          JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
+        }
+        const int span = t.Start("gemm", q0, ComputeLabel(0), c->compute(0));
+        JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), buf + q0 * chunk, (q1 - q0) * a.m,
+                                        static_cast<char*>(a.y) + q0 * a.m * a.n * es,
+                                        c->compute(0)));
+        t.Stop(span, c->compute(0));
+      }
+    }
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
-      JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      if (a.w != nullptr && !a.merge) {
+        JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
+        JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      }
       if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
       JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));

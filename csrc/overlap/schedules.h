@@ -53,6 +53,11 @@ struct AgGemmArgs {
   void* xg = nullptr;  // nullptr: the gathered input is not wanted (push and nccl only)
   void* workspace = nullptr;  // split across compute streams
   size_t workspace_bytes = 0;
+  // kPush under ipc: after the local chunk, one GEMM per run of peers' chunks that are adjacent
+  // in the output (rows of ranks r+1..world-1, then 0..r-1), each once its whole run has landed,
+  // instead of one GEMM per chunk. Fewer, taller GEMMs lose less to tile quantization; worth it
+  // when the peers' chunks land within the local chunk's GEMM (the caller decides).
+  bool merge = false;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
 // Registered-buffer bytes AgGemm needs (every rank's shard: kPush lands peers' shards there).

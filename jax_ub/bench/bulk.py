@@ -100,4 +100,8 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
     }
     if not cuda:
         del impls["comm_jax_ub"]
+    elif kind == "ag":  # every peer pulled at once instead of the ring
+        impls["jax_ub_all_peer"] = lambda: (
+            smap(lambda x, a, b: primitive(kind)(x, a, b, "tp", axis=0, method="all_peer"),
+                 (x_spec, *ab_specs), out_specs), (x, a, b))
     return impls
