@@ -16,7 +16,6 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
-| ag_merge     | JAX_UB_AG_MERGE      | auto    | push AG->GEMM: peers' chunks in merged runs (``on``), one GEMM each (``off``), or by the measured rule (``auto``, see ``overlap.merge_runs``) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
@@ -32,7 +31,6 @@ from collections.abc import Iterator, Mapping
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "nccl")
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
-AG_MERGES = ("auto", "on", "off")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -77,14 +75,12 @@ class Config:
     gemm_tune: int = 0
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
-    ag_merge: str = "auto"
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
         _parse_choice("method", self.method, METHODS)
         _parse_choice("bootstrap", self.bootstrap, BOOTSTRAPS)
         _parse_choice("transport", self.transport, TRANSPORTS)
-        _parse_choice("ag_merge", self.ag_merge, AG_MERGES)
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
         if not 0 <= self.gemm_tune <= 16:
@@ -126,8 +122,6 @@ class Config:
         if "JAX_UB_RECOMPUTE_GATHERED" in env:
             kw["recompute_gathered"] = _parse_bool("JAX_UB_RECOMPUTE_GATHERED",
                                                    env["JAX_UB_RECOMPUTE_GATHERED"])
-        if "JAX_UB_AG_MERGE" in env:
-            kw["ag_merge"] = _parse_choice("JAX_UB_AG_MERGE", env["JAX_UB_AG_MERGE"], AG_MERGES)
         if "JAX_UB_BULK_REDUCE_SMS" in env:
             kw["bulk_reduce_sms"] = int(
                 _parse_number("JAX_UB_BULK_REDUCE_SMS", env["JAX_UB_BULK_REDUCE_SMS"], int, 0))

@@ -71,24 +71,6 @@ def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -
     gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws)
 
 
-# AG push with merged runs (schedules.h, AgGemmArgs::merge): on 4xH200 (bf16, tp 4) a peer's
-# chunk lands in about 0.092 ms per 33.5 MB (365 GB/s, one after another) while the local chunk's
-# GEMM runs at about 735 TFLOP/s (2048x8192x7168 in 0.327 ms; scripts/ag_gap_probe.py). All
-# world-1 chunks land within that GEMM when (world-1)*m*k*es/365e9 <= 2*m*k*n/735e12, that is
-# n >= (world-1) * es * ~1000: then taller GEMMs (fewer partial tile waves) cost no waiting.
-AG_MERGE_N_PER_BYTE = 1000
-
-
-def merge_runs(world: int, n: int, itemsize: int) -> bool:
-    """Whether push AG->GEMM computes peers' chunks in runs: ``config.ag_merge`` ``on``/``off``,
-    or with ``auto`` the rule of ``AG_MERGE_N_PER_BYTE`` (n: the local output width, itemsize:
-    the input's bytes per element)."""
-    mode = config.get().ag_merge
-    if mode != "auto":
-        return mode == "on"
-    return world > 2 and n >= (world - 1) * itemsize * AG_MERGE_N_PER_BYTE
-
-
 def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
     """(y, x_gathered) of ``all_gather(x, axis) @ w`` through the CUDA overlap kernel."""
     _ext.ensure_registered()
@@ -103,13 +85,8 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
     keep = need_full or (method != "push" and s.transport != "nccl")
     xg_t = _ffi.result_type((*rows, x2.shape[-1]) if keep else (0, x2.shape[-1]), x.dtype, x2, w)
-    merge = method == "push" and s.transport != "nccl" and merge_runs(s.world, w.shape[1], es)
-    if merge:  # runs of 1..world-1 chunks
-        for count in range(2, s.world):
-            _warm(s, count * math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = jax.ffi.ffi_call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
-        merge=np.int32(merge))
+        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision))
     return _back(y, axis), (_back(xg, axis) if keep else None)
 
 
@@ -252,17 +229,7 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
         return (f"xla: no jax_ub communicator for axis {axis_name!r} "
                 f"(call jax_ub.initialize(mesh, axis={axis_name!r}))")
     algo = choose(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
-    if op == ops.AG:
-        s = comm.get(axis_name)
-        merged = s.transport != "nccl" and merge_runs(s.world, int(w.shape[-1]),
-                                                      jnp.dtype(x.dtype).itemsize)
-        rule = (f"JAX_UB_AG_MERGE={config.get().ag_merge}" if config.get().ag_merge != "auto" else
-                f"n >= (world-1) * itemsize * {AG_MERGE_N_PER_BYTE}: they land within the local "
-                "chunk's GEMM")
-        why = ("push beat ring/all_peer at every measured shape; peers' chunks "
-               + ("in merged runs" if merged else "one GEMM each") + f" ({rule}"
-               + ("" if merged or config.get().ag_merge != "auto" else " does not hold") + ")")
-    why = (why if op == ops.AG else
+    why = ("push beat ring/all_peer at every measured shape" if op == ops.AG else
            f"partial per destination {'>' if algo == 'ring' else '<='} {RS_RING_ABOVE_BYTES >> 20} "
            "MiB (measured crossover)")
     return f"{algo}: {why} (shape {tuple(x.shape)} @ {tuple(w.shape)}; 4xH200 measurements)"

@@ -69,13 +69,10 @@ def main():
                      (P("tp", None),) * 4)
         r["gemm all GPUs, 4 in one program (per GEMM)"] = timed(gfour, (xf, *ws)) / 4
         r["our all_gather"] = timed(smap(lambda x: overlap.all_gather(x, "tp"), (P("tp", None),), P()), (x,))
-        from jax_ub import config
-        for merge in ("off", "on"):
-            with config.override(ag_merge=merge):  # decided at trace time
-                f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"),
-                         (P("tp", None), P(None, "tp")), P(None, "tp"))
-                r[f"jax_ub push merge {merge}"] = timed(f, (x, w))
-                r[f"jax_ub push merge {merge} (again)"] = timed(f, (x, w))
+        f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"),
+                 (P("tp", None), P(None, "tp")), P(None, "tp"))
+        r["jax_ub push"] = timed(f, (x, w))
+        r["jax_ub push (again)"] = timed(f, (x, w))
         r["gemm all GPUs (again)"] = timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))
         print(f"GAP {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
         f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")),

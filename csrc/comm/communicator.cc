@@ -450,6 +450,7 @@ void Communicator::Poll() {
     } else {
       read_in_flight_ = false;
       fresh = q == cudaSuccess;
+      if (fresh) last_fresh_ = std::chrono::steady_clock::now();
     }
   }
   if (!read_in_flight_ && !fresh) {
@@ -457,6 +458,7 @@ void Communicator::Poll() {
                         watch_) == cudaSuccess &&
         cudaEventRecord(read_done_, watch_) == cudaSuccess) {
       read_in_flight_ = true;
+      read_issued_ = std::chrono::steady_clock::now();
     }
     cudaGetLastError();
   }
@@ -481,7 +483,8 @@ void Communicator::Poll() {
                         << " s waiting for rank " << q << " (" << SlotName(slot)
                         << " signal for epoch " << p.want << "; last seen epoch " << have
                         << "). The peer never arrived: is its process alive, and does every "
-                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)";
+                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
+                        << FlagReadAge(now);
       std::fprintf(stderr, "%s\n", msg.c_str());
       std::fflush(stderr);
       if (error_.empty()) error_ = msg;
@@ -497,6 +500,22 @@ void Communicator::Poll() {
     }
   }
   any_pending_.store(still, std::memory_order_release);
+}
+
+std::string Communicator::FlagReadAge(std::chrono::steady_clock::time_point now) const {
+  auto ago = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(now - t).count();
+  };
+  StrCat out;
+  out << " [watchdog: flags last read from the GPU ";
+  if (last_fresh_ == std::chrono::steady_clock::time_point{}) {
+    out << "never";
+  } else {
+    out << ago(last_fresh_) << " s ago";
+  }
+  if (read_in_flight_) out << "; a read issued " << ago(read_issued_) << " s ago has not completed";
+  out << "]";
+  return out;
 }
 
 void Communicator::PollNccl() {

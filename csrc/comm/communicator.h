@@ -135,6 +135,10 @@ class Communicator {
   cudaStream_t release_ = nullptr;  // watchdog releases after a timeout
   cudaEvent_t read_done_ = nullptr;
   bool read_in_flight_ = false;
+  // When the watchdog last got a completed read of the flags, and when the read in flight was
+  // issued: a timeout names both, so a stalled read (stale flags) is told apart from a peer that
+  // never signalled.
+  std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
   cudaEvent_t start_ = nullptr;
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
   cudaEvent_t events_[kNumEvents] = {};
@@ -157,6 +161,7 @@ class Communicator {
   std::vector<cudaEvent_t> nccl_events_;  // free completion events
   const char* op_ = "";                  // op of the current Begin..End
   void PollNccl();                        // with mu_ held
+  std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
   std::atomic<bool> any_pending_{false};
 };
 

@@ -103,16 +103,11 @@ ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s)
 
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t merge = 0) {
+                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   AgGemmArgs a;
   if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
-  if (merge != 0 && merge != 1) {
-    return Check(op, *c, false, StrCat() << "merge must be 0 or 1; got " << merge);
-  }
-  a.merge = merge == 1;
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
   return Run(op, device, c, AgGemm(c, a, stream));
 }
@@ -120,9 +115,8 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> xg,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo,
-                         bool tf32, int32_t merge) {
-  return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
-                merge);
+                         bool tf32) {
+  return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32);
 }
 
 ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -256,14 +250,8 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
       e.failure()) {
     return e;
   }
-  a.gemm.dtype = gt;
-  a.gemm.tf32 = tf32;
-  a.gemm.k = ad[1];
-  a.gemm.n = bd[1];
-  a.gemm.w = gb.untyped_data();
-  a.gemm.workspace = ws->untyped_data();
-  a.gemm.workspace_bytes = ws->size_bytes() / 256 * 256;
-  a.gemm.sm_count = a.reduce_scatter && sms > 0 ? c->sms() - sms : 0;
+  a.gemm = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
+                         ws->size_bytes(), a.reduce_scatter && sms > 0 ? c->sms() - sms : 0);
   a.ga = ga.untyped_data();
   a.gm = ad[0] > 0 && ad[1] > 0 && bd[1] > 0 ? ad[0] : 0;
   a.gy = gy->untyped_data();
@@ -299,8 +287,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer, 2 push
-                                  .Attr<bool>("tf32")            // float32 may use TF32
-                                  .Attr<int32_t>("merge"));      // push: peers' chunks in runs
+                                  .Attr<bool>("tf32"));          // float32 may use TF32
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,
                               ffi::Ffi::Bind()

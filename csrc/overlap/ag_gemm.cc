@@ -29,22 +29,6 @@ size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world) {
          DTypeSize(t);
 }
 
-namespace {
-
-RowGemm ChunkGemm(const AgGemmArgs& a) {
-  RowGemm g;
-  g.dtype = a.dtype;
-  g.tf32 = a.tf32;
-  g.k = a.k;
-  g.n = a.n;
-  g.w = a.w;
-  g.workspace = a.workspace;
-  g.workspace_bytes = a.workspace_bytes / 256 * 256;
-  return g;
-}
-
-}  // namespace
-
 Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {
   if (c->nccl() != nullptr) return AgBodyNccl(c, a, op, t);
   if (a.xg == nullptr && a.algo != AgAlgo::kPush) {
@@ -62,7 +46,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   }
   char* xg = static_cast<char*>(a.xg);
   char* buf = static_cast<char*>(c->buffer());
-  const RowGemm gemm = ChunkGemm(a);
+  const RowGemm gemm = RowGemm::Of(a);
   // Chunk GEMMs run one after another on compute(0), in arrival order: concurrent chunk GEMMs
   // (persistent kernels) only slow each other down.
   auto chunk_gemm = [&](int src_rank, const void* src) -> Status {
@@ -101,28 +85,10 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
-    if (a.merge && a.w != nullptr) {
-      // Runs [r+1, world) then [0, r): adjacent rows in the buffer and in y, one GEMM each.
-      const int runs[2][2] = {{r + 1, world}, {0, r}};
-      for (const auto& run : runs) {
-        const int q0 = run[0], q1 = run[1];
-        if (q0 >= q1) continue;
-        for (int q = q0; q < q1; ++q) {
-          JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
-        }
-        const int span = t.Start("gemm", q0, ComputeLabel(0), c->compute(0));
-        JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), buf + q0 * chunk, (q1 - q0) * a.m,
-                                        static_cast<char*>(a.y) + q0 * a.m * a.n * es,
-                                        c->compute(0)));
-        t.Stop(span, c->compute(0));
-      }
-    }
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      if (a.w != nullptr && !a.merge) {
-        JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
-        JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
-      }
+      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
+      JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
       if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
       JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));

@@ -24,14 +24,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
                                   << " (the op was traced before jax_ub.initialize()?)");
   }
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
-  RowGemm gemm;
-  gemm.dtype = a.dtype;
-  gemm.tf32 = a.tf32;
-  gemm.k = a.k;
-  gemm.n = a.n;
-  gemm.w = a.w;
-  gemm.workspace = a.workspace;
-  gemm.workspace_bytes = a.workspace_bytes / 256 * 256;
+  const RowGemm gemm = RowGemm::Of(a);
   // Partials run one after another on compute(0), in push order, so the first is ready after a
   // world-th of the GEMM time and its push overlaps the next partial.
   cudaStream_t cs = c->compute(0);

@@ -37,14 +37,7 @@ Status AgBodyNccl(Communicator* c, const AgGemmArgs& a, const char* op, OpTrace&
     return Status::Error(StrCat() << "registered buffer holds " << c->capacity()
                                   << " bytes, op needs " << chunk * world);
   }
-  RowGemm gemm;
-  gemm.dtype = a.dtype;
-  gemm.tf32 = a.tf32;
-  gemm.k = a.k;
-  gemm.n = a.n;
-  gemm.w = a.w;
-  gemm.workspace = a.workspace;
-  gemm.workspace_bytes = a.workspace_bytes / 256 * 256;
+  const RowGemm gemm = RowGemm::Of(a);
   cudaStream_t cs = c->compute(0);
   auto chunk_gemm = [&](int q, const void* src) -> Status {
     if (a.w == nullptr) return Status::Ok();
@@ -85,14 +78,7 @@ Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace&
                                   << " bytes, op needs " << part * world);
   }
   char* mine = static_cast<char*>(c->buffer());  // slot q: q's partial for me
-  RowGemm gemm;
-  gemm.dtype = a.dtype;
-  gemm.tf32 = a.tf32;
-  gemm.k = a.k;
-  gemm.n = a.n;
-  gemm.w = a.w;
-  gemm.workspace = a.workspace;
-  gemm.workspace_bytes = a.workspace_bytes / 256 * 256;
+  const RowGemm gemm = RowGemm::Of(a);
   cudaStream_t cs = c->compute(0);
   cudaStream_t s = c->comm(1);
   auto partial = [&](int dest, void* out) -> Status {

@@ -37,6 +37,27 @@ struct RowGemm {
   size_t workspace_bytes = 0;  // one GEMM of an op runs at a time: each gets all of it
   int sm_count = 0;
   Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const;
+
+  // The chunk GEMM of an op: x rows of any chunk @ w, with the op's workspace (256-byte
+  // multiple). `sm_count` > 0 leaves the rest of the GPU to concurrent kernels.
+  static RowGemm Make(DType dtype, bool tf32, int64_t k, int64_t n, const void* w,
+                      void* workspace, size_t workspace_bytes, int sm_count = 0) {
+    RowGemm g;
+    g.dtype = dtype;
+    g.tf32 = tf32;
+    g.k = k;
+    g.n = n;
+    g.w = w;
+    g.workspace = workspace;
+    g.workspace_bytes = workspace_bytes / 256 * 256;
+    g.sm_count = sm_count;
+    return g;
+  }
+  // Of an AgGemmArgs or GemmRsArgs (same field names).
+  template <class OpArgs>
+  static RowGemm Of(const OpArgs& a) {
+    return Make(a.dtype, a.tf32, a.k, a.n, a.w, a.workspace, a.workspace_bytes);
+  }
 };
 
 // y[world*m, n] = all_gather(x[m, k]) @ w[k, n], xg[world*m, k] = all_gather(x).
@@ -53,11 +74,6 @@ struct AgGemmArgs {
   void* xg = nullptr;  // nullptr: the gathered input is not wanted (push and nccl only)
   void* workspace = nullptr;  // split across compute streams
   size_t workspace_bytes = 0;
-  // kPush under ipc: after the local chunk, one GEMM per run of peers' chunks that are adjacent
-  // in the output (rows of ranks r+1..world-1, then 0..r-1), each once its whole run has landed,
-  // instead of one GEMM per chunk. Fewer, taller GEMMs lose less to tile quantization; worth it
-  // when the peers' chunks land within the local chunk's GEMM (the caller decides).
-  bool merge = false;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
 // Registered-buffer bytes AgGemm needs (every rank's shard: kPush lands peers' shards there).

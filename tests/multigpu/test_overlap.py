@@ -105,32 +105,6 @@ def test_all_gather_matmul(ub, tp, dtype, shape, method):
     _ag_case(ub, tp, dtype, *shape, method)
 
 
-@pytest.mark.parametrize("merge", ["on", "off"])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
-@pytest.mark.parametrize("shape", AG_SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
-def test_all_gather_matmul_push_merged_runs(ub, tp, dtype, shape, merge):
-    """Push with peers' chunks in merged runs (JAX_UB_AG_MERGE) or one GEMM each, with and
-    without the gathered output, equals the reference."""
-    _need(tp)
-    from jax_ub import config
-
-    with config.override(ag_merge=merge):
-        assert ub.overlap.merge_runs(tp, 8, 2) == (merge == "on")
-        _ag_case(ub, tp, dtype, *shape, "push")
-        M, K, N = shape
-        mesh = _mesh(tp)
-        x, w = _rand(M + K + 1, (M, K), dtype), _rand(N + 1, (K, N), dtype)
-        g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push",
-                                                                    precision=HP),
-                                  mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                                  out_specs=P(None, "tp"), check_vma=False))
-        _poison((M, N // tp), dtype, mesh.devices.flat)
-        ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
-        for _ in range(3):  # repeated calls reuse the buffer slots the runs read
-            assert _rel(g(x, w), ref) <= TOL[dtype]
-
-
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
 def test_all_gather_matmul_batch_dims(ub, tp):
     """Leading batch dims: the gather axis is moved to the front (an XLA transpose before the op)."""
