@@ -74,13 +74,16 @@ OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStre
   op_ = op;
   epoch_ = epoch;
   spans_ = new std::vector<Span>();
-  cudaEventRecord(t0_, xla);
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto [it, fresh] = Origins().emplace(device_, nullptr);
-  if (fresh) {
-    it->second = NewEvent();
-    if (it->second != nullptr) cudaEventRecord(it->second, xla);
+  {
+    // The origin goes first on the stream, so the first op starts at 0 (not a hair before).
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto [it, fresh] = Origins().emplace(device_, nullptr);
+    if (fresh) {
+      it->second = NewEvent();
+      if (it->second != nullptr) cudaEventRecord(it->second, xla);
+    }
   }
+  cudaEventRecord(t0_, xla);
 }
 
 OpTrace::~OpTrace() {

@@ -237,7 +237,7 @@ def test_timeline_trace_records_overlap(ub):
             if r["device"] == dev:
                 starts.setdefault(r["epoch"], r["op_start_ms"])
         seq = [starts[e] for e in sorted(starts)]
-        assert len(seq) == 3 and seq[0] == 0.0 and seq[0] < seq[1] < seq[2], seq
+        assert len(seq) == 3 and 0.0 <= seq[0] < 0.05 and seq[0] < seq[1] < seq[2], seq
 
 
 def test_scan_batch_dims_repeated_and_mixed_shapes(ub):
