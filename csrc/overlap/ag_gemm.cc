@@ -74,6 +74,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     if (xg != nullptr) {
       JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
     }
+    if (a.after_local) JAX_UB_RETURN_IF_ERROR(a.after_local());
     // 2. Push x into every peer's slot r (ring order r-1, r-2, ...: at each step every GPU
     //    sends to one peer and receives from another). Begin signalled our own buffer free.
     for (int i = 1; i < world; ++i) {
@@ -107,6 +108,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   }
   JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
   JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+  if (a.after_local) JAX_UB_RETURN_IF_ERROR(a.after_local());
   for (int i = 1; i < world; ++i) {
     const int p = (r + i) % world;
     const int si = a.algo == AgAlgo::kRing ? 1 : i;

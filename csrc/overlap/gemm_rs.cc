@@ -112,24 +112,38 @@ Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   uint64_t e = 0;
   JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
   OpTrace t(*c, op, e, xla);
-  // The collective first, then the GEMM (compute(1): the bodies only use compute(0), and only
-  // when they have a GEMM of their own, which they do not here). The order matters: a resident
-  // cuBLASLt kernel holds every SM until it ends, so whatever the collective runs on SMs must be
-  // on the GPU before the GEMM. Same-device copies (the all-gather's publish of x into the
-  // registered buffer, and x into its own rows of the output) and NCCL's kernels are SM work;
-  // peer copies and stream waits are not. Under ipc the all-gather's GEMM therefore waits for
-  // comm(0), whose last work is those local copies (a few tens of microseconds).
-  JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
+  // The GEMM runs on compute(1) (the bodies only use compute(0), and only for GEMMs of their
+  // own, which they do not have here). Where it is enqueued matters: a resident cuBLASLt kernel
+  // holds its SMs until it ends, so SM work of the collective that others wait for must be on the
+  // GPU first. Peer copies and stream waits/writes need no SM; same-device copies (the
+  // all-gather's publish of x and x into its own rows) and NCCL's kernels do.
   cudaStream_t gs = c->compute(1);
-  if (!a.reduce_scatter && c->nccl() == nullptr) {
-    cudaEvent_t local_done = c->event(kMaxWorld + 1);
-    JAX_UB_CUDA_RETURN(cudaEventRecord(local_done, c->comm(0)));
-    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(gs, local_done, 0));
-  }
-  if (a.gm > 0) {
+  auto gemm = [&]() -> Status {
+    if (a.gm <= 0) return Status::Ok();
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
     JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, gs));
     t.Stop(span, gs);
+    return Status::Ok();
+  };
+  if (c->nccl() != nullptr) {
+    // NCCL's send/recv kernels first, then the GEMM on the SMs they leave.
+    JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
+    JAX_UB_RETURN_IF_ERROR(gemm());
+  } else if (a.reduce_scatter) {
+    // GEMM first: the pushes are copy-engine work and the fp32 sum waits for every partial.
+    JAX_UB_RETURN_IF_ERROR(gemm());
+    JAX_UB_RETURN_IF_ERROR(RsBody(c, a.rs, op, e, t));
+  } else {
+    // The GEMM waits for the local copies (tens of microseconds), and is enqueued right after
+    // them, before the host enqueues the peers' chunks.
+    AgGemmArgs ag = a.ag;
+    ag.after_local = [&]() -> Status {
+      cudaEvent_t local_done = c->event(kMaxWorld + 1);
+      JAX_UB_CUDA_RETURN(cudaEventRecord(local_done, c->comm(0)));
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(gs, local_done, 0));
+      return gemm();
+    };
+    JAX_UB_RETURN_IF_ERROR(AgBody(c, ag, op, e, t));
   }
   return c->End(xla);
 }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "comm/communicator.h"
 #include "comm/trace.h"
@@ -74,6 +75,9 @@ struct AgGemmArgs {
   void* xg = nullptr;  // nullptr: the gathered input is not wanted (push and nccl only)
   void* workspace = nullptr;  // split across compute streams
   size_t workspace_bytes = 0;
+  // Called (ipc only) once the local shard's same-device copies are enqueued, before the peers'
+  // chunks: the bulk form enqueues its GEMM there (see Bulk).
+  std::function<Status()> after_local;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
 // Registered-buffer bytes AgGemm needs (every rank's shard: kPush lands peers' shards there).
