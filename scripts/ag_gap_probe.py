@@ -10,9 +10,7 @@ of 4 back-to-back calls (device 0: op span, first copy start, GEMM durations).
 from __future__ import annotations
 
 import collections
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,20 +20,11 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
+from jax_ub.bench.__main__ import time_fn
 
 
-def timed(f, args, iters=10, reps=5):
-    for _ in range(3):
-        jax.block_until_ready(f(*args))
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        r = None
-        for _ in range(iters):
-            r = f(*args)
-        jax.block_until_ready(r)
-        out.append((time.perf_counter() - t0) * 1e3 / iters)
-    return statistics.median(out)
+def timed(f, args):
+    return time_fn(f, args, warmup=3, iters=10, reps=5)  # the benchmark's own timing
 
 
 def main():
@@ -48,7 +37,6 @@ def main():
                                                  check_vma=False))
     mm = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
     for M, K, N in shapes:
-        m = M // tp
         x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
                            NamedSharding(mesh, P("tp", None)))
         w = jax.device_put(jax.random.normal(jax.random.key(1), (K, N), jnp.bfloat16),

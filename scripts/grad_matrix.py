@@ -72,16 +72,16 @@ def main():
             jax_ub.initialize(mesh, "tp", transport=transport)
         for method, scan, gax in itertools.product(a.methods, (False, True), (0, 1)):
             x, fwd, grad, _ = make(method, scan, gax)
-            xr, fwd_r, grad_r, _ = make("xla", scan, gax)
+            _, fwd_r, grad_r, _ = make("xla", scan, gax)
             try:
                 fo = rel(fwd(x, w1, w2), fwd_r(x, w1, w2))
                 gs = grad(x, w1, w2)
                 gr = grad_r(x, w1, w2)
-                ge = [rel(u, v) for u, v in zip(gs, gr)]
+                ge = [rel(u, v) for u, v in zip(gs, gr, strict=True)]
                 print(f"{transport:5} {method:5} scan={int(scan)} gax={gax}  fwd {fo:.2e}  "
                       f"grad x {ge[0]:.2e} w1 {ge[1]:.2e} w2 {ge[2]:.2e}"
-                      f"{'  <-- BAD' if max([fo] + ge) > 3e-2 else ''}", flush=True)
-            except Exception as e:  # noqa: BLE001
+                      f"{'  <-- BAD' if max([fo, *ge]) > 3e-2 else ''}", flush=True)
+            except Exception as e:
                 print(f"{transport:5} {method:5} scan={int(scan)} gax={gax}  ERROR {type(e).__name__}: "
                       f"{str(e)[:300]}", flush=True)
     jax_ub.shutdown()

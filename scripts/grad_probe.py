@@ -32,8 +32,8 @@ for vma in (True, False):
     l0, g0 = model("xla", "xla", vma)(x, w1, w2)
     for m_ag, m_rs in [("ring", "ring"), ("push", "ring"), ("ring", "pipeline"), ("push", "pipeline"),
                        ("auto", "auto")]:
-        l, g = model(m_ag, m_rs, vma)(x, w1, w2)
-        rel = [float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) for a, b in zip(g, g0)]
-        print(f"check_vma={vma} ag={m_ag:5s} rs={m_rs:8s} loss {float(l):.6f} vs {float(l0):.6f} "
+        loss, g = model(m_ag, m_rs, vma)(x, w1, w2)
+        rel = [float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) for a, b in zip(g, g0, strict=True)]
+        print(f"check_vma={vma} ag={m_ag:5s} rs={m_rs:8s} loss {float(loss):.6f} vs {float(l0):.6f} "
               f"grad rel x {rel[0]:.2e} w1 {rel[1]:.2e} w2 {rel[2]:.2e}", flush=True)
 jax_ub.shutdown()

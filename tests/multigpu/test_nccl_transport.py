@@ -23,7 +23,7 @@ def _nccl_error() -> str:
         from jax_ub import _nccl
 
         return _nccl.load_error()
-    except Exception as e:  # noqa: BLE001 - reported as the skip reason
+    except Exception as e:
         return str(e)
 
 
