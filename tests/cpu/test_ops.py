@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _jaxpr import dot_precisions
 from jax import lax
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
@@ -387,17 +388,6 @@ def test_several_shapes_in_one_jit(cpu_mesh):
         assert rel_err(a, b) <= 1e-5
 
 
-def _dot_precisions(jaxpr):
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            yield eqn.params["precision"]
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, (list, tuple)) else (v,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _dot_precisions(inner)
-
-
 @pytest.mark.parametrize("op", ["ag", "rs"])
 def test_precision_reaches_every_dot(op, cpu_mesh):
     mesh = cpu_mesh(2)
@@ -409,7 +399,7 @@ def test_precision_reaches_every_dot(op, cpu_mesh):
         body = lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", precision=hi)  # noqa: E731
     f = jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P("tp"))
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=(0, 1)))(x, w)
-    precisions = list(_dot_precisions(jaxpr.jaxpr))
+    precisions = list(dot_precisions(jaxpr.jaxpr))
     assert len(precisions) == 3  # forward, dgrad, wgrad
     assert all(p == (hi, hi) for p in precisions), precisions
 

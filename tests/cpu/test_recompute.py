@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _jaxpr import dot_precisions
 from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import PartitionSpec as P
@@ -397,17 +398,7 @@ def test_precision_reaches_every_dot(cpu_mesh):
                       mesh=mesh, in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=(0, 1)))(x, w)
 
-    def dots(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                yield eqn.params["precision"]
-            for v in eqn.params.values():
-                for sub in v if isinstance(v, (list, tuple)) else (v,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from dots(inner)
-
-    precisions = list(dots(jaxpr.jaxpr))
+    precisions = list(dot_precisions(jaxpr.jaxpr))
     assert len(precisions) == 3  # forward, dgrad, wgrad
     assert all(p == (HIGHEST, HIGHEST) for p in precisions), precisions
 
