@@ -106,6 +106,12 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   for (int q = 0; q < world; ++q) {
     if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(0), kDataReady, q, e));
   }
+  if (a.w != nullptr) {
+    // The publish is a same-device copy, which runs on SMs: a local GEMM already resident on
+    // every SM would hold it (and every peer's pull) back for a whole chunk GEMM.
+    JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(kMaxWorld), c->comm(0)));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(0), c->event(kMaxWorld), 0));
+  }
   JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
   JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
   if (a.after_local) JAX_UB_RETURN_IF_ERROR(a.after_local());
