@@ -162,9 +162,9 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
     return Check(op, *c, false, StrCat() << "splits must be 1 or 2; got " << splits);
   }
   a.splits = splits;
-  if (tail_pieces < 1 || tail_pieces >= static_cast<int32_t>(kPieceScale) ||
+  if (tail_pieces < 1 || tail_pieces > kMaxTailPieces ||
       (tail_pieces > 1 && tail_pieces % splits != 0)) {
-    return Check(op, *c, false, StrCat() << "tail_pieces must be 1, or in [2, " << kPieceScale - 1
+    return Check(op, *c, false, StrCat() << "tail_pieces must be 1, or in [2, " << kMaxTailPieces
                                          << "] and a multiple of splits (" << splits
                                          << "); got " << tail_pieces);
   }

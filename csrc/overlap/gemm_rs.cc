@@ -38,16 +38,15 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   const int splits = (a.w != nullptr && a.splits == 2 && mo % 2 == 0) ? 2 : 1;
   const int64_t piece_rows = mo / splits;
   const size_t piece = part / splits;
-  // Piecewise final sum: every push goes out in `tail` copies, each followed by a kPiece signal,
-  // and my own partial is computed in `tail` row pieces; the sum of piece j starts once my piece j
-  // and every peer's piece j are in place, under the GEMM of my piece j+1. Only the last piece's
-  // sum is left after the last GEMM.
+  // Piecewise final sum: my own partial is computed in `tail` row pieces, and the push that
+  // lands last here (my right neighbour's, at its step world-1) comes in `tail` copies, each
+  // followed by a kPiece signal (earlier pushes signal every piece at once when they end). The
+  // sum of piece j starts once my piece j and every peer's piece j are in place, beside the GEMM
+  // of my piece j+1: only the last piece's sum follows the last GEMM.
   const int tail = (a.w != nullptr && a.tail_pieces > 1 && a.tail_pieces % splits == 0 &&
                     mo % a.tail_pieces == 0)
                        ? a.tail_pieces
                        : 1;
-  const int copies = tail > 1 ? tail : splits;
-  const size_t copy_bytes = part / copies;
   auto piece_flag = [&](int j) { return e * kPieceScale + static_cast<uint64_t>(j) + 1; };
 
   // Peers' partials first, in ring order (r+1, r+2, ...), each pushed as soon as it is computed.
@@ -66,12 +65,18 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
         JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
         JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
         if (j == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
-        for (int k = j * (copies / splits); k < (j + 1) * (copies / splits); ++k) {
+        const int per = i == world - 1 ? tail / splits : 1;  // copies of this GEMM piece
+        const size_t bytes = piece / per;
+        for (int k = 0; k < per; ++k) {
+          char* to = dst + j * piece + k * bytes;
           const int span = t.Start("copy", d, CommLabel(si), s);
-          JAX_UB_CUDA_RETURN(CopyAsync(dst + k * copy_bytes, stage + k * copy_bytes, copy_bytes, s));
+          JAX_UB_CUDA_RETURN(CopyAsync(to, stage + j * piece + k * bytes, bytes, s));
           t.Stop(span, s);
-          if (tail > 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(k)));
+          if (per > 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(j * per + k)));
         }
+      }
+      if (tail > 1 && i != world - 1) {
+        JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(tail - 1)));
       }
     } else {
       JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
@@ -92,12 +97,15 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(cs, c->event(0), 0));
     const int64_t tail_rows = mo / tail;
     const size_t tail_bytes = part / tail;
+    // Every GEMM piece is enqueued before the sum's flag waits: a stream waiting on a flag can
+    // hold back other streams that share its hardware queue.
     for (int j = 0; j < tail; ++j) {
       JAX_UB_RETURN_IF_ERROR(
           partial_rows(r, j * tail_rows, tail_rows, mine + r * part + j * tail_bytes));
-      cudaEvent_t mine_done = c->event(kMaxWorld + 2 + j);
-      JAX_UB_CUDA_RETURN(cudaEventRecord(mine_done, cs));
-      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, mine_done, 0));
+      JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(kMaxWorld + 2 + j), cs));
+    }
+    for (int j = 0; j < tail; ++j) {
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, c->event(kMaxWorld + 2 + j), 0));
       for (int q = 0; q < world; ++q) {
         inputs[q] = mine + q * part + j * tail_bytes;
         if (q == r) continue;

@@ -108,6 +108,8 @@ struct GemmRsArgs {
   // last piece's sum follows the last GEMM.
   int tail_pieces = 1;
 };
+constexpr int kMaxTailPieces = 8;  // events kMaxWorld+2 .. ; kPiece values below kPieceScale
+static_assert(kMaxTailPieces < static_cast<int>(kPieceScale), "kPiece encoding");
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 

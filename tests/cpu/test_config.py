@@ -110,7 +110,7 @@ def test_bad_values_name_variable_and_value(var, value, expected):
         {"buffer_mib": -1},
         {"gemm_workspace_mib": -2},
         {"bulk_reduce_sms": 999},
-        {"rs_tail_pieces": 16},
+        {"rs_tail_pieces": 9},
     ],
     ids=lambda kw: next(iter(kw)),
 )
