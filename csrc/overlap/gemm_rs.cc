@@ -65,14 +65,15 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
         JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
         JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
         if (j == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
-        const int per = i == world - 1 ? tail / splits : 1;  // copies of this GEMM piece
+        const bool last = tail > 1 && i == world - 1;  // the push that lands last at d
+        const int per = last ? tail / splits : 1;      // copies of this GEMM piece
         const size_t bytes = piece / per;
         for (int k = 0; k < per; ++k) {
           char* to = dst + j * piece + k * bytes;
           const int span = t.Start("copy", d, CommLabel(si), s);
           JAX_UB_CUDA_RETURN(CopyAsync(to, stage + j * piece + k * bytes, bytes, s));
           t.Stop(span, s);
-          if (per > 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(j * per + k)));
+          if (last) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(j * per + k)));
         }
       }
       if (tail > 1 && i != world - 1) {
