@@ -17,7 +17,6 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
-| rs_tail_pieces | JAX_UB_RS_TAIL_PIECES | 0 | row pieces of a GEMM->RS op's own partial, each summed as soon as the peers' matching pieces land (0: by partial size, 1: whole, 2..8) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
 
@@ -76,7 +75,6 @@ class Config:
     gemm_tune: int = 0
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
-    rs_tail_pieces: int = 0
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -89,8 +87,6 @@ class Config:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
         if not 0 <= self.bulk_reduce_sms <= 256:
             raise ValueError(f"bulk_reduce_sms must be in [0, 256]; got {self.bulk_reduce_sms!r}")
-        if not 0 <= self.rs_tail_pieces <= 8:
-            raise ValueError(f"rs_tail_pieces must be in [0, 8]; got {self.rs_tail_pieces!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
             raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
                              f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
@@ -132,12 +128,6 @@ class Config:
             if kw["bulk_reduce_sms"] > 256:
                 raise ValueError(f"JAX_UB_BULK_REDUCE_SMS must be <= 256 (SMs); got "
                                  f"{env['JAX_UB_BULK_REDUCE_SMS']!r}")
-        if "JAX_UB_RS_TAIL_PIECES" in env:
-            kw["rs_tail_pieces"] = int(
-                _parse_number("JAX_UB_RS_TAIL_PIECES", env["JAX_UB_RS_TAIL_PIECES"], int, 0))
-            if kw["rs_tail_pieces"] > 8:
-                raise ValueError(f"JAX_UB_RS_TAIL_PIECES must be <= 8; got "
-                                 f"{env['JAX_UB_RS_TAIL_PIECES']!r}")
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
             if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

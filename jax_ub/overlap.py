@@ -37,23 +37,6 @@ REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
-# GEMM->RS computes its own partial in row pieces and sums each as soon as the peers' matching
-# pieces have landed (``config.rs_tail_pieces``; 0 picks by partial size from this table of
-# (minimum partial bytes, pieces), largest first), so only the last piece's sum follows the GEMMs.
-RS_TAIL_PIECES = ((64 << 20, 4), (16 << 20, 2))
-
-
-def rs_pieces(part_bytes: int, rows: int) -> tuple[int, int]:
-    """(splits, tail_pieces) of a GEMM->RS op whose partials are ``rows`` x ... of
-    ``part_bytes``: each piece count divides ``rows``, and tail_pieces is 1 or a multiple of
-    splits."""
-    splits = 2 if RS_SPLIT_BYTES[0] <= part_bytes < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
-    tail = config.get().rs_tail_pieces
-    if tail == 0:
-        tail = next((p for lo, p in RS_TAIL_PIECES if part_bytes >= lo), 1)
-    while tail > 1 and (rows % tail or tail % splits):
-        tail -= 1
-    return splits, tail
 
 
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
@@ -121,14 +104,14 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
     staging = max((s.world - 1) * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
-    rows = (M // s.world) * inner
-    splits, tail = rs_pieces(rows * n * es, rows)
-    for p in {splits, tail} - {1}:  # the pieces' GEMMs run at 1/p height: tune those too
-        _warm(s, rows // p, n, x2.shape[-1], x.dtype, precision)
+    part = (M // s.world) * inner * n * es
+    splits = 2 if (RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1]
+                   and (M // s.world) * inner % 2 == 0) else 1
+    if splits == 2:  # the pieces' GEMMs run at half height: tune that shape too
+        _warm(s, (M // s.world) * inner // 2, n, x2.shape[-1], x.dtype, precision)
     y, _, _ = jax.ffi.ffi_call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
         x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
-        reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits),
-        tail_pieces=np.int32(tail))
+        reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits))
     return _back(y, axis), x
 
 

@@ -21,16 +21,8 @@ const char* SlotName(int slot) {
     case kDataReady: return "data-ready";
     case kAck: return "done-reading";
     case kReady: return "buffer-free";
-    case kPiece: return "partial-piece";
   }
   return "?";
-}
-
-// A flag value as the watchdog names it: "epoch E", or "epoch E piece J" for kPiece.
-std::string FlagValue(int slot, uint64_t v) {
-  if (slot != kPiece) return StrCat() << "epoch " << v;
-  if (v == 0) return "epoch 0";
-  return StrCat() << "epoch " << (v - 1) / kPieceScale << " piece " << (v - 1) % kPieceScale;
 }
 
 struct IpcBlob {
@@ -489,8 +481,7 @@ void Communicator::Poll() {
       std::string msg = StrCat()
                         << Where(*this, p.op) << ": timed out after " << waited
                         << " s waiting for rank " << q << " (" << SlotName(slot)
-                        << " signal for " << FlagValue(slot, p.want) << "; last seen "
-                        << FlagValue(slot, have)
+                        << " signal for epoch " << p.want << "; last seen epoch " << have
                         << "). The peer never arrived: is its process alive, and does every "
                            "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
                         << FlagReadAge(now);

@@ -9,8 +9,6 @@
 //   kDataReady: q's data for r is in place (AG: q's shard in q's buffer; RS: q's partial in r's).
 //   kAck:       q has finished touching r's buffer for that epoch.
 //   kReady:     q's buffer may be written by peers for that epoch.
-//   kPiece:     e * kPieceScale + j + 1: pieces 0..j of q's RS partial for r are in place (GEMM->RS
-//               with a piecewise final sum only; the value grows with the epoch like the others).
 // Every op at epoch e starts with: wait kAck >= e-1 from all peers, then signal kReady = e.
 #pragma once
 
@@ -32,8 +30,7 @@ namespace jax_ub {
 
 class NcclComm;
 
-enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kPiece = 3, kNumFlagSlots = 4 };
-constexpr uint64_t kPieceScale = 16;  // pieces per op are fewer
+enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kNumFlagSlots = 3 };
 constexpr int kMaxWorld = 16;
 constexpr int kNumComputeStreams = 2;
 

@@ -128,7 +128,7 @@ ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
-                    GemmRsArgs* out, int32_t splits = 1, int32_t tail_pieces = 1) {
+                    GemmRsArgs* out, int32_t splits = 1) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
     return Check(op, *c, false, "x must be float32, float16 or bfloat16");
@@ -162,13 +162,6 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
     return Check(op, *c, false, StrCat() << "splits must be 1 or 2; got " << splits);
   }
   a.splits = splits;
-  if (tail_pieces < 1 || tail_pieces > kMaxTailPieces ||
-      (tail_pieces > 1 && tail_pieces % splits != 0)) {
-    return Check(op, *c, false, StrCat() << "tail_pieces must be 1, or in [2, " << kMaxTailPieces
-                                         << "] and a multiple of splits (" << splits
-                                         << "); got " << tail_pieces);
-  }
-  a.tail_pieces = tail_pieces;
   if (w != nullptr) {
     const auto wd = w->dimensions();
     if (auto e = Check(op, *c, wd[0] == xr.cols && w->element_type() == x.element_type(),
@@ -194,12 +187,11 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
 ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t reduce_blocks, int32_t splits = 1, int32_t tail_pieces = 1) {
+                  int32_t reduce_blocks, int32_t splits = 1) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   GemmRsArgs a;
-  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits,
-                              tail_pieces);
+  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits);
       e.failure()) {
     return e;
   }
@@ -210,9 +202,9 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> staging,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
-                         int32_t reduce_blocks, int32_t splits, int32_t tail_pieces) {
+                         int32_t reduce_blocks, int32_t splits) {
   return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id,
-                algo, tf32, reduce_blocks, splits, tail_pieces);
+                algo, tf32, reduce_blocks, splits);
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -319,8 +311,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline
                                   .Attr<bool>("tf32")            // float32 may use TF32
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
-                                  .Attr<int32_t>("splits")       // pieces per peer partial (1, 2)
-                                  .Attr<int32_t>("tail_pieces"));  // pieces of the own partial
+                                  .Attr<int32_t>("splits"));     // pieces per peer partial (1, 2)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                               ffi::Ffi::Bind()

@@ -35,19 +35,10 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     t.Stop(span, cs);
     return Status::Ok();
   };
+  auto partial = [&](int dest, void* out) { return partial_rows(dest, 0, mo, out); };
   const int splits = (a.w != nullptr && a.splits == 2 && mo % 2 == 0) ? 2 : 1;
   const int64_t piece_rows = mo / splits;
   const size_t piece = part / splits;
-  // Piecewise final sum: my own partial is computed in `tail` row pieces, and the push that
-  // lands last here (my right neighbour's, at its step world-1) comes in `tail` copies, each
-  // followed by a kPiece signal (earlier pushes signal every piece at once when they end). The
-  // sum of piece j starts once my piece j and every peer's piece j are in place, beside the GEMM
-  // of my piece j+1: only the last piece's sum follows the last GEMM.
-  const int tail = (a.w != nullptr && a.tail_pieces > 1 && a.tail_pieces % splits == 0 &&
-                    mo % a.tail_pieces == 0)
-                       ? a.tail_pieces
-                       : 1;
-  auto piece_flag = [&](int j) { return e * kPieceScale + static_cast<uint64_t>(j) + 1; };
 
   // Peers' partials first, in ring order (r+1, r+2, ...), each pushed as soon as it is computed.
   for (int i = 1; i < world; ++i) {
@@ -65,19 +56,9 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
         JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
         JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
         if (j == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
-        const bool last = tail > 1 && i == world - 1;  // the push that lands last at d
-        const int per = last ? tail / splits : 1;      // copies of this GEMM piece
-        const size_t bytes = piece / per;
-        for (int k = 0; k < per; ++k) {
-          char* to = dst + j * piece + k * bytes;
-          const int span = t.Start("copy", d, CommLabel(si), s);
-          JAX_UB_CUDA_RETURN(CopyAsync(to, stage + j * piece + k * bytes, bytes, s));
-          t.Stop(span, s);
-          if (last) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(j * per + k)));
-        }
-      }
-      if (tail > 1 && i != world - 1) {
-        JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, piece_flag(tail - 1)));
+        const int span = t.Start("copy", d, CommLabel(si), s);
+        JAX_UB_CUDA_RETURN(CopyAsync(dst + j * piece, stage + j * piece, piece, s));
+        t.Stop(span, s);
       }
     } else {
       JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
@@ -91,45 +72,25 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   }
   // Own partial last, into my slot (after Begin's buffer-free wait on comm(0)).
   cudaStream_t red = c->comm(0);
-  const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
   std::vector<const void*> inputs(world);
   if (a.w != nullptr) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(0), red));  // Begin's waits done
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(cs, c->event(0), 0));
-    const int64_t tail_rows = mo / tail;
-    const size_t tail_bytes = part / tail;
-    // Every GEMM piece is enqueued before the sum's flag waits: a stream waiting on a flag can
-    // hold back other streams that share its hardware queue.
-    for (int j = 0; j < tail; ++j) {
-      JAX_UB_RETURN_IF_ERROR(
-          partial_rows(r, j * tail_rows, tail_rows, mine + r * part + j * tail_bytes));
-      JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(kMaxWorld + 2 + j), cs));
+    JAX_UB_RETURN_IF_ERROR(partial(r, mine + r * part));
+    JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(world), cs));
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, c->event(world), 0));
+    for (int q = 0; q < world; ++q) inputs[q] = mine + q * part;
+  } else {
+    for (int q = 0; q < world; ++q) {
+      inputs[q] = q == r ? static_cast<const void*>(static_cast<const char*>(a.x) + r * part)
+                         : static_cast<const void*>(mine + q * part);
     }
-    for (int j = 0; j < tail; ++j) {
-      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, c->event(kMaxWorld + 2 + j), 0));
-      for (int q = 0; q < world; ++q) {
-        inputs[q] = mine + q * part + j * tail_bytes;
-        if (q == r) continue;
-        if (tail > 1) {
-          JAX_UB_RETURN_IF_ERROR(c->Wait(red, kPiece, q, piece_flag(j), op));
-        } else {
-          JAX_UB_RETURN_IF_ERROR(c->Wait(red, kDataReady, q, e, op));
-        }
-      }
-      // Sum in rank order (the same rounding whatever the arrival order), fp32 accumulation.
-      const int span = t.Start("reduce", tail > 1 ? j : -1, CommLabel(0), red);
-      JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, static_cast<char*>(a.y) + j * tail_bytes,
-                                             inputs.data(), world,
-                                             static_cast<size_t>(tail_rows) * a.n, blocks, red));
-      t.Stop(span, red);
-    }
-    return Status::Ok();
   }
   for (int q = 0; q < world; ++q) {
-    inputs[q] = q == r ? static_cast<const void*>(static_cast<const char*>(a.x) + r * part)
-                       : static_cast<const void*>(mine + q * part);
     if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kDataReady, q, e, op));
   }
+  // Sum in rank order (the same rounding whatever the arrival order), fp32 accumulation.
+  const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
   const int span = t.Start("reduce", -1, CommLabel(0), red);
   JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs.data(), world,
                                          static_cast<size_t>(mo) * a.n, blocks, red));

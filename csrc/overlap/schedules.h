@@ -103,13 +103,7 @@ struct GemmRsArgs {
   // Each peer's partial is computed and pushed in this many row pieces (1 or 2): the first push
   // starts after half a partial's GEMM (comm-bound shapes), the rest as before.
   int splits = 1;
-  // My own partial is computed in this many row pieces (a multiple of `splits`; 1: whole) and
-  // summed piece by piece as the peers' matching pieces land (kPiece flags), so that only the
-  // last piece's sum follows the last GEMM.
-  int tail_pieces = 1;
 };
-constexpr int kMaxTailPieces = 8;  // events kMaxWorld+2 .. ; kPiece values below kPieceScale
-static_assert(kMaxTailPieces < static_cast<int>(kPieceScale), "kPiece encoding");
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 

@@ -280,15 +280,6 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
 
-        def whole_tail():  # auto with JAX_UB_RS_TAIL_PIECES=1: the piecewise final sum off
-            from jax_ub import config
-
-            f = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp"), (x_spec, w_spec), y_spec)
-            with config.override(rs_tail_pieces=1):
-                return f.lower(x, w).compile(), (x, w)
-
-        impls["jax_ub_tail1"] = whole_tail
-
     def windowed():  # XLA's windowed einsum: the jit-partitioned dot with sharded operands and output
         fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))
         return fw.lower(x, w).compile(compiler_options=WINDOWED_FLAGS), (x, w)
@@ -388,8 +379,7 @@ def _agrs_table(op: str, rows: list, path: str) -> None:
         speedups.append(sp)
         print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
               f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  "
-              f"{g('jax_ub_ring'):.3f}/{alt:.3f}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}"
-              + (f"  (whole-sum {g('jax_ub_tail1'):.3f})" if "jax_ub_tail1" in r else ""))
+              f"{g('jax_ub_ring'):.3f}/{alt:.3f}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}")
     gm = _geomean(speedups)
     if gm is not None:
         print(f"geometric mean speedup vs xla_plain: {gm:.2f}x")
