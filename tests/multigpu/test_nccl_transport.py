@@ -15,7 +15,17 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from tests.multigpu.test_overlap import HP, TOL, _mesh, _n_gpus, _need, _poison, _rand, _rel  # noqa: E402
+from tests.multigpu.test_overlap import (  # noqa: E402
+    HP,
+    TOL,
+    _mesh,
+    _n_gpus,
+    _need,
+    _poison,
+    _rand,
+    _rel,
+    check_bare_collectives,
+)
 
 
 def _nccl_error() -> str:
@@ -55,17 +65,7 @@ def test_random_pattern_through_nccl(ub, tp):
     """Every rank's random shard reaches every peer exactly (all-gather), and the reduce-scatter
     sums every rank's contribution."""
     _need(tp)
-    mesh = _init(ub, tp)
-    x = _rand(7, (tp * 384, 1000), jnp.bfloat16)
-
-    def f(x):
-        return ub.overlap.all_gather(x, "tp"), ub.overlap.reduce_scatter(x, "tp")
-
-    ag, rs = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("tp", None),
-                                   out_specs=(P(), P("tp", None)), check_vma=False))(x)
-    np.testing.assert_array_equal(np.asarray(ag), np.asarray(x))
-    want = np.asarray(x, np.float32).reshape(tp, 384, 1000).sum(axis=0)
-    assert _rel(rs, want) < 5e-3
+    check_bare_collectives(ub, _init(ub, tp), tp)
 
 
 @pytest.mark.parametrize("return_gathered", [True, False])

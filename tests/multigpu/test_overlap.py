@@ -143,11 +143,10 @@ def test_matmul_reduce_scatter(ub, tp, dtype, shape, method):
     assert "jax_ub_gemm_rs" in g.lower(x, w).as_text()
 
 
-def test_bare_collectives_random_pattern(ub):
-    """Every rank's random shard reaches every peer through the real transport, exactly."""
-    tp = min(_n_gpus(), 4)
-    mesh = _mesh(tp)
-    ub.initialize(mesh, "tp")
+def check_bare_collectives(ub, mesh, tp) -> None:
+    """Every rank's random shard reaches every peer exactly (all-gather), and the reduce-scatter
+    sums every rank's contribution, through whatever transport ``mesh``'s axis was initialized
+    with (test_nccl_transport.py reuses this)."""
     x = _rand(7, (tp * 384, 1000), jnp.bfloat16)
 
     def f(x):
@@ -160,6 +159,14 @@ def test_bare_collectives_random_pattern(ub):
     # tp shards, rows split across ranks.
     want = np.asarray(x, np.float32).reshape(tp, 384, 1000).sum(axis=0)
     assert _rel(rs, want) < 5e-3
+
+
+def test_bare_collectives_random_pattern(ub):
+    """Every rank's random shard reaches every peer through the copy-engine transport, exactly."""
+    tp = min(_n_gpus(), 4)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    check_bare_collectives(ub, mesh, tp)
 
 
 @pytest.mark.parametrize("method", ["ring", "push"])
