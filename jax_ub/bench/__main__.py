@@ -54,7 +54,7 @@ WINDOWED_FLAGS = {
     "xla_gpu_use_memcpy_local_p2p": True,
 }
 AG_RS_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
-MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub"]
+MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub", "no_comm"]
 BULK_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
 
 
