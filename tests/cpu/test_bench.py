@@ -138,9 +138,25 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
     assert set(by_tp) == {int(t) for t in tps}
     for recs in by_tp.values():
         impls = {r["impl"]: r for r in recs}
-        assert {"gemm_alone", "comm_nccl", "xla_plain", "jax_ub"} <= set(impls)
+        assert {"gemm_alone", "gemm_all_gpus", "comm_nccl", "xla_plain", "jax_ub"} <= set(impls)
         assert all(r["ms"] > 0 and r["op"] == ("ag_gemm" if op == "ag" else "gemm_rs") for r in recs)
         assert all((r["M"], r["K"], r["N"], r["dtype"]) == (64, 32, 64, "bfloat16") for r in recs)
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_gemm_all_gpus_is_each_gpus_local_gemm(op, cpu_mesh):
+    """gemm_all_gpus: every device computes the op's whole local GEMM (AG: gathered x @ its w
+    shard; RS: its x shard @ its w shard), with no communication."""
+    mesh = cpu_mesh(4)
+    fn, (x, w) = harness.agrs_impls(op, mesh, 32, 16, 24, "float32", cuda=False)["gemm_all_gpus"]
+    out = np.asarray(fn(x, w))
+    xs, ws = np.asarray(x), np.asarray(w)
+    for i in range(4):
+        if op == "ag":
+            want = xs @ ws[:, i * 6:(i + 1) * 6]
+        else:
+            want = xs[:, i * 4:(i + 1) * 4] @ ws[i * 4:(i + 1) * 4]
+        np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-5)
 
 
 def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
