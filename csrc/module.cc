@@ -167,20 +167,8 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     JAX_UB_CUDA_RETURN(cudaMalloc(&b, k * n * es));
     JAX_UB_CUDA_RETURN(cudaMalloc(&c, m * n * es));
     if (workspace_bytes) JAX_UB_CUDA_RETURN(cudaMalloc(&ws, workspace_bytes));
-    jax_ub::GemmArgs g;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.lda = k;
-    g.ldb = n;
-    g.ldc = n;
-    g.dtype = t;
-    g.tf32 = tf32;
-    g.a = a;
-    g.b = b;
-    g.c = c;
-    g.workspace = ws;
-    g.workspace_bytes = workspace_bytes;
+    const jax_ub::GemmArgs g =
+        jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
     // Random-ish operands: tuning on zeros would time kernels that skip no work but may hit
     // different power states; a fixed byte pattern is enough (values are irrelevant to speed).
     // A private non-blocking stream: never ordered behind XLA's or the communicators' streams.

@@ -34,6 +34,30 @@ struct GemmArgs {
   size_t workspace_bytes = 0;
 };
 
+// Dense row-major y[m, n] = x[m, k] @ w[k, n]: the chunk GEMMs of the overlap schedules, and the
+// configuration GemmWarmup prepares (and tunes) for them at trace time; one builder, so both
+// always name the same cached plan.
+inline GemmArgs RowMajorGemm(int64_t m, int64_t n, int64_t k, DType dtype, bool tf32,
+                             const void* x, const void* w, void* y, void* workspace,
+                             size_t workspace_bytes, int sm_count = 0) {
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = k;
+  g.ldb = n;
+  g.ldc = n;
+  g.dtype = dtype;
+  g.tf32 = tf32;
+  g.sm_count = sm_count;
+  g.a = x;
+  g.b = w;
+  g.c = y;
+  g.workspace = workspace;
+  g.workspace_bytes = workspace_bytes;
+  return g;
+}
+
 // Enqueues the GEMM on `stream` (device `device` must be current). Thread-safe.
 Status Gemm(int device, const GemmArgs& args, cudaStream_t stream);
 

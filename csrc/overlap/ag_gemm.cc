@@ -6,22 +6,8 @@
 namespace jax_ub {
 
 Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const {
-  GemmArgs g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = k;
-  g.ldb = n;
-  g.ldc = n;
-  g.dtype = dtype;
-  g.tf32 = tf32;
-  g.sm_count = sm_count;
-  g.a = x;
-  g.b = w;
-  g.c = y;
-  g.workspace = workspace;
-  g.workspace_bytes = workspace_bytes;
-  return Gemm(device, g, s);
+  return Gemm(device,
+              RowMajorGemm(m, n, k, dtype, tf32, x, w, y, workspace, workspace_bytes, sm_count), s);
 }
 
 size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world) {
