@@ -6,7 +6,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
-| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``nccl``) |
+| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``nccl``) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
@@ -17,6 +17,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
+| rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | row pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
 
@@ -28,7 +29,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "nccl")
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "nccl")
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 
@@ -75,6 +76,7 @@ class Config:
     gemm_tune: int = 0
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
+    rs_chain_pieces: int = 0
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -87,6 +89,8 @@ class Config:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
         if not 0 <= self.bulk_reduce_sms <= 256:
             raise ValueError(f"bulk_reduce_sms must be in [0, 256]; got {self.bulk_reduce_sms!r}")
+        if not 0 <= self.rs_chain_pieces <= 4:
+            raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
             raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
                              f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
@@ -128,6 +132,12 @@ class Config:
             if kw["bulk_reduce_sms"] > 256:
                 raise ValueError(f"JAX_UB_BULK_REDUCE_SMS must be <= 256 (SMs); got "
                                  f"{env['JAX_UB_BULK_REDUCE_SMS']!r}")
+        if "JAX_UB_RS_CHAIN_PIECES" in env:
+            kw["rs_chain_pieces"] = int(
+                _parse_number("JAX_UB_RS_CHAIN_PIECES", env["JAX_UB_RS_CHAIN_PIECES"], int, 0))
+            if kw["rs_chain_pieces"] > 4:
+                raise ValueError(f"JAX_UB_RS_CHAIN_PIECES must be <= 4; got "
+                                 f"{env['JAX_UB_RS_CHAIN_PIECES']!r}")
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
             if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -11,6 +11,10 @@ Algorithms (``csrc/overlap/schedules.h``):
   into every peer's registered buffer (no publish copy). ``pipeline`` is ``ring``.
 * reduce-scatter: ``ring`` pushes each destination's partial on one comm stream as soon as it is
   computed; ``pipeline`` (= ``all_peer``) gives every push its own stream. ``push`` is ``ring``.
+  Both end with one fp32 sum of the partials after the last GEMM. ``chain`` has no final sum: each
+  rank adds the partial sum received from its ring neighbour in the GEMM's epilogue (fp32) and
+  passes it on, the last step writing the output; partial sums travel in the op's dtype (one
+  rounding per hop, like NCCL's ring). For the all-gather ``chain`` is ``push``.
 
 These run only when the extension is loaded, a CUDA GPU is present and :func:`jax_ub.initialize`
 was called for the mesh axis; :mod:`jax_ub.ops` falls back to the reference otherwise (``auto``) or
@@ -29,8 +33,11 @@ import numpy as np
 from jax_ub import _ext, _ffi, comm, config, ops
 
 # "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
-AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "nccl": 2}
-RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "nccl": 0}
+AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "nccl": 2}
+RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "nccl": 0}
+# Row pieces per step of the chain GEMM->RS: a piece is pushed, and the neighbour's next step
+# starts on it, while the next piece is computed (config.rs_chain_pieces overrides).
+RS_CHAIN_PIECES = 2
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
 # GEMM->RS computes and pushes each peer's partial in two row pieces when a partial's size is in
 # this range (ipc transport): the first push starts after half a partial's GEMM. Measured on 4xH200,
@@ -104,15 +111,22 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
     staging = max((s.world - 1) * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
-    part = (M // s.world) * inner * n * es
-    splits = 2 if (RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1]
-                   and (M // s.world) * inner % 2 == 0) else 1
-    if splits == 2:  # the pieces' GEMMs run at half height: tune that shape too
-        _warm(s, (M // s.world) * inner // 2, n, x2.shape[-1], x.dtype, precision)
+    splits = rs_splits(method, (M // s.world) * inner, n, es)
+    if splits > 1:  # the pieces' GEMMs are shorter: prepare (tune) that shape too
+        _warm(s, (M // s.world) * inner // splits, n, x2.shape[-1], x.dtype, precision)
     y, _, _ = jax.ffi.ffi_call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
         x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
         reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits))
     return _back(y, axis), x
+
+
+def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
+    """Row pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank."""
+    if method == "chain":
+        want = config.get().rs_chain_pieces or RS_CHAIN_PIECES
+        return next(p for p in range(want, 0, -1) if rows % p == 0)
+    part = rows * n * itemsize
+    return 2 if RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:
@@ -247,7 +261,7 @@ def _auto(op: str):
 def _register() -> None:
     ops.register_impl(ops.AG, "auto")(_auto(ops.AG))
     ops.register_impl(ops.RS, "auto")(_auto(ops.RS))
-    for name in ("ring", "all_peer", "push", "pipeline", "nccl"):
+    for name in ("ring", "all_peer", "push", "pipeline", "chain", "nccl"):
         ops.register_impl(ops.AG, name)(
             lambda x, w, *, axis_name, axis, precision, need_full=True, _m=name: ag_gemm(
                 x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m,

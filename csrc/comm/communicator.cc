@@ -21,8 +21,16 @@ const char* SlotName(int slot) {
     case kDataReady: return "data-ready";
     case kAck: return "done-reading";
     case kReady: return "buffer-free";
+    case kPiece: return "chain-piece";
   }
   return "?";
+}
+
+// A flag value as the watchdog names it: "epoch E", or "epoch E piece J" for kPiece.
+std::string FlagValue(int slot, uint64_t v) {
+  if (slot != kPiece) return StrCat() << "epoch " << v;
+  if (v == 0) return "epoch 0";
+  return StrCat() << "epoch " << (v - 1) / kPieceScale << " piece " << (v - 1) % kPieceScale;
 }
 
 struct IpcBlob {
@@ -414,6 +422,7 @@ Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, co
     if (!p.pending) {
       p.pending = true;
       p.since = std::chrono::steady_clock::now();
+      p.seen = host_flags_[slot * o_.world + peer];
       p.op = op;
     }
     if (value > p.want) p.want = value;
@@ -473,6 +482,10 @@ void Communicator::Poll() {
         p.pending = false;
         continue;
       }
+      if (fresh && have > p.seen) {  // the peer is alive and moving: restart the clock
+        p.seen = have;
+        p.since = now;
+      }
       const double waited = std::chrono::duration<double>(now - p.since).count();
       if (waited < o_.timeout_s) {
         still = true;
@@ -480,8 +493,9 @@ void Communicator::Poll() {
       }
       std::string msg = StrCat()
                         << Where(*this, p.op) << ": timed out after " << waited
-                        << " s waiting for rank " << q << " (" << SlotName(slot)
-                        << " signal for epoch " << p.want << "; last seen epoch " << have
+                        << " s without progress waiting for rank " << q << " (" << SlotName(slot)
+                        << " signal for " << FlagValue(slot, p.want) << "; last seen "
+                        << FlagValue(slot, have)
                         << "). The peer never arrived: is its process alive, and does every "
                            "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
                         << FlagReadAge(now);

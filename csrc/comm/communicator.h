@@ -9,6 +9,9 @@
 //   kDataReady: q's data for r is in place (AG: q's shard in q's buffer; RS: q's partial in r's).
 //   kAck:       q has finished touching r's buffer for that epoch.
 //   kReady:     q's buffer may be written by peers for that epoch.
+//   kPiece:     e * kPieceScale + j + 1: pieces 0..j of q's data for r are in place (GEMM->RS chain
+//               only: pieces of one op are signalled in order; the value grows with the epoch
+//               like the others, so a wait of epoch e is never satisfied by an older epoch).
 // Every op at epoch e starts with: wait kAck >= e-1 from all peers, then signal kReady = e.
 #pragma once
 
@@ -30,7 +33,8 @@ namespace jax_ub {
 
 class NcclComm;
 
-enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kNumFlagSlots = 3 };
+enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kPiece = 3, kNumFlagSlots = 4 };
+constexpr uint64_t kPieceScale = 64;  // pieces per op: (world - 1) * pieces <= 15 * 4
 constexpr int kMaxWorld = 16;
 constexpr int kNumComputeStreams = 2;
 
@@ -107,6 +111,9 @@ class Communicator {
   struct PendingWait {
     bool pending = false;
     uint64_t want = 0;
+    uint64_t seen = 0;  // the flag's value when `since` was last reset
+    // Since the flag last moved (or the wait was registered): a timeout means no progress for
+    // timeout_s, so a host that stays ops ahead of a live peer never trips it.
     std::chrono::steady_clock::time_point since;
     const char* op = "";
   };

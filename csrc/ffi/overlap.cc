@@ -145,7 +145,7 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
-  if (algo < 0 || algo > static_cast<int>(RsAlgo::kPipeline)) {
+  if (algo < 0 || algo > static_cast<int>(RsAlgo::kChain)) {
     return Check(op, *c, false, StrCat() << "unknown reduce-scatter algorithm " << algo);
   }
   GemmRsArgs& a = *out;
@@ -158,8 +158,11 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.n = n;
   a.y = y->untyped_data();
   a.reduce_blocks = reduce_blocks;
-  if (splits != 1 && splits != 2) {
-    return Check(op, *c, false, StrCat() << "splits must be 1 or 2; got " << splits);
+  const int max_splits = a.algo == RsAlgo::kChain ? kMaxChainPieces : 2;
+  if (splits < 1 || splits > max_splits) {
+    return Check(op, *c, false, StrCat() << "splits must be in [1, " << max_splits << "] for "
+                                          << "reduce-scatter algorithm " << algo << "; got "
+                                          << splits);
   }
   a.splits = splits;
   if (w != nullptr) {

@@ -215,7 +215,9 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
     return Status::Error(StrCat() << "GEMM sizes must be positive; got m=" << g.m << " n=" << g.n
                                   << " k=" << g.k);
   }
-  const int align_a = Alignment(g.a), align_b = Alignment(g.b), align_c = Alignment(g.c);
+  const int align_a = Alignment(g.a), align_b = Alignment(g.b);
+  const int align_c = g.accumulate && g.c_in != nullptr ? std::min(Alignment(g.c), Alignment(g.c_in))
+                                                        : Alignment(g.c);
   const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
                     static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
                     align_c, g.sm_count};
@@ -247,8 +249,9 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
            const GemmArgs& g, cudaStream_t stream) {
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   // Our B is cuBLASLt's A and vice versa (see BuildPlan).
+  const void* addend = g.accumulate && g.c_in != nullptr ? g.c_in : g.c;
   JAX_UB_LT_RETURN(*api, api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
-                                     g.c, plan->c, g.c, plan->c, &algo, g.workspace,
+                                     addend, plan->c, g.c, plan->c, &algo, g.workspace,
                                      g.workspace_bytes, stream));
   return Status::Ok();
 }

@@ -26,6 +26,9 @@ struct GemmArgs {
   DType dtype = DType::kBF16;
   bool tf32 = false;
   bool accumulate = false;  // beta = 1 (C += ...) instead of beta = 0
+  // With accumulate: the addend, if it is not C itself (C = op(A) @ op(B) + c_in, same layout
+  // as C; the GEMM->RS chain adds the partial sum received from the previous rank).
+  const void* c_in = nullptr;
   int sm_count = 0;         // SMs the GEMM may plan for (0: all); leaves room for a concurrent kernel
   const void* a = nullptr;
   const void* b = nullptr;

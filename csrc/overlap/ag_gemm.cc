@@ -5,9 +5,12 @@
 
 namespace jax_ub {
 
-Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const {
-  return Gemm(device,
-              RowMajorGemm(m, n, k, dtype, tf32, x, w, y, workspace, workspace_bytes, sm_count), s);
+Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
+                    const void* addend) const {
+  GemmArgs g = RowMajorGemm(m, n, k, dtype, tf32, x, w, y, workspace, workspace_bytes, sm_count);
+  g.accumulate = addend != nullptr;
+  g.c_in = addend;
+  return Gemm(device, g, s);
 }
 
 size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world) {

@@ -12,6 +12,63 @@ size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n) {
   return static_cast<size_t>(M) * static_cast<size_t>(n) * DTypeSize(t);
 }
 
+namespace {
+
+// RsAlgo::kChain (see schedules.h). My buffer's slot s (1..world-1) receives rank r-1's partial
+// sum for my step s; staging slot s (0..world-2) holds mine before it is pushed to rank r+1.
+Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e,
+                   OpTrace& t) {
+  const int r = c->rank(), world = c->world();
+  const int next = (r + 1) % world, prev = (r + world - 1) % world;
+  const size_t es = DTypeSize(a.dtype);
+  const int64_t mo = a.M / world;
+  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const int pieces = (a.splits >= 1 && a.splits <= kMaxChainPieces && mo % a.splits == 0) ? a.splits : 1;
+  const int64_t prow = mo / pieces;
+  const size_t pbytes = part / pieces;
+  static_assert((kMaxWorld - 1) * kMaxChainPieces < kPieceScale, "kPiece values overlap epochs");
+  char* mine = static_cast<char*>(c->buffer());
+  char* theirs = static_cast<char*>(c->peer_buffer(next));
+  char* stage = static_cast<char*>(a.staging);
+  const RowGemm gemm = RowGemm::Of(a);
+  cudaStream_t cs = c->compute(0), s = c->comm(1);
+  cudaEvent_t ready = c->event(2 * kMaxWorld);  // re-recorded per piece once s waits on it
+  const uint64_t base = e * kPieceScale + 1;
+  for (int step = 0; step < world; ++step) {
+    const int chunk = (r - step - 1 + 2 * world) % world;
+    const bool last = step == world - 1;
+    for (int p = 0; p < pieces; ++p) {
+      const size_t off = static_cast<size_t>(p) * pbytes;
+      const void* addend = nullptr;
+      if (step > 0) {
+        JAX_UB_RETURN_IF_ERROR(c->Wait(cs, kPiece, prev, base + (step - 1) * pieces + p, op));
+        addend = mine + step * part + off;
+      }
+      void* out = last ? static_cast<char*>(a.y) + off : stage + step * part + off;
+      const int span = t.Start("gemm", chunk, ComputeLabel(0), cs);
+      JAX_UB_RETURN_IF_ERROR(gemm.Run(
+          c->device(), static_cast<const char*>(a.x) + (chunk * mo + p * prow) * a.k * es, prow,
+          out, cs, addend));
+      t.Stop(span, cs);
+      if (last) continue;
+      JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
+      if (step == 0 && p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, next, e, op));
+      const int copy = t.Start("copy", chunk, CommLabel(1), s);
+      JAX_UB_CUDA_RETURN(CopyAsync(theirs + (step + 1) * part + off, out, pbytes, s));
+      t.Stop(copy, s);
+      JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, next, base + step * pieces + p));
+    }
+  }
+  // Done touching rank r+1's buffer. Every op's Begin waits for every peer's kAck, so all get one.
+  for (int q = 0; q < world; ++q) {
+    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, q, e));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   if (c->nccl() != nullptr) return RsBodyNccl(c, a, op, t);
   const int r = c->rank(), world = c->world();
@@ -23,6 +80,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
                                   << " bytes, op needs " << part * world
                                   << " (the op was traced before jax_ub.initialize()?)");
   }
+  if (a.algo == RsAlgo::kChain && a.w != nullptr && world > 1) return RsChainBody(c, a, op, e, t);
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
   const RowGemm gemm = RowGemm::Of(a);
   // Partials run one after another on compute(0), in push order, so the first is ready after a

@@ -25,8 +25,15 @@ namespace jax_ub {
 //        r-2, ...); no publish copy; the receiver GEMMs from its buffer and copies into xg.
 enum class AgAlgo : int { kRing = 0, kAllPeer = 1, kPush = 2 };
 // kRing: partials pushed one after another on one comm stream; kPipeline: each push on its own
-// comm stream (a slow push never delays the next one).
-enum class RsAlgo : int { kRing = 0, kPipeline = 1 };
+// comm stream (a slow push never delays the next one). Both end with one fp32 sum of the world
+// partials after the last GEMM.
+// kChain: no final sum. Step s (0..world-1) computes chunk (r-s-1) mod world with the partial sum
+//         that rank r-1 computed for it at step s-1 as the GEMM's addend (cuBLASLt beta = 1, fp32
+//         epilogue), and pushes the result to rank r+1; the last step is the own chunk, written
+//         straight into y. Each step goes in `splits` row pieces, signalled one by one (kPiece),
+//         so rank r+1's next step starts on a piece as soon as it lands. The partial sums travel
+//         in the op's dtype (one rounding per hop, as in NCCL's ring); GEMM only.
+enum class RsAlgo : int { kRing = 0, kPipeline = 1, kChain = 2 };
 
 // Row-major y[m, n] = x[m, k] @ w[k, n] on `s` (one chunk of a schedule).
 struct RowGemm {
@@ -37,7 +44,9 @@ struct RowGemm {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;  // one GEMM of an op runs at a time: each gets all of it
   int sm_count = 0;
-  Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s) const;
+  // addend != nullptr: y = x @ w + addend (same layout as y).
+  Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
+             const void* addend = nullptr) const;
 
   // The chunk GEMM of an op: x rows of any chunk @ w, with the op's workspace (256-byte
   // multiple). `sm_count` > 0 leaves the rest of the GPU to concurrent kernels.
@@ -101,10 +110,12 @@ struct GemmRsArgs {
   size_t workspace_bytes = 0;
   int reduce_blocks = 0;    // blocks of the final fp32 sum (0: enough for the whole GPU)
   // Each peer's partial is computed and pushed in this many row pieces (1 or 2): the first push
-  // starts after half a partial's GEMM (comm-bound shapes), the rest as before.
+  // starts after half a partial's GEMM (comm-bound shapes), the rest as before. kChain: pieces
+  // per step (1 to kMaxChainPieces).
   int splits = 1;
 };
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
+constexpr int kMaxChainPieces = 4;
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 
 // Bulk overlap: a bare collective (all-gather or reduce-scatter of `coll`) under an independent

@@ -286,7 +286,7 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
         impls["comm_nccl"] = (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),), P("tp", None)), (p,))
         impls["comm_jax_ub"] = (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)), (p,))
         impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "ring", "pipeline"):
+        for m in ("auto", "ring", "pipeline", "chain"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
@@ -341,6 +341,8 @@ def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: A
         _progress(f"timeline skipped: {why}")
         return None
     tag = f"{case.get('op', '')}-tp{case['tp']}-{case['M']}x{case['K']}x{case['N']}".lstrip("-")
+    if case.get("method"):
+        tag += f"-{case['method']}"
     path = f"{stem}-timeline-{tag}.png"
     title = f"jax_ub {tag} {a.dtype}: one traced call (ms from the op's start on each device)"
     drawn = timeline.draw(records, path, title)
@@ -348,7 +350,8 @@ def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: A
           + (f", {path}" if drawn else " (no PNG: matplotlib missing or no records)"))
     if records:
         print(timeline.summary(records))
-    return {**case, "dtype": a.dtype, "impl": "jax_ub", "records": records}
+    impl = f"jax_ub_{case['method']}" if case.get("method") else "jax_ub"
+    return {**case, "dtype": a.dtype, "impl": impl, "records": records}
 
 
 def run_agrs(a: argparse.Namespace) -> int:
@@ -364,8 +367,11 @@ def run_agrs(a: argparse.Namespace) -> int:
         mesh = make_mesh(tp, cuda)
         impls = agrs_impls(a.op, mesh, M, K, N, a.dtype, cuda)
         res = time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
-        if timeline_ok and "jax_ub" in res:
-            tl = traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp}, impls["jax_ub"])
+        traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
+        if timeline_ok and traced in res:
+            tl = traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
+                                       **({"method": a.timeline_method} if traced != "jax_ub" else {})},
+                             impls[traced])
             timeline_ok = tl is not None  # a skip says why once, then no more tries
             timelines += [tl] if tl else []
         jax_ub.shutdown()
@@ -380,18 +386,20 @@ def run_agrs(a: argparse.Namespace) -> int:
 
 
 def _agrs_table(op: str, rows: list, path: str) -> None:
-    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (ring/alt)  speedup  T/T_ideal"
+    alts = "ring/all_peer" if op == "ag" else "ring/pipeline/chain"
+    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  ({alts})  speedup  T/T_ideal"
           "  (gemm on all GPUs, T/max(it, ub_comm))")
     speedups = []
     for tp, M, K, N, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        alt = g("jax_ub_all_peer") if op == "ag" else g("jax_ub_pipeline")
+        alt = (f"{g('jax_ub_all_peer'):.3f}" if op == "ag" else
+               f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}")
         ideal = _ideal(g("gemm_alone"), g("comm_jax_ub"))
         sp = g("xla_plain") / g("jax_ub")
         speedups.append(sp)
         print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
               f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  "
-              f"{g('jax_ub_ring'):.3f}/{alt:.3f}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}"
+              f"{g('jax_ub_ring'):.3f}/{alt}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}"
               f"  ({g('gemm_all_gpus'):.3f}, {g('jax_ub') / _ideal(g('gemm_all_gpus'), g('comm_jax_ub')):.2f})")
     gm = _geomean(speedups)
     if gm is not None:
@@ -519,6 +527,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--shapes", nargs="+", default=None, help="global M,K,N triples")
         p.add_argument("--timeline", action="store_true",
                        help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
+        p.add_argument("--timeline-method", default="auto",
+                       help="the method the --timeline call uses (default: auto, the jax_ub impl)")
     p = sub.add_parser("mlp", parents=[common], help="fwd+bwd step of ParallelMLP and the attention projections")
     p.add_argument("--tp", type=int, default=4, help="mesh of the first TP devices")
     p.add_argument("--hidden", type=int, default=8192)

@@ -15,7 +15,7 @@ def test_defaults_from_empty_environment():
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
-        "recompute_gathered": False, "bulk_reduce_sms": 0,
+        "recompute_gathered": False, "bulk_reduce_sms": 0, "rs_chain_pieces": 0,
         "log_level": "WARNING",
     }  # fmt: skip
 
@@ -25,6 +25,8 @@ VARIABLES = [
     ("JAX_UB_METHOD", " XLA ", "method", "xla"),
     ("JAX_UB_METHOD", "all_peer", "method", "all_peer"),
     ("JAX_UB_BULK_REDUCE_SMS", "16", "bulk_reduce_sms", 16),
+    ("JAX_UB_METHOD", "chain", "method", "chain"),
+    ("JAX_UB_RS_CHAIN_PIECES", "3", "rs_chain_pieces", 3),
     ("JAX_UB_DISABLE", "1", "disable", True),
     ("JAX_UB_DISABLE", "True", "disable", True),
     ("JAX_UB_DISABLE", "off", "disable", False),
@@ -87,6 +89,7 @@ BAD_VALUES = [
     ("JAX_UB_GEMM_TUNE", "-1", "must be >= 0"),
     ("JAX_UB_BULK_REDUCE_SMS", "300", "must be <= 256"),
     ("JAX_UB_BULK_REDUCE_SMS", "-4", "must be >= 0"),
+    ("JAX_UB_RS_CHAIN_PIECES", "5", "must be <= 4"),
     ("JAX_UB_LOG", "verbose", "DEBUG, INFO, WARNING or ERROR"),
 ]
 
@@ -109,6 +112,7 @@ def test_bad_values_name_variable_and_value(var, value, expected):
         {"buffer_mib": -1},
         {"gemm_workspace_mib": -2},
         {"bulk_reduce_sms": 999},
+        {"rs_chain_pieces": 8},
     ],
     ids=lambda kw: next(iter(kw)),
 )

@@ -182,7 +182,7 @@ def test_unknown_method(fn, axis_kw, cpu_mesh):
 
 
 @pytest.mark.parametrize("fn,axis_kw", OPS)
-@pytest.mark.parametrize("method", ["ring", "all_peer", "pipeline", "nccl"])
+@pytest.mark.parametrize("method", ["ring", "all_peer", "pipeline", "chain", "nccl"])
 def test_cuda_method_without_extension(fn, axis_kw, method, cpu_mesh):
     reason = ops._cuda_unavailable_reason()
     with config.override(disable=False):

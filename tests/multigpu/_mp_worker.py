@@ -84,6 +84,10 @@ if mode == "exchange":
         y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP),
                   (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
         check(f"gemm_rs_{name}", y2, ref2, tol)
+        # chain: partial sums hop rank to rank (peer pointers across processes), no final sum
+        y3 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
+                  (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
+        check(f"gemm_rs_chain_{name}", y3, ref2, tol)
     ex.barrier("done")
     jax_ub.shutdown()
     ex.barrier("shutdown")

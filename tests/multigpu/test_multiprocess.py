@@ -41,7 +41,8 @@ def test_four_processes_exchange_and_overlap_ops(capsys, bootstrap, transport):
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
-        assert {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32"} <= names
+        assert {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32",
+                "gemm_rs_chain_bfloat16", "gemm_rs_chain_float32"} <= names
         assert r.lines("RESULT transport ") == [f"{transport} bootstrap {bootstrap}"]
 
 

@@ -112,12 +112,27 @@ def test_all_gather_matmul_batch_dims(ub, tp):
     _ag_case(ub, tp, jnp.bfloat16, 512, 256, 384, "ring", batch=2)
 
 
-@pytest.mark.parametrize("method", ["ring", "pipeline"])
+@pytest.mark.parametrize("method", ["ring", "pipeline", "chain"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matmul_reduce_scatter(ub, tp, dtype, shape, method):
     _need(tp)
+    _rs_case(ub, tp, dtype, shape, method)
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 4])
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces):
+    """The chain's piece signalling at every piece count (3 does not divide 128-row outputs: the
+    op falls back to the largest count that does)."""
+    _need(tp)
+    with ub.config.override(rs_chain_pieces=pieces):
+        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768)):
+            _rs_case(ub, tp, jnp.bfloat16, shape, "chain")
+
+
+def _rs_case(ub, tp, dtype, shape, method):
     M, K, N = shape
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
