@@ -18,6 +18,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | row pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
+| tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
 """
 
@@ -77,6 +78,7 @@ class Config:
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
     rs_chain_pieces: int = 0
+    tuning_file: str = ""
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -138,6 +140,8 @@ class Config:
             if kw["rs_chain_pieces"] > 4:
                 raise ValueError(f"JAX_UB_RS_CHAIN_PIECES must be <= 4; got "
                                  f"{env['JAX_UB_RS_CHAIN_PIECES']!r}")
+        if env.get("JAX_UB_TUNING_FILE", "").strip():
+            kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
             if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -23,6 +23,7 @@ raises (an explicit CUDA method).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -30,7 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _ext, _ffi, comm, config, ops
+from jax_ub import _ext, _ffi, choice, comm, config, ops
+
+_log = logging.getLogger("jax_ub")
 
 # "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
 AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "nccl": 2}
@@ -214,24 +217,23 @@ def trace_collect() -> list[dict]:
 def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
            axis_name: Any) -> str:
     """The algorithm ``method="auto"`` uses for one call: a CUDA one, or ``"xla"`` when the axis
-    has no communicator. See :func:`explain`."""
+    has no communicator. See :func:`explain` and :mod:`jax_ub.choice`."""
+    c = _choice(op, x_shape, w_shape, dtype, axis_name)
+    return "xla" if c is None else c.method
+
+
+def _choice(op, x_shape, w_shape, dtype, axis_name) -> choice.Choice | None:
     s = comm.get(axis_name)
     if s is None:
-        return "xla"
+        return None
+    tp = max(s.world, 1)
+    rows = math.prod(x_shape[:-1])
+    # Global (M, K, N) as the bench names them: AG x[M/tp, K] @ w[K, N/tp]; RS x[M, K/tp] @ w[K/tp, N].
     if op == ops.AG:
-        return "push"
-    # RS: bytes of one destination's partial (x[M, k] @ w[k, n] -> M/world rows of n).
-    rows = math.prod(x_shape[:-1]) // max(s.world, 1)
-    part = rows * w_shape[-1] * jnp.dtype(dtype).itemsize
-    return "ring" if part > RS_RING_ABOVE_BYTES else "pipeline"
-
-
-# Measured on 4xH200, bf16, tp=4 (scripts/probe_overlap.py, benchmarks/results):
-# * AG: push beat ring and all_peer at every shape (8192,8192,28672: 1.46 vs 1.58 / 1.66 ms;
-#   8192,8192,8192: 0.52 vs 0.83 / 0.96 ms): no publish copy, each chunk lands at link speed.
-# * RS: with 112 MiB partials ring was ahead (1.64 vs 1.68 ms), with 32 MiB partials pipeline
-#   (0.53 vs 0.63 ms): separate push streams help when a push is short next to its GEMM.
-RS_RING_ABOVE_BYTES = 64 << 20
+        M, K, N = rows * tp, x_shape[-1], w_shape[-1] * tp
+    else:
+        M, K, N = rows, x_shape[-1] * tp, w_shape[-1]
+    return choice.choose(op, tp, jnp.dtype(dtype).name, M, K, N, config.get().tuning_file)
 
 
 def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
@@ -239,19 +241,19 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
     ok, why = _ext.cuda_path_available()
     if not ok:
         return f"xla: {why}"
-    if comm.get(axis_name) is None:
+    c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
+    if c is None:
         return (f"xla: no jax_ub communicator for axis {axis_name!r} "
                 f"(call jax_ub.initialize(mesh, axis={axis_name!r}))")
-    algo = choose(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
-    why = ("push beat ring/all_peer at every measured shape" if op == ops.AG else
-           f"partial per destination {'>' if algo == 'ring' else '<='} {RS_RING_ABOVE_BYTES >> 20} "
-           "MiB (measured crossover)")
-    return f"{algo}: {why} (shape {tuple(x.shape)} @ {tuple(w.shape)}; 4xH200 measurements)"
+    return f"{c.method}: {c.why} (call {tuple(x.shape)} @ {tuple(w.shape)})"
 
 
 def _auto(op: str):
     def impl(x, w, *, axis_name, axis, precision, need_full=True):
-        algo = choose(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
+        c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
+        algo = "xla" if c is None else c.method
+        _log.debug("auto %s %s @ %s: %s", op, tuple(x.shape), tuple(w.shape),
+                   "xla (no communicator)" if c is None else f"{algo}: {c.why}")
         return ops._IMPLS[(op, algo)](x, w, axis_name=axis_name, axis=axis, precision=precision,
                                       need_full=need_full)
 

@@ -16,7 +16,7 @@ def test_defaults_from_empty_environment():
         "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "rs_chain_pieces": 0,
-        "log_level": "WARNING",
+        "tuning_file": "", "log_level": "WARNING",
     }  # fmt: skip
 
 
@@ -27,6 +27,7 @@ VARIABLES = [
     ("JAX_UB_BULK_REDUCE_SMS", "16", "bulk_reduce_sms", 16),
     ("JAX_UB_METHOD", "chain", "method", "chain"),
     ("JAX_UB_RS_CHAIN_PIECES", "3", "rs_chain_pieces", 3),
+    ("JAX_UB_TUNING_FILE", " /tmp/my-rs.json ", "tuning_file", "/tmp/my-rs.json"),
     ("JAX_UB_DISABLE", "1", "disable", True),
     ("JAX_UB_DISABLE", "True", "disable", True),
     ("JAX_UB_DISABLE", "off", "disable", False),

@@ -1,0 +1,111 @@
+"""method="auto": the choice comes from bench records (shipped, or JAX_UB_TUNING_FILE), not from
+hand-written thresholds."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from jax_ub import _measured, choice, comm, config, ops, overlap
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doc(rows, machine="4xTest_GPU"):
+    """A bench JSON document: rows of (op, tp, M, K, N, {method: ms})."""
+    recs = []
+    for op, tp, M, K, N, times in rows:
+        for m, ms in times.items():
+            recs.append({"op": op, "tp": tp, "dtype": "bfloat16", "M": M, "K": K, "N": N,
+                         "impl": f"jax_ub_{m}", "ms": ms})
+        recs.append({"op": op, "tp": tp, "dtype": "bfloat16", "M": M, "K": K, "N": N,
+                     "impl": "xla_plain", "ms": 9.0})  # not a method: ignored
+    return {"machine": machine, "date": "20261122", "records": recs}
+
+
+@pytest.fixture
+def tuning(tmp_path):
+    def write(doc):
+        p = tmp_path / "mine-rs.json"
+        p.write_text(json.dumps(doc))
+        choice._tables.cache_clear()
+        return str(p)
+
+    yield write
+    choice._tables.cache_clear()
+
+
+def test_shipped_table_is_generated_from_the_committed_results():
+    """jax_ub/_measured.py is exactly what scripts/measured_table.py makes of benchmarks/results:
+    a new bench record that is not regenerated into the table fails here."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("*-ag.json"))
+    files += sorted((ROOT / "benchmarks" / "results").glob("*-rs.json"))
+    assert files, "no bench results committed"
+    docs = [json.loads(p.read_text()) for p in sorted(files, key=str)]
+    assert (ROOT / "jax_ub" / "_measured.py").read_text() == choice.render(docs)
+    assert _measured.DOCS, "the shipped table is empty"
+
+
+def test_fastest_method_at_the_measured_shape(tuning):
+    f = tuning(_doc([("gemm_rs", 4, 8192, 8192, 28672, {"ring": 1.70, "pipeline": 1.75, "chain": 1.45}),
+                     ("gemm_rs", 4, 8192, 8192, 8192, {"ring": 0.59, "pipeline": 0.50, "chain": 0.55})]))
+    assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 28672, f).method == "chain"
+    assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 8192, f).method == "pipeline"
+    # Nearest shape in log distance: 7000x8192x26000 is near the first.
+    c = choice.choose("rs", 4, "bfloat16", 7000, 8192, 26000, f)
+    assert c.method == "chain" and "8192x8192x28672" in c.why and "your tuning file" in c.why
+
+
+def test_near_ties_go_to_the_first_method_in_order(tuning):
+    f = tuning(_doc([("gemm_rs", 4, 4096, 4096, 4096, {"chain": 1.000, "ring": 1.015, "pipeline": 1.2})]))
+    c = choice.choose("rs", 4, "bfloat16", 4096, 4096, 4096, f)
+    assert c.method == "ring", c  # chain is faster by 1.5%: within the 2% tie
+    f = tuning(_doc([("gemm_rs", 4, 4096, 4096, 4096, {"chain": 1.000, "ring": 1.05, "pipeline": 1.2})]))
+    assert choice.choose("rs", 4, "bfloat16", 4096, 4096, 4096, f).method == "chain"
+
+
+def test_nearest_group_size_first(tuning):
+    f = tuning(_doc([("gemm_rs", 2, 8192, 8192, 28672, {"ring": 1.0, "pipeline": 2.0}),
+                     ("gemm_rs", 4, 1024, 1024, 1024, {"ring": 2.0, "pipeline": 1.0})]))
+    # tp 4: only the tp-4 record counts, however far its shape.
+    assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 28672, f).method == "pipeline"
+    assert choice.choose("rs", 2, "bfloat16", 1024, 1024, 1024, f).method == "ring"
+    assert choice.choose("rs", 3, "bfloat16", 1024, 1024, 1024, f).method in ("ring", "pipeline")
+
+
+def test_own_file_first_then_shipped(tuning):
+    f = tuning(_doc([("gemm_rs", 4, 8192, 8192, 28672, {"ring": 2.0, "chain": 1.0})]))
+    assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 28672, f).method == "chain"
+    # The file has no AG records: the shipped ones decide.
+    c = choice.choose("ag", 4, "bfloat16", 8192, 8192, 28672, f)
+    assert c.method in choice.METHODS["ag"] and "jax_ub's measurements" in c.why
+
+
+def test_bad_tuning_file_says_what_is_wrong(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"JAX_UB_TUNING_FILE .*cannot read a bench JSON"):
+        choice.load_bench_file(str(bad))
+    bad.write_text(json.dumps({"records": [{"op": "gemm_rs", "impl": "xla_plain", "ms": 1.0}]}))
+    with pytest.raises(ValueError, match="no ag_gemm/gemm_rs records"):
+        choice.load_bench_file(str(bad))
+
+
+def test_global_shape_of_a_call(monkeypatch, tuning):
+    """auto names a call by the bench's global (M, K, N): AG x[M/tp, K] @ w[K, N/tp], RS
+    x[M, K/tp] @ w[K/tp, N] (leading batch dims fold into M)."""
+    f = tuning(_doc([("ag_gemm", 4, 8192, 8192, 28672, {"push": 2.0, "ring": 1.0}),
+                     ("ag_gemm", 4, 512, 512, 512, {"push": 1.0, "ring": 2.0}),
+                     ("gemm_rs", 4, 8192, 8192, 28672, {"ring": 2.0, "chain": 1.0}),
+                     ("gemm_rs", 4, 512, 512, 512, {"ring": 1.0, "chain": 2.0})]))
+    monkeypatch.setattr(comm, "get", lambda axis: types.SimpleNamespace(world=4))
+    with config.override(tuning_file=f):
+        assert overlap.choose(ops.AG, (2048, 8192), (8192, 7168), "bfloat16", "tp") == "ring"
+        assert overlap.choose(ops.AG, (2, 1024, 8192), (8192, 7168), "bfloat16", "tp") == "ring"
+        assert overlap.choose(ops.RS, (8192, 2048), (2048, 28672), "bfloat16", "tp") == "chain"
+        assert overlap.choose(ops.RS, (512, 128), (128, 512), "bfloat16", "tp") == "ring"
+    monkeypatch.setattr(comm, "get", lambda axis: None)
+    assert overlap.choose(ops.RS, (512, 128), (128, 512), "bfloat16", "tp") == "xla"
