@@ -96,7 +96,7 @@ def _distance(s: Shape, M: int, K: int, N: int) -> float:
 def pick(shapes: Iterable[Shape], op: str, tp: int, dtype: str, M: int, K: int, N: int,
          ) -> Shape | None:
     """The measured shape a call of global (M, K, N) is judged by: same op and dtype (else any
-    dtype), the nearest group size, then the nearest shape."""
+    dtype), the nearest group size, then the nearest shape, then the most methods compared."""
     cands = [s for s in shapes if s.op == op]
     same_dtype = [s for s in cands if s.dtype == dtype]
     cands = same_dtype or cands
@@ -104,7 +104,8 @@ def pick(shapes: Iterable[Shape], op: str, tp: int, dtype: str, M: int, K: int, 
         return None
     near_tp = min(abs(math.log(s.tp / tp)) for s in cands)
     cands = [s for s in cands if abs(math.log(s.tp / tp)) == near_tp]
-    return min(cands, key=lambda s: (_distance(s, M, K, N), s.source))
+    # Equally near (the same shape measured on two machines): the one that compared more methods.
+    return min(cands, key=lambda s: (_distance(s, M, K, N), -len(s.ms), s.source))
 
 
 def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: str = "") -> Choice:

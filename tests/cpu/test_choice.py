@@ -109,3 +109,12 @@ def test_global_shape_of_a_call(monkeypatch, tuning):
         assert overlap.choose(ops.RS, (512, 128), (128, 512), "bfloat16", "tp") == "ring"
     monkeypatch.setattr(comm, "get", lambda axis: None)
     assert overlap.choose(ops.RS, (512, 128), (128, 512), "bfloat16", "tp") == "xla"
+
+
+def test_same_shape_on_two_machines_prefers_the_wider_comparison(tmp_path):
+    a = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1})], machine="0xOld")
+    b = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1, "chain": 0.8})],
+             machine="9xNew")
+    shapes = choice.shapes_from_bench(a) + choice.shapes_from_bench(b)
+    s = choice.pick(shapes, "rs", 2, "bfloat16", 4096, 4096, 4096)
+    assert s is not None and s.source.startswith("9xNew") and s.ms[0] == ("chain", 0.8)
