@@ -153,7 +153,7 @@ std::vector<std::vector<int>> P2PMatrix() {
 // builds the plan at trace time, so no lazy module load (which may synchronize the context) happens
 // inside an overlapped op while peers wait on this device.
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
-                    size_t workspace_bytes, int tune_candidates) {
+                    size_t workspace_bytes, int tune_candidates, bool accumulate) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -162,13 +162,17 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     JAX_UB_CUDA_RETURN(cudaSetDevice(device));
     const auto t = static_cast<jax_ub::DType>(dtype);
     const size_t es = jax_ub::DTypeSize(t);
-    void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
+    void *a = nullptr, *b = nullptr, *c = nullptr, *c_in = nullptr, *ws = nullptr;
     JAX_UB_CUDA_RETURN(cudaMalloc(&a, m * k * es));
     JAX_UB_CUDA_RETURN(cudaMalloc(&b, k * n * es));
     JAX_UB_CUDA_RETURN(cudaMalloc(&c, m * n * es));
+    if (accumulate) JAX_UB_CUDA_RETURN(cudaMalloc(&c_in, m * n * es));
     if (workspace_bytes) JAX_UB_CUDA_RETURN(cudaMalloc(&ws, workspace_bytes));
-    const jax_ub::GemmArgs g =
-        jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
+    jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
+    // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for beta = 0:
+    // that one must be loaded here too, not lazily inside an op whose peers are waiting.
+    g.accumulate = accumulate;
+    g.c_in = c_in;
     // Random-ish operands: tuning on zeros would time kernels that skip no work but may hit
     // different power states; a fixed byte pattern is enough (values are irrelevant to speed).
     // A private non-blocking stream: never ordered behind XLA's or the communicators' streams.
@@ -176,6 +180,7 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaMemsetAsync(a, 0x3c, m * k * es, s);
     cudaMemsetAsync(b, 0x3c, k * n * es, s);
+    if (c_in) cudaMemsetAsync(c_in, 0x3c, m * n * es, s);
     jax_ub::Status st = jax_ub::Gemm(device, g, s);
     if (st.ok() && tune_candidates > 1) {
       st = jax_ub::GemmTune(device, g, tune_candidates, 5, s, &tune);
@@ -185,6 +190,7 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     cudaFree(a);
     cudaFree(b);
     cudaFree(c);
+    if (c_in) cudaFree(c_in);
     if (ws) cudaFree(ws);
     return st;
   }();
@@ -257,9 +263,9 @@ NB_MODULE(_jax_ub_cuda, m) {
         arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
-        arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0,
+        arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
-        "2 bf16); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
+        "2 bf16; accumulate: with an addend, C = A @ B + C_in); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest. Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),

@@ -73,12 +73,15 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
     return x if axis == 0 else jnp.moveaxis(x, 0, axis)
 
 
-def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any) -> None:
-    """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time."""
+def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any,
+          accumulate: bool = False) -> None:
+    """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
+    a kernel loaded lazily inside an op can stall the whole process (DESIGN.md section 6)."""
     from jax_ub import gemm
 
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
-    gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws)
+    gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws,
+              accumulate=accumulate)
 
 
 def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
@@ -117,6 +120,8 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     splits = rs_splits(method, (M // s.world) * inner, n, es)
     if splits > 1:  # the pieces' GEMMs are shorter: prepare (tune) that shape too
         _warm(s, (M // s.world) * inner // splits, n, x2.shape[-1], x.dtype, precision)
+    if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
+        _warm(s, (M // s.world) * inner // splits, n, x2.shape[-1], x.dtype, precision, accumulate=True)
     y, _, _ = jax.ffi.ffi_call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
         x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
         reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits))
