@@ -64,6 +64,13 @@ def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | 
     return out
 
 
+def _bounded_int(env: Mapping[str, str], name: str, maximum: int, unit: str = "") -> int:
+    out = int(_parse_number(name, env[name], int, 0))
+    if out > maximum:
+        raise ValueError(f"{name} must be <= {maximum}{unit}; got {env[name]!r}")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     method: str = "auto"
@@ -121,25 +128,14 @@ class Config:
             kw["gemm_workspace_mib"] = int(
                 _parse_number("JAX_UB_GEMM_WORKSPACE_MIB", env["JAX_UB_GEMM_WORKSPACE_MIB"], int, 0))
         if "JAX_UB_GEMM_TUNE" in env:
-            kw["gemm_tune"] = int(_parse_number("JAX_UB_GEMM_TUNE", env["JAX_UB_GEMM_TUNE"], int, 0))
-            if kw["gemm_tune"] > 16:
-                raise ValueError(f"JAX_UB_GEMM_TUNE must be <= 16 (cuBLASLt candidates); got "
-                                 f"{env['JAX_UB_GEMM_TUNE']!r}")
+            kw["gemm_tune"] = _bounded_int(env, "JAX_UB_GEMM_TUNE", 16, " (cuBLASLt candidates)")
         if "JAX_UB_RECOMPUTE_GATHERED" in env:
             kw["recompute_gathered"] = _parse_bool("JAX_UB_RECOMPUTE_GATHERED",
                                                    env["JAX_UB_RECOMPUTE_GATHERED"])
         if "JAX_UB_BULK_REDUCE_SMS" in env:
-            kw["bulk_reduce_sms"] = int(
-                _parse_number("JAX_UB_BULK_REDUCE_SMS", env["JAX_UB_BULK_REDUCE_SMS"], int, 0))
-            if kw["bulk_reduce_sms"] > 256:
-                raise ValueError(f"JAX_UB_BULK_REDUCE_SMS must be <= 256 (SMs); got "
-                                 f"{env['JAX_UB_BULK_REDUCE_SMS']!r}")
+            kw["bulk_reduce_sms"] = _bounded_int(env, "JAX_UB_BULK_REDUCE_SMS", 256, " (SMs)")
         if "JAX_UB_RS_CHAIN_PIECES" in env:
-            kw["rs_chain_pieces"] = int(
-                _parse_number("JAX_UB_RS_CHAIN_PIECES", env["JAX_UB_RS_CHAIN_PIECES"], int, 0))
-            if kw["rs_chain_pieces"] > 4:
-                raise ValueError(f"JAX_UB_RS_CHAIN_PIECES must be <= 4; got "
-                                 f"{env['JAX_UB_RS_CHAIN_PIECES']!r}")
+            kw["rs_chain_pieces"] = _bounded_int(env, "JAX_UB_RS_CHAIN_PIECES", 4)
         if env.get("JAX_UB_TUNING_FILE", "").strip():
             kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
         if "JAX_UB_LOG" in env:
