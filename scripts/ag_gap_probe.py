@@ -27,6 +27,28 @@ def timed(f, args):
     return time_fn(f, args, warmup=3, iters=10, reps=5)  # the benchmark's own timing
 
 
+def print_traces(tag, f, args, calls=6, max_device=None):
+    """Traces ``calls`` back-to-back calls of ``f(*args)`` and prints one TRACE line per device
+    and op: its start, span, gap to the next op, and its GEMM and copy spans (start+duration)."""
+    overlap.trace_enable(True)
+    jax.block_until_ready([f(*args) for _ in range(calls)])
+    overlap.trace_enable(False)
+    by = collections.defaultdict(list)
+    for rec in overlap.trace_collect():
+        by[(rec["device"], rec["epoch"])].append(rec)
+    for (dev, e) in sorted(by):
+        if max_device is not None and dev > max_device:
+            continue
+        rr = sorted(by[(dev, e)], key=lambda q: q["start_ms"])
+        spans = {n: " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}"
+                             for q in rr if q["name"] == n) for n in ("gemm", "copy")}
+        span = max(q["end_ms"] for q in rr)
+        nxt = by.get((dev, e + 1))
+        gap = f"{nxt[0]['op_start_ms'] - rr[0]['op_start_ms'] - span:.3f}" if nxt else "-"
+        print(f"TRACE {tag} dev {dev} epoch {e}: start {rr[0]['op_start_ms']:.3f} span {span:.3f} "
+              f"gap to next op {gap} gemm [{spans['gemm']}] copy [{spans['copy']}]", flush=True)
+
+
 def main():
     tp = 4
     mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
@@ -65,22 +87,7 @@ def main():
         print(f"GAP {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
         f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")),
                  P(None, "tp"))
-        overlap.trace_enable(True)
-        jax.block_until_ready([f(x, w) for _ in range(6)])
-        overlap.trace_enable(False)
-        by = collections.defaultdict(list)
-        for rec in overlap.trace_collect():
-            by[(rec["device"], rec["epoch"])].append(rec)
-        for (dev, e) in sorted(by):
-            rr = sorted(by[(dev, e)], key=lambda q: q["start_ms"])
-            g = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "gemm")
-            c = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "copy")
-            span = max(q['end_ms'] for q in rr)
-            nxt = by.get((dev, e + 1))
-            gap = f"{nxt[0]['op_start_ms'] - rr[0]['op_start_ms'] - span:.3f}" if nxt else "-"
-            print(f"TRACE {M},{K},{N} dev {dev} epoch {e}: start {rr[0]['op_start_ms']:.3f} span {span:.3f} "
-                  f"gap to next op {gap} "
-                  f"gemm [{g}] copy [{c}]", flush=True)
+        print_traces(f"{M},{K},{N}", f, (x, w))
     jax_ub.shutdown()
 
 

@@ -8,22 +8,17 @@ traced spans and gaps of 6 back-to-back calls of ring and chain (device 0 and 1)
 
 from __future__ import annotations
 
-import collections
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ag_gap_probe import print_traces, timed  # scripts/ is on sys.path when run as a script
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
-from jax_ub import config, overlap
-from jax_ub.bench.__main__ import time_fn
-
-
-def timed(f, args):
-    return time_fn(f, args, warmup=3, iters=10, reps=5)  # the benchmark's own timing
+from jax_ub import config
 
 
 def main():
@@ -63,22 +58,7 @@ def main():
         for m in ("ring", "chain"):
             f = rs(m)
             jax.block_until_ready(f(x, w))
-            overlap.trace_enable(True)
-            jax.block_until_ready([f(x, w) for _ in range(6)])
-            overlap.trace_enable(False)
-            by = collections.defaultdict(list)
-            for rec in overlap.trace_collect():
-                by[(rec["device"], rec["epoch"])].append(rec)
-            for (dev, e) in sorted(by):
-                if dev > 1:
-                    continue
-                rr = sorted(by[(dev, e)], key=lambda q: q["start_ms"])
-                g = " ".join(f"{q['start_ms']:.3f}+{q['end_ms'] - q['start_ms']:.3f}" for q in rr if q["name"] == "gemm")
-                span = max(q["end_ms"] for q in rr)
-                nxt = by.get((dev, e + 1))
-                gap = f"{nxt[0]['op_start_ms'] - rr[0]['op_start_ms'] - span:.3f}" if nxt else "-"
-                print(f"TRACE {m} {M},{K},{N} dev {dev} epoch {e}: start {rr[0]['op_start_ms']:.3f} "
-                      f"span {span:.3f} gap to next op {gap} gemm [{g}]", flush=True)
+            print_traces(f"{m} {M},{K},{N}", f, (x, w), max_device=1)
     jax_ub.shutdown()
 
 
