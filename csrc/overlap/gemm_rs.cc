@@ -148,10 +148,16 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kDataReady, q, e, op));
   }
   // Sum in rank order (the same rounding whatever the arrival order), fp32 accumulation.
+  return SumPartials(c, a, inputs.data(), t, red);
+}
+
+Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inputs, OpTrace& t,
+                   cudaStream_t red) {
+  const int world = c->world();
   const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
   const int span = t.Start("reduce", -1, CommLabel(0), red);
-  JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs.data(), world,
-                                         static_cast<size_t>(mo) * a.n, blocks, red));
+  JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs, world,
+                                         static_cast<size_t>(a.M / world) * a.n, blocks, red));
   t.Stop(span, red);
   return Status::Ok();
 }

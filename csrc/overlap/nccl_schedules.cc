@@ -116,12 +116,7 @@ Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace&
   }
   JAX_UB_CUDA_RETURN(cudaEventRecord(c->event(world), s));
   JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, c->event(world), 0));
-  const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
-  const int span = t.Start("reduce", -1, CommLabel(0), red);
-  JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs.data(), world,
-                                         static_cast<size_t>(mo) * a.n, blocks, red));
-  t.Stop(span, red);
-  return Status::Ok();
+  return SumPartials(c, a, inputs.data(), t, red);
 }
 
 }  // namespace jax_ub

@@ -138,5 +138,9 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t);
 Status AgBodyNccl(Communicator* c, const AgGemmArgs& a, const char* op, OpTrace& t);
 Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace& t);
+// The final fp32 sum of RS's ring and pipeline (both transports): y = sum of the world partials in
+// `inputs` (rank order), traced as "reduce" on `red`, with a.reduce_blocks blocks (0: 4 per SM).
+Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inputs, OpTrace& t,
+                   cudaStream_t red);
 
 }  // namespace jax_ub
