@@ -102,6 +102,7 @@ def parallel_launch(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 60.0,
     devices_per_proc: int | None = None,
+    share_gpus: int | None = None,
     fail_fast_s: float | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> list[Result]:
@@ -116,6 +117,8 @@ def parallel_launch(
       timeout_s: overall bound; ranks still running then are killed (``timed_out=True``).
       devices_per_proc: if given, rank ``r`` sees GPUs ``[r*d, (r+1)*d)`` (of the parent's
         ``CUDA_VISIBLE_DEVICES`` when set) through ``CUDA_VISIBLE_DEVICES``.
+      share_gpus: if given (instead of ``devices_per_proc``), rank ``r`` sees GPU ``r % share_gpus``:
+        with more ranks than GPUs, several processes share one GPU (world-size logic on fewer GPUs).
       fail_fast_s: if given, once a rank exits non-zero the others get this long to finish
         before being killed (a crashed peer usually leaves them waiting in a collective).
       cwd: working directory of the children (default: the repository root).
@@ -125,6 +128,10 @@ def parallel_launch(
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1; got {nprocs}")
+    if devices_per_proc is not None and share_gpus is not None:
+        raise ValueError("give devices_per_proc or share_gpus, not both")
+    if share_gpus is not None and share_gpus < 1:
+        raise ValueError(f"share_gpus must be >= 1; got {share_gpus}")
     coord = f"127.0.0.1:{free_port()}"
     base_env = dict(os.environ)
     base_env.update(env or {})
@@ -147,6 +154,8 @@ def parallel_launch(
             child_env = dict(base_env, JAX_UB_TEST_RANK=str(rank))
             if devices_per_proc is not None:
                 child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(rank, devices_per_proc)
+            elif share_gpus is not None:
+                child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(rank % share_gpus, 1)
             start.append(time.monotonic())
             p = subprocess.Popen(cmd, env=child_env, cwd=cwd or REPO_ROOT, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -333,6 +333,24 @@ def test_launcher_env_exit_codes_and_report(monkeypatch):
     assert "rank 1 (pid" in report and "exit 3" in report and "stderr of rank 1" in report
 
 
+@pytest.mark.parametrize("parent,want", [(None, ["0", "1", "0", "1"]), ("5,7", ["5", "7", "5", "7"])])
+def test_launcher_share_gpus_wraps_ranks_onto_fewer_gpus(monkeypatch, parent, want):
+    if parent is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", parent)
+    res = parallel_launch(4, WORKER, ["env"], timeout_s=30, share_gpus=2)
+    assert_reaped(res)
+    assert [results_of(r)[0]["env"]["CUDA_VISIBLE_DEVICES"] for r in res] == want
+
+
+def test_launcher_rejects_two_device_layouts():
+    with pytest.raises(ValueError, match="devices_per_proc or share_gpus, not both"):
+        parallel_launch(2, WORKER, ["env"], devices_per_proc=1, share_gpus=1)
+    with pytest.raises(ValueError, match="share_gpus must be >= 1; got 0"):
+        parallel_launch(2, WORKER, ["env"], share_gpus=0)
+
+
 def test_launcher_kills_hung_children_and_grandchildren():
     t0 = time.monotonic()
     res = parallel_launch(2, WORKER, ["hang"], timeout_s=2)
