@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 2, reason="needs >
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
 
 
-def _exchange(capsys, n, bootstrap, transport, **layout):
-    env = dict(ENV, JAX_UB_BOOTSTRAP=bootstrap, JAX_UB_TRANSPORT=transport)
+def _exchange(capsys, n, bootstrap, transport, extra_env=None, **layout):
+    env = dict(ENV, JAX_UB_BOOTSTRAP=bootstrap, JAX_UB_TRANSPORT=transport, **(extra_env or {}))
     results = parallel_launch(n, WORKER, ["exchange"], env=env, timeout_s=240, fail_fast_s=30,
                               **layout)
     with capsys.disabled():
@@ -54,21 +54,34 @@ def test_four_processes_exchange_and_overlap_ops(capsys, bootstrap, transport):
     _exchange(capsys, min(NGPU, 4), bootstrap, transport, devices_per_proc=1)
 
 
-@pytest.mark.skipif(NGPU >= 4, reason="one process per GPU covers world 4 on this machine")
-def test_world_four_on_fewer_gpus(capsys):
-    """Every schedule's step order at world 4 (the ring/chain neighbours, the pipeline's streams)
-    on a 2-GPU machine: four processes, two per GPU, over CUDA IPC (NCCL refuses two ranks on one
-    GPU, so the KV bootstrap and the ipc transport). Correctness only: shared GPUs say nothing of
-    speed."""
-    _exchange(capsys, 4, "kv", "ipc", share_gpus=NGPU)
+FEWER = pytest.mark.skipif(NGPU >= 4, reason="one process per GPU covers world 4 on this machine")
+
+
+@FEWER
+@pytest.mark.parametrize("chain_pieces", [None, 1, 3])
+def test_world_four_on_fewer_gpus(capsys, chain_pieces):
+    """Every schedule's step order at world 4 (the ring/chain neighbours, the pipeline's streams,
+    the chain's per-piece flags) on a 2-GPU machine: four processes, two per GPU, over CUDA IPC
+    (NCCL refuses two ranks on one GPU, so the KV bootstrap and the ipc transport). Correctness
+    only: shared GPUs say nothing of speed."""
+    extra = {} if chain_pieces is None else {"JAX_UB_RS_CHAIN_PIECES": str(chain_pieces)}
+    _exchange(capsys, 4, "kv", "ipc", extra, share_gpus=NGPU)
 
 
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
-    n = min(NGPU, 4)
+    _missing_peer(capsys, min(NGPU, 4), transport, devices_per_proc=1)
+
+
+@FEWER
+def test_missing_peer_at_world_four_on_fewer_gpus(capsys):
+    _missing_peer(capsys, 4, "ipc", share_gpus=NGPU)
+
+
+def _missing_peer(capsys, n, transport, **layout):
     timeout = 8
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
-    results = parallel_launch(n, WORKER, ["timeout"], env=env, timeout_s=180, devices_per_proc=1)
+    results = parallel_launch(n, WORKER, ["timeout"], env=env, timeout_s=180, **layout)
     with capsys.disabled():
         for r in results:
             print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:600])
