@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dp", type=int, default=1, help="data-parallel size (mesh axis 'dp')")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: devices / dp)")
     p.add_argument("--method", default=None,
-                   help="jax_ub method: auto, xla, ring, all_peer, pipeline, nccl (default: JAX_UB_METHOD or auto)")
+                   help="jax_ub method: auto, xla, push, ring, all_peer, pipeline, chain, nccl "
+                        "(default: JAX_UB_METHOD or auto)")
     p.add_argument("--compare", action="store_true",
                    help="train with method='xla' and with --method from the same seed; print the max "
                         "loss difference and the speedup")
