@@ -285,7 +285,10 @@ def all_gather_matmul(
       return_gathered: also return the gathered ``x`` (e.g. to reuse in another GEMM).
       precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
       method: ``None`` (``jax_ub.config.get().method``), ``"auto"``, ``"xla"`` or a CUDA
-        algorithm (``"ring"``, ``"all_peer"``, ``"pipeline"``, ``"nccl"``).
+        algorithm: ``"push"``, ``"ring"``, ``"all_peer"`` for the all-gather, ``"ring"``,
+        ``"pipeline"``, ``"chain"`` for the reduce-scatter, ``"nccl"`` for either (needs
+        ``transport="nccl"``). The backward runs the dual op with the same name; a name of the
+        other op maps to one of this op's (``jax_ub/overlap.py``: ``AG_ALGOS``, ``RS_ALGOS``).
       recompute_gathered: save only the local shard ``x`` for the backward instead of the
         gathered x (``tp``× smaller), and re-gather it there (see Gradients). ``None``:
         ``jax_ub.config.get().recompute_gathered`` (env ``JAX_UB_RECOMPUTE_GATHERED``, default
