@@ -1,7 +1,7 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|timeout     (env from tests/launcher.py; JAX_UB_TRANSPORT and
-                                                JAX_UB_BOOTSTRAP pick the transport/bootstrap)
+    python _mp_worker.py exchange|dptp|timeout    (env from tests/launcher.py; JAX_UB_TRANSPORT
+                                                   and JAX_UB_BOOTSTRAP pick the transport/bootstrap)
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """
@@ -28,8 +28,11 @@ import jax_ub  # noqa: E402
 from jax_ub import _bootstrap  # noqa: E402
 
 HP = lax.Precision.HIGHEST
-mesh = Mesh(np.array(jax.devices()), ("tp",))
-tp = mesh.size
+if mode == "dptp":  # dp=2 x tp=world/2: one communicator group per dp row
+    mesh = Mesh(np.array(jax.devices()).reshape(2, -1), ("dp", "tp"))
+else:
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+tp = mesh.shape["tp"]
 
 
 def global_array(seed, shape, dtype, spec):
@@ -92,6 +95,31 @@ if mode == "exchange":
                                                                           precision=HP),
                       (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2, ref2, tol)
+    ex.barrier("done")
+    jax_ub.shutdown()
+    ex.barrier("shutdown")
+    if rank == 0:
+        time.sleep(1.0)
+    jax.distributed.shutdown()
+elif mode == "dptp":
+    # Batch over dp, sequence over tp (the layers' layout); every method of both ops in each group.
+    dtype, tol = jnp.bfloat16, 1e-2
+    x, xf = global_array(6, (4, 96 * tp, 640), dtype, P("dp", "tp", None))
+    w, wf = global_array(7, (640, 128 * tp), dtype, P(None, "tp"))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    for method in ("push", "ring", "all_peer"):
+        y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", gather_axis=1, method=m,
+                                                                 precision=HP),
+                 (P("dp", "tp", None), P(None, "tp")), P("dp", None, "tp"))(x, w)
+        check(f"dptp_ag_{method}", y, ref, tol)
+    x2, x2f = global_array(8, (4, 96 * tp, 160 * tp), dtype, P("dp", None, "tp"))
+    w2, w2f = global_array(9, (160 * tp, 512), dtype, P("tp", None))
+    ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
+    for method in ("ring", "pipeline", "chain"):
+        y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", scatter_axis=1,
+                                                                      method=m, precision=HP),
+                  (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)
+        check(f"dptp_rs_{method}", y2, ref2, tol)
     ex.barrier("done")
     jax_ub.shutdown()
     ex.barrier("shutdown")

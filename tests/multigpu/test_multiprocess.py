@@ -68,6 +68,22 @@ def test_world_four_on_fewer_gpus(capsys, chain_pieces):
     _exchange(capsys, 4, "kv", "ipc", extra, share_gpus=NGPU)
 
 
+def test_dp_by_tp_mesh(capsys):
+    """dp=2 x tp=2 over four processes (one per GPU, or two per GPU on a 2-GPU machine): two
+    communicator groups built across processes, every method of both ops in each."""
+    layout = dict(devices_per_proc=1) if NGPU >= 4 else dict(share_gpus=NGPU)
+    env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT="ipc")
+    results = parallel_launch(4, WORKER, ["dptp"], env=env, timeout_s=240, fail_fast_s=30, **layout)
+    with capsys.disabled():
+        for r in results:
+            print(f"\n[dp2 x tp2] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+    assert all(r.ok for r in results), format_failures(results)
+    want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
+        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain")}
+    for r in results:
+        assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
+
+
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     _missing_peer(capsys, min(NGPU, 4), transport, devices_per_proc=1)
