@@ -162,36 +162,56 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     JAX_UB_CUDA_RETURN(cudaSetDevice(device));
     const auto t = static_cast<jax_ub::DType>(dtype);
     const size_t es = jax_ub::DTypeSize(t);
-    void *a = nullptr, *b = nullptr, *c = nullptr, *c_in = nullptr, *ws = nullptr;
-    JAX_UB_CUDA_RETURN(cudaMalloc(&a, m * k * es));
-    JAX_UB_CUDA_RETURN(cudaMalloc(&b, k * n * es));
-    JAX_UB_CUDA_RETURN(cudaMalloc(&c, m * n * es));
-    if (accumulate) JAX_UB_CUDA_RETURN(cudaMalloc(&c_in, m * n * es));
-    if (workspace_bytes) JAX_UB_CUDA_RETURN(cudaMalloc(&ws, workspace_bytes));
-    jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
-    // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for beta = 0:
-    // that one must be loaded here too, not lazily inside an op whose peers are waiting.
-    g.accumulate = accumulate;
-    g.c_in = c_in;
-    // Random-ish operands: tuning on zeros would time kernels that skip no work but may hit
-    // different power states; a fixed byte pattern is enough (values are irrelevant to speed).
     // A private non-blocking stream: never ordered behind XLA's or the communicators' streams.
     cudaStream_t s = nullptr;
     JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaMemsetAsync(a, 0x3c, m * k * es, s);
-    cudaMemsetAsync(b, 0x3c, k * n * es, s);
-    if (c_in) cudaMemsetAsync(c_in, 0x3c, m * n * es, s);
-    jax_ub::Status st = jax_ub::Gemm(device, g, s);
-    if (st.ok() && tune_candidates > 1) {
-      st = jax_ub::GemmTune(device, g, tune_candidates, 5, s, &tune);
+    // Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on that stream): cudaFree may
+    // synchronize the whole device, and this runs at trace time while earlier jax_ub ops can
+    // still be in flight, spinning on flags of peers whose launches must not be held up.
+    int pools = 0;
+    cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+    std::vector<void*> scratch;
+    auto alloc = [&](void** p, size_t bytes) -> cudaError_t {
+      cudaError_t err = pools ? cudaMallocAsync(p, bytes, s) : cudaMalloc(p, bytes);
+      if (err == cudaSuccess) scratch.push_back(*p);
+      return err;
+    };
+    jax_ub::Status st = [&]() -> jax_ub::Status {
+      void *a = nullptr, *b = nullptr, *c = nullptr, *c_in = nullptr, *ws = nullptr;
+      JAX_UB_CUDA_RETURN(alloc(&a, m * k * es));
+      JAX_UB_CUDA_RETURN(alloc(&b, k * n * es));
+      JAX_UB_CUDA_RETURN(alloc(&c, m * n * es));
+      if (accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * n * es));
+      if (workspace_bytes) JAX_UB_CUDA_RETURN(alloc(&ws, workspace_bytes));
+      jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
+      // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for
+      // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
+      g.accumulate = accumulate;
+      g.c_in = c_in;
+      // A fixed byte pattern, not zeros: tuning on zeros may time other power states; the
+      // values are irrelevant to speed.
+      cudaMemsetAsync(a, 0x3c, m * k * es, s);
+      cudaMemsetAsync(b, 0x3c, k * n * es, s);
+      if (c_in) cudaMemsetAsync(c_in, 0x3c, m * n * es, s);
+      JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, g, s));
+      if (tune_candidates > 1) {
+        JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, 5, s, &tune));
+      }
+      return jax_ub::Status::Ok();
+    }();
+    for (void* p : scratch) {
+      if (pools) {
+        cudaFreeAsync(p, s);
+      } else {
+        cudaFree(p);
+      }
     }
-    cudaStreamSynchronize(s);
+    const cudaError_t synced = cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    if (c_in) cudaFree(c_in);
-    if (ws) cudaFree(ws);
+    if (st.ok() && synced != cudaSuccess) {
+      return jax_ub::Status::Error(jax_ub::StrCat() << "gemm_warmup on device " << device << ": "
+                                                    << cudaGetErrorString(synced));
+    }
     return st;
   }();
   }
