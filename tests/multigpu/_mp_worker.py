@@ -59,6 +59,17 @@ def smap(f, in_specs, out_specs):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
+def finish():
+    """Shut down in order: every rank done, communicators closed everywhere, then jax.distributed
+    with process 0 (the coordinator's host) leaving last."""
+    ex.barrier("done")
+    jax_ub.shutdown()
+    ex.barrier("shutdown")
+    if rank == 0:
+        time.sleep(1.0)
+    jax.distributed.shutdown()
+
+
 cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
 print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
 ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
@@ -95,12 +106,7 @@ if mode == "exchange":
                                                                           precision=HP),
                       (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2, ref2, tol)
-    ex.barrier("done")
-    jax_ub.shutdown()
-    ex.barrier("shutdown")
-    if rank == 0:
-        time.sleep(1.0)
-    jax.distributed.shutdown()
+    finish()
 elif mode == "dptp":
     # Batch over dp, sequence over tp (the layers' layout); every method of both ops in each group.
     dtype, tol = jnp.bfloat16, 1e-2
@@ -120,12 +126,7 @@ elif mode == "dptp":
                                                                       method=m, precision=HP),
                   (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)
         check(f"dptp_rs_{method}", y2, ref2, tol)
-    ex.barrier("done")
-    jax_ub.shutdown()
-    ex.barrier("shutdown")
-    if rank == 0:
-        time.sleep(1.0)
-    jax.distributed.shutdown()
+    finish()
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
