@@ -49,15 +49,28 @@ def print_traces(tag, f, args, calls=6, max_device=None):
               f"gap to next op {gap} gemm [{spans['gemm']}] copy [{spans['copy']}]", flush=True)
 
 
-def main():
-    tp = 4
+def mm(a, b):
+    """The GEMM alone: jax_ub's cuBLASLt matmul."""
+    return jax_ub.matmul(a, b, method="cublaslt")
+
+
+def setup(tp, shape_args, default_shapes):
+    """The first ``tp`` devices as mesh axis "tp" with jax_ub initialized, the shapes ("M,K,N"
+    arguments, else ``default_shapes``) and a jit(shard_map) builder ``smap(f, in_specs, out_specs)``."""
     mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
     jax_ub.initialize(mesh, "tp")
-    shapes = [tuple(int(v) for v in s.split(",")) for s in sys.argv[1:]] or [
-        (8192, 8192, 28672), (2048, 8192, 28672)]
-    smap = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o,  # noqa: E731
-                                                 check_vma=False))
-    mm = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
+    shapes = [tuple(int(v) for v in a.split(",")) for a in shape_args] or list(default_shapes)
+
+    def smap(f, in_specs, out_specs):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                     check_vma=False))
+
+    return mesh, shapes, smap
+
+
+def main():
+    tp = 4
+    mesh, shapes, smap = setup(tp, sys.argv[1:], [(8192, 8192, 28672), (2048, 8192, 28672)])
     for M, K, N in shapes:
         x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
                            NamedSharding(mesh, P("tp", None)))

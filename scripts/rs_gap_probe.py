@@ -12,9 +12,8 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from ag_gap_probe import print_traces, timed  # scripts/ is on sys.path when run as a script
-from jax.sharding import Mesh, NamedSharding
+from ag_gap_probe import mm, print_traces, setup, timed  # scripts/ is on sys.path when run as a script
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
@@ -23,13 +22,7 @@ from jax_ub import config
 
 def main():
     tp = int(sys.argv[1]) if len(sys.argv) > 1 else len(jax.devices())
-    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
-    jax_ub.initialize(mesh, "tp")
-    shapes = [tuple(int(v) for v in s.split(",")) for s in sys.argv[2:]] or [
-        (8192, 8192, 28672), (8192, 8192, 8192)]
-    smap = lambda f, i, o: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=i, out_specs=o,  # noqa: E731
-                                                 check_vma=False))
-    mm = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
+    mesh, shapes, smap = setup(tp, sys.argv[2:], [(8192, 8192, 28672), (8192, 8192, 8192)])
     for M, K, N in shapes:
         x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
                            NamedSharding(mesh, P(None, "tp")))
