@@ -274,6 +274,13 @@ NB_MODULE(_jax_ub_cuda, m) {
   }, arg("set_id"), arg("device"), arg("capacity"), nogil);
   m.def("comm_capacity", [](int set_id, int device) { return Get(set_id, device)->capacity(); },
         arg("set_id"), arg("device"));
+  m.def("comm_inject_failure", [](int set_id, int device, int what) {
+    if (what < jax_ub::Communicator::kFailNone || what > jax_ub::Communicator::kFailBody) {
+      throw std::invalid_argument(jax_ub::StrCat() << "comm_inject_failure: what must be 0, 1 or 2; got " << what);
+    }
+    Get(set_id, device)->Inject(static_cast<jax_ub::Communicator::Injected>(what));
+  }, arg("set_id"), arg("device"), arg("what"),
+  "Test hook: the next op on this member fails before it begins (1) or right after (2); 0 clears.");
   m.def("comm_error", [](int set_id, int device) { return Get(set_id, device)->error(); },
         arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
   m.def("comm_drain", [](int set_id) {

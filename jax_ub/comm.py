@@ -22,6 +22,7 @@ import hashlib
 import logging
 import socket
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -423,6 +424,23 @@ def errors() -> dict[tuple[str, int], str]:
             if msg:
                 out[(a, dev)] = msg
     return out
+
+
+def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) -> None:
+    """Test hook: the next jax_ub op of ``axis`` on these local CUDA ordinals (default: all of this
+    process) fails ``"before"`` it begins (as a refused op: the communicator stays usable if every
+    rank refuses) or right ``"after"`` (as a failed enqueue: the communicator is abandoned)."""
+    codes = {"none": 0, "before": 1, "after": 2}
+    if when not in codes:
+        raise ValueError(f"_inject_failure: when must be one of {sorted(codes)}; got {when!r}")
+    if axis not in _sets:
+        raise ValueError(f"_inject_failure: no communicators for axis {axis!r}; have {sorted(_sets)}")
+    s = _sets[axis]
+    mod = _ext.extension()
+    wanted = None if devices is None else {int(d) for d in devices}
+    for dev, _, _ in s.local:
+        if wanted is None or dev in wanted:
+            mod.comm_inject_failure(s.set_id, dev, codes[when])
 
 
 def fingerprint(s: CommSet) -> str:

@@ -74,6 +74,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->watch_, cudaStreamNonBlocking));
   JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->release_, cudaStreamNonBlocking));
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->read_done_, cudaEventDisableTiming));
+  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->poisoned_, cudaEventDisableTiming));
   // Load our kernels now: lazy module loading at execute time can synchronize the context while
   // peers wait on this device (one process, several GPUs).
   JAX_UB_RETURN_IF_ERROR(PreloadFlagKernels());
@@ -202,6 +203,7 @@ Status Communicator::Destroy() {
   cudaStreamDestroy(watch_);
   cudaStreamDestroy(release_);
   cudaEventDestroy(read_done_);
+  cudaEventDestroy(poisoned_);
   cudaEventDestroy(start_);
   for (auto e : join_) cudaEventDestroy(e);
   for (auto e : events_) cudaEventDestroy(e);
@@ -381,7 +383,7 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   return Status::Ok();
 }
 
-Status Communicator::End(cudaStream_t xla) {
+Status Communicator::Join(cudaStream_t xla) {
   int j = 0;
   for (int i = 0; i < o_.world; ++i, ++j) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], comm_[i]));
@@ -391,26 +393,46 @@ Status Communicator::End(cudaStream_t xla) {
     JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], compute_[i]));
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
   }
-  if (o_.nccl) {
-    // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s.
-    std::lock_guard<std::mutex> lock(mu_);
-    cudaEvent_t done = nullptr;
-    if (!nccl_events_.empty()) {
-      done = nccl_events_.back();
-      nccl_events_.pop_back();
-    } else {
-      JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    }
-    JAX_UB_CUDA_RETURN(cudaEventRecord(done, xla));
-    if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
-      nccl_pending_.back().done = done;
-    } else {
-      nccl_pending_.push_back({done, std::chrono::steady_clock::now(), op_, epoch_});
-    }
+  return Status::Ok();
+}
+
+Status Communicator::TrackNccl(cudaStream_t xla) {
+  // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s.
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaEvent_t done = nullptr;
+  if (!nccl_events_.empty()) {
+    done = nccl_events_.back();
+    nccl_events_.pop_back();
+  } else {
+    JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   }
+  JAX_UB_CUDA_RETURN(cudaEventRecord(done, xla));
+  if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
+    nccl_pending_.back().done = done;
+  } else {
+    nccl_pending_.push_back({done, std::chrono::steady_clock::now(), op_, epoch_});
+  }
+  any_pending_.store(!nccl_aborted_, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status Communicator::End(cudaStream_t xla) {
+  JAX_UB_RETURN_IF_ERROR(Join(xla));
+  if (o_.nccl) JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
   // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
   // there would queue behind a running GEMM that holds every SM).
   return LaunchCheckFlag(poison_, xla);
+}
+
+void Communicator::Abandon(cudaStream_t xla, const std::string& why) {
+  SetError(why);
+  Status st = Join(xla);
+  if (st.ok() && o_.nccl) st = TrackNccl(xla);
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s (and joining its streams failed: %s)\n", why.c_str(),
+                 st.message().c_str());
+  }
+  cudaGetLastError();
 }
 
 Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
@@ -533,6 +555,21 @@ std::string Communicator::FlagReadAge(std::chrono::steady_clock::time_point now)
 }
 
 void Communicator::PollNccl() {
+  if (nccl_poisoning_) {
+    // Abort once the poison word is on the GPU (so the op's check kernel fails the XLA call when
+    // NCCL's kernels return), or after 2 s regardless: never block here, the copy may share a
+    // hardware queue with the stuck stream.
+    const bool landed = cudaEventQuery(poisoned_) != cudaErrorNotReady;
+    cudaGetLastError();
+    const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       poisoned_at_).count();
+    if (!landed && since < 2.0) return;
+    nccl_poisoning_ = false;
+    nccl_aborted_ = true;
+    if (nccl_ != nullptr) nccl_->Abort(error_);
+    any_pending_.store(false, std::memory_order_release);
+    return;
+  }
   while (!nccl_pending_.empty()) {
     PendingOp& p = nccl_pending_.front();
     // No event yet: the op is still being enqueued (maybe blocked in NCCL's connection setup).
@@ -545,7 +582,8 @@ void Communicator::PollNccl() {
     cudaGetLastError();
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - p.since).count();
-    if (waited < o_.timeout_s || !error_.empty()) break;
+    // error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
+    if (waited < o_.timeout_s || nccl_aborted_ || nccl_poisoning_) break;
     std::string peers;
     for (int r = 0; r < o_.world; ++r) {
       if (r != o_.rank) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
@@ -558,18 +596,20 @@ void Communicator::PollNccl() {
                          "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
     std::fprintf(stderr, "%s\n", msg.c_str());
     std::fflush(stderr);
-    error_ = msg;
-    // Poison first (the op's check kernel then fails the XLA call), then abort: NCCL's blocked
-    // kernels return and the stream moves on to the check.
+    if (error_.empty()) error_ = msg;
+    // Poison first (the op's check kernel then fails the XLA call), then abort on a later poll:
+    // NCCL's blocked kernels return and the stream moves on to the check.
     const int n = kNumFlagSlots * o_.world;
     cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
                     release_);
-    cudaStreamSynchronize(release_);
+    cudaEventRecord(poisoned_, release_);
     cudaGetLastError();
-    if (nccl_ != nullptr) nccl_->Abort(msg);
+    nccl_poisoning_ = true;
+    poisoned_at_ = std::chrono::steady_clock::now();
     break;
   }
-  any_pending_.store(!nccl_pending_.empty() && error_.empty(), std::memory_order_release);
+  any_pending_.store((!nccl_pending_.empty() && !nccl_aborted_) || nccl_poisoning_,
+                     std::memory_order_release);
 }
 
 // ----------------------------------------------------------------------------- registry

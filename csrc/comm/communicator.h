@@ -85,6 +85,12 @@ class Communicator {
   // the call if the watchdog force-released a wait of this communicator. Transport nccl: the
   // watchdog also watches the op's completion and aborts the NCCL communicator after timeout_s.
   Status End(cudaStream_t xla);
+  // An op whose body failed between Begin and End (its error goes back to XLA): its epoch is half
+  // done and peers may wait for signals it never sent, so the communicator is marked unusable with
+  // `why` (later ops fail at Begin naming it; peers' waits end in the watchdog's timeout naming
+  // this rank). The side streams are still joined into XLA's stream, so nothing enqueued so far
+  // outlives the call's buffers; transport nccl: the watchdog still follows (and may abort) it.
+  void Abandon(cudaStream_t xla, const std::string& why);
   // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
   // Stream-ordered write of `value` into peer's flags[slot][my rank].
@@ -106,6 +112,15 @@ class Communicator {
   // Sticky error set by the watchdog after a timeout; every later op fails with it.
   std::string error() const;
   void SetError(const std::string& msg);
+
+  // Test hook (jax_ub.comm's inject_failure): the next op on this member fails before Begin
+  // (kFailCheck, like a refused op) or right after it (kFailBody, like a body whose enqueue fails).
+  enum Injected : int { kFailNone = 0, kFailCheck = 1, kFailBody = 2 };
+  void Inject(Injected what) { inject_.store(what); }
+  bool TakeInjected(Injected what) {
+    int want = what;
+    return inject_.compare_exchange_strong(want, kFailNone);
+  }
 
   // Watchdog interface.
   struct PendingWait {
@@ -166,10 +181,17 @@ class Communicator {
   std::shared_ptr<NcclComm> nccl_;
   std::deque<PendingOp> nccl_pending_;
   std::vector<cudaEvent_t> nccl_events_;  // free completion events
+  bool nccl_aborted_ = false;             // the watchdog aborted NCCL (with mu_ held)
+  bool nccl_poisoning_ = false;           // timed out: poison copy issued, abort on a later poll
+  cudaEvent_t poisoned_ = nullptr;        // recorded after the poison copy on release_
+  std::chrono::steady_clock::time_point poisoned_at_{};
   const char* op_ = "";                  // op of the current Begin..End
+  Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream
+  Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
   void PollNccl();                        // with mu_ held
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
   std::atomic<bool> any_pending_{false};
+  std::atomic<int> inject_{kFailNone};
 };
 
 // Process-wide table: (set id, device ordinal) -> communicator. FFI handlers look themselves up

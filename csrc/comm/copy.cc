@@ -15,7 +15,14 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t str
     const void* srcs[1] = {src};
     size_t sizes[1] = {bytes};
     size_t attr_idx[1] = {0};
+#if CUDART_VERSION >= 13000
     cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
+#else  // CUDA 12.8 and 12.9: one more argument, the index of a failed copy
+    size_t fail_idx = 0;
+    cudaError_t err =
+        cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 1, &attr, attr_idx, 1,
+                             &fail_idx, stream);
+#endif
     if (err == cudaSuccess) return err;
     cudaGetLastError();
     batch_ok.store(false);  // unsupported here: plain copies from now on

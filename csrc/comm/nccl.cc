@@ -301,40 +301,42 @@ Status NcclComm::Fail(const char* call, Result r, const std::string& hint) const
   Api* api = GetApi();
   return Status::Error(StrCat() << "jax_ub NCCL: " << call << " failed on "
                                 << Who(rank_, world_, device_) << ": "
-                                << Describe(api, r, LastError(api, comm_)) << hint);
+                                << Describe(api, r, LastError(api, comm_.load())) << hint);
 }
 
 Status NcclComm::Usable(const char* call) const {
-  if (comm_ != nullptr) return Status::Ok();
+  if (comm_.load() != nullptr) return Status::Ok();
+  const std::string dead = dead_reason();
   return Status::Error(StrCat() << "jax_ub NCCL: " << call << " on "
                                 << Who(rank_, world_, device_)
                                 << ": the communicator is no longer usable: "
-                                << (dead_.empty() ? std::string("destroyed") : dead_));
+                                << (dead.empty() ? std::string("destroyed") : dead));
 }
 
 void NcclComm::AbortAfter(const std::string& why) {
-  if (comm_ == nullptr) return;
-  GetApi()->CommAbort(comm_);
-  comm_ = nullptr;
+  std::lock_guard<std::mutex> lock(dead_mu_);
+  nccl::Comm comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return;
   dead_ = "aborted after: " + why;
+  GetApi()->CommAbort(comm);
 }
 
 Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
-  Result r = GetApi()->AllGather(send, recv, bytes, nccl::kUint8, comm_, stream);
+  Result r = GetApi()->AllGather(send, recv, bytes, nccl::kUint8, comm_.load(), stream);
   return r == nccl::kSuccess ? Status::Ok() : Fail("ncclAllGather", r);
 }
 
 Status NcclComm::Send(const void* buf, size_t bytes, int peer, cudaStream_t stream) {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclSend"));
-  Result r = GetApi()->Send(buf, bytes, nccl::kUint8, peer, comm_, stream);
+  Result r = GetApi()->Send(buf, bytes, nccl::kUint8, peer, comm_.load(), stream);
   return r == nccl::kSuccess ? Status::Ok()
                              : Fail("ncclSend", r, StrCat() << " (to peer " << peer << ")");
 }
 
 Status NcclComm::Recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclRecv"));
-  Result r = GetApi()->Recv(buf, bytes, nccl::kUint8, peer, comm_, stream);
+  Result r = GetApi()->Recv(buf, bytes, nccl::kUint8, peer, comm_.load(), stream);
   return r == nccl::kSuccess ? Status::Ok()
                              : Fail("ncclRecv", r, StrCat() << " (from peer " << peer << ")");
 }
@@ -354,7 +356,7 @@ Status NcclComm::GroupEnd() {
 Status NcclComm::CheckAsync() {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclCommGetAsyncError"));
   Result async = nccl::kSuccess;
-  Result r = GetApi()->CommGetAsyncError(comm_, &async);
+  Result r = GetApi()->CommGetAsyncError(comm_.load(), &async);
   if (r != nccl::kSuccess) return Fail("ncclCommGetAsyncError", r);
   if (async != nccl::kSuccess && async != nccl::kInProgress) {
     return Fail("an earlier NCCL operation (reported by ncclCommGetAsyncError)", async);
@@ -464,17 +466,17 @@ Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double
 }
 
 Status NcclComm::Destroy() {
-  if (comm_ == nullptr) {
+  std::lock_guard<std::mutex> lock(dead_mu_);
+  nccl::Comm comm = comm_.exchange(nullptr);  // never retried: NCCL may free part of it on failure
+  if (comm == nullptr) {
     if (dead_.empty()) dead_ = "destroyed";
     return Status::Ok();  // destroyed before, or aborted after a failure that was reported then
   }
   Api* api = GetApi();
-  nccl::Comm comm = comm_;
   Result async = nccl::kSuccess;
   Result q = api->CommGetAsyncError(comm, &async);
   const bool broken = q != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress);
   Result r = broken ? api->CommAbort(comm) : api->CommDestroy(comm);
-  comm_ = nullptr;  // never retried: NCCL may have freed part of it even on failure
   dead_ = "destroyed";
   if (r != nccl::kSuccess) {
     return Status::Error(StrCat() << "jax_ub NCCL: " << (broken ? "ncclCommAbort" : "ncclCommDestroy")

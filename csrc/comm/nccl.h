@@ -10,8 +10,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "comm/nccl_api.h"
@@ -100,9 +102,12 @@ class NcclComm {
   int device() const { return device_; }
   double timeout_s() const { return timeout_s_; }
   // The raw ncclComm_t for callers of other NCCL entry points; null once destroyed or aborted.
-  nccl::Comm raw() const { return comm_; }
+  nccl::Comm raw() const { return comm_.load(); }
   // "" while usable, else why not (destroyed, or aborted after which failure).
-  const std::string& dead_reason() const { return dead_; }
+  std::string dead_reason() const {
+    std::lock_guard<std::mutex> lock(dead_mu_);
+    return dead_;
+  }
 
  private:
   NcclComm(nccl::Comm comm, int rank, int world, int device, double timeout_s)
@@ -112,9 +117,12 @@ class NcclComm {
   // Aborts after `why` (a failure already being reported): the communicator becomes unusable.
   void AbortAfter(const std::string& why);
 
-  nccl::Comm comm_ = nullptr;
+  // The watchdog thread may abort while the execute thread enqueues (that is how a call blocked
+  // on a missing peer is released): comm_ is swapped to null atomically, dead_ is under dead_mu_.
+  std::atomic<nccl::Comm> comm_{nullptr};
   int rank_ = 0, world_ = 1, device_ = 0;
   double timeout_s_ = 0;
+  mutable std::mutex dead_mu_;
   std::string dead_;
 };
 

@@ -18,21 +18,53 @@ size_t AgGemmBufferBytes(DType t, int64_t m, int64_t k, int world) {
          DTypeSize(t);
 }
 
-Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {
-  if (c->nccl() != nullptr) return AgBodyNccl(c, a, op, t);
+Status CapacityError(const Communicator& c, size_t need) {
+  return Status::Error(StrCat() << "registered buffer holds " << c.capacity() << " bytes, op needs "
+                                << need << " (the op was traced before jax_ub.initialize()?)");
+}
+
+Status AgCheck(const Communicator& c, const AgGemmArgs& a) {
+  const size_t chunk = static_cast<size_t>(a.m) * a.k * DTypeSize(a.dtype);
+  if (c.nccl() != nullptr) {
+    // Chunks land in xg, or in the buffer when the gathered input is not wanted.
+    const size_t need = a.xg == nullptr ? chunk * c.world() : 0;
+    return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
+  }
   if (a.xg == nullptr && a.algo != AgAlgo::kPush) {
     return Status::Error("the pull all-gather algorithms land chunks in the gathered output, "
                          "which this call did not request");
   }
+  const size_t need = a.algo == AgAlgo::kPush ? chunk * c.world() : chunk;
+  return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
+}
+
+Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
+             const std::function<Status(uint64_t, OpTrace&)>& body) {
+  if (c->TakeInjected(Communicator::kFailCheck)) {
+    check = Status::Error("injected failure before the op began (test hook)");
+  }
+  JAX_UB_RETURN_IF_ERROR(check);
+  uint64_t e = 0;
+  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
+  OpTrace t(*c, op, e, xla);
+  Status st = c->TakeInjected(Communicator::kFailBody)
+                  ? Status::Error("injected failure after the op began (test hook)")
+                  : body(e, t);
+  if (!st.ok()) {
+    c->Abandon(xla, StrCat() << Where(*c, op) << ": failed after it started (epoch " << e << "): "
+                             << st.message()
+                             << "; its peers may wait for it, so this communicator is unusable "
+                                "now (restart the processes)");
+    return st;
+  }
+  return c->End(xla);
+}
+
+Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {
+  if (c->nccl() != nullptr) return AgBodyNccl(c, a, op, t);
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const size_t chunk = static_cast<size_t>(a.m) * a.k * es;
-  const size_t need = a.algo == AgAlgo::kPush ? chunk * world : chunk;
-  if (need > c->capacity()) {
-    return Status::Error(StrCat() << "registered buffer holds " << c->capacity()
-                                  << " bytes, op needs " << need
-                                  << " (the op was traced before jax_ub.initialize()?)");
-  }
   char* xg = static_cast<char*>(a.xg);
   char* buf = static_cast<char*>(c->buffer());
   const RowGemm gemm = RowGemm::Of(a);
@@ -123,11 +155,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "all_gather_matmul" : "all_gather";
-  uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
-  OpTrace t(*c, op, e, xla);
-  JAX_UB_RETURN_IF_ERROR(AgBody(c, a, op, e, t));
-  return c->End(xla);
+  return RunOp(c, op, xla, AgCheck(*c, a), [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

@@ -75,11 +75,6 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;  // output rows per rank
   const size_t part = static_cast<size_t>(mo) * a.n * es;
-  if (part * world > c->capacity()) {
-    return Status::Error(StrCat() << "registered buffer holds " << c->capacity()
-                                  << " bytes, op needs " << part * world
-                                  << " (the op was traced before jax_ub.initialize()?)");
-  }
   if (a.algo == RsAlgo::kChain && a.w != nullptr && world > 1) return RsChainBody(c, a, op, e, t);
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
   const RowGemm gemm = RowGemm::Of(a);
@@ -162,20 +157,20 @@ Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inpu
   return Status::Ok();
 }
 
-Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
-  const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
-  uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
-  OpTrace t(*c, op, e, xla);
-  JAX_UB_RETURN_IF_ERROR(RsBody(c, a, op, e, t));
-  return c->End(xla);
+Status RsCheck(const Communicator& c, const GemmRsArgs& a) {
+  // Every rank's partial for me lands in my buffer (both transports).
+  const size_t need = static_cast<size_t>(a.M / c.world()) * a.n * DTypeSize(a.dtype) * c.world();
+  return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
 }
 
-Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
-  const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
-  uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
-  OpTrace t(*c, op, e, xla);
+Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
+  const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
+  return RunOp(c, op, xla, RsCheck(*c, a), [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
+}
+
+namespace {
+
+Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, OpTrace& t) {
   // The GEMM runs on compute(1) (the bodies only use compute(0), and only for GEMMs of their
   // own, which they do not have here). Where it is enqueued matters: a resident cuBLASLt kernel
   // holds its SMs until it ends, so SM work of the collective that others wait for must be on the
@@ -209,7 +204,14 @@ Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
     };
     JAX_UB_RETURN_IF_ERROR(AgBody(c, ag, op, e, t));
   }
-  return c->End(xla);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
+  const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
+  return RunOp(c, op, xla, a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag), [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

@@ -132,6 +132,19 @@ struct BulkArgs {
 };
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla);
 
+// What an op needs of the communicator (registered-buffer capacity, a gathered output for the
+// pull algorithms), checked before Begin: a refused op leaves the epoch protocol untouched, so the
+// communicator stays usable.
+Status AgCheck(const Communicator& c, const AgGemmArgs& a);
+Status RsCheck(const Communicator& c, const GemmRsArgs& a);
+Status CapacityError(const Communicator& c, size_t need);
+
+// `check` (AgCheck/RsCheck's verdict) -> Begin -> body(epoch, trace) -> End. A refused op never
+// begins. A body that fails after Begin abandons the communicator (Communicator::Abandon): its
+// streams are joined, later ops fail naming this failure, peers' waits time out naming this rank.
+Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
+             const std::function<Status(uint64_t, OpTrace&)>& body);
+
 // Schedule bodies (between Begin and End). On a communicator with transport nccl they hand over
 // to the NCCL bodies (overlap/nccl_schedules.cc), whatever the algorithm.
 Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t);

@@ -1,7 +1,8 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout    (env from tests/launcher.py; JAX_UB_TRANSPORT
-                                                   and JAX_UB_BOOTSTRAP pick the transport/bootstrap)
+    python _mp_worker.py exchange|dptp|timeout|fault    (env from tests/launcher.py; JAX_UB_TRANSPORT
+                                                         and JAX_UB_BOOTSTRAP pick the transport and
+                                                         the bootstrap)
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """
@@ -127,6 +128,39 @@ elif mode == "dptp":
                   (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)
         check(f"dptp_rs_{method}", y2, ref2, tol)
     finish()
+elif mode == "fault":
+    # 1. Every rank's next op is refused before it begins: each call fails, the communicators stay
+    #    usable, the next op is right. 2. The last rank's next op fails after it began: that rank
+    #    gets its own error, every other rank times out naming it (never a hang).
+    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    check("fault_before_warm", f(x, w), ref, 1e-2)
+    jax_ub.comm._inject_failure("tp", "before")
+    try:
+        jax.block_until_ready(f(x, w))
+        print("RESULT refused_completed 1", flush=True)
+    except Exception as e:
+        print(f"RESULT refused {'injected failure before the op began' in str(e)}", flush=True)
+    print(f"RESULT refused_comm_errors {len(jax_ub.comm.errors())}", flush=True)
+    check("fault_after_refusal", f(x, w), ref, 1e-2)
+    ex.barrier("refusal-checked")
+    if rank == nprocs - 1:
+        jax_ub.comm._inject_failure("tp", "after")
+    t0 = time.time()
+    try:
+        jax.block_until_ready(f(x, w))
+        print("RESULT abandoned_completed 1", flush=True)
+    except Exception as e:
+        print(f"RESULT abandoned_failed_after {time.time() - t0:.1f}", flush=True)
+        print(f"RESULT abandoned_error {type(e).__name__}: {str(e)[:400]!r}", flush=True)
+    print(f"RESULT abandoned_comm_errors {list(jax_ub.comm.errors().values())!r}", flush=True)
+    sys.stdout.flush()
+    # The failed rank stays alive until its peers have timed out (its exit must not be the cause).
+    time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 10 if rank == nprocs - 1 else 5.0 if rank == 0 else 0)
+    os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))

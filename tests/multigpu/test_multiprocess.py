@@ -85,6 +85,35 @@ def test_dp_by_tp_mesh(capsys):
 
 
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
+def test_failed_op_refused_or_abandoned(capsys, transport):
+    """An op refused on every rank before it begins leaves the communicators usable; an op that
+    fails on one rank after it began fails there with its own cause, and the peers waiting for it
+    time out naming that rank (ipc) or the NCCL ranks (nccl), within JAX_UB_TIMEOUT."""
+    n, timeout = min(NGPU, 4), 8
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
+    results = parallel_launch(n, WORKER, ["fault"], env=env, timeout_s=180, devices_per_proc=1)
+    with capsys.disabled():
+        for r in results:
+            print(f"\n[{transport}] rank {r.rank} rc={r.returncode}: "
+                  + "; ".join(r.lines("RESULT "))[:900])
+    for r in results:
+        assert not r.timed_out, format_failures(results)
+        assert r.lines("RESULT refused ") == ["True"], format_failures(results)
+        assert r.lines("RESULT refused_comm_errors ") == ["0"], format_failures(results)
+        assert float(r.lines("RESULT fault_after_refusal ")[0]) <= 1e-2, format_failures(results)
+        failed = r.lines("RESULT abandoned_failed_after ")
+        assert failed and float(failed[0]) <= timeout + 15, format_failures(results)
+        errs = r.lines("RESULT abandoned_comm_errors ")[0]
+        if r.rank == n - 1:
+            assert "injected failure after the op began" in errs, errs
+            assert "failed after it started" in errs, errs
+        elif transport == "ipc":
+            assert f"waiting for rank {n - 1}" in errs, errs
+        else:
+            assert "in NCCL send/recv with ranks" in errs, errs
+
+
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     _missing_peer(capsys, min(NGPU, 4), transport, devices_per_proc=1)
 
