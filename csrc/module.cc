@@ -153,7 +153,8 @@ std::vector<std::vector<int>> P2PMatrix() {
 // builds the plan at trace time, so no lazy module load (which may synchronize the context) happens
 // inside an overlapped op while peers wait on this device.
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
-                    size_t workspace_bytes, int tune_candidates, bool accumulate) {
+                    size_t workspace_bytes, int tune_candidates, bool accumulate,
+                    int reserve_sms) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -188,6 +189,12 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
       g.accumulate = accumulate;
       g.c_in = c_in;
+      // The bulk reduce-scatter's GEMM leaves `reserve_sms` SMs to the sum: same plan key as then.
+      if (reserve_sms > 0) {
+        int sms = 0;
+        JAX_UB_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        g.sm_count = sms > reserve_sms ? sms - reserve_sms : 0;
+      }
       // A fixed byte pattern, not zeros: tuning on zeros may time other power states; the
       // values are irrelevant to speed.
       cudaMemsetAsync(a, 0x3c, m * k * es, s);
@@ -290,7 +297,7 @@ NB_MODULE(_jax_ub_cuda, m) {
         arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
-        arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false,
+        arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false, arg("reserve_sms") = 0,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
         "2 bf16; accumulate: with an addend, C = A @ B + C_in); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest. Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");

@@ -34,14 +34,16 @@ _warmed: dict[tuple, dict] = {}
 
 
 def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
-         workspace_bytes: int | None = None, accumulate: bool = False) -> list[dict]:
+         workspace_bytes: int | None = None, accumulate: bool = False,
+         reserve_sms: int = 0) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
     a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
     cuBLASLt's candidate algorithms and keeps the fastest for every later call of that shape.
 
     ``accumulate``: the GEMM with an addend (``y = x @ w + c``, the chain GEMM->RS), whose kernel
-    may differ from the plain one's. ``workspace_bytes``: as the call will pass (default:
+    may differ from the plain one's. ``reserve_sms``: SMs the GEMM leaves free (the bulk
+    reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``workspace_bytes``: as the call will pass (default:
     ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
@@ -54,11 +56,12 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     mod = _ext.extension()
     out = []
     for dev in devices:
-        key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate))
+        key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
+               int(reserve_sms))
         if key not in _warmed:
             _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                 tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
-                                                accumulate=bool(accumulate)))
+                                                accumulate=bool(accumulate), reserve_sms=int(reserve_sms)))
         out.append(_warmed[key])
     return out
 

@@ -74,14 +74,14 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
 
 
 def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any,
-          accumulate: bool = False) -> None:
+          accumulate: bool = False, reserve_sms: int = 0) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
     a kernel loaded lazily inside an op can stall the whole process (DESIGN.md section 6)."""
     from jax_ub import gemm
 
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
     gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws,
-              accumulate=accumulate)
+              accumulate=accumulate, reserve_sms=reserve_sms)
 
 
 def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
@@ -177,7 +177,8 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     x3 = x2.reshape(x2.shape[0], -1)
     es = jnp.dtype(x.dtype).itemsize
     comm.ensure_capacity(s, (s.world if kind == 0 else 1) * math.prod(x2.shape) * es)
-    _warm(s, a.shape[0], b.shape[1], a.shape[1], a.dtype, precision)
+    _warm(s, a.shape[0], b.shape[1], a.shape[1], a.dtype, precision,
+          reserve_sms=config.get().bulk_reduce_sms if kind == 1 else 0)
     if kind == 0:
         out_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
         algo = AG_ALGOS[method]

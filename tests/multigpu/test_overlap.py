@@ -222,6 +222,44 @@ def test_bulk_overlap(ub, tp, dtype, method):
     assert "jax_ub_bulk" in got.lower(x, z, a, b).as_text()
 
 
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_execute_builds_no_gemm_plan(ub, tp):
+    """Every chunk GEMM's cuBLASLt plan is built (and its kernel loaded) by the trace-time warm-up,
+    none inside an op whose peers wait (DESIGN.md section 6): after compiling, running every
+    schedule adds no plan. The shape puts chunk pointers at 16-byte but not 256-byte offsets
+    (e.g. AG's y rows at 264 * 196 * 2 bytes), where the plan key once differed from the warm-up's."""
+    from jax_ub import _ext
+
+    _need(tp)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    M, K, N = 1056, 520, 784
+    x = _rand(41, (M, K), jnp.bfloat16)   # AG: rows over tp
+    w = _rand(42, (K, N), jnp.bfloat16)   # AG: columns over tp
+    x2 = _rand(43, (M, K), jnp.bfloat16)  # RS: columns over tp
+    w2 = _rand(44, (K, N), jnp.bfloat16)  # RS: rows over tp
+    a = _rand(45, (264, K), jnp.bfloat16)
+    b = _rand(46, (K, N), jnp.bfloat16)
+
+    def f(x, w, x2, w2, a, b):
+        outs = [ub.all_gather_matmul(x, w, "tp", method=m, precision=HP) for m in ("ring", "push")]
+        outs += [ub.matmul_reduce_scatter(x2, w2, "tp", method=m, precision=HP)
+                 for m in ("ring", "pipeline", "chain")]
+        outs += list(ub.bulk_all_gather(x, a, b, "tp", precision=HP))
+        outs += list(ub.bulk_reduce_scatter(x2, a, b, "tp", precision=HP))
+        return outs
+
+    ins = (P("tp", None), P(None, "tp"), P(None, "tp"), P("tp", None), P(), P())
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=P(), check_vma=False))
+    args = (x, w, x2, w2, a, b)
+    compiled = g.lower(*args).compile()  # traces: the warm-up builds every plan here
+    before = _ext.extension().gemm_plan_cache_size()
+    outs = jax.block_until_ready(compiled(*args))
+    after = _ext.extension().gemm_plan_cache_size()
+    assert all(not np.isnan(np.asarray(o, np.float32)).any() for o in outs)
+    assert after == before, f"{after - before} cuBLASLt plan(s) built at execute time"
+
+
 def test_timeline_trace_records_overlap(ub):
     """trace_enable/trace_collect: every chunk's copy and GEMM of one AG call, on every GPU."""
     tp = min(_n_gpus(), 4)
