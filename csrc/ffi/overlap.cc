@@ -98,7 +98,9 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
 }
 
 ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s) {
-  return ToFfi(op, device, s.ok() ? s : Status::Error(Where(*c, op) + ": " + s.message()));
+  (void)device;  // Where names it, with the set, group and rank
+  if (s.ok()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInternal, Where(*c, op) + ": " + s.message());
 }
 
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
