@@ -50,16 +50,19 @@ def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> Non
         )
 
 
-def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...]) -> int:
-    """A non-negative axis of ``x`` that is not the last (contracting) one."""
+def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...], *, last_ok: bool = False) -> int:
+    """A non-negative axis of ``x`` that is not the last (contracting) one (any axis: ``last_ok``)."""
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{fn}: `{kw}` must be an int; got {axis!r} of type {type(axis).__name__}")
     ndim = len(x_shape)
-    valid = (*range(-ndim, -1), *range(ndim - 1))
+    if last_ok:
+        valid, what = (*range(-ndim, 0), *range(ndim)), "an axis of x"
+    else:
+        valid = (*range(-ndim, -1), *range(ndim - 1))
+        what = "an axis of x other than the last (contracting) one"
     if axis not in valid:
         raise ValueError(
-            f"{fn}: `{kw}` must be an axis of x other than the last (contracting) one, i.e. one of "
-            f"{valid} for x of shape {shape_str(x_shape)}; got {axis}"
+            f"{fn}: `{kw}` must be {what}, i.e. one of {valid} for x of shape {shape_str(x_shape)}; got {axis}"
         )
     return int(axis) % ndim
 

@@ -18,13 +18,17 @@ differentiable (the backward is the reference's).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from jax_ub import comm, ops
+from jax_ub import _validate, comm, ops
+
+log = logging.getLogger("jax_ub")
 
 __all__ = ["bulk_all_gather", "bulk_reduce_scatter"]
 
@@ -63,17 +67,23 @@ _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 
 def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
+    for name, v in (("x", x), ("a", a), ("b", b)):
+        _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"{what}: the GEMM operands must be a[m, k] and b[k, n]; got a "
-                         f"{tuple(a.shape)} and b {tuple(b.shape)}")
+        raise ValueError(f"{what}: the GEMM operands must be a `[m, k]` and b `[k, n]`; got a "
+                         f"{_validate.shape_str(a.shape)}, b {_validate.shape_str(b.shape)}")
     if a.dtype != b.dtype:
-        raise ValueError(f"{what}: a and b must have one dtype; got {a.dtype} and {b.dtype}")
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"{what}: axis {axis} out of range for x of rank {x.ndim}")
-    axis %= x.ndim
+        raise TypeError(f"{what}: `a` and `b` must have the same dtype; got a "
+                        f"{np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name}")
+    axis = _validate.normalize_axis(what, "axis", axis, x.shape, last_ok=True)
+    tp = _validate.bound_axis_size(what, axis_name)
+    if kind == "rs":
+        _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)
     m = ops._resolve_method(method)
     if m == "auto":
         m = "ring" if comm.get(axis_name) is not None else "xla"
+        log.debug("jax_ub: %s method 'auto' -> %r (%s)", what, m, "the mesh axis has a communicator"
+                  if m == "ring" else f"no jax_ub communicator for mesh axis {axis_name!r}")
     if m == "xla":
         return _reference(kind, x, a, b, axis_name, axis, precision)
     if m == "nccl":

@@ -22,6 +22,7 @@ BENCH_OP = {AG: "ag_gemm", RS: "gemm_rs"}
 # The CUDA algorithms each op's table may name (bench impl "jax_ub_<method>").
 METHODS = {AG: ("push", "ring", "all_peer"), RS: ("ring", "pipeline", "chain")}
 FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
+RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 # Methods within this factor of the fastest are a tie (run-to-run noise is a few percent), broken
 # by the order of METHODS[op].
 TIE = 1.02
@@ -50,17 +51,26 @@ def shapes_from_bench(doc: dict, origin: str = "") -> list[Shape]:
     """The measured shapes of one bench JSON document (``{"machine", "date", "records"}``)."""
     source = f"{doc.get('machine', '?')} {doc.get('date', '?')}" + (f" ({origin})" if origin else "")
     ops = {v: k for k, v in BENCH_OP.items()}
+    where = repr(origin) if origin else f"bench document {source!r}"
     groups: dict[tuple, dict[str, float]] = {}
-    for r in doc.get("records", []):
+    for i, r in enumerate(doc.get("records", [])):
         op = ops.get(r.get("op"))
         impl = str(r.get("impl", ""))
         if op is None or not impl.startswith("jax_ub_"):
             continue
         method = impl[len("jax_ub_"):]
-        ms = r.get("ms")
+        missing = [k for k in RECORD_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"{where}: record {i} ({r['op']} {impl}) has no "
+                             f"{', '.join(map(repr, missing))}; a bench record needs {RECORD_KEYS}")
+        ms = r["ms"]
         if method not in METHODS[op] or not isinstance(ms, (int, float)) or not ms > 0:
             continue
-        key = (op, int(r["tp"]), str(r["dtype"]), int(r["M"]), int(r["K"]), int(r["N"]))
+        try:
+            key = (op, int(r["tp"]), str(r["dtype"]), int(r["M"]), int(r["K"]), int(r["N"]))
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: record {i} ({r['op']} {impl}): tp, M, K, N must be integers; got "
+                             f"{[r[k] for k in ('tp', 'M', 'K', 'N')]}") from None
         groups.setdefault(key, {})[method] = float(ms)
     return [Shape(*key, tuple(sorted(m.items(), key=lambda kv: kv[1])), source)
             for key, m in sorted(groups.items()) if len(m) >= 2]
@@ -72,7 +82,10 @@ def load_bench_file(path: str) -> list[Shape]:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: {e}") from None
-    shapes = shapes_from_bench(doc, origin=path)
+    try:
+        shapes = shapes_from_bench(doc, origin=path)
+    except ValueError as e:
+        raise ValueError(f"JAX_UB_TUNING_FILE {e}") from None
     if not shapes:
         raise ValueError(f"JAX_UB_TUNING_FILE {path!r} has no ag_gemm/gemm_rs records with two or "
                          f"more jax_ub_<method> impls per shape (write one with "

@@ -94,7 +94,7 @@ def _process_exchange(init_id: int, timeout_s: float) -> _bootstrap.KVExchange |
 
 def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                transport: str | None = None, timeout_s: float | None = None,
-               buffer_mib: int | None = None) -> CommSet:
+               buffer_mib: int | None = None) -> CommSet | None:
     """Creates the communicators of every TP group of ``mesh`` along ``axis`` (collective).
 
     Args:
@@ -112,6 +112,10 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         also grow when a larger op is traced).
 
     Idempotent: calling it again with the same mesh and axis returns the existing set.
+
+    Where the CUDA path cannot run (no CUDA GPU or extension, ``JAX_UB_DISABLE=1``) it does nothing
+    and returns None, logging the reason at INFO: the ops run the pure-XLA reference there, and
+    :func:`shutdown` has nothing to free.
     """
     global _next_set_id
     cfg = config.get()
@@ -126,6 +130,14 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     if cfg.multicast:
         log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
     groups = _tp_groups(mesh, axis)
+    ok, why = _ext.cuda_path_available()
+    if not ok:
+        # On GPUs (and not disabled on purpose) this is most likely a missing build: say it loudly.
+        on_gpu = any(d.platform == "gpu" for g in groups for d in g) and not cfg.disable
+        (log.warning if on_gpu else log.info)(
+            "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
+            "run the pure-XLA reference", axis, why)
+        return None
     with _lock:
         existing = _sets.get(axis)
         if existing is not None:
@@ -135,9 +147,6 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                 return existing
             shutdown(axis)
         mod = _ext.extension()
-        ok, why = _ext.cuda_path_available()
-        if mod is None or not ok:
-            raise RuntimeError(f"jax_ub.initialize: the CUDA path is unavailable: {why}")
         for g in groups:
             if any(d.platform != "gpu" for d in g):
                 raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")

@@ -11,7 +11,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
 | transport    | JAX_UB_TRANSPORT     | auto    | ``auto``, ``ipc`` (copy engine over peer-mapped memory) or ``nccl`` |
-| multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS); ``UB_SKIPMC=1`` forces it off |
+| multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS): ignored, no multicast path in this version (never on); ``UB_SKIPMC=1`` forces it off |
 | buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
@@ -19,7 +19,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | row pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
-| log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger |
+| log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
+import numbers
 import os
 from collections.abc import Iterator, Mapping
 
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "nccl")
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -59,6 +62,8 @@ def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | 
         out = kind(value)
     except ValueError:
         raise ValueError(f"{name} must be a {kind.__name__}; got {value!r}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be a finite {kind.__name__}; got {value!r}")
     if out < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value!r}")
     return out
@@ -89,11 +94,30 @@ class Config:
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
-        _parse_choice("method", self.method, METHODS)
-        _parse_choice("bootstrap", self.bootstrap, BOOTSTRAPS)
-        _parse_choice("transport", self.transport, TRANSPORTS)
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
+        # Values set directly (Config(...), override(...)) get from_env's checks and normal form:
+        # a wrong type is a TypeError naming the field here, not a failure somewhere later.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise TypeError(f"{f.name} must be a bool; got {value!r}")
+            if f.type == "int":
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise TypeError(f"{f.name} must be an int; got {value!r}")
+                object.__setattr__(self, f.name, int(value))
+            if f.type == "float":
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise TypeError(f"{f.name} must be a float; got {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            if f.type == "str" and not isinstance(value, str):
+                raise TypeError(f"{f.name} must be a str; got {value!r}")
+        for name, choices in (("method", METHODS), ("bootstrap", BOOTSTRAPS), ("transport", TRANSPORTS)):
+            object.__setattr__(self, name, _parse_choice(name, getattr(self, name), choices))
+        level = self.log_level.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}; got {self.log_level!r}")
+        object.__setattr__(self, "log_level", level)
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number > 0; got {self.timeout_s!r}")
         if not 0 <= self.gemm_tune <= 16:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
         if not 0 <= self.bulk_reduce_sms <= 256:
@@ -140,13 +164,25 @@ class Config:
             kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
-            if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            if level not in LOG_LEVELS:
                 raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {env['JAX_UB_LOG']!r}")
             kw["log_level"] = level
         return cls(**kw)  # type: ignore[arg-type]
 
 
 _active: Config | None = None
+_LOG_FORMAT = "%(levelname)s %(message)s"  # most messages start with "jax_ub: " themselves
+
+
+def _setup_logging(cfg: Config, from_env: bool) -> None:
+    """Sets the ``jax_ub`` logger's level; with ``JAX_UB_LOG`` set and no handler that would print
+    its records (Python's last resort prints WARNING and above only), adds one on stderr."""
+    log = logging.getLogger("jax_ub")
+    log.setLevel(cfg.log_level)
+    if from_env and not log.hasHandlers():
+        handler = logging.StreamHandler()  # stderr
+        handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        log.addHandler(handler)
 
 
 def get() -> Config:
@@ -154,7 +190,7 @@ def get() -> Config:
     global _active
     if _active is None:
         _active = Config.from_env()
-        logging.getLogger("jax_ub").setLevel(_active.log_level)
+        _setup_logging(_active, from_env="JAX_UB_LOG" in os.environ)
     return _active
 
 
@@ -164,7 +200,11 @@ def override(**changes: object) -> Iterator[Config]:
     global _active
     previous = get()
     _active = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
+    if "log_level" in changes:
+        logging.getLogger("jax_ub").setLevel(_active.log_level)
     try:
         yield _active
     finally:
         _active = previous
+        if "log_level" in changes:
+            logging.getLogger("jax_ub").setLevel(previous.log_level)

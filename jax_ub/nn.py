@@ -143,8 +143,9 @@ class RowParallelDense(_ParallelDense):
     `[batch, seq, in_features/tp]` → `[batch, seq/tp, out_features]`. The bias `[out_features]`
     (replicated) is added once, after the reduce-scatter.
 
-    Args: as :class:`ColumnParallelDense`, with ``in_features`` (global) divisible by ``tp``;
-    ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`.
+    Args: as :class:`ColumnParallelDense` except ``recompute_gathered``, which this layer does not
+    accept (there is no gathered input to keep or recompute), with ``in_features`` (global)
+    divisible by ``tp``; ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`.
     """
 
     _partitioning = staticmethod(_layers.row_partitioning)

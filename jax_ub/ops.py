@@ -10,7 +10,9 @@
 3. differentiates through one ``custom_vjp`` whose backward is the *dual* op (:data:`DUAL`), called
    through the same dispatch, so an overlapped forward gets an overlapped backward. With
    ``recompute_gathered`` an AG keeps only its local shard for the backward, which re-gathers it
-   with the bulk ops of :mod:`jax_ub.bulk` (see :func:`_recompute_bwd`).
+   with the bulk ops of :mod:`jax_ub.bulk` (see :func:`_recompute_bwd`). A custom_vjp has reverse
+   mode only; the reference path (method ``"xla"`` without ``recompute_gathered``) calls
+   :mod:`jax_ub.reference` directly instead (:func:`_dispatch`), so forward mode works there too.
 
 The method is resolved when the call is traced: a ``jax.jit`` cache keeps the path it traced with.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +31,8 @@ from jax import lax
 from jax_ub import _validate, config, reference
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter"]
+
+_log = logging.getLogger("jax_ub")
 
 # Op keys of the implementation registry.
 AG = "ag"  # all_gather_matmul: y = all_gather(x) @ w
@@ -99,9 +104,14 @@ def _resolve_method(method: str | None) -> str:
     if not isinstance(requested, str) or requested not in config.METHODS:
         raise ValueError(f"method must be None or one of {config.METHODS}; got {requested!r}")
     if cfg.disable or requested == "xla":
+        _log.debug("jax_ub: method %r -> 'xla' (the pure-XLA reference): %s", requested,
+                   "JAX_UB_DISABLE=1" if cfg.disable else "requested")
         return "xla"
     ok, why = _cuda_status()
     if requested == "auto":
+        _log.debug("jax_ub: method 'auto' -> %s", "'auto' (the CUDA path is available: a CUDA algorithm "
+                   "per shape where the mesh axis has a communicator, else the reference)" if ok
+                   else f"'xla' (the pure-XLA reference): {why}")
         return "auto" if ok else "xla"
     if not ok:
         raise ValueError(
@@ -109,6 +119,7 @@ def _resolve_method(method: str | None) -> str:
             f"{why}. Use method='auto' or 'xla' (the pure-XLA path), or set JAX_UB_DISABLE=1 to "
             "force that path everywhere"
         )
+    _log.debug("jax_ub: method %r: requested (the CUDA path is available)", requested)
     return requested
 
 
@@ -254,6 +265,21 @@ def _overlap_bwd(call, residuals, cotangents):
 _overlap.defvjp(_overlap_fwd, _overlap_bwd)
 
 
+def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
+    """The reference path (method ``"xla"``, no recompute) is :mod:`jax_ub.reference` itself, with no
+    custom_vjp: JAX derives both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work),
+    and its reverse mode is the computation of :func:`_overlap_bwd` with the reference dual op (the
+    same numbers; with leading batch dims the wgrad contraction may round differently in the last
+    bit). Everything else goes through the custom_vjp (reverse mode only)."""
+    if call.method != "xla" or call.recompute_gathered:
+        return _overlap(call, x, w)
+    if call.op == AG:
+        return reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
+                                           return_gathered=call.return_full, precision=call.precision)
+    return reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
+                                           precision=call.precision)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public API.
 
@@ -305,6 +331,12 @@ def all_gather_matmul(
     (:mod:`jax_ub.bulk`): the all-gather of the saved shard under the dgrad GEMM ``dy @ wᵀ``, then
     the reduce-scatter of that dgrad under the wgrad GEMM ``x_gatheredᵀ @ dy``.
 
+    Differentiation is reverse mode (``jax.grad``, ``jax.vjp``) on every path; forward mode
+    (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) only on the reference path, i.e. when the method
+    resolves to ``"xla"`` (``method="xla"``, ``JAX_UB_DISABLE=1``, or ``"auto"`` where the CUDA
+    path is unavailable) and ``recompute_gathered`` is off. The CUDA path (and
+    ``recompute_gathered``) is a ``jax.custom_vjp``: reverse mode only.
+
     Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
 
         import jax, jax.numpy as jnp, numpy as np
@@ -338,7 +370,7 @@ def all_gather_matmul(
         return_full=bool(return_gathered),
         recompute_gathered=bool(recompute_gathered),
     )
-    return _overlap(call, x, w)
+    return _dispatch(call, x, w)
 
 
 def matmul_reduce_scatter(
@@ -370,7 +402,9 @@ def matmul_reduce_scatter(
       slice of the sum over ``axis_name`` of ``x @ w``.
 
     Gradients: ``(dx, dy_gathered) = all_gather_matmul(dy, wᵀ, gather_axis=scatter_axis,
-    return_gathered=True)`` and ``dw = xᵀ @ dy_gathered``.
+    return_gathered=True)`` and ``dw = xᵀ @ dy_gathered``. Forward mode only on the reference
+    path, as in :func:`all_gather_matmul`: on the CUDA path (a ``jax.custom_vjp``) reverse mode
+    only.
 
     Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
 
@@ -394,7 +428,7 @@ def matmul_reduce_scatter(
     call = _call_for(
         RS, _resolve_method(method), axis_name, axis, _static(precision), x, w, return_full=False
     )
-    return _overlap(call, x, w)
+    return _dispatch(call, x, w)
 
 
 def _static(precision: Any) -> Any:

@@ -118,3 +118,22 @@ def test_same_shape_on_two_machines_prefers_the_wider_comparison(tmp_path):
     shapes = choice.shapes_from_bench(a) + choice.shapes_from_bench(b)
     s = choice.pick(shapes, "rs", 2, "bfloat16", 4096, 4096, 4096)
     assert s is not None and s.source.startswith("9xNew") and s.ms[0] == ("chain", 0.8)
+
+
+@pytest.mark.parametrize("key", ["tp", "dtype", "M", "K", "N", "ms"])
+def test_tuning_file_record_without_a_field_names_file_record_and_key(key, tuning):
+    doc = _doc([("ag_gemm", 4, 1024, 1024, 1024, {"push": 1.0, "ring": 1.1})])
+    del doc["records"][1][key]  # record 1: jax_ub_ring
+    f = tuning(doc)
+    with pytest.raises(ValueError) as info:
+        choice.choose("ag", 4, "bfloat16", 1024, 1024, 1024, f)
+    msg = str(info.value)
+    assert msg.startswith(f"JAX_UB_TUNING_FILE {f!r}: record 1 (ag_gemm jax_ub_ring) has no {key!r}"), msg
+
+
+def test_tuning_file_record_with_a_non_integer_shape(tuning):
+    doc = _doc([("gemm_rs", 4, 1024, 1024, 1024, {"ring": 1.0, "chain": 1.1})])
+    doc["records"][0]["M"] = "big"
+    f = tuning(doc)
+    with pytest.raises(ValueError, match=r"record 0 \(gemm_rs jax_ub_ring\): tp, M, K, N must be integers"):
+        choice.choose("rs", 4, "bfloat16", 1024, 1024, 1024, f)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from jax_ub import config
@@ -79,6 +84,8 @@ BAD_VALUES = [
     ("JAX_UB_TIMEOUT", "soon", "must be a float"),
     ("JAX_UB_TIMEOUT", "0", "must be >= 0.001"),
     ("JAX_UB_TIMEOUT", "-3", "must be >= 0.001"),
+    ("JAX_UB_TIMEOUT", "inf", "must be a finite float"),
+    ("JAX_UB_TIMEOUT", "nan", "must be a finite float"),
     ("JAX_UB_BOOTSTRAP", "mpi", "one of ('auto', 'kv', 'nccl')"),
     ("JAX_UB_TRANSPORT", "shm", "one of ('auto', 'ipc', 'nccl')"),
     ("JAX_UB_MULTICAST", "2", "one of ('1', 'true'"),
@@ -179,3 +186,76 @@ def test_override_unknown_field():
     with pytest.raises(TypeError, match="no_such_knob"), config.override(no_such_knob=1):
         pass
     assert config.get() is before
+
+
+# ------------------------------------------------------------------------------------------------
+# Fields set directly (Config(...), override(...)): the normal form and types of from_env's values.
+
+
+def test_choices_are_normalised():
+    c = Config(method=" XLA ", bootstrap="KV", transport="Nccl", log_level="debug")
+    assert (c.method, c.bootstrap, c.transport, c.log_level) == ("xla", "kv", "nccl", "DEBUG")
+    with config.override(method="XLA") as c:
+        assert c.method == "xla"
+
+
+def test_numbers_are_normalised():
+    c = Config(timeout_s=30, buffer_mib=np.int64(64))
+    assert c.timeout_s == 30.0 and type(c.timeout_s) is float
+    assert c.buffer_mib == 64 and type(c.buffer_mib) is int
+
+
+@pytest.mark.parametrize(
+    "field,value,kind",
+    [("disable", "0", "a bool"), ("multicast", 1, "a bool"), ("recompute_gathered", "yes", "a bool"),
+     ("timeout_s", "30", "a float"), ("timeout_s", True, "a float"), ("buffer_mib", 1.5, "an int"),
+     ("gemm_tune", True, "an int"), ("rs_chain_pieces", "2", "an int"), ("method", None, "a str"),
+     ("tuning_file", None, "a str"), ("log_level", 10, "a str")],
+    ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
+)
+def test_wrong_types_rejected_naming_the_field(field, value, kind):
+    with pytest.raises(TypeError) as info:
+        Config(**{field: value})
+    assert str(info.value) == f"{field} must be {kind}; got {value!r}"
+    before = config.get()
+    with pytest.raises(TypeError, match=field), config.override(**{field: value}):
+        pass
+    assert config.get() is before
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0], ids=["inf", "nan", "negative"])
+def test_timeout_must_be_finite_and_positive(value):
+    with pytest.raises(ValueError, match=r"timeout_s must be a finite number > 0; got"):
+        Config(timeout_s=value)
+
+
+def test_bad_log_level_rejected():
+    with pytest.raises(ValueError, match=r"log_level must be one of \('DEBUG', 'INFO', 'WARNING', 'ERROR'\); got 'loud'"):
+        Config(log_level="loud")
+
+
+# ------------------------------------------------------------------------------------------------
+# JAX_UB_LOG: the level, and a handler that prints it.
+
+
+def test_override_applies_the_log_level():
+    log = logging.getLogger("jax_ub")
+    before = log.level
+    with config.override(log_level="debug"):
+        assert log.level == logging.DEBUG
+    assert log.level == before
+
+
+_RESOLVE = "import jax_ub; from jax_ub import ops; print(ops._resolve_method('auto'))"
+
+
+@pytest.mark.parametrize("level,shown", [("DEBUG", True), ("INFO", False), (None, False)])
+def test_jax_ub_log_prints_on_stderr(level, shown):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_UB_")}
+    env["JAX_PLATFORMS"] = "cpu"
+    if level:
+        env["JAX_UB_LOG"] = level
+    p = subprocess.run([sys.executable, "-c", _RESOLVE], env=env, capture_output=True, text=True,
+                       timeout=120, check=True)
+    assert p.stdout.strip() == "xla"
+    assert ("DEBUG jax_ub: method 'auto' -> 'xla'" in p.stderr) is shown, p.stderr

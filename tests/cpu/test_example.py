@@ -101,3 +101,16 @@ def test_launch_sh_two_processes():
     assert "[rank 1] step" not in out and "[rank 1] OK" not in out  # only process 0 reports
     losses = _losses(out)
     assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+def test_readme_usage_snippet_runs_on_cpu(tmp_path):
+    """The README's Usage block as it stands: on CPU, initialize is a no-op and the reference runs."""
+    readme = (REPO / "README.md").read_text()
+    code = re.search(r"## Usage\n\n```python\n(.*?)```", readme, re.S).group(1)
+    script = tmp_path / "usage.py"
+    script.write_text(code)
+    for env in ({}, {"JAX_UB_DISABLE": "1"}):
+        proc = _run([sys.executable, str(script)], 300,
+                    XLA_FLAGS="--xla_force_host_platform_device_count=4", **env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.startswith("xla-reference (1024, 512) xla: "), proc.stdout

@@ -6,7 +6,9 @@ function built from :mod:`jax_ub.reference` (gradients), plus ``check_grads`` on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -193,13 +195,30 @@ def outputs_and_grads(c: Case, lib, mesh, x, w, cot):
     return jax.jit(lambda x, w: jax.grad(loss, argnums=(0, 1), has_aux=True)(x, w)[::-1])(x, w)
 
 
+@contextlib.contextmanager
+def through_custom_vjp():
+    """ops run the reference forward through the custom_vjp (how the CUDA path differentiates), not
+    jax_ub.reference directly as they do for method "xla": the xla impls under another name."""
+    impls = {(op, "xla_vjp"): ops._IMPLS[(op, "xla")] for op in ops.DUAL}
+    with mock.patch.dict(ops._IMPLS, impls), mock.patch.object(ops, "_resolve_method", lambda m: "xla_vjp"):
+        yield
+
+
 def check(c: Case, mesh):
     """Forward against the float64 global product and against the reference; gradients against
-    jax.grad of the reference."""
+    jax.grad of the reference, both on the reference path (method "xla": jax_ub.reference itself)
+    and through the custom_vjp that the CUDA path differentiates with."""
     x, w = c.operands()
     cot = cotangents(c.fn(ops, mesh), x, w)
-    got, g_got = outputs_and_grads(c, ops, mesh, x, w, cot)
     want, g_want = outputs_and_grads(c, reference, mesh, x, w, cot)
+    with through_custom_vjp():
+        got_vjp, g_vjp = outputs_and_grads(c, ops, mesh, x, w, cot)
+    for a, b in zip(jax.tree.leaves(got_vjp), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same forward
+    for name, a, b in zip(("dx", "dw"), g_vjp, g_want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert rel_err(a, b) <= AGRAD_RTOL[c.dtype], name
+    got, g_got = outputs_and_grads(c, ops, mesh, x, w, cot)
     y = got[0] if c.return_gathered else got
     assert y.dtype == c.dtype
     assert rel_err(y, c.expected(x, w)) <= RTOL[c.dtype]
@@ -489,3 +508,64 @@ def test_replicated_x_gradient_is_summed(check_vma, cpu_mesh):
 
     for a, b in zip(grads(ops), grads(reference), strict=True):
         assert rel_err(a, b) <= 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward mode: the reference path calls jax_ub.reference directly (no custom_vjp).
+
+FWD = [Case("ag", 4, F32, (2, 5)), Case("ag", 2, F32, (2, 3, 5), axis=1, return_gathered=True),
+       Case("rs", 4, F32, (4, 5)), Case("rs", 2, F32, (2, 4, 5), axis=-2, w_sharded=False)]
+
+
+@pytest.mark.parametrize("case", FWD, ids=case_id)
+def test_forward_mode_on_the_reference_path(case, cpu_mesh):
+    mesh = cpu_mesh(case.tp)
+    x, w = case.operands()
+    dx, dw = case.operands(seed=1)
+    f, ref = case.fn(ops, mesh), case.fn(reference, mesh)
+    for a, b in zip(jax.tree.leaves(jax.jvp(f, (x, w), (dx, dw))),
+                    jax.tree.leaves(jax.jvp(ref, (x, w), (dx, dw))), strict=True):
+        assert rel_err(a, b) <= 1e-6
+    loss = lambda lib: lambda x: jnp.sum(jax.tree.leaves(lib(x, w))[0] ** 2)  # noqa: E731
+    assert rel_err(jax.jacfwd(loss(f))(x), jax.jacfwd(loss(ref))(x)) <= 1e-6
+    assert rel_err(jax.hessian(loss(f))(x), jax.hessian(loss(ref))(x)) <= 1e-6
+    assert rel_err(jax.jacfwd(loss(f))(x), jax.grad(loss(f))(x)) <= 1e-5
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_reference_path_reverse_mode_equals_the_custom_vjp(op, cpu_mesh):
+    """Calling the reference directly changes no number of the reverse mode (2-D: bit for bit)."""
+    c = Case(op, 4, F32, (4, 5))
+    mesh = cpu_mesh(4)
+    x, w = c.operands()
+    cot = cotangents(c.fn(ops, mesh), x, w)
+    direct = outputs_and_grads(c, ops, mesh, x, w, cot)
+    with through_custom_vjp():
+        via_vjp = outputs_and_grads(c, ops, mesh, x, w, cot)
+    for a, b in zip(jax.tree.leaves(direct), jax.tree.leaves(via_vjp), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_forward_mode_needs_the_reference_path(cpu_mesh):
+    """recompute_gathered (like the CUDA path) goes through the custom_vjp: reverse mode only."""
+    c = Case("ag", 2, F32, (2, 5))
+    x, w = c.operands()
+    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=True),
+                      mesh=cpu_mesh(2), in_specs=(c.x_spec(), c.w_spec()), out_specs=c.y_spec())
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jacfwd(lambda x: jnp.sum(f(x, w)))(x)
+    assert jax.grad(lambda x: jnp.sum(f(x, w)))(x).shape == x.shape
+
+
+@pytest.mark.parametrize(
+    "cfg,method,want",
+    [({"disable": True}, None, "JAX_UB_DISABLE=1"), ({}, "xla", "'xla' (the pure-XLA reference): requested"),
+     ({}, "auto", "method 'auto' -> ")],
+    ids=["disable", "xla", "auto"],
+)
+def test_resolve_method_logs_its_choice(cfg, method, want, caplog):
+    with config.override(method="auto", disable=False), config.override(**cfg), \
+            caplog.at_level("DEBUG", logger="jax_ub"):
+        got = ops._resolve_method(method)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "jax_ub" and r.levelname == "DEBUG"]
+    assert any(want in m and repr(got) in m for m in msgs), msgs

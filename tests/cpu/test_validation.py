@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import config, ops
+from jax_ub import bulk, config, ops
 
 F32 = jnp.float32
 
@@ -238,3 +238,76 @@ def test_unregistered_method_names_what_exists(monkeypatch, cpu_mesh):
         "all_gather_matmul: no implementation registered for method 'no_such_algo'",
         "'xla'",
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The bulk ops (jax_ub.bulk): the same validators, the same kind of messages.
+
+BULK = [
+    pytest.param(bulk.bulk_all_gather, id="bulk_ag"),
+    pytest.param(bulk.bulk_reduce_scatter, id="bulk_rs"),
+]
+
+
+def call_bulk(mesh, fn, x, a, b, axis_name="tp", **kw):
+    """Trace ``fn(x, a, b, axis_name, **kw)`` inside shard_map (a, b closed over, x replicated)."""
+
+    def body(x):
+        return jnp.sum(fn(x, a, b, axis_name, **kw)[1])
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+    return jax.eval_shape(jax.jit(f), x)
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_unknown_axis_name(fn, cpu_mesh):
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 5)), arr((3, 5)), arr((5, 2)),
+                                         axis_name="model"),
+           f"{fn.__name__}: axis_name 'model' is not bound", "axes bound here: ('tp',)")
+
+
+@pytest.mark.parametrize("fn", BULK)
+@pytest.mark.parametrize("axis", [0.5, "0", True], ids=["float", "str", "bool"])
+def test_bulk_axis_type(fn, axis, cpu_mesh):
+    expect(TypeError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 5)), arr((3, 5)), arr((5, 2)), axis=axis),
+           f"{fn.__name__}: `axis` must be an int", f"got {axis!r}")
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_axis_out_of_range(fn, cpu_mesh):
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 6)), arr((3, 5)), arr((5, 2)), axis=2),
+           f"{fn.__name__}: `axis` must be an axis of x", "(-2, -1, 0, 1) for x of shape [4, 6]", "got 2")
+
+
+@pytest.mark.parametrize("fn", BULK)
+@pytest.mark.parametrize("which", ["x", "a", "b"])
+def test_bulk_not_an_array(fn, which, cpu_mesh):
+    args = {"x": arr((4, 5)), "a": arr((3, 5)), "b": arr((5, 2))}
+    args[which] = [[1.0]]
+    expect(TypeError, lambda: fn(args["x"], args["a"], args["b"], "tp"),
+           f"{fn.__name__}: `{which}` must be a jax array", "got list")
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_dtype_mismatch(fn, cpu_mesh):
+    expect(TypeError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 5)), arr((3, 5)), arr((5, 2), jnp.bfloat16)),
+           f"{fn.__name__}: `a` and `b` must have the same dtype", "got a float32, b bfloat16")
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_gemm_shapes(fn, cpu_mesh):
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 5)), arr((3, 5)), arr((4, 2))),
+           f"{fn.__name__}: the GEMM operands must be a `[m, k]` and b `[k, n]`", "got a [3, 5], b [4, 2]")
+
+
+def test_bulk_reduce_scatter_not_divisible(cpu_mesh):
+    expect(ValueError, lambda: call_bulk(cpu_mesh(4), bulk.bulk_reduce_scatter, arr((6, 5)), arr((3, 5)),
+                                         arr((5, 2))),
+           "bulk_reduce_scatter: x.shape[axis=0] must be divisible", "'tp' (4)", "got x [6, 5]")
+
+
+def test_bulk_valid_calls_still_run(cpu_mesh):
+    """The last axis is a valid bulk axis (no contracting dim in x), negative axes too."""
+    x, a, b = arr((4, 8)), arr((3, 5)), arr((5, 2))
+    assert call_bulk(cpu_mesh(2), bulk.bulk_all_gather, x, a, b, axis=-1).shape == ()
+    assert call_bulk(cpu_mesh(2), bulk.bulk_reduce_scatter, x, a, b, axis=1).shape == ()

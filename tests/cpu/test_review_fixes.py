@@ -1,0 +1,78 @@
+"""jax_ub.initialize where the CUDA path is unavailable, and documentation the code must match."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import jax_ub
+from jax_ub import comm, config
+from jax_ub import nn as ubnn
+
+REPO = Path(__file__).resolve().parents[2]
+
+cpu_only = pytest.mark.skipif(jax_ub.build_info()["cuda_path"], reason="needs the CUDA path unavailable")
+
+
+@cpu_only
+@pytest.mark.parametrize("disable", [False, True], ids=["no-cuda", "JAX_UB_DISABLE"])
+def test_initialize_is_a_logged_no_op_without_the_cuda_path(disable, cpu_mesh, caplog):
+    mesh = cpu_mesh(4)
+    with config.override(disable=disable), caplog.at_level(logging.INFO, logger="jax_ub"):
+        reason = jax_ub.build_info()["reason"]
+        assert jax_ub.initialize(mesh, "tp") is None
+        assert jax_ub.initialize(mesh, "tp") is None  # again: still nothing
+    assert comm.get("tp") is None and comm.errors() == {}
+    msgs = [r.getMessage() for r in caplog.records if r.name == "jax_ub" and r.levelno == logging.INFO]
+    assert msgs and all("initialize(axis='tp') does nothing" in m and reason in m for m in msgs), msgs
+    assert ("JAX_UB_DISABLE=1" in msgs[0]) is disable
+    jax_ub.shutdown()
+    jax_ub.shutdown("tp")
+    jax_ub.shutdown()
+
+
+@cpu_only
+def test_initialize_still_checks_its_arguments(cpu_mesh):
+    mesh = cpu_mesh(2)
+    with pytest.raises(ValueError, match="axis 'model' is not an axis of the mesh"):
+        jax_ub.initialize(mesh, "model")
+    with pytest.raises(ValueError, match="bootstrap must be one of"):
+        jax_ub.initialize(mesh, "tp", bootstrap="mpi")
+
+
+@cpu_only
+def test_ops_run_after_a_no_op_initialize(cpu_mesh):
+    mesh = cpu_mesh(2)
+    assert jax_ub.initialize(mesh, "tp") is None
+    x, w = jnp.ones((4, 3)), jnp.ones((3, 4))
+    f = jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), mesh=mesh,
+                      in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))
+    assert (f(x, w) == 3.0).all()
+    jax_ub.shutdown()
+
+
+def test_row_parallel_dense_docstring_says_no_recompute_gathered():
+    doc = ubnn.RowParallelDense.__doc__
+    assert "except ``recompute_gathered``, which this layer does not" in doc, doc
+    with pytest.raises(TypeError, match="recompute_gathered"):
+        ubnn.RowParallelDense(8, 4, recompute_gathered=True, rngs=nnx.Rngs(0))
+
+
+def test_readme_multicast_row_says_it_is_ignored():
+    row = next(ln for ln in (REPO / "README.md").read_text().splitlines() if ln.startswith("| `JAX_UB_MULTICAST`"))
+    assert re.search(r"currently ignored \(no multicast path in this version, never on", row), row
+
+
+def test_readme_documents_forward_mode_only_on_the_reference_path():
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert "forward mode (`jax.jvp`, `jax.jacfwd`, `jax.hessian`) works only on the reference path" in text
+    assert "the CUDA path is a `jax.custom_vjp`, reverse mode only" in text
+    doc = " ".join(jax_ub.all_gather_matmul.__doc__.split())
+    assert "forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) only on the reference path" in doc
