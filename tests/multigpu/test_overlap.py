@@ -152,9 +152,13 @@ def _rs_case(ub, tp, dtype, shape, method):
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
     err = _rel(y, ref)
     assert err <= TOL[dtype]
-    # fp32 accumulation: no worse than XLA's own psum_scatter of low-precision partials.
+    # fp32 accumulation: no worse than XLA's own psum_scatter of low-precision partials. float32
+    # operands: both errors sit at the rounding floor of a float32 reference (XLA's can be below
+    # one ulp, as it rounds like the reference), so the chain's other summation order (partial
+    # sums added in the GEMM epilogue, world - 1 roundings) gets 4 ulps of slack there.
     xla_err = _rel(jax.jit(jax.shard_map(f_ref, **spec))(x, w), ref)
-    assert err <= xla_err * 1.05 + 1e-7, (err, xla_err)
+    slack = 4 * float(jnp.finfo(jnp.float32).eps) if dtype == jnp.float32 else 1e-7
+    assert err <= xla_err * 1.05 + slack, (err, xla_err)
     assert "jax_ub_gemm_rs" in g.lower(x, w).as_text()
 
 
