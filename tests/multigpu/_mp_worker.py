@@ -71,6 +71,17 @@ def finish():
     jax.distributed.shutdown()
 
 
+def run_expecting_failure(tag, f, *args):
+    """Runs f(*args), which should fail: prints how long it took to fail and the error."""
+    t0 = time.time()
+    try:
+        jax.block_until_ready(f(*args))
+        print(f"RESULT {tag}completed 1", flush=True)
+    except Exception as e:
+        print(f"RESULT {tag}failed_after {time.time() - t0:.1f}", flush=True)
+        print(f"RESULT {tag}error {type(e).__name__}: {str(e)[:400]!r}", flush=True)
+
+
 cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
 print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
 ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
@@ -149,13 +160,7 @@ elif mode == "fault":
     ex.barrier("refusal-checked")
     if rank == nprocs - 1:
         jax_ub.comm._inject_failure("tp", "after")
-    t0 = time.time()
-    try:
-        jax.block_until_ready(f(x, w))
-        print("RESULT abandoned_completed 1", flush=True)
-    except Exception as e:
-        print(f"RESULT abandoned_failed_after {time.time() - t0:.1f}", flush=True)
-        print(f"RESULT abandoned_error {type(e).__name__}: {str(e)[:400]!r}", flush=True)
+    run_expecting_failure("abandoned_", f, x, w)
     print(f"RESULT abandoned_comm_errors {list(jax_ub.comm.errors().values())!r}", flush=True)
     sys.stdout.flush()
     # The failed rank stays alive until its peers have timed out (its exit must not be the cause).
@@ -172,13 +177,7 @@ elif mode == "timeout":
         print("RESULT skipped 1", flush=True)
         time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 15)
         os._exit(0)
-    t0 = time.time()
-    try:
-        jax.block_until_ready(f(x, w))
-        print("RESULT completed 1", flush=True)
-    except Exception as e:
-        print(f"RESULT failed_after {time.time() - t0:.1f}", flush=True)
-        print(f"RESULT error {type(e).__name__}: {str(e)[:300]!r}", flush=True)
+    run_expecting_failure("", f, x, w)
     print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
     sys.stdout.flush()
     if rank == 0:
