@@ -154,7 +154,7 @@ std::vector<std::vector<int>> P2PMatrix() {
 // inside an overlapped op while peers wait on this device.
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
                     size_t workspace_bytes, int tune_candidates, bool accumulate,
-                    int reserve_sms) {
+                    int reserve_sms, int64_t ld) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -179,12 +179,16 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
     };
     jax_ub::Status st = [&]() -> jax_ub::Status {
       void *a = nullptr, *b = nullptr, *c = nullptr, *c_in = nullptr, *ws = nullptr;
+      // ld > n: w, y and the addend are column blocks of wider matrices (the chain GEMM->RS's
+      // column pieces): the plan key holds the row stride.
+      const int64_t row = ld > n ? ld : n;
       JAX_UB_CUDA_RETURN(alloc(&a, m * k * es));
-      JAX_UB_CUDA_RETURN(alloc(&b, k * n * es));
-      JAX_UB_CUDA_RETURN(alloc(&c, m * n * es));
-      if (accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * n * es));
+      JAX_UB_CUDA_RETURN(alloc(&b, k * row * es));
+      JAX_UB_CUDA_RETURN(alloc(&c, m * row * es));
+      if (accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * row * es));
       if (workspace_bytes) JAX_UB_CUDA_RETURN(alloc(&ws, workspace_bytes));
       jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
+      g.ldb = g.ldc = row;
       // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for
       // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
       g.accumulate = accumulate;
@@ -198,8 +202,8 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       // A fixed byte pattern, not zeros: tuning on zeros may time other power states; the
       // values are irrelevant to speed.
       cudaMemsetAsync(a, 0x3c, m * k * es, s);
-      cudaMemsetAsync(b, 0x3c, k * n * es, s);
-      if (c_in) cudaMemsetAsync(c_in, 0x3c, m * n * es, s);
+      cudaMemsetAsync(b, 0x3c, k * row * es, s);
+      if (c_in) cudaMemsetAsync(c_in, 0x3c, m * row * es, s);
       JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, g, s));
       if (tune_candidates > 1) {
         JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, 5, s, &tune));
@@ -298,8 +302,10 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
         arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false, arg("reserve_sms") = 0,
+        arg("ld") = 0,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
-        "2 bf16; accumulate: with an addend, C = A @ B + C_in); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
+        "2 bf16; accumulate: with an addend, C = A @ B + C_in; ld > n: B and C are column blocks "
+        "with that row stride); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest. Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),

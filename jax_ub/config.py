@@ -17,7 +17,9 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
-| rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | row pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
+| rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
+| rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
+| ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
 """
@@ -36,6 +38,7 @@ METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "nccl
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+CHAIN_SPLITS = ("auto", "rows", "cols")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -90,6 +93,8 @@ class Config:
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
     rs_chain_pieces: int = 0
+    rs_chain_split: str = "auto"
+    ag_push_pieces: int = 0
     tuning_file: str = ""
     log_level: str = "WARNING"
 
@@ -110,7 +115,8 @@ class Config:
                 object.__setattr__(self, f.name, float(value))
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"{f.name} must be a str; got {value!r}")
-        for name, choices in (("method", METHODS), ("bootstrap", BOOTSTRAPS), ("transport", TRANSPORTS)):
+        for name, choices in (("method", METHODS), ("bootstrap", BOOTSTRAPS), ("transport", TRANSPORTS),
+                              ("rs_chain_split", CHAIN_SPLITS)):
             object.__setattr__(self, name, _parse_choice(name, getattr(self, name), choices))
         level = self.log_level.strip().upper()
         if level not in LOG_LEVELS:
@@ -124,6 +130,8 @@ class Config:
             raise ValueError(f"bulk_reduce_sms must be in [0, 256]; got {self.bulk_reduce_sms!r}")
         if not 0 <= self.rs_chain_pieces <= 4:
             raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
+        if not 0 <= self.ag_push_pieces <= 4:
+            raise ValueError(f"ag_push_pieces must be in [0, 4]; got {self.ag_push_pieces!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
             raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
                              f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
@@ -160,6 +168,11 @@ class Config:
             kw["bulk_reduce_sms"] = _bounded_int(env, "JAX_UB_BULK_REDUCE_SMS", 256, " (SMs)")
         if "JAX_UB_RS_CHAIN_PIECES" in env:
             kw["rs_chain_pieces"] = _bounded_int(env, "JAX_UB_RS_CHAIN_PIECES", 4)
+        if "JAX_UB_RS_CHAIN_SPLIT" in env:
+            kw["rs_chain_split"] = _parse_choice("JAX_UB_RS_CHAIN_SPLIT", env["JAX_UB_RS_CHAIN_SPLIT"],
+                                                 CHAIN_SPLITS)
+        if "JAX_UB_AG_PUSH_PIECES" in env:
+            kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
         if env.get("JAX_UB_TUNING_FILE", "").strip():
             kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
         if "JAX_UB_LOG" in env:

@@ -35,7 +35,7 @@ _warmed: dict[tuple, dict] = {}
 
 def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
          workspace_bytes: int | None = None, accumulate: bool = False,
-         reserve_sms: int = 0) -> list[dict]:
+         reserve_sms: int = 0, ld: int = 0) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
     a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
@@ -43,8 +43,9 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
 
     ``accumulate``: the GEMM with an addend (``y = x @ w + c``, the chain GEMM->RS), whose kernel
     may differ from the plain one's. ``reserve_sms``: SMs the GEMM leaves free (the bulk
-    reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``workspace_bytes``: as the call will pass (default:
-    ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
+    reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``ld`` > ``n``: ``w`` and ``y`` are column
+    blocks of matrices with that row stride (the chain GEMM->RS's column pieces).
+    ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
     from jax_ub import config
@@ -57,11 +58,12 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     out = []
     for dev in devices:
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms))
+               int(reserve_sms), int(ld))
         if key not in _warmed:
             _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                 tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
-                                                accumulate=bool(accumulate), reserve_sms=int(reserve_sms)))
+                                                accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
+                                                ld=int(ld)))
         out.append(_warmed[key])
     return out
 

@@ -47,6 +47,15 @@ REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
+# The chain's pieces are column blocks when a step has at most this many rows per rank (a row
+# piece's GEMM reads all of w again, which dominates when the rows are few); config.rs_chain_split
+# overrides.
+RS_CHAIN_COLS_MAX_ROWS = 1 << 30
+# AG->GEMM push: the last peer chunk goes in this many row pieces when the local N is at most
+# AG_PUSH_PIECES_MAX_N (per chunk, the copy then takes about as long as the GEMM or longer, so the
+# op ends one piece's GEMM after the last copy, not one chunk's); config.ag_push_pieces overrides.
+AG_PUSH_PIECES = 4
+AG_PUSH_PIECES_MAX_N = 4096
 
 
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
@@ -98,8 +107,12 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
     keep = need_full or (method != "push" and s.transport != "nccl")
     xg_t = _ffi.result_type((*rows, x2.shape[-1]) if keep else (0, x2.shape[-1]), x.dtype, x2, w)
+    pieces = ag_push_pieces(method, math.prod(x2.shape[:-1]), w.shape[1]) if s.transport != "nccl" else 1
+    if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
+        _warm(s, math.prod(x2.shape[:-1]) // pieces, w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = jax.ffi.ffi_call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision))
+        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
+        pieces=np.int32(pieces))
     return _back(y, axis), (_back(xg, axis) if keep else None)
 
 
@@ -117,14 +130,18 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
     staging = max((s.world - 1) * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
-    splits = rs_splits(method, (M // s.world) * inner, n, es)
-    if splits > 1:  # the pieces' GEMMs are shorter: prepare (tune) that shape too
-        _warm(s, (M // s.world) * inner // splits, n, x2.shape[-1], x.dtype, precision)
+    rows = (M // s.world) * inner
+    splits = rs_splits(method, rows, n, es)
+    cols = method == "chain" and s.transport != "nccl" and rs_chain_cols(splits, rows, n, es)
+    # The pieces' GEMMs are other shapes: prepare (tune) them too.
+    pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
+    if splits > 1:
+        _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, ld=ld)
     if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
-        _warm(s, (M // s.world) * inner // splits, n, x2.shape[-1], x.dtype, precision, accumulate=True)
+        _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)
     y, _, _ = jax.ffi.ffi_call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
         x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
-        reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits))
+        reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits), split_cols=cols)
     return _back(y, axis), x
 
 
@@ -135,6 +152,24 @@ def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
         return next(p for p in range(want, 0, -1) if rows % p == 0)
     part = rows * n * itemsize
     return 2 if RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
+
+
+def rs_chain_cols(pieces: int, rows: int, n: int, itemsize: int) -> bool:
+    """Whether the chain GEMM->RS cuts each step (``rows`` x ``n`` per rank) into column blocks
+    rather than row blocks (the kernel needs equal, 16-byte aligned blocks)."""
+    if pieces < 2 or n % pieces or (n // pieces * itemsize) % 16:
+        return False
+    want = config.get().rs_chain_split
+    return want == "cols" or (want == "auto" and rows <= RS_CHAIN_COLS_MAX_ROWS)
+
+
+def ag_push_pieces(method: str, rows: int, n: int) -> int:
+    """Row pieces of the last peer chunk (``rows`` local rows) of a push AG->GEMM with local
+    output width ``n`` (a divisor of ``rows``; 1 for the other algorithms)."""
+    if method not in ("push", "chain"):
+        return 1
+    want = config.get().ag_push_pieces or (AG_PUSH_PIECES if n <= AG_PUSH_PIECES_MAX_N else 1)
+    return next(p for p in range(want, 0, -1) if rows % p == 0)
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:

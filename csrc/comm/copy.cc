@@ -31,4 +31,10 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t str
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
 }
 
+cudaError_t CopyBlockToPeerAsync(void* dst, const void* src, size_t width, size_t rows,
+                                 size_t pitch, cudaStream_t stream) {
+  if (width == pitch) return CopyAsync(dst, src, width * rows, stream);
+  return cudaMemcpy2DAsync(dst, pitch, src, pitch, width, rows, cudaMemcpyDefault, stream);
+}
+
 }  // namespace jax_ub

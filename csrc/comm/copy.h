@@ -13,5 +13,10 @@
 namespace jax_ub {
 
 cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+// A block of `rows` rows of `width` bytes, `pitch` bytes apart in both src and dst, to a peer
+// GPU's memory: CopyAsync when the rows are contiguous, else one 2-D copy (peer copies run on a
+// copy engine).
+cudaError_t CopyBlockToPeerAsync(void* dst, const void* src, size_t width, size_t rows,
+                                 size_t pitch, cudaStream_t stream);
 
 }  // namespace jax_ub

@@ -105,11 +105,18 @@ ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s)
 
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32) {
+                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
+                  int32_t pieces = 1) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   AgGemmArgs a;
   if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
+  if (pieces < 1 || pieces > kMaxChainPieces || a.m % pieces != 0) {
+    return Check(op, *c, false, StrCat() << "pieces must be in [1, " << kMaxChainPieces
+                                          << "] and divide the local rows " << a.m << "; got "
+                                          << pieces);
+  }
+  a.pieces = pieces;
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
   return Run(op, device, c, AgGemm(c, a, stream));
 }
@@ -117,8 +124,9 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> xg,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo,
-                         bool tf32) {
-  return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32);
+                         bool tf32, int32_t pieces) {
+  return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
+                pieces);
 }
 
 ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -130,7 +138,7 @@ ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
-                    GemmRsArgs* out, int32_t splits = 1) {
+                    GemmRsArgs* out, int32_t splits = 1, bool split_cols = false) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
     return Check(op, *c, false, "x must be float32, float16 or bfloat16");
@@ -167,6 +175,7 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                                           << splits);
   }
   a.splits = splits;
+  a.split_cols = split_cols;
   if (w != nullptr) {
     const auto wd = w->dimensions();
     if (auto e = Check(op, *c, wd[0] == xr.cols && w->element_type() == x.element_type(),
@@ -192,11 +201,12 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
 ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t reduce_blocks, int32_t splits = 1) {
+                  int32_t reduce_blocks, int32_t splits = 1, bool split_cols = false) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   GemmRsArgs a;
-  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits);
+  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits,
+                        split_cols);
       e.failure()) {
     return e;
   }
@@ -207,9 +217,9 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> staging,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
-                         int32_t reduce_blocks, int32_t splits) {
+                         int32_t reduce_blocks, int32_t splits, bool split_cols) {
   return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id,
-                algo, tf32, reduce_blocks, splits);
+                algo, tf32, reduce_blocks, splits, split_cols);
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -292,7 +302,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer, 2 push
-                                  .Attr<bool>("tf32"));          // float32 may use TF32
+                                  .Attr<bool>("tf32")            // float32 may use TF32
+                                  .Attr<int32_t>("pieces"));     // push: row pieces of the last chunk
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,
                               ffi::Ffi::Bind()
@@ -316,7 +327,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline
                                   .Attr<bool>("tf32")            // float32 may use TF32
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
-                                  .Attr<int32_t>("splits"));     // pieces per peer partial (1, 2)
+                                  .Attr<int32_t>("splits")       // pieces per peer partial (1, 2; chain 1-4)
+                                  .Attr<bool>("split_cols"));    // chain: column pieces
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                               ffi::Ffi::Bind()

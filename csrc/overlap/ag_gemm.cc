@@ -8,6 +8,7 @@ namespace jax_ub {
 Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
                     const void* addend) const {
   GemmArgs g = RowMajorGemm(m, n, k, dtype, tf32, x, w, y, workspace, workspace_bytes, sm_count);
+  if (ld > 0) g.ldb = g.ldc = ld;
   g.accumulate = addend != nullptr;
   g.c_in = addend;
   return Gemm(device, g, s);
@@ -90,6 +91,12 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   const int local_stream = 0;
 
   if (a.algo == AgAlgo::kPush) {
+    // The last ring step (rank r-1's chunk for me, mine for rank r+1) goes in row pieces.
+    const int pieces = a.w != nullptr && a.pieces > 1 && a.m % a.pieces == 0 ? a.pieces : 1;
+    const int64_t prow = a.m / pieces;
+    const size_t pbytes = chunk / pieces;
+    static_assert(kMaxChainPieces < kPieceScale, "kPiece values overlap epochs");
+    const uint64_t base = e * kPieceScale + 1;
     // 1. My chunk: GEMM straight from x; copy into xg beside it.
     JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
     if (xg != nullptr) {
@@ -100,17 +107,38 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     //    sends to one peer and receives from another). Begin signalled our own buffer free.
     for (int i = 1; i < world; ++i) {
       const int d = (r - i + world) % world;
+      char* dst = static_cast<char*>(c->peer_buffer(d)) + r * chunk;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(1), kReady, d, e, op));
-      JAX_UB_CUDA_RETURN(
-          copy("copy", d, static_cast<char*>(c->peer_buffer(d)) + r * chunk, a.x, 1));
+      if (i == world - 1 && pieces > 1) {
+        for (int j = 0; j < pieces; ++j) {
+          const int span = t.Start("copy", d, CommLabel(1), c->comm(1));
+          JAX_UB_CUDA_RETURN(CopyAsync(dst + j * pbytes, static_cast<const char*>(a.x) + j * pbytes,
+                                       pbytes, c->comm(1)));
+          t.Stop(span, c->comm(1));
+          JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kPiece, d, base + j));
+        }
+      } else {
+        JAX_UB_CUDA_RETURN(copy("copy", d, dst, a.x, 1));
+      }
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kDataReady, d, e));
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
-      JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      if (i == world - 1 && pieces > 1) {
+        for (int j = 0; j < pieces; ++j) {
+          JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kPiece, q, base + j, op));
+          const int span = t.Start("gemm", q, ComputeLabel(0), c->compute(0));
+          JAX_UB_RETURN_IF_ERROR(gemm.Run(
+              c->device(), buf + q * chunk + j * pbytes, prow,
+              static_cast<char*>(a.y) + (q * a.m + j * prow) * a.n * es, c->compute(0)));
+          t.Stop(span, c->compute(0));
+        }
+      } else {
+        if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
+        JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk));
+      }
       if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
       JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));

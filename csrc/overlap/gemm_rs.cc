@@ -24,13 +24,23 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
   const int64_t mo = a.M / world;
   const size_t part = static_cast<size_t>(mo) * a.n * es;
   const int pieces = (a.splits >= 1 && a.splits <= kMaxChainPieces && mo % a.splits == 0) ? a.splits : 1;
-  const int64_t prow = mo / pieces;
-  const size_t pbytes = part / pieces;
+  // Piece p of a step's [mo, n] block: rows [p * prow, +prow) of every column, or (cols) every row
+  // of columns [p * pcol, +pcol); `off` is its first element's byte offset in the block.
+  const int64_t pcol = a.n / pieces;
+  const bool cols = pieces > 1 && a.split_cols && a.n % pieces == 0 && (pcol * es) % 16 == 0;
+  const int64_t prow = cols ? mo : mo / pieces;
+  auto off = [&](int p) -> size_t {
+    return cols ? static_cast<size_t>(p) * pcol * es : static_cast<size_t>(p) * prow * a.n * es;
+  };
   static_assert((kMaxWorld - 1) * kMaxChainPieces < kPieceScale, "kPiece values overlap epochs");
   char* mine = static_cast<char*>(c->buffer());
   char* theirs = static_cast<char*>(c->peer_buffer(next));
   char* stage = static_cast<char*>(a.staging);
-  const RowGemm gemm = RowGemm::Of(a);
+  RowGemm gemm = RowGemm::Of(a);
+  if (cols) {
+    gemm.n = pcol;
+    gemm.ld = a.n;
+  }
   cudaStream_t cs = c->compute(0), s = c->comm(1);
   cudaEvent_t ready = c->event(2 * kMaxWorld);  // re-recorded per piece once s waits on it
   const uint64_t base = e * kPieceScale + 1;
@@ -38,24 +48,26 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
     const int chunk = (r - step - 1 + 2 * world) % world;
     const bool last = step == world - 1;
     for (int p = 0; p < pieces; ++p) {
-      const size_t off = static_cast<size_t>(p) * pbytes;
       const void* addend = nullptr;
       if (step > 0) {
         JAX_UB_RETURN_IF_ERROR(c->Wait(cs, kPiece, prev, base + (step - 1) * pieces + p, op));
-        addend = mine + step * part + off;
+        addend = mine + step * part + off(p);
       }
-      void* out = last ? static_cast<char*>(a.y) + off : stage + step * part + off;
+      void* out = last ? static_cast<char*>(a.y) + off(p) : stage + step * part + off(p);
+      RowGemm g = gemm;
+      if (cols) g.w = static_cast<const char*>(a.w) + p * pcol * es;
       const int span = t.Start("gemm", chunk, ComputeLabel(0), cs);
-      JAX_UB_RETURN_IF_ERROR(gemm.Run(
-          c->device(), static_cast<const char*>(a.x) + (chunk * mo + p * prow) * a.k * es, prow,
-          out, cs, addend));
+      JAX_UB_RETURN_IF_ERROR(g.Run(
+          c->device(), static_cast<const char*>(a.x) + (chunk * mo + (cols ? 0 : p * prow)) * a.k * es,
+          prow, out, cs, addend));
       t.Stop(span, cs);
       if (last) continue;
       JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
       JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
       if (step == 0 && p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, next, e, op));
       const int copy = t.Start("copy", chunk, CommLabel(1), s);
-      JAX_UB_CUDA_RETURN(CopyAsync(theirs + (step + 1) * part + off, out, pbytes, s));
+      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(theirs + (step + 1) * part + off(p), out,
+                                              gemm.n * es, prow, a.n * es, s));
       t.Stop(copy, s);
       JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, next, base + step * pieces + p));
     }

@@ -44,6 +44,7 @@ struct RowGemm {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;  // one GEMM of an op runs at a time: each gets all of it
   int sm_count = 0;
+  int64_t ld = 0;  // row stride (elements) of w, y and the addend; 0: n (a column block when > n)
   // addend != nullptr: y = x @ w + addend (same layout as y).
   Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
              const void* addend = nullptr) const;
@@ -84,6 +85,10 @@ struct AgGemmArgs {
   void* xg = nullptr;  // nullptr: the gathered input is not wanted (push and nccl only)
   void* workspace = nullptr;  // split across compute streams
   size_t workspace_bytes = 0;
+  // kPush with w: the last peer chunk to land (rank r-1's, pushed at the last ring step) is pushed
+  // and multiplied in this many row pieces (1 to kMaxChainPieces, dividing m), signalled one by
+  // one (kPiece): the op's tail is then one piece's GEMM instead of a whole chunk's.
+  int pieces = 1;
   // Called (ipc only) once the local shard's same-device copies are enqueued, before the peers'
   // chunks: the bulk form enqueues its GEMM there (see Bulk).
   std::function<Status()> after_local;
@@ -113,6 +118,11 @@ struct GemmRsArgs {
   // starts after half a partial's GEMM (comm-bound shapes), the rest as before. kChain: pieces
   // per step (1 to kMaxChainPieces).
   int splits = 1;
+  // kChain: the pieces are column blocks (all rows, n / splits columns each: w is read once per
+  // step, and a piece is pushed as one 2-D copy) instead of row blocks (each piece's GEMM reads all
+  // of w again, which costs where the rows per step are few). Needs n % splits == 0 and 16-byte
+  // aligned blocks; otherwise rows.
+  bool split_cols = false;
 };
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 constexpr int kMaxChainPieces = 4;

@@ -1,4 +1,5 @@
-"""Host-side planning of the CUDA overlap ops (no GPU needed): row pieces of a GEMM->RS."""
+"""Host-side planning of the CUDA overlap ops (no GPU needed): pieces of a GEMM->RS and of the
+push AG->GEMM's last chunk."""
 
 from __future__ import annotations
 
@@ -33,3 +34,27 @@ def test_ring_splits_by_partial_size(method):
     assert overlap.rs_splits(method, rows_in + 1, n, 2) == 1  # odd rows stay whole
     assert overlap.rs_splits(method, hi // (n * 2), n, 2) == 1  # at the upper bound: whole
     assert overlap.rs_splits(method, 8, n, 2) == 1
+
+
+def test_chain_column_pieces_need_aligned_equal_blocks():
+    """Column pieces only where n splits into equal 16-byte blocks; ``rows`` always refuses."""
+    with config.override(rs_chain_split="cols"):
+        assert overlap.rs_chain_cols(2, 512, 28672, 2)
+        assert not overlap.rs_chain_cols(1, 512, 28672, 2)   # one piece: nothing to split
+        assert not overlap.rs_chain_cols(3, 512, 1000, 2)    # 1000 % 3 != 0
+        assert not overlap.rs_chain_cols(4, 512, 1000, 2)    # 250 * 2 bytes: not 16-byte blocks
+        assert overlap.rs_chain_cols(4, 512, 1024, 4)
+    with config.override(rs_chain_split="rows"):
+        assert not overlap.rs_chain_cols(2, 512, 28672, 2)
+
+
+def test_ag_push_pieces_rule_and_override():
+    """The push's last chunk goes in pieces only where the local N is narrow (copy >= GEMM per
+    chunk); other algorithms never; an override wins; the count divides the local rows."""
+    narrow, wide = overlap.AG_PUSH_PIECES_MAX_N, overlap.AG_PUSH_PIECES_MAX_N + 8
+    assert overlap.ag_push_pieces("push", 2048, narrow) == overlap.AG_PUSH_PIECES
+    assert overlap.ag_push_pieces("push", 2048, wide) == 1
+    assert overlap.ag_push_pieces("ring", 2048, narrow) == 1
+    with config.override(ag_push_pieces=3):
+        assert overlap.ag_push_pieces("push", 2048, wide) == 2   # 3 does not divide 2048
+        assert overlap.ag_push_pieces("chain", 2046, wide) == 3

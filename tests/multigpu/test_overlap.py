@@ -105,6 +105,26 @@ def test_all_gather_matmul(ub, tp, dtype, shape, method):
     _ag_case(ub, tp, dtype, *shape, method)
 
 
+@pytest.mark.parametrize("pieces", [1, 2, 3, 4])
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_all_gather_matmul_push_pieces(ub, tp, pieces):
+    """Push's last peer chunk in row pieces (kPiece signals) at every piece count, with and
+    without the gathered output (3 does not divide 128 local rows: the largest count that does)."""
+    _need(tp)
+    with ub.config.override(ag_push_pieces=pieces):
+        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768)):
+            _ag_case(ub, tp, jnp.bfloat16, *shape, "push")
+        M, K, N = 2048, 1024, 1536
+        mesh = _mesh(tp)
+        x, w = _rand(5, (M, K), jnp.bfloat16), _rand(6, (K, N), jnp.bfloat16)
+        g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                                  mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                                  out_specs=P(None, "tp"), check_vma=False))
+        _poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
+        ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
+        assert _rel(g(x, w), ref) <= TOL[jnp.bfloat16]
+
+
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
 def test_all_gather_matmul_batch_dims(ub, tp):
     """Leading batch dims: the gather axis is moved to the front (an XLA transpose before the op)."""
@@ -121,14 +141,16 @@ def test_matmul_reduce_scatter(ub, tp, dtype, shape, method):
     _rs_case(ub, tp, dtype, shape, method)
 
 
+@pytest.mark.parametrize("split", ["rows", "cols"])
 @pytest.mark.parametrize("pieces", [1, 3, 4])
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
-def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces):
-    """The chain's piece signalling at every piece count (3 does not divide 128-row outputs: the
-    op falls back to the largest count that does)."""
+def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces, split):
+    """The chain's piece signalling at every piece count, in row or column pieces (3 does not
+    divide 128-row outputs: the op falls back to the largest count that does; 1000 columns in 3
+    or 4 pieces are not 16-byte blocks: rows then)."""
     _need(tp)
-    with ub.config.override(rs_chain_pieces=pieces):
-        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768)):
+    with ub.config.override(rs_chain_pieces=pieces, rs_chain_split=split):
+        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768), (tp * 96, 512, 1000)):
             _rs_case(ub, tp, jnp.bfloat16, shape, "chain")
 
 
@@ -249,6 +271,9 @@ def test_execute_builds_no_gemm_plan(ub, tp):
         outs = [ub.all_gather_matmul(x, w, "tp", method=m, precision=HP) for m in ("ring", "push")]
         outs += [ub.matmul_reduce_scatter(x2, w2, "tp", method=m, precision=HP)
                  for m in ("ring", "pipeline", "chain")]
+        for split in ("rows", "cols"):  # the chain's row and column pieces
+            with ub.config.override(rs_chain_split=split):
+                outs.append(ub.matmul_reduce_scatter(x2, w2, "tp", method="chain", precision=HP))
         outs += list(ub.bulk_all_gather(x, a, b, "tp", precision=HP))
         outs += list(ub.bulk_reduce_scatter(x2, a, b, "tp", precision=HP))
         return outs

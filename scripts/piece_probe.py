@@ -1,0 +1,66 @@
+"""Which piece geometry wins? Over all local GPUs (tp = device count, or argv[1]), per shape, the
+bench timing (10 back-to-back calls, median of 5) of the GEMM on every GPU, then:
+
+* AG->GEMM push with its last peer chunk in 1, 2 and 4 row pieces (``ag_push_pieces``);
+* GEMM->RS ring, and chain with 2 and 4 pieces per step cut into rows or into columns
+  (``rs_chain_pieces`` x ``rs_chain_split``).
+
+    python scripts/piece_probe.py TP [M,K,N ...]   (default: the four tp-4 bench shapes)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+from ag_gap_probe import mm, setup, timed  # scripts/ is on sys.path when run as a script
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ub
+from jax_ub import config
+
+SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
+
+
+def main():
+    tp = int(sys.argv[1]) if len(sys.argv) > 1 else len(jax.devices())
+    mesh, shapes, smap = setup(tp, sys.argv[2:], SHAPES)
+    key = iter(range(100))
+
+    def rand(shape, spec):
+        return jax.device_put(jax.random.normal(jax.random.key(next(key)), shape, jnp.bfloat16),
+                              NamedSharding(mesh, spec))
+
+    for M, K, N in shapes:
+        # AG: x[M/tp, K] gathered, @ w[K, N/tp].
+        x, w = rand((M, K), P("tp", None)), rand((K, N), P(None, "tp"))
+        xf = rand((M * tp, K), P("tp", None))  # the full [M, K] on every GPU
+        r = {"gemm all GPUs": timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))}
+        for pieces in (1, 2, 4):
+            with config.override(ag_push_pieces=pieces):
+                f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"),
+                         (P("tp", None), P(None, "tp")), P(None, "tp"))
+                r[f"push{pieces}"] = timed(f, (x, w))
+        print(f"PIECES ag tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+        # RS: x[M, K/tp] @ w[K/tp, N], reduce-scattered over M.
+        x, w = rand((M, K), P(None, "tp")), rand((K, N), P("tp", None))
+        r = {"gemm all GPUs": timed(smap(lambda a, b: mm(a, b)[None], (P(None, "tp"), P("tp", None)),
+                                         P("tp", None, None)), (x, w))}
+
+        def rs(m):
+            return smap(lambda a, b: jax_ub.matmul_reduce_scatter(a, b, "tp", method=m),
+                        (P(None, "tp"), P("tp", None)), P("tp", None))
+
+        r["ring"] = timed(rs("ring"), (x, w))
+        for split in ("rows", "cols"):
+            for pieces in (2, 4):
+                with config.override(rs_chain_pieces=pieces, rs_chain_split=split):
+                    r[f"chain {split} {pieces}"] = timed(rs("chain"), (x, w))
+        print(f"PIECES rs tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+    jax_ub.shutdown()
+
+
+if __name__ == "__main__":
+    main()
