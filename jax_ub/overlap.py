@@ -83,14 +83,14 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
 
 
 def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any,
-          accumulate: bool = False, reserve_sms: int = 0) -> None:
+          accumulate: bool = False, reserve_sms: int = 0, ld: int = 0) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
     a kernel loaded lazily inside an op can stall the whole process (DESIGN.md section 6)."""
     from jax_ub import gemm
 
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
     gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws,
-              accumulate=accumulate, reserve_sms=reserve_sms)
+              accumulate=accumulate, reserve_sms=reserve_sms, ld=ld)
 
 
 def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
