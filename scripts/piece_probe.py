@@ -1,5 +1,6 @@
 """Which piece geometry wins? Over all local GPUs (tp = device count, or argv[1]), per shape, the
-bench timing (10 back-to-back calls, median of 5) of the GEMM on every GPU, then:
+median over 7 interleaved rounds (each variant once per round, 10 back-to-back calls, so clock and
+power drift hits every variant alike) of the GEMM on every GPU, then:
 
 * AG->GEMM push with its last peer chunk in 1, 2 and 4 row pieces (``ag_push_pieces``);
 * GEMM->RS ring, and chain with 2 and 4 pieces per step cut into rows or into columns
@@ -14,14 +15,27 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from ag_gap_probe import mm, setup, timed  # scripts/ is on sys.path when run as a script
+import numpy as np
+from ag_gap_probe import mm, setup  # scripts/ is on sys.path when run as a script
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import config
+from jax_ub.bench.__main__ import time_fn
 
 SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
+
+
+def interleaved(variants, rounds=7):
+    """{name: median ms per call} of ``variants`` ({name: (f, args)}), timed round-robin."""
+    for f, args in variants.values():
+        time_fn(f, args, warmup=3, iters=1, reps=1)  # compile and warm
+    ms = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, (f, args) in variants.items():
+            ms[k].append(time_fn(f, args, warmup=1, iters=10, reps=1))
+    return {k: float(np.median(v)) for k, v in ms.items()}
 
 
 def main():
@@ -37,28 +51,33 @@ def main():
         # AG: x[M/tp, K] gathered, @ w[K, N/tp].
         x, w = rand((M, K), P("tp", None)), rand((K, N), P(None, "tp"))
         xf = rand((M * tp, K), P("tp", None))  # the full [M, K] on every GPU
-        r = {"gemm all GPUs": timed(smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))}
+        v = {"gemm all GPUs": (smap(mm, (P("tp", None), P(None, "tp")), P("tp", None)), (xf, w))}
         for pieces in (1, 2, 4):
-            with config.override(ag_push_pieces=pieces):
+            with config.override(ag_push_pieces=pieces):  # read at trace time: trace it here
                 f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"),
                          (P("tp", None), P(None, "tp")), P(None, "tp"))
-                r[f"push{pieces}"] = timed(f, (x, w))
-        print(f"PIECES ag tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+                time_fn(f, (x, w), warmup=1, iters=1, reps=1)
+            v[f"push{pieces}"] = (f, (x, w))
+        r = interleaved(v)
+        print(f"PIECES ag tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {t:.3f}" for k, t in r.items()), flush=True)
         # RS: x[M, K/tp] @ w[K/tp, N], reduce-scattered over M.
         x, w = rand((M, K), P(None, "tp")), rand((K, N), P("tp", None))
-        r = {"gemm all GPUs": timed(smap(lambda a, b: mm(a, b)[None], (P(None, "tp"), P("tp", None)),
-                                         P("tp", None, None)), (x, w))}
+        v = {"gemm all GPUs": (smap(lambda a, b: mm(a, b)[None], (P(None, "tp"), P("tp", None)),
+                                    P("tp", None, None)), (x, w))}
 
-        def rs(m):
-            return smap(lambda a, b: jax_ub.matmul_reduce_scatter(a, b, "tp", method=m),
-                        (P(None, "tp"), P("tp", None)), P("tp", None))
+        def rs(m, args):
+            f = smap(lambda a, b: jax_ub.matmul_reduce_scatter(a, b, "tp", method=m),
+                     (P(None, "tp"), P("tp", None)), P("tp", None))
+            time_fn(f, args, warmup=1, iters=1, reps=1)  # traced under the caller's override
+            return f, args
 
-        r["ring"] = timed(rs("ring"), (x, w))
+        v["ring"] = rs("ring", (x, w))
         for split in ("rows", "cols"):
             for pieces in (2, 4):
                 with config.override(rs_chain_pieces=pieces, rs_chain_split=split):
-                    r[f"chain {split} {pieces}"] = timed(rs("chain"), (x, w))
-        print(f"PIECES rs tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+                    v[f"chain {split} {pieces}"] = rs("chain", (x, w))
+        r = interleaved(v)
+        print(f"PIECES rs tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {t:.3f}" for k, t in r.items()), flush=True)
     jax_ub.shutdown()
 
 
