@@ -20,7 +20,7 @@ from functools import lru_cache
 AG, RS = "ag", "rs"
 BENCH_OP = {AG: "ag_gemm", RS: "gemm_rs"}
 # The CUDA algorithms each op's table may name (bench impl "jax_ub_<method>").
-METHODS = {AG: ("push", "ring", "all_peer"), RS: ("ring", "pipeline", "chain")}
+METHODS = {AG: ("push", "ring", "all_peer"), RS: ("ring", "pipeline", "chain", "columns")}
 FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
 RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 # Methods within this factor of the fastest are a tie (run-to-run noise is a few percent), broken

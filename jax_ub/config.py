@@ -6,7 +6,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
-| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``nccl``) |
+| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
@@ -19,6 +19,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
+| rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
@@ -34,7 +35,7 @@ import numbers
 import os
 from collections.abc import Iterator, Mapping
 
-METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "nccl")
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -94,6 +95,7 @@ class Config:
     bulk_reduce_sms: int = 0
     rs_chain_pieces: int = 0
     rs_chain_split: str = "auto"
+    rs_column_pieces: int = 0
     ag_push_pieces: int = 0
     tuning_file: str = ""
     log_level: str = "WARNING"
@@ -130,6 +132,8 @@ class Config:
             raise ValueError(f"bulk_reduce_sms must be in [0, 256]; got {self.bulk_reduce_sms!r}")
         if not 0 <= self.rs_chain_pieces <= 4:
             raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
+        if not 0 <= self.rs_column_pieces <= 8:
+            raise ValueError(f"rs_column_pieces must be in [0, 8]; got {self.rs_column_pieces!r}")
         if not 0 <= self.ag_push_pieces <= 4:
             raise ValueError(f"ag_push_pieces must be in [0, 4]; got {self.ag_push_pieces!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
@@ -171,6 +175,8 @@ class Config:
         if "JAX_UB_RS_CHAIN_SPLIT" in env:
             kw["rs_chain_split"] = _parse_choice("JAX_UB_RS_CHAIN_SPLIT", env["JAX_UB_RS_CHAIN_SPLIT"],
                                                  CHAIN_SPLITS)
+        if "JAX_UB_RS_COLUMN_PIECES" in env:
+            kw["rs_column_pieces"] = _bounded_int(env, "JAX_UB_RS_COLUMN_PIECES", 8)
         if "JAX_UB_AG_PUSH_PIECES" in env:
             kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
         if env.get("JAX_UB_TUNING_FILE", "").strip():

@@ -14,7 +14,9 @@ Algorithms (``csrc/overlap/schedules.h``):
   Both end with one fp32 sum of the partials after the last GEMM. ``chain`` has no final sum: each
   rank adds the partial sum received from its ring neighbour in the GEMM's epilogue (fp32) and
   passes it on, the last step writing the output; partial sums travel in the op's dtype (one
-  rounding per hop, like NCCL's ring). For the all-gather ``chain`` is ``push``.
+  rounding per hop, like NCCL's ring). ``columns`` runs the GEMM over all rows in column blocks
+  (w read once): each block's rows go to their owners while the next block is computed, and each
+  owner sums block by block (fp32). For the all-gather ``chain`` and ``columns`` are ``push``.
 
 These run only when the extension is loaded, a CUDA GPU is present and :func:`jax_ub.initialize`
 was called for the mesh axis; :mod:`jax_ub.ops` falls back to the reference otherwise (``auto``) or
@@ -36,11 +38,14 @@ from jax_ub import _ext, _ffi, choice, comm, config, ops
 _log = logging.getLogger("jax_ub")
 
 # "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
-AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "nccl": 2}
-RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "nccl": 0}
+AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "columns": 2, "nccl": 2}
+RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "columns": 3, "nccl": 0}
 # Row pieces per step of the chain GEMM->RS: a piece is pushed, and the neighbour's next step
 # starts on it, while the next piece is computed (config.rs_chain_pieces overrides).
 RS_CHAIN_PIECES = 2
+# Column blocks of the "columns" GEMM->RS (config.rs_column_pieces overrides): the op ends one
+# block's push and sum after its GEMM.
+RS_COLUMN_PIECES = 4
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
 # GEMM->RS computes and pushes each peer's partial in two row pieces when a partial's size is in
 # this range (ipc transport): the first push starts after half a partial's GEMM. Measured on 4xH200,
@@ -128,13 +133,16 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     _warm(s, (M // s.world) * inner, n, x2.shape[-1], x.dtype, precision)
     out_shape = (M // s.world, *x2.shape[1:-1], n)
     y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
-    staging = max((s.world - 1) * (M // s.world) * inner * n * es, 256)
+    staged = s.world if method == "columns" else s.world - 1  # columns stages all M rows
+    staging = max(staged * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
     rows = (M // s.world) * inner
     splits = rs_splits(method, rows, n, es)
     cols = method == "chain" and s.transport != "nccl" and rs_chain_cols(splits, rows, n, es)
     # The pieces' GEMMs are other shapes: prepare (tune) them too.
     pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
+    if method == "columns":  # one GEMM per column block over all M rows
+        pm, pn, ld = M * inner, n // splits, n
     if splits > 1:
         _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, ld=ld)
     if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
@@ -146,10 +154,14 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
 
 
 def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
-    """Row pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank."""
+    """Pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank (chain: row or
+    column pieces per step; columns: column blocks of the whole GEMM)."""
     if method == "chain":
         want = config.get().rs_chain_pieces or RS_CHAIN_PIECES
         return next(p for p in range(want, 0, -1) if rows % p == 0)
+    if method == "columns":  # equal column blocks of whole 16-byte vectors
+        want = config.get().rs_column_pieces or RS_COLUMN_PIECES
+        return next((p for p in range(want, 1, -1) if n % p == 0 and (n // p * itemsize) % 16 == 0), 1)
     part = rows * n * itemsize
     return 2 if RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
 
@@ -304,7 +316,7 @@ def _auto(op: str):
 def _register() -> None:
     ops.register_impl(ops.AG, "auto")(_auto(ops.AG))
     ops.register_impl(ops.RS, "auto")(_auto(ops.RS))
-    for name in ("ring", "all_peer", "push", "pipeline", "chain", "nccl"):
+    for name in ("ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl"):
         ops.register_impl(ops.AG, name)(
             lambda x, w, *, axis_name, axis, precision, need_full=True, _m=name: ag_gemm(
                 x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m,

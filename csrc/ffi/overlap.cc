@@ -155,7 +155,7 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
-  if (algo < 0 || algo > static_cast<int>(RsAlgo::kChain)) {
+  if (algo < 0 || algo > static_cast<int>(RsAlgo::kColumns)) {
     return Check(op, *c, false, StrCat() << "unknown reduce-scatter algorithm " << algo);
   }
   GemmRsArgs& a = *out;
@@ -168,7 +168,9 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.n = n;
   a.y = y->untyped_data();
   a.reduce_blocks = reduce_blocks;
-  const int max_splits = a.algo == RsAlgo::kChain ? kMaxChainPieces : 2;
+  const int max_splits = a.algo == RsAlgo::kChain     ? kMaxChainPieces
+                         : a.algo == RsAlgo::kColumns ? kMaxColumnPieces
+                                                      : 2;
   if (splits < 1 || splits > max_splits) {
     return Check(op, *c, false, StrCat() << "splits must be in [1, " << max_splits << "] for "
                                           << "reduce-scatter algorithm " << algo << "; got "
@@ -183,7 +185,9 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
         e.failure()) {
       return e;
     }
-    const size_t need = static_cast<size_t>(world - 1) * (xr.rows / world) * n * DTypeSize(t);
+    // kColumns stages the whole GEMM output, the others the peers' partials.
+    const int staged = a.algo == RsAlgo::kColumns ? world : world - 1;
+    const size_t need = static_cast<size_t>(staged) * (xr.rows / world) * n * DTypeSize(t);
     if (auto e = Check(op, *c, staging->size_bytes() >= need,
                        StrCat() << "staging has " << staging->size_bytes() << " bytes, needs "
                                 << need);
@@ -324,10 +328,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Ret<ffi::AnyBuffer>()         // staging for peers' partials
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline
+                                  .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline, 2 chain, 3 columns
                                   .Attr<bool>("tf32")            // float32 may use TF32
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
-                                  .Attr<int32_t>("splits")       // pieces per peer partial (1, 2; chain 1-4)
+                                  .Attr<int32_t>("splits")       // pieces per peer partial (1, 2; chain 1-4; columns 1-8)
                                   .Attr<bool>("split_cols"));    // chain: column pieces
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,

@@ -17,5 +17,10 @@ constexpr int kMaxReduceInputs = 16;
 // GPUs (peer-mapped). Launches one kernel on `stream` using at most `max_blocks` blocks.
 Status LaunchSumReduce(DType dtype, void* out, const void* const* inputs, int num_inputs,
                        size_t count, int max_blocks, cudaStream_t stream);
+// The same over a [rows, cols] block whose rows are `ld` elements apart in `out` and every input
+// (the column-block sums of GEMM->RS "columns").
+Status LaunchSumReduceBlock(DType dtype, void* out, const void* const* inputs, int num_inputs,
+                            size_t rows, size_t cols, size_t ld, int max_blocks,
+                            cudaStream_t stream);
 
 }  // namespace jax_ub

@@ -79,6 +79,64 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
   return Status::Ok();
 }
 
+// RsAlgo::kColumns (see schedules.h). Staging holds the whole [M, n] GEMM output (destination d's
+// rows at d * mo); my buffer's slot q receives q's rows for me, block by block.
+Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e,
+                     OpTrace& t) {
+  const int r = c->rank(), world = c->world();
+  const size_t es = DTypeSize(a.dtype);
+  const int64_t mo = a.M / world;
+  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const bool even = a.splits >= 1 && a.splits <= kMaxColumnPieces && a.n % a.splits == 0 &&
+                    (a.n / a.splits * es) % 16 == 0;
+  const int pieces = even ? a.splits : 1;
+  const int64_t pcol = a.n / pieces;
+  static_assert(kMaxColumnPieces < kPieceScale, "kPiece values overlap epochs");
+  char* mine = static_cast<char*>(c->buffer());
+  char* stage = static_cast<char*>(a.staging);
+  RowGemm gemm = RowGemm::Of(a);
+  gemm.n = pcol;
+  gemm.ld = a.n;
+  cudaStream_t cs = c->compute(0), red = c->comm(0);
+  const uint64_t base = e * kPieceScale + 1;
+  std::vector<const void*> inputs(world);
+  for (int p = 0; p < pieces; ++p) {
+    const size_t col = static_cast<size_t>(p) * pcol * es;  // block p's byte offset in a row
+    RowGemm g = gemm;
+    g.w = static_cast<const char*>(a.w) + col;
+    const int span = t.Start("gemm", -1, ComputeLabel(0), cs);
+    JAX_UB_RETURN_IF_ERROR(g.Run(c->device(), a.x, a.M, stage + col, cs));
+    t.Stop(span, cs);
+    cudaEvent_t ready = c->event(2 * kMaxWorld + p);
+    JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
+    for (int i = 1; i < world; ++i) {
+      const int d = (r + i) % world;
+      cudaStream_t s = c->comm(i);
+      JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
+      if (p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
+      const int copy = t.Start("copy", d, CommLabel(i), s);
+      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + col,
+                                              stage + d * part + col, pcol * es, mo, a.n * es, s));
+      t.Stop(copy, s);
+      JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, base + p));
+      if (p == pieces - 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
+    }
+    // Block p of my output: my rows of it, and every peer's once it has landed.
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, ready, 0));
+    for (int q = 0; q < world; ++q) {
+      if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kPiece, q, base + p, op));
+      inputs[q] = (q == r ? stage : mine) + q * part + col;
+    }
+    const int sum = t.Start("reduce", -1, CommLabel(0), red);
+    JAX_UB_RETURN_IF_ERROR(LaunchSumReduceBlock(a.dtype, static_cast<char*>(a.y) + col,
+                                                inputs.data(), world, mo, pcol, a.n,
+                                                a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms(),
+                                                red));
+    t.Stop(sum, red);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
@@ -88,6 +146,9 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   const int64_t mo = a.M / world;  // output rows per rank
   const size_t part = static_cast<size_t>(mo) * a.n * es;
   if (a.algo == RsAlgo::kChain && a.w != nullptr && world > 1) return RsChainBody(c, a, op, e, t);
+  if (a.algo == RsAlgo::kColumns && a.w != nullptr && world > 1) {
+    return RsColumnsBody(c, a, op, e, t);
+  }
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
   const RowGemm gemm = RowGemm::Of(a);
   // Partials run one after another on compute(0), in push order, so the first is ready after a

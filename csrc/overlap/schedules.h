@@ -33,7 +33,13 @@ enum class AgAlgo : int { kRing = 0, kAllPeer = 1, kPush = 2 };
 //         straight into y. Each step goes in `splits` row pieces, signalled one by one (kPiece),
 //         so rank r+1's next step starts on a piece as soon as it lands. The partial sums travel
 //         in the op's dtype (one rounding per hop, as in NCCL's ring); GEMM only.
-enum class RsAlgo : int { kRing = 0, kPipeline = 1, kChain = 2 };
+// kColumns: the GEMM runs over all M rows in `splits` column blocks (w is read once in all). As
+//         soon as block p is computed, each destination's rows of it go to their owner (one 2-D
+//         copy per peer, each peer on its own comm stream, signalled kPiece), and the owner sums
+//         block p of the world partials (fp32) while block p+1 is computed: the op ends one
+//         block's push and sum after the GEMM, and no partial GEMM re-reads w. GEMM only; staging
+//         holds all M rows.
+enum class RsAlgo : int { kRing = 0, kPipeline = 1, kChain = 2, kColumns = 3 };
 
 // Row-major y[m, n] = x[m, k] @ w[k, n] on `s` (one chunk of a schedule).
 struct RowGemm {
@@ -110,7 +116,7 @@ struct GemmRsArgs {
   int64_t M = 0, k = 0, n = 0;
   const void* w = nullptr;
   void* y = nullptr;
-  void* staging = nullptr;  // [(world-1) * M/world, n]
+  void* staging = nullptr;  // [(world-1) * M/world, n] (kColumns: [M, n])
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int reduce_blocks = 0;    // blocks of the final fp32 sum (0: enough for the whole GPU)
@@ -126,6 +132,7 @@ struct GemmRsArgs {
 };
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 constexpr int kMaxChainPieces = 4;
+constexpr int kMaxColumnPieces = 8;
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 
 // Bulk overlap: a bare collective (all-gather or reduce-scatter of `coll`) under an independent

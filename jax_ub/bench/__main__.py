@@ -286,7 +286,7 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
         impls["comm_nccl"] = (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),), P("tp", None)), (p,))
         impls["comm_jax_ub"] = (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)), (p,))
         impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "ring", "pipeline", "chain"):
+        for m in ("auto", "ring", "pipeline", "chain", "columns"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))

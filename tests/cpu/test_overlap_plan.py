@@ -58,3 +58,14 @@ def test_ag_push_pieces_rule_and_override():
     with config.override(ag_push_pieces=3):
         assert overlap.ag_push_pieces("push", 2048, wide) == 2   # 3 does not divide 2048
         assert overlap.ag_push_pieces("chain", 2046, wide) == 3
+
+
+@pytest.mark.parametrize("n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1),
+                                             (1000, 4, 5)])
+def test_column_blocks_are_equal_whole_vectors(n, itemsize, want):
+    """columns cuts n into at most RS_COLUMN_PIECES equal blocks of whole 16-byte vectors, or
+    keeps it whole where no such cut exists (1001 float32 columns)."""
+    with config.override(rs_column_pieces=overlap.RS_COLUMN_PIECES if want != 5 else 8):
+        got = overlap.rs_splits("columns", 512, n, itemsize)
+    assert got == want and n % got == 0
+    assert got == 1 or (n // got * itemsize) % 16 == 0

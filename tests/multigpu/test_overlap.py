@@ -132,7 +132,7 @@ def test_all_gather_matmul_batch_dims(ub, tp):
     _ag_case(ub, tp, jnp.bfloat16, 512, 256, 384, "ring", batch=2)
 
 
-@pytest.mark.parametrize("method", ["ring", "pipeline", "chain"])
+@pytest.mark.parametrize("method", ["ring", "pipeline", "chain", "columns"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -152,6 +152,17 @@ def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces, split):
     with ub.config.override(rs_chain_pieces=pieces, rs_chain_split=split):
         for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768), (tp * 96, 512, 1000)):
             _rs_case(ub, tp, jnp.bfloat16, shape, "chain")
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 8])
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_matmul_reduce_scatter_column_pieces(ub, tp, pieces):
+    """columns at several block counts: 13824 columns in 1, 3 (4608 each) or 8 blocks; 1000
+    columns in 8 blocks of 125 are not whole 16-byte vectors, so 5 blocks of 200 then."""
+    _need(tp)
+    with ub.config.override(rs_column_pieces=pieces):
+        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768), (tp * 96, 512, 1000)):
+            _rs_case(ub, tp, jnp.bfloat16, shape, "columns")
 
 
 def _rs_case(ub, tp, dtype, shape, method):
@@ -270,7 +281,7 @@ def test_execute_builds_no_gemm_plan(ub, tp):
     def f(x, w, x2, w2, a, b):
         outs = [ub.all_gather_matmul(x, w, "tp", method=m, precision=HP) for m in ("ring", "push")]
         outs += [ub.matmul_reduce_scatter(x2, w2, "tp", method=m, precision=HP)
-                 for m in ("ring", "pipeline", "chain")]
+                 for m in ("ring", "pipeline", "chain", "columns")]
         for split in ("rows", "cols"):  # the chain's row and column pieces
             with ub.config.override(rs_chain_split=split):
                 outs.append(ub.matmul_reduce_scatter(x2, w2, "tp", method="chain", precision=HP))
