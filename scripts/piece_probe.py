@@ -3,8 +3,9 @@ median over 7 interleaved rounds (each variant once per round, 10 back-to-back c
 power drift hits every variant alike) of the GEMM on every GPU, then:
 
 * AG->GEMM push with its last peer chunk in 1, 2 and 4 row pieces (``ag_push_pieces``);
-* GEMM->RS ring, and chain with 2 and 4 pieces per step cut into rows or into columns
-  (``rs_chain_pieces`` x ``rs_chain_split``).
+* GEMM->RS ring, chain with 2 and 4 pieces per step cut into rows or into columns
+  (``rs_chain_pieces`` x ``rs_chain_split``), and columns with 4 and 8 blocks
+  (``rs_column_pieces``), the 4-block one also with its block sums held to one block per SM.
 
     python scripts/piece_probe.py TP [M,K,N ...]   (default: the four tp-4 bench shapes)
 """
@@ -21,7 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
-from jax_ub import config
+from jax_ub import config, overlap
 from jax_ub.bench.__main__ import time_fn
 
 SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
@@ -76,6 +77,14 @@ def main():
             for pieces in (2, 4):
                 with config.override(rs_chain_pieces=pieces, rs_chain_split=split):
                     v[f"chain {split} {pieces}"] = rs("chain", (x, w))
+        for pieces in (4, 8):
+            with config.override(rs_column_pieces=pieces):
+                v[f"columns {pieces}"] = rs("columns", (x, w))
+        sms = jax.devices()[0].core_count
+        with config.override(rs_column_pieces=4):
+            overlap.REDUCE_BLOCKS = sms
+            v[f"columns 4, sums on {sms} blocks"] = rs("columns", (x, w))
+            overlap.REDUCE_BLOCKS = 0
         r = interleaved(v)
         print(f"PIECES rs tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {t:.3f}" for k, t in r.items()), flush=True)
     jax_ub.shutdown()
