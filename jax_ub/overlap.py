@@ -44,7 +44,11 @@ RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "col
 # starts on it, while the next piece is computed (config.rs_chain_pieces overrides).
 RS_CHAIN_PIECES = 2
 # Column blocks of the "columns" GEMM->RS (config.rs_column_pieces overrides): the op ends one
-# block's push and sum after its GEMM.
+# block's push and sum after its GEMM. Measured on 4xH200 (tp 4, bf16) it lost to ring and chain
+# at every bench shape (8192,8192,8192: 0.73 ms against chain's 0.51-0.57): a GPU's three 2-D
+# pushes of a block run one after another although each has its own stream, and a block's sum
+# gets SMs only when a GEMM block ends (scripts/columns_probe.py). An explicit method, and a
+# candidate for method="auto" where a bench file measures it faster.
 RS_COLUMN_PIECES = 4
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
 # GEMM->RS computes and pushes each peer's partial in two row pieces when a partial's size is in
@@ -52,14 +56,20 @@ REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
-# The chain's pieces are column blocks when a step has at most this many rows per rank (a row
-# piece's GEMM reads all of w again, which dominates when the rows are few); config.rs_chain_split
-# overrides.
-RS_CHAIN_COLS_MAX_ROWS = 1 << 30
+# The chain's pieces are column blocks (each piece's GEMM reads a column block of w, not all of w)
+# when a step has at most this many rows per rank; config.rs_chain_split overrides. Off (0) by
+# default: on 4xH200 (tp 4, bf16, 2 pieces, two interleaved runs) columns were faster at
+# 8192,8192,8192 (0.530 / 0.505 ms against rows' 0.549 / 0.567) but slower at 8192,8192,28672
+# (1.670 / 1.756 against 1.637 / 1.714) and mixed at the others: no consistent gain yet.
+RS_CHAIN_COLS_MAX_ROWS = 0
 # AG->GEMM push: the last peer chunk goes in this many row pieces when the local N is at most
-# AG_PUSH_PIECES_MAX_N (per chunk, the copy then takes about as long as the GEMM or longer, so the
-# op ends one piece's GEMM after the last copy, not one chunk's); config.ag_push_pieces overrides.
-AG_PUSH_PIECES = 4
+# AG_PUSH_PIECES_MAX_N (where a chunk's copy takes about as long as its GEMM, the op could end one
+# piece's GEMM after the last copy instead of one chunk's); config.ag_push_pieces overrides. One
+# piece by default: on 4xH200 (tp 4, bf16) 2 or 4 pieces gained nothing beyond run-to-run noise
+# (8192,8192,8192: 1 / 2 / 4 pieces 0.559 / 0.491 / 0.562 ms in one run, 0.474 / 0.535 / 0.504 in
+# the next): a 2048-row chunk's GEMM is about one wave of output tiles, and a piece of it is
+# not much shorter.
+AG_PUSH_PIECES = 1
 AG_PUSH_PIECES_MAX_N = 4096
 
 

@@ -46,6 +46,10 @@ def test_chain_column_pieces_need_aligned_equal_blocks():
         assert overlap.rs_chain_cols(4, 512, 1024, 4)
     with config.override(rs_chain_split="rows"):
         assert not overlap.rs_chain_cols(2, 512, 28672, 2)
+    with config.override(rs_chain_split="auto"):  # up to RS_CHAIN_COLS_MAX_ROWS rows per step
+        lim = overlap.RS_CHAIN_COLS_MAX_ROWS
+        assert lim == 0 or overlap.rs_chain_cols(2, lim, 28672, 2)
+        assert not overlap.rs_chain_cols(2, lim + 1, 28672, 2)
 
 
 def test_ag_push_pieces_rule_and_override():
@@ -54,7 +58,9 @@ def test_ag_push_pieces_rule_and_override():
     narrow, wide = overlap.AG_PUSH_PIECES_MAX_N, overlap.AG_PUSH_PIECES_MAX_N + 8
     assert overlap.ag_push_pieces("push", 2048, narrow) == overlap.AG_PUSH_PIECES
     assert overlap.ag_push_pieces("push", 2048, wide) == 1
-    assert overlap.ag_push_pieces("ring", 2048, narrow) == 1
+    with config.override(ag_push_pieces=4):
+        assert overlap.ag_push_pieces("push", 2048, wide) == 4
+        assert overlap.ag_push_pieces("ring", 2048, narrow) == 1
     with config.override(ag_push_pieces=3):
         assert overlap.ag_push_pieces("push", 2048, wide) == 2   # 3 does not divide 2048
         assert overlap.ag_push_pieces("chain", 2046, wide) == 3
