@@ -48,7 +48,8 @@ def test_chain_column_pieces_need_aligned_equal_blocks():
         assert not overlap.rs_chain_cols(2, 512, 28672, 2)
     with config.override(rs_chain_split="auto"):  # up to RS_CHAIN_COLS_MAX_ROWS rows per step
         lim = overlap.RS_CHAIN_COLS_MAX_ROWS
-        assert lim == 0 or overlap.rs_chain_cols(2, lim, 28672, 2)
+        assert overlap.rs_chain_cols(2, 1, 28672, 2) == (lim >= 1)
+        assert overlap.rs_chain_cols(2, max(lim, 1), 28672, 2) == (lim >= 1)
         assert not overlap.rs_chain_cols(2, lim + 1, 28672, 2)
 
 
