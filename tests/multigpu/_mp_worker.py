@@ -107,7 +107,7 @@ if mode == "exchange":
         # Every schedule (each has its own step order over the ranks); the nccl transport runs its
         # own schedule whatever the method, so one of each op is enough there.
         ag_methods = ("ring", "all_peer", "push") if cs.transport == "ipc" else ("ring",)
-        rs_methods = ("ring", "pipeline", "chain") if cs.transport == "ipc" else ("ring", "chain")
+        rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
         for method in ag_methods:
             y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", method=m, precision=HP),
                      (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
@@ -118,6 +118,17 @@ if mode == "exchange":
                                                                           precision=HP),
                       (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2, ref2, tol)
+        if cs.transport == "ipc":
+            # The piece variants across processes: push's last chunk in kPiece-signalled row
+            # pieces, the chain's pieces as 2-D copies of column blocks.
+            with jax_ub.config.override(ag_push_pieces=2):
+                y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                         (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+            check(f"ag_gemm_push2_{name}", y, ref, tol)
+            with jax_ub.config.override(rs_chain_split="cols"):
+                y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
+                          (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
+            check(f"gemm_rs_chain_cols_{name}", y2, ref2, tol)
     finish()
 elif mode == "dptp":
     # Batch over dp, sequence over tp (the layers' layout); every method of both ops in each group.
@@ -133,7 +144,7 @@ elif mode == "dptp":
     x2, x2f = global_array(8, (4, 96 * tp, 160 * tp), dtype, P("dp", None, "tp"))
     w2, w2f = global_array(9, (160 * tp, 512), dtype, P("tp", None))
     ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
-    for method in ("ring", "pipeline", "chain"):
+    for method in ("ring", "pipeline", "chain", "columns"):
         y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", scatter_axis=1,
                                                                       method=m, precision=HP),
                   (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)

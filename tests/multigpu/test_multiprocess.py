@@ -42,7 +42,8 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, **layout):
             "gemm_rs_chain_bfloat16", "gemm_rs_chain_float32"}
     if transport == "ipc":
         want |= {f"{op}_{m}_{d}" for d in ("bfloat16", "float32")
-                 for op, m in (("ag_gemm", "all_peer"), ("ag_gemm", "push"), ("gemm_rs", "pipeline"))}
+                 for op, m in (("ag_gemm", "all_peer"), ("ag_gemm", "push"), ("gemm_rs", "pipeline"),
+                               ("gemm_rs", "columns"), ("ag_gemm", "push2"), ("gemm_rs", "chain_cols"))}
     for r in results:
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
         assert want <= names, sorted(want - names)
@@ -79,7 +80,7 @@ def test_dp_by_tp_mesh(capsys):
             print(f"\n[dp2 x tp2] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
     assert all(r.ok for r in results), format_failures(results)
     want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
-        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain")}
+        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
     for r in results:
         assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
 
