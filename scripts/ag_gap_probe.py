@@ -54,6 +54,16 @@ def mm(a, b):
     return jax_ub.matmul(a, b, method="cublaslt")
 
 
+def rs_inputs(mesh, M, K, N, seed=0):
+    """Random bf16 GEMM->RS operands of global shape (M, K, N): x[M, K] sharded over columns,
+    w[K, N] over rows (mesh axis "tp")."""
+    x = jax.device_put(jax.random.normal(jax.random.key(seed), (M, K), jnp.bfloat16),
+                       NamedSharding(mesh, P(None, "tp")))
+    w = jax.device_put(jax.random.normal(jax.random.key(seed + 1), (K, N), jnp.bfloat16),
+                       NamedSharding(mesh, P("tp", None)))
+    return x, w
+
+
 def setup(tp, shape_args, default_shapes):
     """The first ``tp`` devices as mesh axis "tp" with jax_ub initialized, the shapes ("M,K,N"
     arguments, else ``default_shapes``) and a jit(shard_map) builder ``smap(f, in_specs, out_specs)``."""

@@ -11,9 +11,7 @@ import collections
 import sys
 
 import jax
-import jax.numpy as jnp
-from ag_gap_probe import setup  # scripts/ is on sys.path when run as a script
-from jax.sharding import NamedSharding
+from ag_gap_probe import rs_inputs, setup  # scripts/ is on sys.path when run as a script
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
@@ -24,10 +22,7 @@ def main():
     tp = len(jax.devices())
     mesh, shapes, smap = setup(tp, sys.argv[1:], [(8192, 8192, 8192), (8192, 8192, 28672)])
     for M, K, N in shapes:
-        x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
-                           NamedSharding(mesh, P(None, "tp")))
-        w = jax.device_put(jax.random.normal(jax.random.key(1), (K, N), jnp.bfloat16),
-                           NamedSharding(mesh, P("tp", None)))
+        x, w = rs_inputs(mesh, M, K, N)
         for method in ("columns", "chain"):
             with config.override(rs_column_pieces=4):
                 f = smap(lambda a, b, m=method: jax_ub.matmul_reduce_scatter(a, b, "tp", method=m),

@@ -12,7 +12,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from ag_gap_probe import mm, print_traces, setup, timed  # scripts/ is on sys.path when run as a script
+from ag_gap_probe import (  # scripts/ is on sys.path when run as a script
+    mm,
+    print_traces,
+    rs_inputs,
+    setup,
+    timed,
+)
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -24,10 +30,7 @@ def main():
     tp = int(sys.argv[1]) if len(sys.argv) > 1 else len(jax.devices())
     mesh, shapes, smap = setup(tp, sys.argv[2:], [(8192, 8192, 28672), (8192, 8192, 8192)])
     for M, K, N in shapes:
-        x = jax.device_put(jax.random.normal(jax.random.key(0), (M, K), jnp.bfloat16),
-                           NamedSharding(mesh, P(None, "tp")))
-        w = jax.device_put(jax.random.normal(jax.random.key(1), (K, N), jnp.bfloat16),
-                           NamedSharding(mesh, P("tp", None)))
+        x, w = rs_inputs(mesh, M, K, N)
         r = {}
         r["gemm all GPUs"] = timed(smap(lambda a, b: mm(a, b)[None], (P(None, "tp"), P("tp", None)),
                                         P("tp", None, None)), (x, w))
