@@ -71,19 +71,24 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
   const RowGemm gemm = RowGemm::Of(a);
   // Chunk GEMMs run one after another on compute(0), in arrival order: concurrent chunk GEMMs
   // (persistent kernels) only slow each other down.
-  auto chunk_gemm = [&](int src_rank, const void* src) -> Status {
+  // Rows [row0, row0 + rows) of src_rank's chunk (src: the chunk's first row).
+  auto chunk_gemm = [&](int src_rank, const void* src, int64_t row0 = 0,
+                        int64_t rows = -1) -> Status {
     if (a.w == nullptr) return Status::Ok();
+    if (rows < 0) rows = a.m;
     const int si = 0;
     const int span = t.Start("gemm", src_rank, ComputeLabel(si), c->compute(si));
-    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), src, a.m,
-                                    static_cast<char*>(a.y) + src_rank * a.m * a.n * es,
+    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), static_cast<const char*>(src) + row0 * a.k * es,
+                                    rows,
+                                    static_cast<char*>(a.y) + (src_rank * a.m + row0) * a.n * es,
                                     c->compute(si)));
     t.Stop(span, c->compute(si));
     return Status::Ok();
   };
-  auto copy = [&](const char* name, int chunk_rank, void* dst, const void* src, int stream) {
+  auto copy = [&](const char* name, int chunk_rank, void* dst, const void* src, int stream,
+                  size_t bytes = 0) {
     const int span = t.Start(name, chunk_rank, CommLabel(stream), c->comm(stream));
-    cudaError_t err = CopyAsync(dst, src, chunk, c->comm(stream));
+    cudaError_t err = CopyAsync(dst, src, bytes ? bytes : chunk, c->comm(stream));
     t.Stop(span, c->comm(stream));
     return err;
   };
@@ -109,16 +114,12 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       const int d = (r - i + world) % world;
       char* dst = static_cast<char*>(c->peer_buffer(d)) + r * chunk;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(1), kReady, d, e, op));
-      if (i == world - 1 && pieces > 1) {
-        for (int j = 0; j < pieces; ++j) {
-          const int span = t.Start("copy", d, CommLabel(1), c->comm(1));
-          JAX_UB_CUDA_RETURN(CopyAsync(dst + j * pbytes, static_cast<const char*>(a.x) + j * pbytes,
-                                       pbytes, c->comm(1)));
-          t.Stop(span, c->comm(1));
-          JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kPiece, d, base + j));
-        }
-      } else {
-        JAX_UB_CUDA_RETURN(copy("copy", d, dst, a.x, 1));
+      const bool pieced = i == world - 1 && pieces > 1;
+      for (int j = 0; j < (pieced ? pieces : 1); ++j) {
+        const size_t off = pieced ? j * pbytes : 0;
+        JAX_UB_CUDA_RETURN(copy("copy", d, dst + off, static_cast<const char*>(a.x) + off, 1,
+                                pieced ? pbytes : chunk));
+        if (pieced) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kPiece, d, base + j));
       }
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kDataReady, d, e));
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
@@ -129,11 +130,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       if (i == world - 1 && pieces > 1) {
         for (int j = 0; j < pieces; ++j) {
           JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kPiece, q, base + j, op));
-          const int span = t.Start("gemm", q, ComputeLabel(0), c->compute(0));
-          JAX_UB_RETURN_IF_ERROR(gemm.Run(
-              c->device(), buf + q * chunk + j * pbytes, prow,
-              static_cast<char*>(a.y) + (q * a.m + j * prow) * a.n * es, c->compute(0)));
-          t.Stop(span, c->compute(0));
+          JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk, j * prow, prow));
         }
       } else {
         if (a.w != nullptr) JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));

@@ -14,6 +14,11 @@ size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n) {
 
 namespace {
 
+// Blocks of an fp32 sum kernel: a.reduce_blocks, or 4 per SM (the whole GPU).
+int ReduceBlocks(const Communicator& c, const GemmRsArgs& a) {
+  return a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c.sms();
+}
+
 // RsAlgo::kChain (see schedules.h). My buffer's slot s (1..world-1) receives rank r-1's partial
 // sum for my step s; staging slot s (0..world-2) holds mine before it is pushed to rank r+1.
 Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e,
@@ -130,8 +135,7 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
     const int sum = t.Start("reduce", -1, CommLabel(0), red);
     JAX_UB_RETURN_IF_ERROR(LaunchSumReduceBlock(a.dtype, static_cast<char*>(a.y) + col,
                                                 inputs.data(), world, mo, pcol, a.n,
-                                                a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms(),
-                                                red));
+                                                ReduceBlocks(*c, a), red));
     t.Stop(sum, red);
   }
   return Status::Ok();
@@ -222,10 +226,10 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
 Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inputs, OpTrace& t,
                    cudaStream_t red) {
   const int world = c->world();
-  const int blocks = a.reduce_blocks > 0 ? a.reduce_blocks : 4 * c->sms();
   const int span = t.Start("reduce", -1, CommLabel(0), red);
   JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs, world,
-                                         static_cast<size_t>(a.M / world) * a.n, blocks, red));
+                                         static_cast<size_t>(a.M / world) * a.n,
+                                         ReduceBlocks(*c, a), red));
   t.Stop(span, red);
   return Status::Ok();
 }
