@@ -10,7 +10,8 @@ while the wgrad GEMM runs. Inside ``shard_map`` over ``axis_name``:
 On GPUs (after :func:`jax_ub.initialize`) the collective moves by copy engine while cuBLASLt runs
 the GEMM; the reduce-scatter's fp32 sum runs once the GEMM ends, on the whole GPU (or beside it on
 ``JAX_UB_BULK_REDUCE_SMS`` SMs kept from it). Same-device copies use SMs, so the all-gather's
-GEMM starts after the local shard's copies (tens of microseconds). Elsewhere, or with
+publish and own-rows copies run as a kernel on ``JAX_UB_BULK_COPY_SMS`` SMs that the GEMM's first
+rows leave free (0: the GEMM starts after those copies, tens of microseconds). Elsewhere, or with
 ``method="xla"``, the same numbers come from ``lax`` collectives and ``jnp.matmul``. Both are
 differentiable (the backward is the reference's).
 """

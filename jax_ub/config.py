@@ -17,6 +17,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
+| bulk_copy_sms | JAX_UB_BULK_COPY_SMS | 8 | SMs a bulk all-gather's GEMM leaves, over its first rows, to the gather's same-device copies (0: the GEMM gets every SM and waits for those copies) |
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
 | rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
@@ -93,6 +94,7 @@ class Config:
     gemm_tune: int = 0
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
+    bulk_copy_sms: int = 8
     rs_chain_pieces: int = 0
     rs_chain_split: str = "auto"
     rs_column_pieces: int = 0
@@ -128,8 +130,9 @@ class Config:
             raise ValueError(f"timeout_s must be a finite number > 0; got {self.timeout_s!r}")
         if not 0 <= self.gemm_tune <= 16:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
-        if not 0 <= self.bulk_reduce_sms <= 256:
-            raise ValueError(f"bulk_reduce_sms must be in [0, 256]; got {self.bulk_reduce_sms!r}")
+        for name in ("bulk_reduce_sms", "bulk_copy_sms"):
+            if not 0 <= getattr(self, name) <= 256:
+                raise ValueError(f"{name} must be in [0, 256]; got {getattr(self, name)!r}")
         if not 0 <= self.rs_chain_pieces <= 4:
             raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
         if not 0 <= self.rs_column_pieces <= 8:
@@ -170,6 +173,8 @@ class Config:
                                                    env["JAX_UB_RECOMPUTE_GATHERED"])
         if "JAX_UB_BULK_REDUCE_SMS" in env:
             kw["bulk_reduce_sms"] = _bounded_int(env, "JAX_UB_BULK_REDUCE_SMS", 256, " (SMs)")
+        if "JAX_UB_BULK_COPY_SMS" in env:
+            kw["bulk_copy_sms"] = _bounded_int(env, "JAX_UB_BULK_COPY_SMS", 256, " (SMs)")
         if "JAX_UB_RS_CHAIN_PIECES" in env:
             kw["rs_chain_pieces"] = _bounded_int(env, "JAX_UB_RS_CHAIN_PIECES", 4)
         if "JAX_UB_RS_CHAIN_SPLIT" in env:

@@ -71,6 +71,16 @@ RS_CHAIN_COLS_MAX_ROWS = 0
 # not much shorter.
 AG_PUSH_PIECES = 1
 AG_PUSH_PIECES_MAX_N = 4096
+# The bulk all-gather's same-device copies (publish, own rows; SM work) run beside the first rows
+# of the GEMM, which leave config.bulk_copy_sms SMs to them (cuBLASLt's SM-count target): enough
+# rows to outlast the copies by the estimate below (copies on k SMs at BULK_COPY_GBPS_PER_SM
+# each, the GEMM at BULK_GEMM_TFLOPS), times BULK_SIDE_MARGIN, in multiples of 128 rows.
+# Measured on 2xH200 (scripts/bulk_probe.py traces): beside the GEMM a copy block moves ~32 GB/s
+# whatever its loads (plain 16-byte loads or bulk TMA copies): 64 MiB took 0.48 / 0.25 / 0.14 ms
+# on 4 / 8 / 16 SMs. The GEMM's L2 traffic is shared out per SM, so a copy needs many SMs.
+BULK_COPY_GBPS_PER_SM = 32.0
+BULK_GEMM_TFLOPS = 700.0
+BULK_SIDE_MARGIN = 1.5
 
 
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
@@ -224,6 +234,27 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 
 
+def bulk_side(kind: int, x_bytes: int, m: int, k: int, n: int, dtype: Any) -> tuple[int, int]:
+    """``(side_sms, side_rows)`` of a bulk op: its GEMM ``[m, k] @ [k, n]`` runs its first
+    ``side_rows`` rows on every SM but ``side_sms``, which the collective's SM work gets.
+
+    All-gather (``x_bytes``: the local shard): its two same-device copies of the shard run on
+    ``config.bulk_copy_sms`` SMs beside the GEMM's first rows (see ``BULK_COPY_GBPS_PER_SM``).
+    Reduce-scatter: the whole GEMM leaves ``config.bulk_reduce_sms`` SMs to the fp32 sum.
+    """
+    cfg = config.get()
+    if kind == 1:
+        return (cfg.bulk_reduce_sms, m) if cfg.bulk_reduce_sms > 0 else (0, 0)
+    sms = cfg.bulk_copy_sms
+    if sms <= 0 or m <= 0:
+        return 0, 0
+    t_copy = 2 * x_bytes / (sms * BULK_COPY_GBPS_PER_SM * 1e9)
+    flops_per_row = 2 * k * n
+    rate = BULK_GEMM_TFLOPS * 1e12 * (1.0 if jnp.dtype(dtype).itemsize <= 2 else 0.25)
+    rows = BULK_SIDE_MARGIN * t_copy * rate / max(flops_per_row, 1)
+    return sms, min(m, max(128, -(-math.ceil(rows) // 128) * 128))
+
+
 def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     _ext.ensure_registered()
     s = _set_for(axis_name, what)
@@ -234,8 +265,12 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     x3 = x2.reshape(x2.shape[0], -1)
     es = jnp.dtype(x.dtype).itemsize
     comm.ensure_capacity(s, (s.world if kind == 0 else 1) * math.prod(x2.shape) * es)
-    _warm(s, a.shape[0], b.shape[1], a.shape[1], a.dtype, precision,
-          reserve_sms=config.get().bulk_reduce_sms if kind == 1 else 0)
+    side_sms, side_rows = bulk_side(kind, math.prod(x2.shape) * es, a.shape[0], a.shape[1],
+                                    b.shape[1], a.dtype)
+    if side_rows > 0:  # both GEMMs of the op: its first rows beside the collective, then the rest
+        _warm(s, side_rows, b.shape[1], a.shape[1], a.dtype, precision, reserve_sms=side_sms)
+    if side_rows < a.shape[0]:
+        _warm(s, a.shape[0] - side_rows, b.shape[1], a.shape[1], a.dtype, precision)
     if kind == 0:
         out_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
         algo = AG_ALGOS[method]
@@ -248,13 +283,14 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
     out, gy, _ = jax.ffi.ffi_call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
         x3, a, b, set_id=s.set_id, kind=np.int32(kind), algo=np.int32(algo),
-        tf32=_ffi.tf32_allowed(precision), reduce_sms=np.int32(config.get().bulk_reduce_sms))
+        tf32=_ffi.tf32_allowed(precision), side_sms=np.int32(side_sms), side_rows=np.int64(side_rows))
     rows = s.world * x2.shape[0] if kind == 0 else x2.shape[0] // s.world
     return _back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy
 
 
 def bulk_all_gather_cuda(x, a, b, axis_name, *, axis=0, precision=None, method="ring"):
-    """(all_gather(x), a @ b) in one custom call: the gather runs by copy engine under the GEMM."""
+    """(all_gather(x), a @ b) in one custom call: the gather runs by copy engine under the GEMM; its
+    same-device copies run beside the GEMM's first rows (``config.bulk_copy_sms``)."""
     return _bulk(0, x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
 
 

@@ -239,13 +239,13 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::AnyBuffer gb, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> gy, ffi::Result<ffi::AnyBuffer> ws,
                        int64_t set_id, int32_t kind, int32_t algo, bool tf32,
-                       int32_t reduce_sms) {
+                       int32_t side_sms, int64_t side_rows) {
   const char* op = kind == 1 ? "bulk_reduce_scatter" : "bulk_all_gather";
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   BulkArgs a;
   a.reduce_scatter = kind == 1;
-  const int sms = reduce_sms > 0 && reduce_sms < c->sms() ? reduce_sms : 0;
+  const int sms = side_sms > 0 && side_sms < c->sms() ? side_sms : 0;
   if (a.reduce_scatter) {
     if (auto e = DecodeRs(op, c, x, nullptr, &*out, nullptr, nullptr, algo, false, 4 * sms,
                           &a.rs);
@@ -256,6 +256,7 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
              e.failure()) {
     return e;
   }
+  if (!a.reduce_scatter) a.ag.copy_blocks = sms;
   const auto ad = ga.dimensions(), bd = gb.dimensions(), yd = gy->dimensions();
   DType gt;
   if (auto e = Check(op, *c,
@@ -270,9 +271,12 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     return e;
   }
   a.gemm = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
-                         ws->size_bytes(), a.reduce_scatter && sms > 0 ? c->sms() - sms : 0);
+                         ws->size_bytes());
+  a.gemm_side = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
+                              ws->size_bytes(), sms > 0 ? c->sms() - sms : 0);
   a.ga = ga.untyped_data();
   a.gm = ad[0] > 0 && ad[1] > 0 && bd[1] > 0 ? ad[0] : 0;
+  a.side_rows = sms > 0 ? side_rows : 0;
   a.gy = gy->untyped_data();
   return Run(op, device, c, Bulk(c, a, stream));
 }
@@ -293,7 +297,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbBulk, BulkExecute,
                                   .Attr<int32_t>("kind")         // 0 all-gather, 1 reduce-scatter
                                   .Attr<int32_t>("algo")         // AgAlgo / RsAlgo
                                   .Attr<bool>("tf32")            // float32 GEMM may use TF32
-                                  .Attr<int32_t>("reduce_sms"));  // SMs left to the reduction
+                                  .Attr<int32_t>("side_sms")     // SMs left to the collective
+                                  .Attr<int64_t>("side_rows"));  // by the GEMM's first rows
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                               ffi::Ffi::Bind()

@@ -14,10 +14,12 @@ Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream) {
 }
 
 Status PreloadReduceKernels();
+Status PreloadCopyKernels();
 
 Status PreloadFlagKernels() {
   cudaFuncAttributes attr;
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CheckFlagKernel));
+  JAX_UB_RETURN_IF_ERROR(PreloadCopyKernels());
   return PreloadReduceKernels();
 }
 

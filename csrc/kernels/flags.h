@@ -17,7 +17,7 @@ constexpr uint64_t kTimeoutMark = uint64_t(1) << 40;
 // releases a timed-out wait), __trap(): the call fails; the watchdog has already printed why.
 Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream);
 
-// Forces the current device to load jax_ub's kernels (flag check, reductions) now.
+// Forces the current device to load jax_ub's kernels (flag check, copies, reductions) now.
 Status PreloadFlagKernels();
 
 }  // namespace jax_ub

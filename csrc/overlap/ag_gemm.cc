@@ -1,6 +1,7 @@
 // AG->GEMM schedules (pull ring, pull all-peer, push ring): see schedules.h and the protocol in
 // comm/communicator.h.
 #include "comm/copy.h"
+#include "kernels/copy.h"
 #include "overlap/schedules.h"
 
 namespace jax_ub {
@@ -92,6 +93,18 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     t.Stop(span, c->comm(stream));
     return err;
   };
+  // A whole chunk within this GPU (publish, local copies into xg): SM work, see copy_blocks.
+  auto same_device_copy = [&](const char* name, int chunk_rank, void* dst, const void* src,
+                              int stream) -> Status {
+    if (a.copy_blocks <= 0) {
+      JAX_UB_CUDA_RETURN(copy(name, chunk_rank, dst, src, stream));
+      return Status::Ok();
+    }
+    const int span = t.Start(name, chunk_rank, CommLabel(stream), c->comm(stream));
+    JAX_UB_RETURN_IF_ERROR(LaunchCopy(dst, src, chunk, a.copy_blocks, c->comm(stream)));
+    t.Stop(span, c->comm(stream));
+    return Status::Ok();
+  };
   // Local copies into xg go on comm(0), after the publish (pull) or Begin's handshake (push).
   const int local_stream = 0;
 
@@ -105,7 +118,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     // 1. My chunk: GEMM straight from x; copy into xg beside it.
     JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
     if (xg != nullptr) {
-      JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+      JAX_UB_RETURN_IF_ERROR(same_device_copy("local_copy", r, xg + r * chunk, a.x, local_stream));
     }
     if (a.after_local) JAX_UB_RETURN_IF_ERROR(a.after_local());
     // 2. Push x into every peer's slot r (ring order r-1, r-2, ...: at each step every GPU
@@ -138,17 +151,14 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       }
       if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
-      JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
+      JAX_UB_RETURN_IF_ERROR(
+          same_device_copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
     }
     return Status::Ok();
   }
 
   // Pull: publish my shard (my buffer is free: Begin waited for every peer's ack of e-1).
-  {
-    const int span = t.Start("publish", r, CommLabel(0), c->comm(0));
-    JAX_UB_CUDA_RETURN(CopyAsync(buf, a.x, chunk, c->comm(0)));
-    t.Stop(span, c->comm(0));
-  }
+  JAX_UB_RETURN_IF_ERROR(same_device_copy("publish", r, buf, a.x, 0));
   for (int q = 0; q < world; ++q) {
     if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(0), kDataReady, q, e));
   }
@@ -159,7 +169,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c->compute(0), c->event(kMaxWorld), 0));
   }
   JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
-  JAX_UB_CUDA_RETURN(copy("local_copy", r, xg + r * chunk, a.x, local_stream));
+  JAX_UB_RETURN_IF_ERROR(same_device_copy("local_copy", r, xg + r * chunk, a.x, local_stream));
   if (a.after_local) JAX_UB_RETURN_IF_ERROR(a.after_local());
   for (int i = 1; i < world; ++i) {
     const int p = (r + i) % world;

@@ -256,8 +256,16 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
   cudaStream_t gs = c->compute(1);
   auto gemm = [&]() -> Status {
     if (a.gm <= 0) return Status::Ok();
+    const int64_t side = a.side_rows < 0 ? 0 : a.side_rows < a.gm ? a.side_rows : a.gm;
+    const size_t es = DTypeSize(a.gemm.dtype);
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
-    JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(), a.ga, a.gm, a.gy, gs));
+    if (side > 0) JAX_UB_RETURN_IF_ERROR(a.gemm_side.Run(c->device(), a.ga, side, a.gy, gs));
+    if (side < a.gm) {
+      JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(),
+                                        static_cast<const char*>(a.ga) + side * a.gemm.k * es,
+                                        a.gm - side,
+                                        static_cast<char*>(a.gy) + side * a.gemm.n * es, gs));
+    }
     t.Stop(span, gs);
     return Status::Ok();
   };
@@ -269,6 +277,11 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
     // GEMM first: the pushes are copy-engine work and the fp32 sum waits for every partial.
     JAX_UB_RETURN_IF_ERROR(gemm());
     JAX_UB_RETURN_IF_ERROR(RsBody(c, a.rs, op, e, t));
+  } else if (a.ag.copy_blocks > 0) {
+    // The same-device copies are kernels of copy_blocks blocks and the GEMM's first rows leave
+    // SMs for them: both start at once, and the peers pull as soon as the publish is done.
+    JAX_UB_RETURN_IF_ERROR(gemm());
+    JAX_UB_RETURN_IF_ERROR(AgBody(c, a.ag, op, e, t));
   } else {
     // The GEMM waits for the local copies (tens of microseconds), and is enqueued right after
     // them, before the host enqueues the peers' chunks.

@@ -98,6 +98,10 @@ struct AgGemmArgs {
   // Called (ipc only) once the local shard's same-device copies are enqueued, before the peers'
   // chunks: the bulk form enqueues its GEMM there (see Bulk).
   std::function<Status()> after_local;
+  // > 0: the same-device copies (pull's publish, the copies into xg) are a kernel of at most this
+  // many blocks (kernels/copy.h) instead of CopyAsync, so that they run beside a GEMM that leaves
+  // SMs free instead of waiting for it to end (the bulk form).
+  int copy_blocks = 0;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
 // Registered-buffer bytes AgGemm needs (every rank's shard: kPush lands peers' shards there).
@@ -136,15 +140,17 @@ constexpr int kMaxColumnPieces = 8;
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 
 // Bulk overlap: a bare collective (all-gather or reduce-scatter of `coll`) under an independent
-// GEMM gy[gm, gn] = ga[gm, gk] @ gb[gk, gn], in one op. For a reduce-scatter the GEMM leaves
-// `reduce_sms` SMs to the reduction.
+// GEMM gy[gm, gn] = ga[gm, gk] @ gb[gk, gn], in one op. The GEMM's first `side_rows` rows run as
+// `gemm_side` (an SM-count target that leaves SMs to the collective's SM work: the all-gather's
+// same-device copies, the reduce-scatter's fp32 sum), the rest as `gemm` (every SM).
 struct BulkArgs {
   bool reduce_scatter = false;
   AgGemmArgs ag;  // w == nullptr
   GemmRsArgs rs;  // w == nullptr
-  RowGemm gemm;
+  RowGemm gemm, gemm_side;
   const void* ga = nullptr;
   int64_t gm = 0;
+  int64_t side_rows = 0;  // 0..gm
   void* gy = nullptr;
 };
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla);

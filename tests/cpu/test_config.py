@@ -20,7 +20,7 @@ def test_defaults_from_empty_environment():
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
-        "recompute_gathered": False, "bulk_reduce_sms": 0, "rs_chain_pieces": 0,
+        "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
         "rs_chain_split": "auto", "rs_column_pieces": 0, "ag_push_pieces": 0, "tuning_file": "", "log_level": "WARNING",
     }  # fmt: skip
 
@@ -30,6 +30,7 @@ VARIABLES = [
     ("JAX_UB_METHOD", " XLA ", "method", "xla"),
     ("JAX_UB_METHOD", "all_peer", "method", "all_peer"),
     ("JAX_UB_BULK_REDUCE_SMS", "16", "bulk_reduce_sms", 16),
+    ("JAX_UB_BULK_COPY_SMS", "0", "bulk_copy_sms", 0),
     ("JAX_UB_METHOD", "chain", "method", "chain"),
     ("JAX_UB_RS_CHAIN_PIECES", "3", "rs_chain_pieces", 3),
     ("JAX_UB_RS_CHAIN_SPLIT", " Cols ", "rs_chain_split", "cols"),
@@ -124,6 +125,7 @@ def test_bad_values_name_variable_and_value(var, value, expected):
         {"buffer_mib": -1},
         {"gemm_workspace_mib": -2},
         {"bulk_reduce_sms": 999},
+        {"bulk_copy_sms": -1},
         {"rs_chain_pieces": 8},
         {"rs_chain_split": "diagonal"},
         {"ag_push_pieces": 5},

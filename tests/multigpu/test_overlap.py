@@ -221,18 +221,24 @@ def test_bare_collectives_random_pattern(ub):
     check_bare_collectives(ub, mesh, tp)
 
 
+@pytest.mark.parametrize("copy_sms", [0, 8, 100], ids=lambda n: f"copysms{n}")
 @pytest.mark.parametrize("method", ["ring", "push"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
-def test_bulk_overlap(ub, tp, dtype, method):
-    """Bulk forms: the collective under an independent GEMM equals lax + jnp.matmul."""
+def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
+    """Bulk forms: the collective under an independent GEMM equals lax + jnp.matmul. copy_sms: the
+    all-gather's same-device copies wait for SMs (0), or run as a kernel beside the GEMM's first
+    rows, which leave them 8 or 100 SMs (split into two GEMMs of two plans)."""
     _need(tp)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
+    if copy_sms:  # the GEMM runs in two parts
+        assert overlap_bulk_side(copy_sms, 640 * 1000 * jnp.dtype(dtype).itemsize, 4096, 1024, 2048,
+                                 dtype)[1] in range(128, 4096, 128)
     x = _rand(31, (tp * 640, 1000), dtype)       # AG: gathered exactly
     z = _rand(34, (tp * tp * 640, 1000), dtype)  # RS: each rank's [tp*640, 1000] partial sums
-    a = _rand(32, (1536, 768), dtype)
-    b = _rand(33, (768, 1280), dtype)
+    a = _rand(32, (4096, 1024), dtype)
+    b = _rand(33, (1024, 2048), dtype)
     spec = dict(mesh=mesh, check_vma=False)
 
     def f(x, z, a, b):
@@ -251,12 +257,43 @@ def test_bulk_overlap(ub, tp, dtype, method):
     got = jax.jit(jax.shard_map(f, in_specs=ins, out_specs=outs, **spec))
     ref = jax.jit(jax.shard_map(f_ref, in_specs=ins, out_specs=outs, **spec))
     _poison((tp * 640, 1000), dtype, mesh.devices.flat)
-    g, y1, r, y2 = got(x, z, a, b)
+    with ub.config.override(bulk_copy_sms=copy_sms):
+        g, y1, r, y2 = got(x, z, a, b)
     rg, ry, rr, _ = ref(x, z, a, b)
     assert _rel(g, rg) == 0.0
     assert _rel(y1, ry) <= TOL[dtype] and _rel(y2, ry) <= TOL[dtype]
     assert _rel(r, rr) <= TOL[dtype]
     assert "jax_ub_bulk" in got.lower(x, z, a, b).as_text()
+
+
+def overlap_bulk_side(copy_sms, *args):
+    from jax_ub import config, overlap
+
+    with config.override(bulk_copy_sms=copy_sms):
+        return overlap.bulk_side(0, *args)
+
+
+@pytest.mark.parametrize("rows,cols", [(3, 5), (640, 1001), (2050, 1001)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
+    """The bulk all-gather's copy kernel (bulk_copy_sms) on shards whose size is not whole 16-byte
+    vectors, and whose rows in the gathered output start at 2-byte offsets: the byte path."""
+    _need(tp)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    x = _rand(35, (tp * rows, cols), jnp.bfloat16)
+    a = _rand(36, (256, 384), jnp.bfloat16)
+    b = _rand(37, (384, 512), jnp.bfloat16)
+    spec = dict(mesh=mesh, check_vma=False, in_specs=(P("tp", None), P(), P()), out_specs=(P(), P()))
+    with ub.config.override(bulk_copy_sms=8):
+        got = jax.jit(jax.shard_map(lambda x, a, b: ub.bulk_all_gather(x, a, b, "tp", precision=HP), **spec))
+        _poison((tp * rows, cols), jnp.bfloat16, mesh.devices.flat)
+        g, y = got(x, a, b)
+    rg, ry = jax.jit(jax.shard_map(
+        lambda x, a, b: (lax.all_gather(x, "tp", axis=0, tiled=True),
+                         jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=HP)), **spec))(x, a, b)
+    assert _rel(g, rg) == 0.0
+    assert _rel(y, ry) <= TOL[jnp.bfloat16]
 
 
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")

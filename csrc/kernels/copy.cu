@@ -1,0 +1,157 @@
+#include "kernels/copy.h"
+
+#include <cstdint>
+
+namespace jax_ub {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kUnroll = 8;  // 16-byte vectors per thread per step: 128 KiB in flight per block
+
+// 16-byte vectors [0, n): each step a block moves kUnroll * kThreads vectors, all loads first.
+__global__ void __launch_bounds__(kThreads) CopyVec(uint4* __restrict__ dst,
+                                                    const uint4* __restrict__ src, size_t n) {
+  const size_t step = static_cast<size_t>(gridDim.x) * kThreads * kUnroll;
+  for (size_t base = static_cast<size_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < n;
+       base += step) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + static_cast<size_t>(u) * kThreads;
+      if (i < n) v[u] = src[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + static_cast<size_t>(u) * kThreads;
+      if (i < n) dst[i] = v[u];
+    }
+  }
+}
+
+// Bytes [0, n) one by one (unaligned pointers, or the tail after the vectors).
+__global__ void CopyBytes(char* __restrict__ dst, const char* __restrict__ src, size_t n) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+// Hopper and later: each block (one thread at work) streams its tiles through shared memory with
+// bulk asynchronous copies (TMA, no tensor map: cp.async.bulk), kTmaStages tiles in flight. A
+// block of plain loads tops out near 32 GB/s (its SM's outstanding misses), so a few SMs beside a
+// GEMM could not keep up; the bulk copies keep kTmaStages * kTmaTile bytes in flight per SM.
+constexpr int kTmaStages = 4;
+constexpr uint32_t kTmaTile = 32u << 10;
+constexpr size_t kTmaSmem = size_t(kTmaStages) * kTmaTile;
+
+__global__ void __launch_bounds__(32) CopyTma(char* __restrict__ dst, const char* __restrict__ src,
+                                              size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ __align__(8) uint64_t bar[kTmaStages];
+  if (threadIdx.x != 0) return;
+  const size_t tiles = (bytes + kTmaTile - 1) / kTmaTile;
+  const size_t mine = tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(stage_mem));
+  uint32_t bars[kTmaStages];
+#pragma unroll
+  for (int s = 0; s < kTmaStages; ++s) {
+    bars[s] = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[s]));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars[s]) : "memory");
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+  auto tile = [&](size_t i, size_t* off) {
+    *off = (blockIdx.x + i * gridDim.x) * static_cast<size_t>(kTmaTile);
+    return static_cast<uint32_t>(bytes - *off < kTmaTile ? bytes - *off : kTmaTile);
+  };
+  auto load = [&](size_t i) {
+    size_t off;
+    const uint32_t n = tile(i, &off), s = static_cast<uint32_t>(i % kTmaStages);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bars[s]), "r"(n)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(smem0 + s * kTmaTile), "l"(src + off), "r"(n), "r"(bars[s])
+        : "memory");
+  };
+  for (size_t i = 0; i < mine && i < static_cast<size_t>(kTmaStages); ++i) load(i);
+  for (size_t i = 0; i < mine; ++i) {
+    size_t off;
+    const uint32_t n = tile(i, &off), s = static_cast<uint32_t>(i % kTmaStages);
+    const uint32_t parity = static_cast<uint32_t>((i / kTmaStages) & 1);
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tWAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@p bra DONE;\n\tbra WAIT;\n\tDONE:\n\t}" ::"r"(bars[s]),
+        "r"(parity)
+        : "memory");
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off),
+                 "r"(smem0 + s * kTmaTile), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    // Refill the stage the previous tile's store read from, once that read is done (this tile's
+    // store may still be reading).
+    if (i >= 1 && i - 1 + kTmaStages < mine) {
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+      load(i - 1 + kTmaStages);
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+bool HasTma() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major >= 9;
+}
+
+int Grid(size_t work, int max_blocks) {
+  const size_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < static_cast<size_t>(max_blocks) ? blocks : max_blocks);
+}
+
+}  // namespace
+
+Status PreloadCopyKernels() {
+  cudaFuncAttributes attr;
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyVec));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyBytes));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyTma));
+  JAX_UB_CUDA_RETURN(cudaFuncSetAttribute(CopyTma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kTmaSmem)));
+  return Status::Ok();
+}
+
+Status LaunchCopy(void* dst, const void* src, size_t bytes, int max_blocks, cudaStream_t stream) {
+  if (bytes == 0) return Status::Ok();
+  if (max_blocks < 1) max_blocks = 1;
+  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const size_t vecs = aligned ? bytes / 16 : 0;
+  if (vecs > 0 && HasTma()) {
+    // The attribute is set at preload; setting it again is a host-side no-op.
+    JAX_UB_CUDA_RETURN(cudaFuncSetAttribute(CopyTma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kTmaSmem)));
+    const size_t tiles = (vecs * 16 + kTmaTile - 1) / kTmaTile;
+    CopyTma<<<static_cast<int>(tiles < static_cast<size_t>(max_blocks) ? tiles : max_blocks), 32,
+              kTmaSmem, stream>>>(static_cast<char*>(dst), static_cast<const char*>(src), vecs * 16);
+    JAX_UB_CUDA_RETURN(cudaGetLastError());
+  } else if (vecs > 0) {
+    CopyVec<<<Grid((vecs + kUnroll - 1) / kUnroll, max_blocks), kThreads, 0, stream>>>(
+        static_cast<uint4*>(dst), static_cast<const uint4*>(src), vecs);
+    JAX_UB_CUDA_RETURN(cudaGetLastError());
+  }
+  const size_t done = vecs * 16;
+  if (done < bytes) {
+    CopyBytes<<<Grid(bytes - done, max_blocks), kThreads, 0, stream>>>(
+        static_cast<char*>(dst) + done, static_cast<const char*>(src) + done, bytes - done);
+    JAX_UB_CUDA_RETURN(cudaGetLastError());
+  }
+  return Status::Ok();
+}
+
+}  // namespace jax_ub
