@@ -83,16 +83,19 @@ def test_bulk_side_rows_cover_the_copies():
     # All-gather: the GEMM's first rows leave bulk_copy_sms SMs to the shard's two copies, for
     # about as long as the estimate says those copies take (multiples of 128 rows, at most all).
     shard = 2048 * 8192 * 2  # bf16 x shard of bench bulk_ag 8192^3 at tp 4
-    sms, rows = overlap.bulk_side(0, shard, 8192, 2048, 8192, jnp.bfloat16)
-    assert sms == config.get().bulk_copy_sms > 0
+    assert config.get().bulk_copy_sms > 0
+    with config.override(bulk_copy_sms=16):
+        sms, rows = overlap.bulk_side(0, shard, 8192, 2048, 8192, jnp.bfloat16)
+    assert sms == 16
     t_copy = 2 * shard / (sms * overlap.BULK_COPY_GBPS_PER_SM * 1e9)
     t_rows = rows * 2 * 2048 * 8192 / (overlap.BULK_GEMM_TFLOPS * 1e12)
     assert rows % 128 == 0 and 0 < rows < 8192
     assert overlap.BULK_SIDE_MARGIN * t_copy <= t_rows
     assert t_rows < overlap.BULK_SIDE_MARGIN * t_copy + 128 * 2 * 2048 * 8192 / (overlap.BULK_GEMM_TFLOPS * 1e12)
     # A GEMM shorter than the copies runs whole beside them; a tiny one still gets 128 rows or all.
-    assert overlap.bulk_side(0, shard, 1024, 256, 256, jnp.bfloat16) == (sms, 1024)
-    assert overlap.bulk_side(0, 64, 100, 8, 8, jnp.float32) == (sms, 100)
+    k = config.get().bulk_copy_sms
+    assert overlap.bulk_side(0, shard, 1024, 256, 256, jnp.bfloat16) == (k, 1024)
+    assert overlap.bulk_side(0, 64, 100, 8, 8, jnp.float32) == (k, 100)
     with config.override(bulk_copy_sms=0):
         assert overlap.bulk_side(0, shard, 8192, 2048, 8192, jnp.bfloat16) == (0, 0)
     # Reduce-scatter: bulk_reduce_sms, over the whole GEMM, or nothing.
