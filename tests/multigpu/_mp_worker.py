@@ -118,6 +118,20 @@ if mode == "exchange":
                                                                           precision=HP),
                       (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2, ref2, tol)
+        # Bulk forms across processes: the gather exactly, the independent GEMM (big enough that
+        # with ipc its first rows run beside the gather's copy kernel: two GEMMs), the RS's sum.
+        a, af = global_array(10, (2048, 2048), dtype, P())
+        b, bf = global_array(11, (2048, 2048), dtype, P())
+        gref = af.astype(np.float64) @ bf.astype(np.float64)
+        g, gy = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP),
+                     (P("tp", None), P(), P()), (P(), P()))(x, a, b)
+        check(f"bulk_ag_{name}", g, xf, 0.0)
+        check(f"bulk_ag_gemm_{name}", gy, gref, tol)
+        r, ry = smap(lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp", precision=HP),
+                     (P("tp", None), P(), P()), (P("tp", None), P()))(x, a, b)
+        # rank q's [1536/tp, 1280] rows of x are its partial of a [1536/tp, 1280] sum.
+        check(f"bulk_rs_{name}", r, xf.astype(np.float64).reshape(tp, -1, 1280).sum(axis=0), tol)
+        check(f"bulk_rs_gemm_{name}", ry, gref, tol)
         if cs.transport == "ipc":
             # The piece variants across processes: push's last chunk in kPiece-signalled row
             # pieces, the chain's pieces as 2-D copies of column blocks.

@@ -40,6 +40,7 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, **layout):
     assert all(r.ok for r in results), format_failures(results)
     want = {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32",
             "gemm_rs_chain_bfloat16", "gemm_rs_chain_float32"}
+    want |= {f"bulk_{op}_{d}" for d in ("bfloat16", "float32") for op in ("ag", "ag_gemm", "rs", "rs_gemm")}
     if transport == "ipc":
         want |= {f"{op}_{m}_{d}" for d in ("bfloat16", "float32")
                  for op, m in (("ag_gemm", "all_peer"), ("ag_gemm", "push"), ("gemm_rs", "pipeline"),
