@@ -267,6 +267,8 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
     comm.ensure_capacity(s, (s.world if kind == 0 else 1) * math.prod(x2.shape) * es)
     side_sms, side_rows = bulk_side(kind, math.prod(x2.shape) * es, a.shape[0], a.shape[1],
                                     b.shape[1], a.dtype)
+    if kind == 0 and s.transport == "nccl":  # no same-device copies: NCCL's kernels go first
+        side_sms, side_rows = 0, 0
     if side_rows > 0:  # both GEMMs of the op: its first rows beside the collective, then the rest
         _warm(s, side_rows, b.shape[1], a.shape[1], a.dtype, precision, reserve_sms=side_sms)
     if side_rows < a.shape[0]:
