@@ -93,7 +93,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     t.Stop(span, c->comm(stream));
     return err;
   };
-  // A whole chunk within this GPU (publish, local copies into xg): SM work, see copy_blocks.
+  // The local shard within this GPU (publish, its rows of xg): SM work, see copy_blocks.
   auto same_device_copy = [&](const char* name, int chunk_rank, void* dst, const void* src,
                               int stream) -> Status {
     if (a.copy_blocks <= 0) {
@@ -151,8 +151,9 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       }
       if (xg == nullptr) continue;
       JAX_UB_RETURN_IF_ERROR(c->Wait(c->comm(local_stream), kDataReady, q, e, op));
-      JAX_UB_RETURN_IF_ERROR(
-          same_device_copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
+      // Peers' chunks land while the GEMM holds every SM (past its first rows): a copy of a few
+      // blocks would then trail the GEMM at a few blocks' speed, so these take the whole GPU.
+      JAX_UB_CUDA_RETURN(copy("local_copy", q, xg + q * chunk, buf + q * chunk, local_stream));
     }
     return Status::Ok();
   }

@@ -98,9 +98,9 @@ struct AgGemmArgs {
   // Called (ipc only) once the local shard's same-device copies are enqueued, before the peers'
   // chunks: the bulk form enqueues its GEMM there (see Bulk).
   std::function<Status()> after_local;
-  // > 0: the same-device copies (pull's publish, the copies into xg) are a kernel of at most this
-  // many blocks (kernels/copy.h) instead of CopyAsync, so that they run beside a GEMM that leaves
-  // SMs free instead of waiting for it to end (the bulk form).
+  // > 0: the local shard's same-device copies (pull's publish, its rows of xg) are a kernel of at
+  // most this many blocks (kernels/copy.h) instead of CopyAsync, so that they run beside a GEMM
+  // that leaves SMs free instead of waiting for it to end (the bulk form).
   int copy_blocks = 0;
 };
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla);
