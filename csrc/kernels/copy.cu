@@ -121,8 +121,11 @@ Status PreloadCopyKernels() {
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyVec));
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyBytes));
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyTma));
-  JAX_UB_CUDA_RETURN(cudaFuncSetAttribute(CopyTma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kTmaSmem)));
+  // Once per device (communicator creation), before any op launches CopyTma there.
+  if (HasTma()) {
+    JAX_UB_CUDA_RETURN(cudaFuncSetAttribute(CopyTma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kTmaSmem)));
+  }
   return Status::Ok();
 }
 
@@ -132,10 +135,7 @@ Status LaunchCopy(void* dst, const void* src, size_t bytes, int max_blocks, cuda
   const bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(src) % 16 == 0;
   const size_t vecs = aligned ? bytes / 16 : 0;
-  if (vecs > 0 && HasTma()) {
-    // The attribute is set at preload; setting it again is a host-side no-op.
-    JAX_UB_CUDA_RETURN(cudaFuncSetAttribute(CopyTma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kTmaSmem)));
+  if (vecs > 0 && HasTma()) {  // its shared-memory size was allowed at preload
     const size_t tiles = (vecs * 16 + kTmaTile - 1) / kTmaTile;
     CopyTma<<<static_cast<int>(tiles < static_cast<size_t>(max_blocks) ? tiles : max_blocks), 32,
               kTmaSmem, stream>>>(static_cast<char*>(dst), static_cast<const char*>(src), vecs * 16);

@@ -233,7 +233,7 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     if copy_sms:  # the GEMM runs in two parts
-        assert overlap_bulk_side(copy_sms, 640 * 1000 * jnp.dtype(dtype).itemsize, 4096, 1024, 2048,
+        assert _bulk_side_at(copy_sms, 640 * 1000 * jnp.dtype(dtype).itemsize, 4096, 1024, 2048,
                                  dtype)[1] in range(128, 4096, 128)
     x = _rand(31, (tp * 640, 1000), dtype)       # AG: gathered exactly
     z = _rand(34, (tp * tp * 640, 1000), dtype)  # RS: each rank's [tp*640, 1000] partial sums
@@ -266,7 +266,7 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     assert "jax_ub_bulk" in got.lower(x, z, a, b).as_text()
 
 
-def overlap_bulk_side(copy_sms, *args):
+def _bulk_side_at(copy_sms, *args):
     from jax_ub import config, overlap
 
     with config.override(bulk_copy_sms=copy_sms):
