@@ -21,6 +21,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
 | rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
+| rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
@@ -98,6 +99,7 @@ class Config:
     rs_chain_pieces: int = 0
     rs_chain_split: str = "auto"
     rs_column_pieces: int = 0
+    rs_pieces: int = 0
     ag_push_pieces: int = 0
     tuning_file: str = ""
     log_level: str = "WARNING"
@@ -135,8 +137,9 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 256]; got {getattr(self, name)!r}")
         if not 0 <= self.rs_chain_pieces <= 4:
             raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
-        if not 0 <= self.rs_column_pieces <= 8:
-            raise ValueError(f"rs_column_pieces must be in [0, 8]; got {self.rs_column_pieces!r}")
+        for name in ("rs_column_pieces", "rs_pieces"):
+            if not 0 <= getattr(self, name) <= 8:
+                raise ValueError(f"{name} must be in [0, 8]; got {getattr(self, name)!r}")
         if not 0 <= self.ag_push_pieces <= 4:
             raise ValueError(f"ag_push_pieces must be in [0, 4]; got {self.ag_push_pieces!r}")
         if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
@@ -182,6 +185,8 @@ class Config:
                                                  CHAIN_SPLITS)
         if "JAX_UB_RS_COLUMN_PIECES" in env:
             kw["rs_column_pieces"] = _bounded_int(env, "JAX_UB_RS_COLUMN_PIECES", 8)
+        if "JAX_UB_RS_PIECES" in env:
+            kw["rs_pieces"] = _bounded_int(env, "JAX_UB_RS_PIECES", 8)
         if "JAX_UB_AG_PUSH_PIECES" in env:
             kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
         if env.get("JAX_UB_TUNING_FILE", "").strip():

@@ -51,6 +51,15 @@ RS_CHAIN_PIECES = 2
 # candidate for method="auto" where a bench file measures it faster.
 RS_COLUMN_PIECES = 4
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
+# A bare reduce-scatter (ipc transport) pushes in this many row pieces, and each piece is summed as
+# soon as every peer's piece has landed, so only the last piece's sum follows the last push
+# (config.rs_pieces overrides; at most the rows per rank). Measured on 2xH200 (tp 2, bf16,
+# scripts/bulk_probe.py, 7 interleaved rounds): [8192, 8192] per rank 1 / 2 / 4 / 8 pieces
+# 0.291 / 0.264 / 0.266 / 0.297 ms, [8192, 4096] 0.286 / 0.267 / 0.273 / 0.299, [16384, 8192]
+# 0.516 / 0.492 / 0.465 / 0.490. The bulk reduce-scatter keeps one piece: its sums wait for the
+# GEMM's SMs either way, and in pieces they trickle in beside it (0.796 -> 0.822 ms at
+# 8192,8192,8192; 0.290 -> 0.324 at 8192,8192,2048, where the GEMM is the shorter).
+RS_PIECES = 4
 # GEMM->RS computes and pushes each peer's partial in two row pieces when a partial's size is in
 # this range (ipc transport): the first push starts after half a partial's GEMM. Measured on 4xH200,
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
@@ -220,6 +229,11 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
 
 
+def rs_pieces(rows: int) -> int:
+    """Row pieces of a bare reduce-scatter with ``rows`` output rows per rank (1..8)."""
+    return max(1, min(config.get().rs_pieces or RS_PIECES, rows, 8))
+
+
 def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ring") -> jax.Array:
     """``lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)`` over jax_ub's
     transport, accumulating in float32."""
@@ -230,7 +244,8 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = jax.ffi.ffi_call("jax_ub_reduce_scatter", y_t)(
-        x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS))
+        x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS),
+        splits=np.int32(rs_pieces(x3.shape[0] // s.world)))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 
 

@@ -168,7 +168,8 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.n = n;
   a.y = y->untyped_data();
   a.reduce_blocks = reduce_blocks;
-  const int max_splits = a.algo == RsAlgo::kChain     ? kMaxChainPieces
+  const int max_splits = w == nullptr                  ? kMaxSumPieces
+                         : a.algo == RsAlgo::kChain     ? kMaxChainPieces
                          : a.algo == RsAlgo::kColumns ? kMaxColumnPieces
                                                       : 2;
   if (splits < 1 || splits > max_splits) {
@@ -228,9 +229,9 @@ ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                                 ffi::Result<ffi::AnyBuffer> y, int64_t set_id, int32_t algo,
-                                int32_t reduce_blocks) {
+                                int32_t reduce_blocks, int32_t splits) {
   return RsImpl("reduce_scatter", stream, device, x, nullptr, &*y, nullptr, nullptr, set_id, algo,
-                false, reduce_blocks);
+                false, reduce_blocks, splits);
 }
 
 // Bulk overlap: collective of x (all-gather: out [world*m, k]; reduce-scatter: out [M/world, n])
@@ -347,6 +348,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                                   .Ret<ffi::AnyBuffer>()         // y: [M/world, n]
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // RsAlgo
-                                  .Attr<int32_t>("reduce_blocks"));  // blocks of the fp32 sum
+                                  .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
+                                  .Attr<int32_t>("splits"));     // row pieces, each summed on arrival (1-8)
 
 }  // namespace jax_ub

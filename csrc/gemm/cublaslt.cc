@@ -98,8 +98,10 @@ struct Plan {
   bool tuned = false;                      // algo was picked by timing the candidates
 };
 
+// The last bool is `accumulate`: the heuristic does not see beta, but a GEMM with an addend reads C
+// in its epilogue, so the fastest candidate may differ and is tuned (JAX_UB_GEMM_TUNE) apart.
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                           int, bool, size_t, int, int, int, int>;
+                           int, bool, size_t, int, int, int, int, bool>;
 
 std::mutex g_mu;
 std::map<int, lt::Handle>& Handles() {
@@ -224,7 +226,7 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
                                                         : Alignment(g.c);
   const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
                     static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
-                    align_c, g.sm_count};
+                    align_c, g.sm_count, g.accumulate};
   lt::Handle handle = nullptr;
   Plan* plan = nullptr;
   {

@@ -1,5 +1,6 @@
 // GEMM->RS schedule (push + fp32 reduce) and the bulk form: see schedules.h and
 // comm/communicator.h.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/reduce.h"
@@ -141,6 +142,54 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
   return Status::Ok();
 }
 
+// A bare reduce-scatter (w == nullptr) in `a.splits` row pieces (see schedules.h): each piece of
+// every destination's rows is pushed (piece-major: every peer gets piece 0 first), and each piece
+// is summed as soon as every peer's has landed, so only the last piece's sum follows the last push.
+Status RsPiecesBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
+  const int r = c->rank(), world = c->world();
+  const size_t es = DTypeSize(a.dtype);
+  const int64_t mo = a.M / world;
+  const size_t row = static_cast<size_t>(a.n) * es;
+  const size_t part = static_cast<size_t>(mo) * row;
+  const int pieces = static_cast<int>(std::min<int64_t>(a.splits, mo));
+  auto first = [&](int j) { return static_cast<size_t>(mo * j / pieces); };  // piece j's first row
+  static_assert(kMaxSumPieces < kPieceScale, "kPiece values overlap epochs");
+  const uint64_t base = e * kPieceScale + 1;
+  const char* x = static_cast<const char*>(a.x);
+  char* mine = static_cast<char*>(c->buffer());
+  for (int j = 0; j < pieces; ++j) {
+    const size_t off = first(j) * row, bytes = (first(j + 1) - first(j)) * row;
+    for (int i = 1; i < world; ++i) {
+      const int d = (r + i) % world;
+      const int si = a.algo == RsAlgo::kPipeline ? i : 1;
+      cudaStream_t s = c->comm(si);
+      if (j == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
+      const int span = t.Start("copy", d, CommLabel(si), s);
+      JAX_UB_CUDA_RETURN(CopyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + off,
+                                   x + d * part + off, bytes, s));
+      t.Stop(span, s);
+      JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, base + j));
+      if (j == pieces - 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
+    }
+  }
+  // Enqueued after every push, so a flag wait here never sits ahead of a push in a shared queue.
+  cudaStream_t red = c->comm(0);
+  std::vector<const void*> inputs(world);
+  for (int j = 0; j < pieces; ++j) {
+    const size_t off = first(j) * row;
+    for (int q = 0; q < world; ++q) {
+      if (q != r) JAX_UB_RETURN_IF_ERROR(c->Wait(red, kPiece, q, base + j, op));
+      inputs[q] = (q == r ? x : mine) + q * part + off;
+    }
+    const int span = t.Start("reduce", -1, CommLabel(0), red);
+    JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, static_cast<char*>(a.y) + off, inputs.data(),
+                                           world, (first(j + 1) - first(j)) * a.n,
+                                           ReduceBlocks(*c, a), red));
+    t.Stop(span, red);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
@@ -153,6 +202,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   if (a.algo == RsAlgo::kColumns && a.w != nullptr && world > 1) {
     return RsColumnsBody(c, a, op, e, t);
   }
+  if (a.w == nullptr && a.splits > 1 && mo > 1 && world > 1) return RsPiecesBody(c, a, op, e, t);
   char* mine = static_cast<char*>(c->buffer());  // slot q holds q's partial for me
   const RowGemm gemm = RowGemm::Of(a);
   // Partials run one after another on compute(0), in push order, so the first is ready after a

@@ -126,7 +126,8 @@ struct GemmRsArgs {
   int reduce_blocks = 0;    // blocks of the final fp32 sum (0: enough for the whole GPU)
   // Each peer's partial is computed and pushed in this many row pieces (1 or 2): the first push
   // starts after half a partial's GEMM (comm-bound shapes), the rest as before. kChain: pieces
-  // per step (1 to kMaxChainPieces).
+  // per step (1 to kMaxChainPieces). w == nullptr (ring, pipeline; 1 to kMaxSumPieces): the
+  // pushes go in row pieces, each summed as soon as every peer's has landed (RsPiecesBody).
   int splits = 1;
   // kChain: the pieces are column blocks (all rows, n / splits columns each: w is read once per
   // step, and a piece is pushed as one 2-D copy) instead of row blocks (each piece's GEMM reads all
@@ -137,6 +138,7 @@ struct GemmRsArgs {
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla);
 constexpr int kMaxChainPieces = 4;
 constexpr int kMaxColumnPieces = 8;
+constexpr int kMaxSumPieces = 8;
 size_t GemmRsBufferBytes(DType t, int64_t M, int64_t n);
 
 // Bulk overlap: a bare collective (all-gather or reduce-scatter of `coll`) under an independent

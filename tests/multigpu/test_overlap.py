@@ -221,6 +221,29 @@ def test_bare_collectives_random_pattern(ub):
     check_bare_collectives(ub, mesh, tp)
 
 
+@pytest.mark.parametrize("pieces", [1, 3, 8])
+@pytest.mark.parametrize("method", ["ring", "pipeline"])
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+def test_reduce_scatter_pieces(ub, tp, method, pieces):
+    """The bare reduce-scatter in row pieces (config.rs_pieces), each summed as soon as every
+    peer's piece has landed: 383 rows per rank split unevenly (3 and 8 do not divide them) into
+    pieces whose rows are 2002 bytes (unaligned sum inputs), and 5 rows per rank (8 pieces are cut
+    to 5), in bf16 and float32; every rank's contribution summed, poisoned outputs."""
+    _need(tp)
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    spec = dict(mesh=mesh, check_vma=False, in_specs=P("tp", None), out_specs=P("tp", None))
+    for dtype, rows, cols in ((jnp.bfloat16, 383, 1001), (jnp.float32, 383, 1001), (jnp.bfloat16, 5, 1000)):
+        z = _rand(43 + rows, (tp * tp * rows, cols), dtype)  # each rank's [tp * rows, cols] shard
+        with ub.config.override(rs_pieces=pieces):
+            got = jax.jit(jax.shard_map(lambda z: ub.overlap.reduce_scatter(z, "tp", method=method), **spec))
+            assert f"splits = {min(pieces, rows)} : i32" in got.lower(z).as_text()
+            _poison((rows, cols), dtype, mesh.devices.flat)
+            r = got(z)
+        want = np.asarray(z, np.float32).reshape(tp, tp * rows, cols).sum(axis=0)
+        assert _rel(r, want) <= (5e-3 if dtype == jnp.bfloat16 else 1e-6), (dtype, rows)
+
+
 @pytest.mark.parametrize("copy_sms", [0, 8, 100], ids=lambda n: f"copysms{n}")
 @pytest.mark.parametrize("method", ["ring", "push"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
