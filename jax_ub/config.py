@@ -21,7 +21,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
 | rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
 | rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
-| rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: ``overlap.RS_PIECES``) |
+| rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |

@@ -51,15 +51,18 @@ RS_CHAIN_PIECES = 2
 # candidate for method="auto" where a bench file measures it faster.
 RS_COLUMN_PIECES = 4
 REDUCE_BLOCKS = 0  # the final fp32 sum runs after the last GEMM: let it use the whole GPU
-# A bare reduce-scatter (ipc transport) pushes in this many row pieces, and each piece is summed as
-# soon as every peer's piece has landed, so only the last piece's sum follows the last push
-# (config.rs_pieces overrides; at most the rows per rank). Measured on 2xH200 (tp 2, bf16,
-# scripts/bulk_probe.py, 7 interleaved rounds): [8192, 8192] per rank 1 / 2 / 4 / 8 pieces
-# 0.291 / 0.264 / 0.266 / 0.297 ms, [8192, 4096] 0.286 / 0.267 / 0.273 / 0.299, [16384, 8192]
-# 0.516 / 0.492 / 0.465 / 0.490. The bulk reduce-scatter keeps one piece: its sums wait for the
-# GEMM's SMs either way, and in pieces they trickle in beside it (0.796 -> 0.822 ms at
-# 8192,8192,8192; 0.290 -> 0.324 at 8192,8192,2048, where the GEMM is the shorter).
+# A bare reduce-scatter (ipc transport) pushes in row pieces, each summed as soon as every peer's
+# piece has landed, so only the last piece's sum follows the last push: one piece per
+# RS_PIECE_BYTES of a peer's rows, at most RS_PIECES (config.rs_pieces sets the count instead; at
+# most the rows per rank). Each piece costs ~10-15 us (flag waits, a copy and a sum launch).
+# Measured on 2xH200 (tp 2, bf16, scripts/rs_pieces_probe.py, 7 interleaved rounds, two runs), ms
+# for 1 / 2 / 4 pieces: 16.8 MB per peer 0.107 / 0.108 / 0.133 and 0.116 / 0.120 / 0.145;
+# 33.6 MB 0.171 / 0.164 / 0.181 and 0.171 / 0.166 / 0.180; 67.1 MB 0.310 / 0.301 / 0.315 and
+# 0.293 / 0.282 / 0.325; 134 MB 0.547 / 0.488 / 0.481 and 0.536 / 0.503 / 0.487 (NCCL 0.62).
+# The bulk reduce-scatter keeps one piece: its sums wait for the GEMM's SMs either way, and in
+# pieces they trickle in beside it (scripts/bulk_probe.py: 0.796 -> 0.822 ms at 8192,8192,8192).
 RS_PIECES = 4
+RS_PIECE_BYTES = 32 << 20
 # GEMM->RS computes and pushes each peer's partial in two row pieces when a partial's size is in
 # this range (ipc transport): the first push starts after half a partial's GEMM. Measured on 4xH200,
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
@@ -229,9 +232,12 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
 
 
-def rs_pieces(rows: int) -> int:
-    """Row pieces of a bare reduce-scatter with ``rows`` output rows per rank (1..8)."""
-    return max(1, min(config.get().rs_pieces or RS_PIECES, rows, 8))
+def rs_pieces(rows: int, row_bytes: int) -> int:
+    """Row pieces of a bare reduce-scatter with ``rows`` output rows of ``row_bytes`` per rank
+    (what each peer receives from each other): ``config.rs_pieces``, or one per
+    ``RS_PIECE_BYTES`` up to ``RS_PIECES``; 1..8 and at most ``rows``."""
+    want = config.get().rs_pieces or min(RS_PIECES, rows * row_bytes // RS_PIECE_BYTES)
+    return max(1, min(want, rows, 8))
 
 
 def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ring") -> jax.Array:
@@ -245,7 +251,7 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = jax.ffi.ffi_call("jax_ub_reduce_scatter", y_t)(
         x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS),
-        splits=np.int32(rs_pieces(x3.shape[0] // s.world)))
+        splits=np.int32(rs_pieces(x3.shape[0] // s.world, x3.shape[1] * jnp.dtype(x.dtype).itemsize)))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 
 

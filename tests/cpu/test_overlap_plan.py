@@ -102,3 +102,21 @@ def test_bulk_side_rows_cover_the_copies():
     assert overlap.bulk_side(1, shard, 8192, 2048, 8192, jnp.bfloat16) == (0, 0)
     with config.override(bulk_reduce_sms=16):
         assert overlap.bulk_side(1, shard, 8192, 2048, 8192, jnp.bfloat16) == (16, 8192)
+
+
+def test_rs_pieces_by_size_and_override():
+    """The bare reduce-scatter's row pieces: one per RS_PIECE_BYTES of a peer's rows, at most
+    RS_PIECES, never more than the rows; config.rs_pieces sets the count (still <= rows)."""
+    mib = 1 << 20
+    with config.override(rs_pieces=0):
+        assert overlap.rs_pieces(4096, 4096 * 2) == 1                  # 32 MiB: one piece
+        assert overlap.rs_pieces(4096, 4096 * 2 - 2) == 1              # just under
+        assert overlap.rs_pieces(2 * 4096, 4096 * 2) == 2              # 64 MiB
+        assert overlap.rs_pieces(16384, 8192 * 2) == overlap.RS_PIECES  # 256 MiB: capped
+        assert overlap.rs_pieces(3, 1024 * mib) == 3                   # huge rows, 3 of them
+        assert overlap.rs_pieces(128, 1000) == 1
+    with config.override(rs_pieces=8):
+        assert overlap.rs_pieces(1000, 10) == 8
+        assert overlap.rs_pieces(5, 10) == 5
+    with config.override(rs_pieces=1):
+        assert overlap.rs_pieces(16384, 8192 * 2) == 1
