@@ -69,29 +69,46 @@ RS_PIECE_BYTES = 32 << 20
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
 # The chain's pieces are column blocks (each piece's GEMM reads a column block of w, not all of w)
-# when a step has at most this many rows per rank; config.rs_chain_split overrides. Off (0) by
-# default: on 4xH200 (tp 4, bf16, 2 pieces, two interleaved runs) columns were faster at
-# 8192,8192,8192 (0.530 / 0.505 ms against rows' 0.549 / 0.567) but slower at 8192,8192,28672
-# (1.670 / 1.756 against 1.637 / 1.714) and mixed at the others: no consistent gain yet.
-RS_CHAIN_COLS_MAX_ROWS = 0
-# AG->GEMM push: the last peer chunk goes in this many row pieces when the local N is at most
-# AG_PUSH_PIECES_MAX_N (where a chunk's copy takes about as long as its GEMM, the op could end one
-# piece's GEMM after the last copy instead of one chunk's); config.ag_push_pieces overrides. One
-# piece by default: on 4xH200 (tp 4, bf16) 2 or 4 pieces gained nothing beyond run-to-run noise
-# (8192,8192,8192: 1 / 2 / 4 pieces 0.559 / 0.491 / 0.562 ms in one run, 0.474 / 0.535 / 0.504 in
-# the next): a 2048-row chunk's GEMM is about one wave of output tiles, and a piece of it is
-# not much shorter.
-AG_PUSH_PIECES = 1
-AG_PUSH_PIECES_MAX_N = 4096
+# when the output width n is at most this; config.rs_chain_split overrides. Measured with 2 pieces
+# per step (bf16, scripts/piece_probe.py, interleaved), ms for rows / cols:
+#   2xH200 tp 2: 8192,4096,4096 0.278 / 0.243 and 0.274 / 0.267; 4096,4096,4096 0.142 / 0.139;
+#   16384,4096,1024 0.149 / 0.146; 8192,8192,4096 0.464 / 0.457; 16384,8192,2048 0.448 / 0.434;
+#   2048,8192,8192 0.226 / 0.220; 8192,8192,8192 0.848 / 0.859; 8192,8192,28672 3.049 / 3.101.
+#   4xH200 tp 4: 8192,8192,8192 0.549 / 0.530 and 0.567 / 0.505; 8192,8192,28672 1.637 / 1.670
+#   and 1.714 / 1.756; 16384,12288,12288 and 2048,8192,28672 mixed.
+RS_CHAIN_COLS_MAX_N = 8192
+# AG->GEMM push: the last peer chunk to land goes in 2 or 4 row pieces where a model of the
+# schedule says that ends the op at least AG_PUSH_PIECES_GAIN sooner (config.ag_push_pieces sets
+# the count instead). The model (_push_end): chunk copies at AG_PUSH_COPY_GBPS one ring step after
+# another, chunk GEMMs at GEMM_TFLOPS one at a time, a piece's GEMM at least AG_PUSH_PIECE_MIN_MS
+# (scripts/piece_gemm_probe.py: 128-512-row pieces at K 8192 take 0.028-0.044 ms alone),
+# AG_PUSH_PIECE_MS per extra piece. Pieces
+# pay off only where a chunk's copy outlasts its GEMM: the op then ends one piece's GEMM after the
+# last copy instead of one chunk's. Measured on 2xH200 (tp 2, bf16, scripts/piece_probe.py with
+# PROBE_OPS=ag, two interleaved runs), ms for 1 / 2 / 4 pieces:
+#   16384,8192,2048   0.599 / 0.525 / 0.492 and 0.586 / 0.496 / 0.471  (model: 4)
+#   32768,4096,2048   0.602 / 0.513 / 0.480 and 0.589 / 0.506 / 0.472  (model: 4)
+#   8192,8192,2048    0.333 / 0.297 / 0.298 and 0.304 / 0.271 / 0.266  (model: 2)
+#   16384,8192,1024   0.487 / 0.447 / 0.445                            (model: 4)
+#   16384,8192,4096   0.821 / 0.806 / 0.832 and 0.823 / 0.816 / 0.826  (model: 1)
+#   8192,8192,8192    0.813 / 0.814 / 0.826 and 0.809 / 0.820 / 0.836  (model: 1)
+#   2048,8192,8192    0.206 / 0.214 / 0.254                            (model: 1)
+#   16384,4096,1024   0.264 / 0.264 / 0.288                            (model: 1)
+# At the tp-4 bench shapes the model gives 1, as measured there (9th session: 2 or 4 pieces gained
+# nothing beyond run-to-run noise).
+AG_PUSH_COPY_GBPS = 335.0
+AG_PUSH_PIECE_MS = 0.02
+AG_PUSH_PIECE_MIN_MS = 0.03
+AG_PUSH_PIECES_GAIN = 0.05
 # The bulk all-gather's same-device copies (publish, own rows; SM work) run beside the first rows
 # of the GEMM, which leave config.bulk_copy_sms SMs to them (cuBLASLt's SM-count target): enough
 # rows to outlast the copies by the estimate below (copies on k SMs at BULK_COPY_GBPS_PER_SM
-# each, the GEMM at BULK_GEMM_TFLOPS), times BULK_SIDE_MARGIN, in multiples of 128 rows.
+# each, the GEMM at GEMM_TFLOPS), times BULK_SIDE_MARGIN, in multiples of 128 rows.
 # Measured on 2xH200 (scripts/bulk_probe.py traces): beside the GEMM a copy block moves ~32 GB/s
 # whatever its loads (plain 16-byte loads or bulk TMA copies): 64 MiB took 0.48 / 0.25 / 0.14 ms
 # on 4 / 8 / 16 SMs. The GEMM's L2 traffic is shared out per SM, so a copy needs many SMs.
 BULK_COPY_GBPS_PER_SM = 32.0
-BULK_GEMM_TFLOPS = 700.0
+GEMM_TFLOPS = 700.0
 BULK_SIDE_MARGIN = 1.5
 
 
@@ -144,7 +161,8 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
     keep = need_full or (method != "push" and s.transport != "nccl")
     xg_t = _ffi.result_type((*rows, x2.shape[-1]) if keep else (0, x2.shape[-1]), x.dtype, x2, w)
-    pieces = ag_push_pieces(method, math.prod(x2.shape[:-1]), w.shape[1]) if s.transport != "nccl" else 1
+    pieces = (ag_push_pieces(method, math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], es, s.world)
+              if s.transport != "nccl" else 1)
     if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
         _warm(s, math.prod(x2.shape[:-1]) // pieces, w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = jax.ffi.ffi_call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
@@ -170,7 +188,7 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
     rows = (M // s.world) * inner
     splits = rs_splits(method, rows, n, es)
-    cols = method == "chain" and s.transport != "nccl" and rs_chain_cols(splits, rows, n, es)
+    cols = method == "chain" and s.transport != "nccl" and rs_chain_cols(splits, n, es)
     # The pieces' GEMMs are other shapes: prepare (tune) them too.
     pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
     if method == "columns":  # one GEMM per column block over all M rows
@@ -198,22 +216,43 @@ def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
     return 2 if RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
 
 
-def rs_chain_cols(pieces: int, rows: int, n: int, itemsize: int) -> bool:
-    """Whether the chain GEMM->RS cuts each step (``rows`` x ``n`` per rank) into column blocks
-    rather than row blocks (the kernel needs equal, 16-byte aligned blocks)."""
+def rs_chain_cols(pieces: int, n: int, itemsize: int) -> bool:
+    """Whether the chain GEMM->RS cuts each step (output width ``n``) into column blocks rather
+    than row blocks (the kernel needs equal, 16-byte aligned blocks)."""
     if pieces < 2 or n % pieces or (n // pieces * itemsize) % 16:
         return False
     want = config.get().rs_chain_split
-    return want == "cols" or (want == "auto" and rows <= RS_CHAIN_COLS_MAX_ROWS)
+    return want == "cols" or (want == "auto" and n <= RS_CHAIN_COLS_MAX_N)
 
 
-def ag_push_pieces(method: str, rows: int, n: int) -> int:
-    """Row pieces of the last peer chunk (``rows`` local rows) of a push AG->GEMM with local
-    output width ``n`` (a divisor of ``rows``; 1 for the other algorithms)."""
+def _push_end(world: int, copy_ms: float, gemm_ms: float, pieces: int) -> float:
+    """Modelled end (ms) of a push AG->GEMM: the local chunk's GEMM first; peer chunk i lands at
+    ring step i (i copies in), the last one in ``pieces`` row pieces; one GEMM at a time."""
+    t = gemm_ms
+    for i in range(1, world - 1):
+        t = max(t, i * copy_ms) + gemm_ms
+    for j in range(pieces):
+        landed = (world - 2) * copy_ms + copy_ms * (j + 1) / pieces
+        piece_ms = gemm_ms if pieces == 1 else max(gemm_ms / pieces, AG_PUSH_PIECE_MIN_MS)
+        t = max(t, landed) + piece_ms + (AG_PUSH_PIECE_MS if j else 0.0)
+    return t
+
+
+def ag_push_pieces(method: str, rows: int, n: int, k: int, itemsize: int, world: int) -> int:
+    """Row pieces of the last peer chunk (``rows`` local rows of ``k``) of a push AG->GEMM with
+    local output width ``n`` over ``world`` ranks: ``config.ag_push_pieces``, or 1, 2 or 4 by the
+    model above; a divisor of ``rows`` (1 for the other algorithms)."""
     if method not in ("push", "chain"):
         return 1
-    want = config.get().ag_push_pieces or (AG_PUSH_PIECES if n <= AG_PUSH_PIECES_MAX_N else 1)
-    return next(p for p in range(want, 0, -1) if rows % p == 0)
+    want = config.get().ag_push_pieces
+    if not want and world > 1 and rows > 0:
+        copy_ms = rows * k * itemsize / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
+        rate = GEMM_TFLOPS * 1e12 * (1.0 if itemsize <= 2 else 0.25)
+        gemm_ms = 2.0 * rows * k * n / rate * 1e3
+        ends = {p: _push_end(world, copy_ms, gemm_ms, p) for p in (1, 2, 4)}
+        best = min(ends, key=ends.__getitem__)
+        want = best if ends[best] <= ends[1] * (1 - AG_PUSH_PIECES_GAIN) else 1
+    return next(p for p in range(max(want, 1), 0, -1) if rows % p == 0)
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:
@@ -271,7 +310,7 @@ def bulk_side(kind: int, x_bytes: int, m: int, k: int, n: int, dtype: Any) -> tu
         return 0, 0
     t_copy = 2 * x_bytes / (sms * BULK_COPY_GBPS_PER_SM * 1e9)
     flops_per_row = 2 * k * n
-    rate = BULK_GEMM_TFLOPS * 1e12 * (1.0 if jnp.dtype(dtype).itemsize <= 2 else 0.25)
+    rate = GEMM_TFLOPS * 1e12 * (1.0 if jnp.dtype(dtype).itemsize <= 2 else 0.25)
     rows = BULK_SIDE_MARGIN * t_copy * rate / max(flops_per_row, 1)
     return sms, min(m, max(128, -(-math.ceil(rows) // 128) * 128))
 

@@ -8,10 +8,13 @@ power drift hits every variant alike) of the GEMM on every GPU, then:
   (``rs_column_pieces``), the 4-block one also with its block sums held to one block per SM.
 
     python scripts/piece_probe.py TP [M,K,N ...]   (default: the four tp-4 bench shapes)
+
+PROBE_OPS=ag runs the AG part only.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import jax
@@ -61,6 +64,8 @@ def main():
             v[f"push{pieces}"] = (f, (x, w))
         r = interleaved(v)
         print(f"PIECES ag tp{tp} {M},{K},{N}: " + ", ".join(f"{k} {t:.3f}" for k, t in r.items()), flush=True)
+        if os.environ.get("PROBE_OPS", "ag,rs") == "ag":
+            continue
         # RS: x[M, K/tp] @ w[K/tp, N], reduce-scattered over M.
         x, w = rand((M, K), P(None, "tp")), rand((K, N), P("tp", None))
         v = {"gemm all GPUs": (smap(lambda a, b: mm(a, b)[None], (P(None, "tp"), P("tp", None)),

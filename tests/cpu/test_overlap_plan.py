@@ -38,34 +38,46 @@ def test_ring_splits_by_partial_size(method):
 
 
 def test_chain_column_pieces_need_aligned_equal_blocks():
-    """Column pieces only where n splits into equal 16-byte blocks; ``rows`` always refuses."""
+    """Column pieces only where n splits into equal 16-byte blocks; ``rows`` always refuses;
+    ``auto`` takes columns up to RS_CHAIN_COLS_MAX_N."""
     with config.override(rs_chain_split="cols"):
-        assert overlap.rs_chain_cols(2, 512, 28672, 2)
-        assert not overlap.rs_chain_cols(1, 512, 28672, 2)   # one piece: nothing to split
-        assert not overlap.rs_chain_cols(3, 512, 1000, 2)    # 1000 % 3 != 0
-        assert not overlap.rs_chain_cols(4, 512, 1000, 2)    # 250 * 2 bytes: not 16-byte blocks
-        assert overlap.rs_chain_cols(4, 512, 1024, 4)
+        assert overlap.rs_chain_cols(2, 28672, 2)
+        assert not overlap.rs_chain_cols(1, 28672, 2)   # one piece: nothing to split
+        assert not overlap.rs_chain_cols(3, 1000, 2)    # 1000 % 3 != 0
+        assert not overlap.rs_chain_cols(4, 1000, 2)    # 250 * 2 bytes: not 16-byte blocks
+        assert overlap.rs_chain_cols(4, 1024, 4)
     with config.override(rs_chain_split="rows"):
-        assert not overlap.rs_chain_cols(2, 512, 28672, 2)
-    with config.override(rs_chain_split="auto"):  # up to RS_CHAIN_COLS_MAX_ROWS rows per step
-        lim = overlap.RS_CHAIN_COLS_MAX_ROWS
-        assert overlap.rs_chain_cols(2, 1, 28672, 2) == (lim >= 1)
-        assert overlap.rs_chain_cols(2, max(lim, 1), 28672, 2) == (lim >= 1)
-        assert not overlap.rs_chain_cols(2, lim + 1, 28672, 2)
+        assert not overlap.rs_chain_cols(2, 4096, 2)
+    with config.override(rs_chain_split="auto"):
+        lim = overlap.RS_CHAIN_COLS_MAX_N
+        assert overlap.rs_chain_cols(2, lim, 2)
+        assert overlap.rs_chain_cols(2, 1024, 2)
+        assert not overlap.rs_chain_cols(2, lim + 16, 2)
+        assert not overlap.rs_chain_cols(2, 28672, 2)
+        assert not overlap.rs_chain_cols(4, 1000, 2)     # narrow but not 16-byte blocks: rows
 
 
 def test_ag_push_pieces_rule_and_override():
-    """The push's last chunk goes in pieces only where the local N is narrow (copy >= GEMM per
-    chunk); other algorithms never; an override wins; the count divides the local rows."""
-    narrow, wide = overlap.AG_PUSH_PIECES_MAX_N, overlap.AG_PUSH_PIECES_MAX_N + 8
-    assert overlap.ag_push_pieces("push", 2048, narrow) == overlap.AG_PUSH_PIECES
-    assert overlap.ag_push_pieces("push", 2048, wide) == 1
+    """The push's last chunk goes in pieces where the schedule model says the op ends >= 5%
+    sooner: comm-bound chunks (copy longer than the chunk's GEMM) of GEMMs long enough to split;
+    other algorithms never; an override wins; the count divides the local rows."""
+    # (rows, n, k) at tp 2, bf16: measured best on 2xH200 (scripts/piece_probe.py).
+    assert overlap.ag_push_pieces("push", 8192, 1024, 8192, 2, 2) == 4   # 16384,8192,2048
+    assert overlap.ag_push_pieces("push", 4096, 1024, 8192, 2, 2) == 2   # 8192,8192,2048
+    assert overlap.ag_push_pieces("push", 8192, 2048, 8192, 2, 2) == 1   # 16384,8192,4096: GEMM-bound
+    assert overlap.ag_push_pieces("push", 8192, 512, 4096, 2, 2) == 1    # tiny GEMMs: no gain
+    assert overlap.ag_push_pieces("push", 4096, 4096, 8192, 2, 2) == 1   # 8192,8192,8192
+    # The tp-4 bench shapes: GEMM-bound or balanced chunks, one piece.
+    for M, K, N in ((8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)):
+        assert overlap.ag_push_pieces("push", M // 4, N // 4, K, 2, 4) == 1
+    assert overlap.ag_push_pieces("ring", 8192, 1024, 8192, 2, 2) == 1
+    assert overlap.ag_push_pieces("push", 8194, 1024, 8192, 2, 2) == 2   # 4 and 3 do not divide 8194
     with config.override(ag_push_pieces=4):
-        assert overlap.ag_push_pieces("push", 2048, wide) == 4
-        assert overlap.ag_push_pieces("ring", 2048, narrow) == 1
+        assert overlap.ag_push_pieces("push", 2048, 8192, 1024, 2, 4) == 4
+        assert overlap.ag_push_pieces("ring", 2048, 8192, 1024, 2, 4) == 1
     with config.override(ag_push_pieces=3):
-        assert overlap.ag_push_pieces("push", 2048, wide) == 2   # 3 does not divide 2048
-        assert overlap.ag_push_pieces("chain", 2046, wide) == 3
+        assert overlap.ag_push_pieces("push", 2048, 8192, 1024, 2, 4) == 2   # 3 does not divide 2048
+        assert overlap.ag_push_pieces("chain", 2046, 8192, 1024, 2, 4) == 3
 
 
 @pytest.mark.parametrize("n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1),
@@ -88,10 +100,10 @@ def test_bulk_side_rows_cover_the_copies():
         sms, rows = overlap.bulk_side(0, shard, 8192, 2048, 8192, jnp.bfloat16)
     assert sms == 16
     t_copy = 2 * shard / (sms * overlap.BULK_COPY_GBPS_PER_SM * 1e9)
-    t_rows = rows * 2 * 2048 * 8192 / (overlap.BULK_GEMM_TFLOPS * 1e12)
+    t_rows = rows * 2 * 2048 * 8192 / (overlap.GEMM_TFLOPS * 1e12)
     assert rows % 128 == 0 and 0 < rows < 8192
     assert overlap.BULK_SIDE_MARGIN * t_copy <= t_rows
-    assert t_rows < overlap.BULK_SIDE_MARGIN * t_copy + 128 * 2 * 2048 * 8192 / (overlap.BULK_GEMM_TFLOPS * 1e12)
+    assert t_rows < overlap.BULK_SIDE_MARGIN * t_copy + 128 * 2 * 2048 * 8192 / (overlap.GEMM_TFLOPS * 1e12)
     # A GEMM shorter than the copies runs whole beside them; a tiny one still gets 128 rows or all.
     k = config.get().bulk_copy_sms
     assert overlap.bulk_side(0, shard, 1024, 256, 256, jnp.bfloat16) == (k, 1024)
