@@ -16,9 +16,15 @@ from jax_ub import _ext
 BENCH = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
 
 
-def main() -> None:
+def tune_args() -> tuple[int, int]:
+    """(candidates, reps) from argv[1:3] (default 16, 20): how the GEMM probes time cuBLASLt."""
     cands = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    return cands, reps
+
+
+def main() -> None:
+    cands, reps = tune_args()
     mod = _ext.extension()
     print(f"{'tp':>2} {'M,K,N':>18} {'piece m,n,k':>18} {'pieces':>6} | plain: heur  best (#) | "
           f"addend: heur  best (#) | addend/plain best | pieces sum / whole")

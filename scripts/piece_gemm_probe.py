@@ -6,16 +6,13 @@ tail after the last copy is the last chunk's GEMM, or with pieces the last piece
 """
 from __future__ import annotations
 
-import sys
+from addend_probe import BENCH, tune_args  # scripts/ is on sys.path when run as a script
 
 from jax_ub import _ext
 
-BENCH = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
-
 
 def main() -> None:
-    cands = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    cands, reps = tune_args()
     mod = _ext.extension()
     print(f"{'tp':>2} {'M,K,N':>18} {'rows':>5} {'n':>6} {'k':>6} | heur ms  best ms (#) | "
           f"best / whole chunk's best")
