@@ -225,6 +225,12 @@ def rs_chain_cols(pieces: int, n: int, itemsize: int) -> bool:
     return want == "cols" or (want == "auto" and n <= RS_CHAIN_COLS_MAX_N)
 
 
+def gemm_flops_per_s(itemsize: int) -> float:
+    """The GEMM rate the schedule estimates assume: GEMM_TFLOPS for 16-bit operands, a quarter
+    of it for float32."""
+    return GEMM_TFLOPS * 1e12 * (1.0 if itemsize <= 2 else 0.25)
+
+
 def _push_end(world: int, copy_ms: float, gemm_ms: float, pieces: int) -> float:
     """Modelled end (ms) of a push AG->GEMM: the local chunk's GEMM first; peer chunk i lands at
     ring step i (i copies in), the last one in ``pieces`` row pieces; one GEMM at a time."""
@@ -247,8 +253,7 @@ def ag_push_pieces(method: str, rows: int, n: int, k: int, itemsize: int, world:
     want = config.get().ag_push_pieces
     if not want and world > 1 and rows > 0:
         copy_ms = rows * k * itemsize / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
-        rate = GEMM_TFLOPS * 1e12 * (1.0 if itemsize <= 2 else 0.25)
-        gemm_ms = 2.0 * rows * k * n / rate * 1e3
+        gemm_ms = 2.0 * rows * k * n / gemm_flops_per_s(itemsize) * 1e3
         ends = {p: _push_end(world, copy_ms, gemm_ms, p) for p in (1, 2, 4)}
         best = min(ends, key=ends.__getitem__)
         want = best if ends[best] <= ends[1] * (1 - AG_PUSH_PIECES_GAIN) else 1
@@ -310,8 +315,7 @@ def bulk_side(kind: int, x_bytes: int, m: int, k: int, n: int, dtype: Any) -> tu
         return 0, 0
     t_copy = 2 * x_bytes / (sms * BULK_COPY_GBPS_PER_SM * 1e9)
     flops_per_row = 2 * k * n
-    rate = GEMM_TFLOPS * 1e12 * (1.0 if jnp.dtype(dtype).itemsize <= 2 else 0.25)
-    rows = BULK_SIDE_MARGIN * t_copy * rate / max(flops_per_row, 1)
+    rows = BULK_SIDE_MARGIN * t_copy * gemm_flops_per_s(jnp.dtype(dtype).itemsize) / max(flops_per_row, 1)
     return sms, min(m, max(128, -(-math.ceil(rows) // 128) * 128))
 
 
