@@ -79,6 +79,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   // peers wait on this device (one process, several GPUs).
   JAX_UB_RETURN_IF_ERROR(PreloadFlagKernels());
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->start_, cudaEventDisableTiming));
+  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->begun_, cudaEventDisableTiming));
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * o.world;
@@ -205,6 +206,7 @@ Status Communicator::Destroy() {
   cudaEventDestroy(read_done_);
   cudaEventDestroy(poisoned_);
   cudaEventDestroy(start_);
+  cudaEventDestroy(begun_);
   for (auto e : join_) cudaEventDestroy(e);
   for (auto e : events_) cudaEventDestroy(e);
   buffer_ = nullptr;
@@ -380,6 +382,10 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   for (int q = 0; q < o_.world; ++q) {
     if (q != o_.rank) JAX_UB_RETURN_IF_ERROR(Signal(s, kReady, q, e));
   }
+  JAX_UB_CUDA_RETURN(cudaEventRecord(begun_, s));
+  std::lock_guard<std::mutex> lock(mu_);
+  begun_epoch_ = e;
+  begun_op_ = op;
   return Status::Ok();
 }
 
@@ -520,7 +526,7 @@ void Communicator::Poll() {
                         << FlagValue(slot, have)
                         << "). The peer never arrived: is its process alive, and does every "
                            "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
-                        << FlagReadAge(now);
+                        << FlagReadAge(now) << GpuState();
       std::fprintf(stderr, "%s\n", msg.c_str());
       std::fflush(stderr);
       if (error_.empty()) error_ = msg;
@@ -550,6 +556,47 @@ std::string Communicator::FlagReadAge(std::chrono::steady_clock::time_point now)
     out << ago(last_fresh_) << " s ago";
   }
   if (read_in_flight_) out << "; a read issued " << ago(read_issued_) << " s ago has not completed";
+  out << "]";
+  return out;
+}
+
+std::string Communicator::GpuState() const {
+  // Queries only (never blocks): a stuck stream may share a hardware queue with anything we'd
+  // enqueue here.
+  auto state = [](cudaError_t q) {
+    cudaGetLastError();
+    return q == cudaSuccess ? "yes" : q == cudaErrorNotReady ? "no" : "unknown";
+  };
+  StrCat out;
+  out << " [this rank's GPU: its latest op (epoch " << begun_epoch_ << ", " << begun_op_
+      << "): XLA's stream had reached it: " << state(cudaEventQuery(start_))
+      << "; its handshake (done-reading waits, buffer-free signals) had run: "
+      << state(cudaEventQuery(begun_)) << "; busy side streams:";
+  bool any = false;
+  for (int i = 0; i < o_.world; ++i) {
+    if (cudaStreamQuery(comm_[i]) == cudaErrorNotReady) {
+      out << " comm" << i;
+      any = true;
+    }
+    cudaGetLastError();
+  }
+  for (int i = 0; i < kNumComputeStreams; ++i) {
+    if (cudaStreamQuery(compute_[i]) == cudaErrorNotReady) {
+      out << " compute" << i;
+      any = true;
+    }
+    cudaGetLastError();
+  }
+  if (!any) out << " none";
+  out << "; flags as last read:";
+  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
+    for (int q = 0; q < o_.world; ++q) {
+      if (q != o_.rank) {
+        out << " " << SlotName(slot) << "[" << q << "]="
+            << FlagValue(slot, host_flags_[slot * o_.world + q]);
+      }
+    }
+  }
   out << "]";
   return out;
 }

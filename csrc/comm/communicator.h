@@ -162,6 +162,11 @@ class Communicator {
   // never signalled.
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
   cudaEvent_t start_ = nullptr;
+  // Recorded on comm(0) after Begin's handshake (done-reading waits, buffer-free signals). With
+  // start_ it lets a timeout say how far this rank's GPU got, not only what its host enqueued.
+  cudaEvent_t begun_ = nullptr;
+  uint64_t begun_epoch_ = 0;      // with mu_ held
+  const char* begun_op_ = "";     // with mu_ held
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
   cudaEvent_t events_[kNumEvents] = {};
   uint64_t epoch_ = 0;
@@ -190,6 +195,7 @@ class Communicator {
   Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
   void PollNccl();                        // with mu_ held
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
+  std::string GpuState() const;                                               // with mu_ held
   std::atomic<bool> any_pending_{false};
   std::atomic<int> inject_{kFailNone};
 };

@@ -140,6 +140,9 @@ def _missing_peer(capsys, n, transport, **layout):
         assert not r.timed_out, format_failures(results)
         if transport == "ipc":
             assert f"waiting for rank {missing}" in r.stderr, format_failures(results)
+            # How far this rank's own GPU got (the first op: no done-reading waits to pass).
+            assert "XLA's stream had reached it: yes" in r.stderr, format_failures(results)
+            assert "buffer-free signals) had run: yes" in r.stderr, format_failures(results)
         else:  # NCCL cannot tell which peer is missing: the message names them all
             assert "in NCCL send/recv with ranks" in r.stderr, format_failures(results)
             assert str(missing) in r.stderr.split("with ranks", 1)[1].split("(")[0]

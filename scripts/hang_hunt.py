@@ -1,0 +1,145 @@
+"""Hunts the rare hang: runs a random mix of every ipc op kind (AG->GEMM ring/all_peer/push, GEMM->RS
+ring/pipeline/chain/columns, bare all-gather and reduce-scatter in 1/2/4 pieces, bulk AG/RS) over
+all local GPUs for a time budget. Each round traces fresh programs (so trace-time GEMM warm-ups run
+while earlier ops are still in flight, as in the test tier), dispatches a few of them back to back,
+puts XLA work between them (a matmul and an NCCL psum), and checks one result per round against
+XLA. Prints one line per 20 rounds, the first error (the watchdog's message says how far each
+rank's GPU got), and a final count.
+
+    JAX_UB_TIMEOUT=20 python scripts/hang_hunt.py [seconds] [seed]
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_ub
+from jax_ub import config, overlap
+
+# local (per-rank) rows, K, N: small enough for many ops per second, a few larger ones
+SHAPES = [(256, 1024, 1024), (512, 2048, 1024), (1024, 1024, 2048), (384, 1536, 768),
+          (2048, 4096, 2048)]
+
+
+def main():
+    budget = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    rng = random.Random(seed)
+    tp = len(jax.devices())
+    mesh = jax.make_mesh((tp,), ("tp",))
+    jax_ub.initialize(mesh, "tp")
+    row = NamedSharding(mesh, P("tp", None))
+    col = NamedSharding(mesh, P(None, "tp"))
+
+    def smap(f, in_specs, out_specs):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                     check_vma=False))
+
+    def make(kind, m, k, n, dtype):
+        """(jitted f, args, reference f) for one op kind at local shape (m, k, n)."""
+        key = jax.random.key(rng.randrange(1 << 30))
+        ka, kb = jax.random.split(key)
+        if kind.startswith("ag_"):
+            x = jax.device_put(jax.random.normal(ka, (tp * m, k), dtype), row)
+            w = jax.device_put(jax.random.normal(kb, (k, tp * n), dtype) / k ** 0.5, col)
+            meth = kind[3:]
+            f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=meth),
+                     (P("tp", None), P(None, "tp")), P(None, "tp"))
+            return f, (x, w), lambda x, w: x @ w
+        if kind.startswith("rs_"):
+            x = jax.device_put(jax.random.normal(ka, (tp * m, tp * k), dtype), col)
+            w = jax.device_put(jax.random.normal(kb, (tp * k, n), dtype) / k ** 0.5, row)
+            meth = kind[3:]
+            f = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method=meth),
+                     (P(None, "tp"), P("tp", None)), P("tp", None))
+            return f, (x, w), lambda x, w: x @ w
+        if kind.startswith("bare_rs"):
+            pieces = int(kind[-1])
+            x = jax.device_put(jax.random.normal(ka, (tp * tp * m, n), dtype), row)
+            with config.override(rs_pieces=pieces):
+                f = smap(lambda x: overlap.reduce_scatter(x, "tp"), P("tp", None), P("tp", None))
+                f.lower(x)  # rs_pieces is read at trace time
+            ref = smap(lambda x: lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
+                       P("tp", None), P("tp", None))
+            return f, (x,), ref
+        if kind.startswith("bare_ag"):
+            meth = kind[len("bare_ag_"):]
+            x = jax.device_put(jax.random.normal(ka, (tp * m, n), dtype), row)
+            f = smap(lambda x: overlap.all_gather(x, "tp", method=meth), P("tp", None), P())
+            return f, (x,), lambda x: x
+        # bulk: a collective under an independent GEMM a @ b
+        a = jax.device_put(jax.random.normal(ka, (tp * m, k), dtype), row)
+        b = jax.device_put(jax.random.normal(kb, (k, n), dtype) / k ** 0.5,
+                           NamedSharding(mesh, P()))
+        if kind == "bulk_ag":
+            x = jax.device_put(jax.random.normal(kb, (tp * m, n), dtype), row)
+            f = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp"),
+                     (P("tp", None), P("tp", None), P()), (P(), P("tp", None)))
+            return f, (x, a, b), lambda x, a, b: (x, a @ b)
+        x = jax.device_put(jax.random.normal(kb, (tp * tp * m, n), dtype), row)
+        f = smap(lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp"),
+                 (P("tp", None), P("tp", None), P()), (P("tp", None), P("tp", None)))
+        ref = smap(lambda x, a, b: (lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
+                                    a @ b), (P("tp", None), P("tp", None), P()),
+                   (P("tp", None), P("tp", None)))
+        return f, (x, a, b), ref
+
+    kinds = ["ag_ring", "ag_all_peer", "ag_push", "rs_ring", "rs_pipeline", "rs_chain",
+             "rs_columns", "bare_rs1", "bare_rs2", "bare_rs4", "bare_ag_push", "bare_ag_ring",
+             "bulk_ag", "bulk_rs"]
+    xla_mm = jax.jit(lambda a: a @ a.T)
+    xla_psum = smap(lambda a: lax.psum(a, "tp"), P("tp", None), P())
+    side = jax.device_put(jax.random.normal(jax.random.key(7), (tp * 512, 512), jnp.float32), row)
+    t0, rounds, ops = time.perf_counter(), 0, 0
+    worst = 0.0
+    while time.perf_counter() - t0 < budget:
+        batch = []
+        for _ in range(rng.randint(1, 4)):
+            kind = rng.choice(kinds)
+            m, k, n = rng.choice(SHAPES)
+            dtype = rng.choice([jnp.bfloat16, jnp.bfloat16, jnp.float32])
+            batch.append((kind, m, k, n, dtype, *make(kind, m, k, n, dtype)))
+        try:
+            outs = []
+            for *_, f, args, _ref in batch:
+                for _ in range(rng.randint(1, 3)):
+                    outs.append(f(*args))
+                    ops += 1
+                if rng.random() < 0.5:
+                    outs.append(xla_psum(xla_mm(side)))
+            if rng.random() < 0.7:
+                jax.block_until_ready(outs)
+            kind, m, k, n, dtype, f, args, ref = batch[-1]
+            got = jax.tree.leaves(f(*args))
+            ops += 1
+            want = jax.tree.leaves(jax.jit(ref)(*[a.astype(jnp.float32) for a in args]))
+            for g, wv in zip(got, want, strict=True):
+                g, wv = np.asarray(g, np.float32), np.asarray(wv, np.float32)
+                err = float(np.abs(g - wv).max() / max(np.abs(wv).max(), 1e-30))
+                worst = max(worst, err)
+                assert err < 3e-2, f"{kind} {m}x{k}x{n} {jnp.dtype(dtype).name}: rel err {err:.3e}"
+        except Exception as e:  # report the first failure, then stop
+            desc = ", ".join(f"{b[0]} {b[1]}x{b[2]}x{b[3]} {jnp.dtype(b[4]).name}" for b in batch)
+            print(f"HUNT round {rounds} ({ops} ops, {time.perf_counter() - t0:.0f} s) FAILED in "
+                  f"[{desc}]: {str(e)[:1500]}", flush=True)
+            sys.exit(3)
+        rounds += 1
+        if rounds % 20 == 0:
+            print(f"HUNT round {rounds}: {ops} ops in {time.perf_counter() - t0:.0f} s, worst rel "
+                  f"err {worst:.2e}", flush=True)
+    jax_ub.shutdown()
+    print(f"HUNT done: seed {seed}, {rounds} rounds, {ops} ops in {time.perf_counter() - t0:.0f} s, "
+          f"no hang; worst rel err {worst:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
