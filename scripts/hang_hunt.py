@@ -6,11 +6,16 @@ puts XLA work between them (a matmul and an NCCL psum), and checks one result pe
 XLA. Prints one line per 20 rounds, the first error (the watchdog's message says how far each
 rank's GPU got), and a final count.
 
-    JAX_UB_TIMEOUT=20 python scripts/hang_hunt.py [seconds] [seed]
+HUNT_INPUTS=one keeps every input on the first GPU (as the test tier's ``_rand`` does): each call
+then reshards its inputs, i.e. XLA copies device 0's data to the other GPUs right before the op,
+and another GPU's op waits for a copy enqueued on device 0 after device 0's own op began.
+
+    JAX_UB_TIMEOUT=20 [HUNT_INPUTS=one] python scripts/hang_hunt.py [seconds] [seed]
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -37,8 +42,12 @@ def main():
     tp = len(jax.devices())
     mesh = Mesh(np.array(jax.devices()), ("tp",))  # auto axes: the references shard freely
     jax_ub.initialize(mesh, "tp")
+    one = os.environ.get("HUNT_INPUTS") == "one"
     row = NamedSharding(mesh, P("tp", None))
     col = NamedSharding(mesh, P(None, "tp"))
+
+    def put(a, sharding):  # HUNT_INPUTS=one: leave a where it was made (device 0)
+        return a if one else jax.device_put(a, sharding)
 
     def smap(f, in_specs, out_specs):
         return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
@@ -49,22 +58,22 @@ def main():
         key = jax.random.key(rng.randrange(1 << 30))
         ka, kb = jax.random.split(key)
         if kind.startswith("ag_"):
-            x = jax.device_put(jax.random.normal(ka, (tp * m, k), dtype), row)
-            w = jax.device_put(jax.random.normal(kb, (k, tp * n), dtype) / k ** 0.5, col)
+            x = put(jax.random.normal(ka, (tp * m, k), dtype), row)
+            w = put(jax.random.normal(kb, (k, tp * n), dtype) / k ** 0.5, col)
             meth = kind[3:]
             f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=meth),
                      (P("tp", None), P(None, "tp")), P(None, "tp"))
             return f, (x, w), lambda x, w: x @ w
         if kind.startswith("rs_"):
-            x = jax.device_put(jax.random.normal(ka, (tp * m, tp * k), dtype), col)
-            w = jax.device_put(jax.random.normal(kb, (tp * k, n), dtype) / k ** 0.5, row)
+            x = put(jax.random.normal(ka, (tp * m, tp * k), dtype), col)
+            w = put(jax.random.normal(kb, (tp * k, n), dtype) / k ** 0.5, row)
             meth = kind[3:]
             f = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method=meth),
                      (P(None, "tp"), P("tp", None)), P("tp", None))
             return f, (x, w), lambda x, w: x @ w
         if kind.startswith("bare_rs"):
             pieces = int(kind[-1])
-            x = jax.device_put(jax.random.normal(ka, (tp * tp * m, n), dtype), row)
+            x = put(jax.random.normal(ka, (tp * tp * m, n), dtype), row)
             with config.override(rs_pieces=pieces):
                 f = smap(lambda x: overlap.reduce_scatter(x, "tp"), P("tp", None), P("tp", None))
                 f.lower(x)  # rs_pieces is read at trace time
@@ -73,19 +82,19 @@ def main():
             return f, (x,), ref
         if kind.startswith("bare_ag"):
             meth = kind[len("bare_ag_"):]
-            x = jax.device_put(jax.random.normal(ka, (tp * m, n), dtype), row)
+            x = put(jax.random.normal(ka, (tp * m, n), dtype), row)
             f = smap(lambda x: overlap.all_gather(x, "tp", method=meth), P("tp", None), P())
             return f, (x,), lambda x: x
         # bulk: a collective under an independent GEMM a @ b
-        a = jax.device_put(jax.random.normal(ka, (tp * m, k), dtype), row)
-        b = jax.device_put(jax.random.normal(kb, (k, n), dtype) / k ** 0.5,
+        a = put(jax.random.normal(ka, (tp * m, k), dtype), row)
+        b = put(jax.random.normal(kb, (k, n), dtype) / k ** 0.5,
                            NamedSharding(mesh, P()))
         if kind == "bulk_ag":
-            x = jax.device_put(jax.random.normal(kb, (tp * m, n), dtype), row)
+            x = put(jax.random.normal(kb, (tp * m, n), dtype), row)
             f = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp"),
                      (P("tp", None), P("tp", None), P()), (P(), P("tp", None)))
             return f, (x, a, b), lambda x, a, b: (x, a @ b)
-        x = jax.device_put(jax.random.normal(kb, (tp * tp * m, n), dtype), row)
+        x = put(jax.random.normal(kb, (tp * tp * m, n), dtype), row)
         f = smap(lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp"),
                  (P("tp", None), P("tp", None), P()), (P("tp", None), P("tp", None)))
         ref = smap(lambda x, a, b: (lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True),
