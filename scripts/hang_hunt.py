@@ -3,8 +3,9 @@ ring/pipeline/chain/columns, bare all-gather and reduce-scatter in 1/2/4 pieces,
 all local GPUs for a time budget. Each round traces fresh programs (so trace-time GEMM warm-ups run
 while earlier ops are still in flight, as in the test tier), dispatches a few of them back to back,
 puts XLA work between them (a matmul and an NCCL psum), and checks one result per round against
-XLA. Prints one line per 20 rounds, the first error (the watchdog's message says how far each
-rank's GPU got), and a final count.
+XLA (sometimes after NaN-filling fresh buffers on every GPU, as the tests do). Prints one line
+per 20 rounds, the first error (the watchdog's message says how far each rank's GPU got), and a
+final count.
 
 HUNT_INPUTS=one keeps every input on the first GPU (as the test tier's ``_rand`` does): each call
 then reshards its inputs, i.e. XLA copies device 0's data to the other GPUs right before the op,
@@ -30,9 +31,10 @@ from jax.sharding import PartitionSpec as P
 import jax_ub
 from jax_ub import config, overlap
 
-# local (per-rank) rows, K, N: small enough for many ops per second, a few larger ones
+# local (per-rank) rows, K, N: small enough for many ops per second, a few larger ones, and rows of
+# unaligned bytes (N = 1001: 2002-byte bf16 rows, as in the test tier's pieces test)
 SHAPES = [(256, 1024, 1024), (512, 2048, 1024), (1024, 1024, 2048), (384, 1536, 768),
-          (2048, 4096, 2048)]
+          (2048, 4096, 2048), (383, 1000, 1001), (4096, 4096, 4096)]
 
 
 def main():
@@ -57,16 +59,17 @@ def main():
         """(jitted f, args, reference f) for one op kind at local shape (m, k, n)."""
         key = jax.random.key(rng.randrange(1 << 30))
         ka, kb = jax.random.split(key)
+        g = -(-n // 8) * 8  # GEMM widths stay 16-byte aligned; the bare collectives take n as is
         if kind.startswith("ag_"):
             x = put(jax.random.normal(ka, (tp * m, k), dtype), row)
-            w = put(jax.random.normal(kb, (k, tp * n), dtype) / k ** 0.5, col)
+            w = put(jax.random.normal(kb, (k, tp * g), dtype) / k ** 0.5, col)
             meth = kind[3:]
             f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=meth),
                      (P("tp", None), P(None, "tp")), P(None, "tp"))
             return f, (x, w), lambda x, w: x @ w
         if kind.startswith("rs_"):
             x = put(jax.random.normal(ka, (tp * m, tp * k), dtype), col)
-            w = put(jax.random.normal(kb, (tp * k, n), dtype) / k ** 0.5, row)
+            w = put(jax.random.normal(kb, (tp * k, g), dtype) / k ** 0.5, row)
             meth = kind[3:]
             f = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method=meth),
                      (P(None, "tp"), P("tp", None)), P("tp", None))
@@ -87,7 +90,7 @@ def main():
             return f, (x,), lambda x: x
         # bulk: a collective under an independent GEMM a @ b
         a = put(jax.random.normal(ka, (tp * m, k), dtype), row)
-        b = put(jax.random.normal(kb, (k, n), dtype) / k ** 0.5,
+        b = put(jax.random.normal(kb, (k, g), dtype) / k ** 0.5,
                            NamedSharding(mesh, P()))
         if kind == "bulk_ag":
             x = put(jax.random.normal(kb, (tp * m, n), dtype), row)
@@ -116,6 +119,9 @@ def main():
             m, k, n = rng.choice(SHAPES)
             dtype = rng.choice([jnp.bfloat16, jnp.bfloat16, jnp.float32])
             batch.append((kind, m, k, n, dtype, *make(kind, m, k, n, dtype)))
+        if rng.random() < 0.3:  # the test tier's NaN poisoning: allocate, fill, free on every GPU
+            jax.block_until_ready([jax.device_put(jnp.full((1024, 1001), jnp.nan, jnp.bfloat16), d)
+                                   for d in jax.devices() for _ in range(2)])
         try:
             outs = []
             for *_, f, args, _ref in batch:
