@@ -97,6 +97,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   c->host_flags_[2 * n_flags] = 1;
   c->peer_buffer_.assign(o.world, nullptr);
   c->peer_flags_.assign(o.world, nullptr);
+  c->local_peer_.assign(o.world, nullptr);
   c->ipc_buffer_.assign(o.world, false);
   c->ipc_flags_.assign(o.world, false);
   JAX_UB_RETURN_IF_ERROR(c->AllocBuffer(o.capacity));
@@ -212,6 +213,7 @@ Status Communicator::Destroy() {
   buffer_ = nullptr;
   flags_ = nullptr;
   host_flags_ = nullptr;
+  local_peer_.assign(local_peer_.size(), nullptr);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return Status::Error(StrCat() << "communicator teardown: " << cudaGetErrorString(err));
@@ -266,6 +268,7 @@ Status Communicator::ConnectLocal(int peer, const Communicator& other) {
   }
   peer_buffer_[peer] = other.buffer_;
   peer_flags_[peer] = other.flags_;
+  local_peer_[peer] = &other;
   return Status::Ok();
 }
 
@@ -357,6 +360,7 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
     return Status::Error("communicator is not connected to all peers (jax_ub.initialize() "
                          "did not complete on every rank)");
   }
+  if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(HostMeet(epoch_ + 1, op));
   const uint64_t e = ++epoch_;
   *epoch = e;
   op_ = op;
@@ -386,6 +390,42 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   begun_epoch_ = e;
   begun_op_ = op;
+  return Status::Ok();
+}
+
+Status Communicator::HostMeet(uint64_t e, const char* op) {
+  entered_.store(e, std::memory_order_release);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int q = 0; q < o_.world; ++q) {
+    const Communicator* p = local_peer_[q];
+    if (p == nullptr) continue;
+    for (uint64_t spins = 0; p->entered_.load(std::memory_order_acquire) < e; ++spins) {
+      if (spins < 256) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (spins % 512 != 0) continue;  // about every 10 ms: a failed peer, the timeout
+      const std::string peer_err = p->error();
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (peer_err.empty() && waited < o_.timeout_s) continue;
+      std::string why;
+      if (peer_err.empty()) {
+        why = StrCat() << "within " << waited << " s (its latest: epoch "
+                       << p->entered_.load(std::memory_order_acquire)
+                       << "). Does every rank run the same sequence of jax_ub ops? (timeout: "
+                          "JAX_UB_TIMEOUT)";
+      } else {
+        why = StrCat() << "and cannot: " << peer_err;
+      }
+      std::string msg = StrCat() << Where(*this, op) << ": rank " << q << " (device "
+                                 << p->device() << ", this process) did not start op epoch " << e
+                                 << " on the host " << why;
+      SetError(msg);
+      return Status::Error(msg);
+    }
+  }
   return Status::Ok();
 }
 

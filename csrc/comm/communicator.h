@@ -80,6 +80,8 @@ class Communicator {
   // --- per op (execute time) ---
   // Starts an op on XLA's stream: returns its epoch; side streams wait for XLA's work so far;
   // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
+  // Peers in this process (ConnectLocal) first meet on the host (HostMeet) before anything of
+  // the op is enqueued.
   Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch);
   // Joins every side stream back into XLA's stream, then (one tiny kernel on XLA's stream) fails
   // the call if the watchdog force-released a wait of this communicator. Transport nccl: the
@@ -141,6 +143,15 @@ class Communicator {
   void FreeBuffer();
   // local_only: lets `peer_device` map this member's buffer and flags.
   Status GrantTo(int peer_device) const;
+  // One process driving several GPUs: waits (on the host, bounded by timeout_s) until every
+  // same-process peer's host has entered op `e` too. Only then may this rank enqueue waits for
+  // them. Why: a peer's op can depend on work that XLA enqueues on *this* GPU after this rank's
+  // op (a jit call's input resharding copies device 0's data to the other GPUs from a worker
+  // thread; the peer's launch waits for that copy). A stream wait for a peer flag stalls its
+  // whole hardware queue, and if XLA's copy shares that queue it never runs: a deadlock. Once
+  // every peer's host is inside op e, every copy its op e depends on is already enqueued, so it
+  // precedes this rank's waits in every queue.
+  Status HostMeet(uint64_t e, const char* op);
 
   Options o_;
   void* buffer_ = nullptr;
@@ -170,6 +181,8 @@ class Communicator {
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
   cudaEvent_t events_[kNumEvents] = {};
   uint64_t epoch_ = 0;
+  std::atomic<uint64_t> entered_{0};  // the latest epoch whose Begin this member's host entered
+  std::vector<const Communicator*> local_peer_;  // same-process peers (ConnectLocal), else null
   int sms_ = 0;
   bool destroyed_ = false;
 
