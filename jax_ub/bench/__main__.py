@@ -28,7 +28,8 @@ overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_al
 Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its pure-XLA reference
 ("path: xla-reference"), which is how the harness is tested; CUDA-only impls are skipped.
 
-Timing: warm-up, then ``reps`` repetitions of ``iters`` back-to-back dispatches closed by one
+Timing: every impl of a shape is built and warmed up, then ``reps`` interleaved repetitions (each
+times every impl once, in a rotated order) of ``iters`` back-to-back dispatches closed by one
 ``block_until_ready``; the median per-call time is recorded. Writes
 ``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "path", "records": [{"op",
 ..., "tp", "dtype", "impl", "ms"}, ...]}``) and a PNG bar chart beside it, prints a table last.
@@ -68,20 +69,24 @@ def _progress(msg: str) -> None:
 # Shared: timing, mesh, records, JSON, chart.
 
 
+def _burst(fn, args, iters: int) -> float:
+    """Per-call ms of ``iters`` back-to-back dispatches closed by one ``block_until_ready``."""
+    import jax
+
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(iters):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
 def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
     import jax
 
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) * 1e3 / iters)
-    return statistics.median(samples)
+    return statistics.median(_burst(fn, args, iters) for _ in range(reps))
 
 
 def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
@@ -89,18 +94,39 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                ) -> dict[str, float]:
     """Median ms of each impl; an entry is ``(fn, args)`` or a thunk returning it (built here, so a
     failure to build is reported like a failure to run: one progress line, no record). With
-    ``probe``, ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare)."""
-    out = {}
+    ``probe``, ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare).
+
+    Every impl is built and warmed up first; then the repetitions are interleaved: repetition r
+    times each impl once, in an order rotated by r. A drift of clocks or power during the run then
+    weighs on every impl alike, not on whichever happened to run last."""
+    import jax
+
+    ready: dict[str, tuple[Any, Any]] = {}
     for name, entry in impls.items():
         _progress(f"{label}: {name}")
         try:
             fn, args = entry() if callable(entry) else entry
-            out[name] = time_fn(fn, args, warmup=a.warmup, iters=a.iters, reps=a.reps)
+            for _ in range(a.warmup):
+                jax.block_until_ready(fn(*args))
             if probe is not None and probes is not None:
                 probes[name] = probe(fn(*args))
+            ready[name] = (fn, args)
         except Exception as e:
             _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
-    return out
+    samples: dict[str, list[float]] = {name: [] for name in ready}
+    names = list(ready)
+    for r in range(a.reps):
+        k = r % max(len(names), 1)
+        for name in names[k:] + names[:k]:
+            if name not in ready:
+                continue
+            try:
+                samples[name].append(_burst(*ready[name], a.iters))
+            except Exception as e:
+                _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
+                del ready[name]
+                samples[name] = []
+    return {name: statistics.median(ms) for name, ms in samples.items() if ms}
 
 
 def _machine() -> str:
@@ -515,7 +541,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--dtype", default="bfloat16")
     common.add_argument("--warmup", type=int, default=3)
     common.add_argument("--iters", type=int, default=10)
-    common.add_argument("--reps", type=int, default=5)
+    common.add_argument("--reps", type=int, default=7)
     common.add_argument("--out", default="benchmarks/results")
     common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
     ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],

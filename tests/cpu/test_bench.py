@@ -262,3 +262,36 @@ def test_bulk_missing_primitive_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(jax_ub, "bulk_all_gather", raising=False)
     with pytest.raises(NotImplementedError, match="bulk_all_gather does not exist"):
         bulk.primitive("ag")
+
+
+def test_time_impls_interleaves_repetitions(capsys):
+    # Each repetition times every impl once, in an order rotated by the repetition; an impl that
+    # fails to build or to run is reported and has no record.
+    import argparse
+
+    calls = []
+
+    def impl(name, fail_after=None):
+        def fn(x):
+            calls.append(name)
+            if fail_after is not None and len(calls) > fail_after:
+                raise RuntimeError("boom")
+            return x + 1
+
+        return fn, (jnp.ones(4),)
+
+    def broken():
+        raise ValueError("cannot build")
+
+    a = argparse.Namespace(warmup=1, iters=2, reps=3)
+    out = harness.time_impls("t", {"a": impl("a"), "b": lambda: impl("b"), "c": broken,
+                                   "d": impl("d", fail_after=8)}, a)
+    assert sorted(out) == ["a", "b"], out
+    assert all(v > 0 for v in out.values()), out
+    timed = calls[3:]  # after the warm-ups of a, b, d
+    assert calls[:3] == ["a", "b", "d"], calls
+    # rep 0: a a b b d d, and d's second timed call (the 9th call in all) raises
+    assert timed[:6] == ["a", "a", "b", "b", "d", "d"], timed
+    assert timed[6:8] == ["b", "b"], timed  # rep 1 starts at b; d then fails
+    err = capsys.readouterr().err
+    assert "c failed: ValueError: cannot build" in err and "d failed: RuntimeError: boom" in err
