@@ -9,7 +9,9 @@ final count.
 
 HUNT_INPUTS=one keeps every input on the first GPU (as the test tier's ``_rand`` does): each call
 then reshards its inputs, i.e. XLA copies device 0's data to the other GPUs right before the op,
-and another GPU's op waits for a copy enqueued on device 0 after device 0's own op began.
+and another GPU's op waits for a copy enqueued on device 0 after device 0's own op began. With
+CUDA_DEVICE_MAX_CONNECTIONS=1 as well, this hung at once until Begin's host meeting (NOTES,
+thirteenth session): a stream wait for a peer stalls its whole hardware queue, copy included.
 
     JAX_UB_TIMEOUT=20 [HUNT_INPUTS=one] python scripts/hang_hunt.py [seconds] [seed]
 """
