@@ -419,10 +419,12 @@ Status Communicator::HostMeet(uint64_t e, const char* op) {
       } else {
         why = StrCat() << "and cannot: " << peer_err;
       }
-      std::string msg = StrCat() << Where(*this, op) << ": rank " << q << " (device "
-                                 << p->device() << ", this process) did not start op epoch " << e
+      std::string msg = StrCat() << "rank " << q << " (device " << p->device()
+                                 << ", this process) did not start op epoch " << e
                                  << " on the host " << why;
-      SetError(msg);
+      // The sticky error names the op (later ops and jax_ub.comm.errors() report it); the
+      // returned one does not: the FFI layer prefixes every failure with the same location.
+      SetError(StrCat() << Where(*this, op) << ": " << msg);
       return Status::Error(msg);
     }
   }

@@ -54,4 +54,6 @@ def test_rank_that_never_starts_an_op_fails_on_the_host(capsys):
     assert len(messages) == 2 and not any(m.endswith(" no error") for m in messages), messages
     text = " ".join(messages)
     assert "rank 1 (device 1, this process) did not start op epoch 2 on the host within" in text, text
+    # The failing call names its location once (the FFI layer adds it; the message must not).
+    assert messages[0].count(", rank 0 of ") == 1, messages[0]
     assert secs < 60, secs
