@@ -29,8 +29,9 @@ Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its
 ("path: xla-reference"), which is how the harness is tested; CUDA-only impls are skipped.
 
 Timing: every impl of a shape is built and warmed up, then ``reps`` interleaved repetitions (each
-times every impl once, in a rotated order) of ``iters`` back-to-back dispatches closed by one
-``block_until_ready``; the median per-call time is recorded. Writes
+times every impl once, in a shuffled order) of ``iters`` back-to-back dispatches closed by one
+``block_until_ready``, each after an untimed ``--settle-ms`` burst of the same impl (the GPU's
+clocks under its power cap follow the last few ms of load); the median per-call time is recorded. Writes
 ``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "path", "records": [{"op",
 ..., "tp", "dtype", "impl", "ms"}, ...]}``) and a PNG bar chart beside it, prints a table last.
 """
@@ -89,6 +90,14 @@ def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
     return statistics.median(_burst(fn, args, iters) for _ in range(reps))
 
 
+def settle_calls(est_ms: float, settle_ms: float, iters: int) -> int:
+    """Untimed calls of an impl right before each of its timed bursts: enough to run ``settle_ms``
+    at ``est_ms`` per call (at least 1, at most ``4 * iters``); 0 when ``settle_ms <= 0``."""
+    if settle_ms <= 0:
+        return 0
+    return max(1, min(4 * iters, math.ceil(settle_ms / max(est_ms, 1e-6))))
+
+
 def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                probe: Callable[[Any], Any] | None = None, probes: dict[str, Any] | None = None,
                ) -> dict[str, float]:
@@ -97,11 +106,19 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
     ``probe``, ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare).
 
     Every impl is built and warmed up first; then the repetitions are interleaved: repetition r
-    times each impl once, in an order rotated by r. A drift of clocks or power during the run then
-    weighs on every impl alike, not on whichever happened to run last."""
+    times each impl once, in an order shuffled by r (seeded), so a drift of clocks or power during
+    the run weighs on every impl alike. Each timed burst follows an untimed burst of the same impl
+    (``a.settle_ms`` of it, see :func:`settle_calls`): a GPU at its power cap runs at clocks that
+    depend on the load of the last few ms, so without it an impl timed after a light one (a
+    collective) ran up to 10% faster than the same program timed after a GEMM (2xH200, tp=2,
+    8192,8192,28672: 2.745 against 3.072 ms)."""
+    import random
+
     import jax
 
     ready: dict[str, tuple[Any, Any]] = {}
+    settle: dict[str, int] = {}
+    settle_ms = getattr(a, "settle_ms", 25.0)
     for name, entry in impls.items():
         _progress(f"{label}: {name}")
         try:
@@ -110,17 +127,19 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                 jax.block_until_ready(fn(*args))
             if probe is not None and probes is not None:
                 probes[name] = probe(fn(*args))
+            settle[name] = settle_calls(_burst(fn, args, 2), settle_ms, a.iters) if settle_ms > 0 else 0
             ready[name] = (fn, args)
         except Exception as e:
             _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
     samples: dict[str, list[float]] = {name: [] for name in ready}
     names = list(ready)
     for r in range(a.reps):
-        k = r % max(len(names), 1)
-        for name in names[k:] + names[:k]:
+        for name in random.Random(r).sample(names, len(names)):
             if name not in ready:
                 continue
             try:
+                if settle[name]:
+                    _burst(*ready[name], settle[name])
                 samples[name].append(_burst(*ready[name], a.iters))
             except Exception as e:
                 _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
@@ -542,6 +561,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--warmup", type=int, default=3)
     common.add_argument("--iters", type=int, default=10)
     common.add_argument("--reps", type=int, default=7)
+    common.add_argument("--settle-ms", type=float, default=25.0,
+                        help="untimed run of an impl before each of its timed bursts (0: none)")
     common.add_argument("--out", default="benchmarks/results")
     common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
     ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],

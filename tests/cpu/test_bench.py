@@ -265,16 +265,16 @@ def test_bulk_missing_primitive_is_a_clear_error(monkeypatch):
 
 
 def test_time_impls_interleaves_repetitions(capsys):
-    # Each repetition times every impl once, in an order rotated by the repetition; an impl that
-    # fails to build or to run is reported and has no record.
+    # Each repetition times every impl once, in an order shuffled by the repetition (not the same
+    # cyclic order every time); an impl that fails to build or to run is reported and has no record.
     import argparse
 
     calls = []
 
-    def impl(name, fail_after=None):
+    def impl(name, fail_from=None):
         def fn(x):
             calls.append(name)
-            if fail_after is not None and len(calls) > fail_after:
+            if fail_from is not None and calls.count(name) >= fail_from:
                 raise RuntimeError("boom")
             return x + 1
 
@@ -283,15 +283,56 @@ def test_time_impls_interleaves_repetitions(capsys):
     def broken():
         raise ValueError("cannot build")
 
-    a = argparse.Namespace(warmup=1, iters=2, reps=3)
+    a = argparse.Namespace(warmup=1, iters=2, reps=6, settle_ms=0)
     out = harness.time_impls("t", {"a": impl("a"), "b": lambda: impl("b"), "c": broken,
-                                   "d": impl("d", fail_after=8)}, a)
-    assert sorted(out) == ["a", "b"], out
+                                   "d": impl("d"), "e": impl("e", fail_from=2)}, a)
+    assert sorted(out) == ["a", "b", "d"], out
     assert all(v > 0 for v in out.values()), out
-    timed = calls[3:]  # after the warm-ups of a, b, d
-    assert calls[:3] == ["a", "b", "d"], calls
-    # rep 0: a a b b d d, and d's second timed call (the 9th call in all) raises
-    assert timed[:6] == ["a", "a", "b", "b", "d", "d"], timed
-    assert timed[6:8] == ["b", "b"], timed  # rep 1 starts at b; d then fails
+    assert calls[:4] == ["a", "b", "d", "e"], calls  # the warm-ups
+    # e fails at its first timed call (one call) and is dropped; the rest are bursts of 2.
+    timed = calls[4:]
+    assert timed.count("e") == 1, timed
+    rest = [n for n in timed if n != "e"]
+    assert all(rest[i] == rest[i + 1] for i in range(0, len(rest), 2)), rest
+    bursts = rest[::2]
+    per_rep = [bursts[3 * r:3 * (r + 1)] for r in range(6)]
+    assert all(sorted(rep) == ["a", "b", "d"] for rep in per_rep), per_rep
+    assert len({tuple(rep) for rep in per_rep}) > 1, per_rep  # shuffled, not one fixed order
     err = capsys.readouterr().err
-    assert "c failed: ValueError: cannot build" in err and "d failed: RuntimeError: boom" in err
+    assert "c failed: ValueError: cannot build" in err and "e failed: RuntimeError: boom" in err
+
+
+def test_time_impls_settles_each_impl_before_timing_it():
+    # With settle_ms > 0 every timed burst directly follows an untimed burst of the same impl.
+    import argparse
+
+    calls = []
+
+    def impl(name):
+        def fn(x):
+            calls.append(name)
+            return x + 1
+
+        return fn, (jnp.ones(4),)
+
+    a = argparse.Namespace(warmup=1, iters=2, reps=3, settle_ms=1e6)
+    out = harness.time_impls("t", {"a": impl("a"), "b": impl("b")}, a)
+    assert sorted(out) == ["a", "b"], out
+    settle = harness.settle_calls(0.001, 1e6, 2)
+    assert settle == 8  # capped at 4 * iters
+    # warm-up (1) and the estimate (2) per impl, then per repetition and impl one run of
+    # settle + iters calls of that impl alone.
+    assert calls[:6] == ["a", "a", "a", "b", "b", "b"], calls
+    runs = []
+    for name in calls[6:]:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    merged = [n for n, c in runs for _ in range(c // (settle + 2))]
+    assert all(c % (settle + 2) == 0 for _, c in runs), runs
+    assert sorted(merged) == ["a"] * 3 + ["b"] * 3, runs
+    assert harness.settle_calls(0.5, 25.0, 10) == 40 and harness.settle_calls(5.0, 25.0, 10) == 5
+    assert harness.settle_calls(1.0, 0, 10) == 0
+
+
