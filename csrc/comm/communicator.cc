@@ -532,15 +532,6 @@ void Communicator::Poll() {
       if (fresh) last_fresh_ = std::chrono::steady_clock::now();
     }
   }
-  if (!read_in_flight_ && !fresh) {
-    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                        watch_) == cudaSuccess &&
-        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
-      read_in_flight_ = true;
-      read_issued_ = std::chrono::steady_clock::now();
-    }
-    cudaGetLastError();
-  }
   const auto now = std::chrono::steady_clock::now();
   bool still = false;
   for (int slot = 0; slot < kNumFlagSlots; ++slot) {
@@ -582,6 +573,18 @@ void Communicator::Poll() {
       cudaGetLastError();
       p.pending = false;
     }
+  }
+  // The next read is issued only after the timeouts were judged and reported: an enqueue can
+  // block the host (a stalled hardware queue whose command buffer is full), and a timeout must be
+  // reported even then.
+  if (still && !read_in_flight_ && !fresh) {
+    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        watch_) == cudaSuccess &&
+        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
+      read_in_flight_ = true;
+      read_issued_ = std::chrono::steady_clock::now();
+    }
+    cudaGetLastError();
   }
   any_pending_.store(still, std::memory_order_release);
 }
