@@ -97,8 +97,10 @@ jax_ub::Communicator* Get(int set_id, int device) {
   return c;
 }
 
+constexpr int kStallWatchdog = 3;  // comm_inject_failure: the reader stalls (Communicator::StallReader)
+
 void CommCreate(int set_id, int group, int rank, int world, int device, size_t capacity,
-                double timeout_s, bool local_only, bool nccl) {
+                double timeout_s, bool local_only, bool nccl, bool abort_on_stall) {
   jax_ub::Communicator::Options o;
   o.set_id = set_id;
   o.group = group;
@@ -109,6 +111,7 @@ void CommCreate(int set_id, int group, int rank, int world, int device, size_t c
   o.timeout_s = timeout_s;
   o.local_only = local_only && !nccl;
   o.nccl = nccl;
+  o.abort_on_stall = abort_on_stall;
   std::unique_ptr<jax_ub::Communicator> c;
   Raise(jax_ub::Communicator::Create(o, &c));
   Raise(jax_ub::RegistryAdd(std::move(c)));
@@ -261,9 +264,10 @@ NB_MODULE(_jax_ub_cuda, m) {
   auto nogil = nb::call_guard<nb::gil_scoped_release>();
   m.def("comm_create", &CommCreate, arg("set_id"), arg("group"), arg("rank"), arg("world"),
         arg("device"), arg("capacity"), arg("timeout_s"), arg("local_only") = false,
-        arg("nccl") = false, nogil,
+        arg("nccl") = false, arg("abort_on_stall") = true, nogil,
         "Creates the communicator of one group member (registered buffer, flags, streams); "
-        "local_only: every peer is in this process (cuMem buffers, no IPC, no peer access).");
+        "local_only: every peer is in this process (cuMem buffers, no IPC, no peer access); "
+        "abort_on_stall: abort the process when a timed-out wait cannot be released.");
   m.def("comm_attach_nccl", [](int set_id, int device, int key) {
           std::shared_ptr<jax_ub::NcclComm> n = NcclTake(key, device);
           if (n == nullptr) {
@@ -286,12 +290,20 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("comm_capacity", [](int set_id, int device) { return Get(set_id, device)->capacity(); },
         arg("set_id"), arg("device"));
   m.def("comm_inject_failure", [](int set_id, int device, int what) {
-    if (what < jax_ub::Communicator::kFailNone || what > jax_ub::Communicator::kFailBody) {
-      throw std::invalid_argument(jax_ub::StrCat() << "comm_inject_failure: what must be 0, 1 or 2; got " << what);
+    if (what < jax_ub::Communicator::kFailNone || what > kStallWatchdog) {
+      throw std::invalid_argument(jax_ub::StrCat()
+                                  << "comm_inject_failure: what must be 0, 1, 2 or 3; got " << what);
     }
-    Get(set_id, device)->Inject(static_cast<jax_ub::Communicator::Injected>(what));
+    jax_ub::Communicator* c = Get(set_id, device);
+    if (what == kStallWatchdog) {
+      c->StallReader(true);
+      return;
+    }
+    if (what == jax_ub::Communicator::kFailNone) c->StallReader(false);
+    c->Inject(static_cast<jax_ub::Communicator::Injected>(what));
   }, arg("set_id"), arg("device"), arg("what"),
-  "Test hook: the next op on this member fails before it begins (1) or right after (2); 0 clears.");
+  "Test hook: the next op on this member fails before it begins (1) or right after (2); the "
+  "watchdog's reader sits as if blocked in a CUDA call (3); 0 clears.");
   m.def("comm_error", [](int set_id, int device) { return Get(set_id, device)->error(); },
         arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
   m.def("comm_drain", [](int set_id) {

@@ -180,7 +180,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                 # One process: cuMem buffers mapped for the peers only (no context-wide peer
                 # access, which let XLA's module loading on one GPU wait on a busy peer).
                 mod.comm_create(set_id, gi, r, world, dev, capacity, timeout_s,
-                                local_only=exchange is None, nccl=transport == "nccl")
+                                local_only=exchange is None, nccl=transport == "nccl",
+                                abort_on_stall=cfg.on_stall == "abort")
             if transport == "nccl" or (bootstrap == "nccl" and exchange is not None):
                 _create_nccl(s, bootstrap_only=transport != "nccl")
             _connect(s, tag="connect")
@@ -438,8 +439,10 @@ def errors() -> dict[tuple[str, int], str]:
 def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) -> None:
     """Test hook: the next jax_ub op of ``axis`` on these local CUDA ordinals (default: all of this
     process) fails ``"before"`` it begins (as a refused op: the communicator stays usable if every
-    rank refuses) or right ``"after"`` (as a failed enqueue: the communicator is abandoned)."""
-    codes = {"none": 0, "before": 1, "after": 2}
+    rank refuses) or right ``"after"`` (as a failed enqueue: the communicator is abandoned).
+    ``"stall_watchdog"``: the watchdog's reader thread sits as if blocked inside a CUDA call on
+    these members until ``"none"`` clears it (the judge must still report timeouts)."""
+    codes = {"none": 0, "before": 1, "after": 2, "stall_watchdog": 3}
     if when not in codes:
         raise ValueError(f"_inject_failure: when must be one of {sorted(codes)}; got {when!r}")
     if axis not in _sets:

@@ -9,6 +9,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
+| on_stall     | JAX_UB_ON_STALL      | abort   | after a timeout whose release cannot reach the GPU for 10 s (its command queue is stalled, so the XLA call can never return): ``abort`` the process after printing why, or ``wait`` (print, keep hanging) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
 | transport    | JAX_UB_TRANSPORT     | auto    | ``auto``, ``ipc`` (copy engine over peer-mapped memory) or ``nccl`` |
 | multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS): ignored, no multicast path in this version (never on); ``UB_SKIPMC=1`` forces it off |
@@ -42,6 +43,7 @@ BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 CHAIN_SPLITS = ("auto", "rows", "cols")
+ON_STALL = ("abort", "wait")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -87,6 +89,7 @@ class Config:
     method: str = "auto"
     disable: bool = False
     timeout_s: float = 120.0
+    on_stall: str = "abort"
     bootstrap: str = "auto"
     transport: str = "auto"
     multicast: bool = False
@@ -122,7 +125,7 @@ class Config:
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"{f.name} must be a str; got {value!r}")
         for name, choices in (("method", METHODS), ("bootstrap", BOOTSTRAPS), ("transport", TRANSPORTS),
-                              ("rs_chain_split", CHAIN_SPLITS)):
+                              ("rs_chain_split", CHAIN_SPLITS), ("on_stall", ON_STALL)):
             object.__setattr__(self, name, _parse_choice(name, getattr(self, name), choices))
         level = self.log_level.strip().upper()
         if level not in LOG_LEVELS:
@@ -156,6 +159,8 @@ class Config:
             kw["disable"] = _parse_bool("JAX_UB_DISABLE", env["JAX_UB_DISABLE"])
         if "JAX_UB_TIMEOUT" in env:
             kw["timeout_s"] = float(_parse_number("JAX_UB_TIMEOUT", env["JAX_UB_TIMEOUT"], float, 1e-3))
+        if "JAX_UB_ON_STALL" in env:
+            kw["on_stall"] = _parse_choice("JAX_UB_ON_STALL", env["JAX_UB_ON_STALL"], ON_STALL)
         if "JAX_UB_BOOTSTRAP" in env:
             kw["bootstrap"] = _parse_choice("JAX_UB_BOOTSTRAP", env["JAX_UB_BOOTSTRAP"], BOOTSTRAPS)
         if "JAX_UB_TRANSPORT" in env:

@@ -16,23 +16,6 @@
 namespace jax_ub {
 namespace {
 
-const char* SlotName(int slot) {
-  switch (slot) {
-    case kDataReady: return "data-ready";
-    case kAck: return "done-reading";
-    case kReady: return "buffer-free";
-    case kPiece: return "chain-piece";
-  }
-  return "?";
-}
-
-// A flag value as the watchdog names it: "epoch E", or "epoch E piece J" for kPiece.
-std::string FlagValue(int slot, uint64_t v) {
-  if (slot != kPiece) return StrCat() << "epoch " << v;
-  if (v == 0) return "epoch 0";
-  return StrCat() << "epoch " << (v - 1) / kPieceScale << " piece " << (v - 1) % kPieceScale;
-}
-
 struct IpcBlob {
   char magic[8];
   int pid;
@@ -75,6 +58,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->release_, cudaStreamNonBlocking));
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->read_done_, cudaEventDisableTiming));
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->poisoned_, cudaEventDisableTiming));
+  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->released_, cudaEventDisableTiming));
   // Load our kernels now: lazy module loading at execute time can synchronize the context while
   // peers wait on this device (one process, several GPUs).
   JAX_UB_RETURN_IF_ERROR(PreloadFlagKernels());
@@ -206,6 +190,7 @@ Status Communicator::Destroy() {
   cudaStreamDestroy(release_);
   cudaEventDestroy(read_done_);
   cudaEventDestroy(poisoned_);
+  cudaEventDestroy(released_);
   cudaEventDestroy(start_);
   cudaEventDestroy(begun_);
   for (auto e : join_) cudaEventDestroy(e);
@@ -231,7 +216,8 @@ Status Communicator::Drain() {
     for (auto s : compute_) busy = busy || cudaStreamQuery(s) == cudaErrorNotReady;
     cudaGetLastError();
     if (!busy) return Status::Ok();
-    Poll();  // fires (and releases) timed-out waits
+    PollGpu();  // reads flags, delivers releases
+    Judge();    // fires timed-out waits
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (waited > o_.timeout_s + 5) {
@@ -444,26 +430,6 @@ Status Communicator::Join(cudaStream_t xla) {
   return Status::Ok();
 }
 
-Status Communicator::TrackNccl(cudaStream_t xla) {
-  // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s.
-  std::lock_guard<std::mutex> lock(mu_);
-  cudaEvent_t done = nullptr;
-  if (!nccl_events_.empty()) {
-    done = nccl_events_.back();
-    nccl_events_.pop_back();
-  } else {
-    JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  }
-  JAX_UB_CUDA_RETURN(cudaEventRecord(done, xla));
-  if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
-    nccl_pending_.back().done = done;
-  } else {
-    nccl_pending_.push_back({done, std::chrono::steady_clock::now(), op_, epoch_});
-  }
-  any_pending_.store(!nccl_aborted_, std::memory_order_release);
-  return Status::Ok();
-}
-
 Status Communicator::End(cudaStream_t xla) {
   JAX_UB_RETURN_IF_ERROR(Join(xla));
   if (o_.nccl) JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
@@ -483,225 +449,9 @@ void Communicator::Abandon(cudaStream_t xla, const std::string& why) {
   cudaGetLastError();
 }
 
-Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
-  if (value == 0) return Status::Ok();
-  uint64_t* flag = flags_ + slot * o_.world + peer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    PendingWait& p = pending_[slot][peer];
-    if (!p.pending) {
-      p.pending = true;
-      p.since = std::chrono::steady_clock::now();
-      p.seen = host_flags_[slot * o_.world + peer];
-      p.op = op;
-    }
-    if (value > p.want) p.want = value;
-    any_pending_.store(true, std::memory_order_release);
-  }
-  return StreamWaitGeq(s, flag, value);
-}
-
 Status Communicator::Signal(cudaStream_t s, int slot, int peer, uint64_t value) {
   uint64_t* remote = peer_flags_[peer] + slot * o_.world + o_.rank;
   return StreamWrite(s, remote, value);
-}
-
-void Communicator::Poll() {
-  // Never blocks: a flag read is an async D2H copy whose completion is checked on the next poll
-  // (a stream wait of ours may share a hardware queue with this copy; blocking here could stall
-  // the host threads that must enqueue the very signal being waited for).
-  if (!any_pending_.load(std::memory_order_acquire) || buffer_ == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  const int n = kNumFlagSlots * o_.world;
-  if (cudaSetDevice(o_.device) != cudaSuccess) {
-    cudaGetLastError();
-    return;
-  }
-  if (o_.nccl) {
-    PollNccl();
-    return;
-  }
-  bool fresh = false;
-  if (read_in_flight_) {
-    cudaError_t q = cudaEventQuery(read_done_);
-    if (q == cudaErrorNotReady) {
-      cudaGetLastError();
-    } else {
-      read_in_flight_ = false;
-      fresh = q == cudaSuccess;
-      if (fresh) last_fresh_ = std::chrono::steady_clock::now();
-    }
-  }
-  const auto now = std::chrono::steady_clock::now();
-  bool still = false;
-  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
-    for (int q = 0; q < o_.world; ++q) {
-      PendingWait& p = pending_[slot][q];
-      if (!p.pending) continue;
-      const uint64_t have = host_flags_[slot * o_.world + q];
-      if (fresh && have >= p.want) {
-        p.pending = false;
-        continue;
-      }
-      if (fresh && have > p.seen) {  // the peer is alive and moving: restart the clock
-        p.seen = have;
-        p.since = now;
-      }
-      const double waited = std::chrono::duration<double>(now - p.since).count();
-      if (waited < o_.timeout_s) {
-        still = true;
-        continue;
-      }
-      std::string msg = StrCat()
-                        << Where(*this, p.op) << ": timed out after " << waited
-                        << " s without progress waiting for rank " << q << " (" << SlotName(slot)
-                        << " signal for " << FlagValue(slot, p.want) << "; last seen "
-                        << FlagValue(slot, have)
-                        << "). The peer never arrived: is its process alive, and does every "
-                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
-                        << FlagReadAge(now) << GpuState();
-      std::fprintf(stderr, "%s\n", msg.c_str());
-      std::fflush(stderr);
-      if (error_.empty()) error_ = msg;
-      // Poison first, then release the waiting stream with a marked value: the op's final check
-      // kernel (End) traps, so XLA's call fails instead of hanging or computing on missing data.
-      cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
-                      release_);
-      host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
-      cudaMemcpyAsync(flags_ + slot * o_.world + q, host_flags_ + n + slot * o_.world + q,
-                      sizeof(uint64_t), cudaMemcpyHostToDevice, release_);
-      cudaGetLastError();
-      p.pending = false;
-    }
-  }
-  // The next read is issued only after the timeouts were judged and reported: an enqueue can
-  // block the host (a stalled hardware queue whose command buffer is full), and a timeout must be
-  // reported even then.
-  if (still && !read_in_flight_ && !fresh) {
-    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                        watch_) == cudaSuccess &&
-        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
-      read_in_flight_ = true;
-      read_issued_ = std::chrono::steady_clock::now();
-    }
-    cudaGetLastError();
-  }
-  any_pending_.store(still, std::memory_order_release);
-}
-
-std::string Communicator::FlagReadAge(std::chrono::steady_clock::time_point now) const {
-  auto ago = [&](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(now - t).count();
-  };
-  StrCat out;
-  out << " [watchdog: flags last read from the GPU ";
-  if (last_fresh_ == std::chrono::steady_clock::time_point{}) {
-    out << "never";
-  } else {
-    out << ago(last_fresh_) << " s ago";
-  }
-  if (read_in_flight_) out << "; a read issued " << ago(read_issued_) << " s ago has not completed";
-  out << "]";
-  return out;
-}
-
-std::string Communicator::GpuState() const {
-  // Queries only (never blocks): a stuck stream may share a hardware queue with anything we'd
-  // enqueue here.
-  auto state = [](cudaError_t q) {
-    cudaGetLastError();
-    return q == cudaSuccess ? "yes" : q == cudaErrorNotReady ? "no" : "unknown";
-  };
-  StrCat out;
-  out << " [this rank's GPU: its latest op (epoch " << begun_epoch_ << ", " << begun_op_
-      << "): XLA's stream had reached it: " << state(cudaEventQuery(start_))
-      << "; its handshake (done-reading waits, buffer-free signals) had run: "
-      << state(cudaEventQuery(begun_)) << "; busy side streams:";
-  bool any = false;
-  for (int i = 0; i < o_.world; ++i) {
-    if (cudaStreamQuery(comm_[i]) == cudaErrorNotReady) {
-      out << " comm" << i;
-      any = true;
-    }
-    cudaGetLastError();
-  }
-  for (int i = 0; i < kNumComputeStreams; ++i) {
-    if (cudaStreamQuery(compute_[i]) == cudaErrorNotReady) {
-      out << " compute" << i;
-      any = true;
-    }
-    cudaGetLastError();
-  }
-  if (!any) out << " none";
-  out << "; flags as last read:";
-  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
-    for (int q = 0; q < o_.world; ++q) {
-      if (q != o_.rank) {
-        out << " " << SlotName(slot) << "[" << q << "]="
-            << FlagValue(slot, host_flags_[slot * o_.world + q]);
-      }
-    }
-  }
-  out << "]";
-  return out;
-}
-
-void Communicator::PollNccl() {
-  if (nccl_poisoning_) {
-    // Abort once the poison word is on the GPU (so the op's check kernel fails the XLA call when
-    // NCCL's kernels return), or after 2 s regardless: never block here, the copy may share a
-    // hardware queue with the stuck stream.
-    const bool landed = cudaEventQuery(poisoned_) != cudaErrorNotReady;
-    cudaGetLastError();
-    const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                       poisoned_at_).count();
-    if (!landed && since < 2.0) return;
-    nccl_poisoning_ = false;
-    nccl_aborted_ = true;
-    if (nccl_ != nullptr) nccl_->Abort(error_);
-    any_pending_.store(false, std::memory_order_release);
-    return;
-  }
-  while (!nccl_pending_.empty()) {
-    PendingOp& p = nccl_pending_.front();
-    // No event yet: the op is still being enqueued (maybe blocked in NCCL's connection setup).
-    cudaError_t q = p.done == nullptr ? cudaErrorNotReady : cudaEventQuery(p.done);
-    if (q == cudaSuccess) {
-      nccl_events_.push_back(p.done);
-      nccl_pending_.pop_front();
-      continue;
-    }
-    cudaGetLastError();
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - p.since).count();
-    // error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
-    if (waited < o_.timeout_s || nccl_aborted_ || nccl_poisoning_) break;
-    std::string peers;
-    for (int r = 0; r < o_.world; ++r) {
-      if (r != o_.rank) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
-    }
-    std::string msg = StrCat()
-                      << Where(*this, p.op) << ": timed out after " << waited
-                      << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
-                      << "); NCCL cannot say which peer is missing. Is every process alive, and "
-                         "does every rank run the same sequence of jax_ub ops? The NCCL "
-                         "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
-    std::fprintf(stderr, "%s\n", msg.c_str());
-    std::fflush(stderr);
-    if (error_.empty()) error_ = msg;
-    // Poison first (the op's check kernel then fails the XLA call), then abort on a later poll:
-    // NCCL's blocked kernels return and the stream moves on to the check.
-    const int n = kNumFlagSlots * o_.world;
-    cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
-                    release_);
-    cudaEventRecord(poisoned_, release_);
-    cudaGetLastError();
-    nccl_poisoning_ = true;
-    poisoned_at_ = std::chrono::steady_clock::now();
-    break;
-  }
-  any_pending_.store((!nccl_pending_.empty() && !nccl_aborted_) || nccl_poisoning_,
-                     std::memory_order_release);
 }
 
 // ----------------------------------------------------------------------------- registry
@@ -711,9 +461,11 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;
-  std::thread watchdog;
+  std::thread reader, judge;  // the watchdog's two threads (watchdog.cc)
   std::atomic<bool> stop{false};
-  std::mutex poll_mu;                // held while polling; taken before destroying a member
+  // Held while polling (reader) or judging (judge); both are taken before destroying a member.
+  // Two locks: a reader blocked inside a CUDA call must not stop the judge.
+  std::mutex poll_mu, judge_mu;
   std::set<const Communicator*> alive;
 };
 
@@ -722,7 +474,7 @@ Registry& Reg() {
   return *r;
 }
 
-void WatchdogLoop() {
+void WatchdogLoop(bool judge) {
   Registry& r = Reg();
   while (!r.stop.load()) {
     std::vector<Communicator*> comms;
@@ -730,12 +482,17 @@ void WatchdogLoop() {
       std::lock_guard<std::mutex> lock(r.mu);
       for (auto& kv : r.comms) comms.push_back(kv.second.get());
     }
-    // Members are only destroyed after the watchdog is joined (RegistryDestroySet), or while it
-    // keeps running for other sets: guard with the poll lock.
+    // Members are only destroyed after both threads are joined (RegistryDestroySet), or while
+    // they keep running for other sets: guard with this thread's lock.
     {
-      std::lock_guard<std::mutex> lock(r.poll_mu);
+      std::lock_guard<std::mutex> lock(judge ? r.judge_mu : r.poll_mu);
       for (Communicator* c : comms) {
-        if (r.alive.count(c)) c->Poll();
+        if (!r.alive.count(c)) continue;
+        if (judge) {
+          c->Judge();
+        } else {
+          c->PollGpu();
+        }
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -755,12 +512,14 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
   }
   {
     std::lock_guard<std::mutex> plock(r.poll_mu);
+    std::lock_guard<std::mutex> jlock(r.judge_mu);
     r.alive.insert(c.get());
   }
   r.comms[key] = std::move(c);
-  if (!r.watchdog.joinable()) {
+  if (!r.reader.joinable()) {
     r.stop = false;
-    r.watchdog = std::thread(WatchdogLoop);
+    r.reader = std::thread(WatchdogLoop, false);
+    r.judge = std::thread(WatchdogLoop, true);
   }
   return Status::Ok();
 }
@@ -785,10 +544,11 @@ std::vector<Communicator*> RegistrySet(int set_id) {
 Status RegistryDestroySet(int set_id) {
   Registry& r = Reg();
   std::vector<std::unique_ptr<Communicator>> doomed;
-  std::thread to_join;
+  std::thread reader, judge;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     std::lock_guard<std::mutex> plock(r.poll_mu);
+    std::lock_guard<std::mutex> jlock(r.judge_mu);
     for (auto it = r.comms.begin(); it != r.comms.end();) {
       if (it->first.first == set_id) {
         r.alive.erase(it->second.get());
@@ -798,12 +558,14 @@ Status RegistryDestroySet(int set_id) {
         ++it;
       }
     }
-    if (r.comms.empty() && r.watchdog.joinable()) {
+    if (r.comms.empty() && r.reader.joinable()) {
       r.stop = true;
-      to_join = std::move(r.watchdog);
+      reader = std::move(r.reader);
+      judge = std::move(r.judge);
     }
   }
-  if (to_join.joinable()) to_join.join();
+  if (reader.joinable()) reader.join();
+  if (judge.joinable()) judge.join();
   Status first;
   for (auto& c : doomed) {
     Status s = c->Destroy();

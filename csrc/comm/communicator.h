@@ -54,6 +54,9 @@ class Communicator {
     // Transport "nccl": peers are reached by ncclSend/ncclRecv of an attached NcclComm
     // (AttachNccl); no peer mapping, no flags. The buffer is a private landing/staging area.
     bool nccl = false;
+    // What the judge does when a timed-out wait's release cannot reach the GPU (see Judge):
+    // true: report and abort the process; false: report and leave it waiting.
+    bool abort_on_stall = true;
   };
 
   static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
@@ -124,7 +127,14 @@ class Communicator {
     return inject_.compare_exchange_strong(want, kFailNone);
   }
 
-  // Watchdog interface.
+  // Watchdog interface (watchdog.cc), two threads per process. The reader makes every CUDA call
+  // (async flag reads, event queries, releases, NCCL aborts, snapshots of the GPU's state) and may
+  // block in one: with a stalled hardware queue whose command buffer is full, an enqueue spins.
+  // The judge makes none: it decides timeouts from the reader's latest completed read, reports
+  // them, sets the sticky error and asks the reader to release the timed-out wait. A release
+  // that does not land within kStallGraceS means the GPU's queue is stalled and the XLA call
+  // can never return: the judge then says so and, with Options::abort_on_stall, aborts the
+  // process (a hang becomes an error message and an exit code).
   struct PendingWait {
     bool pending = false;
     uint64_t want = 0;
@@ -134,8 +144,12 @@ class Communicator {
     std::chrono::steady_clock::time_point since;
     const char* op = "";
   };
-  // Polls flags; fires timeouts. Called from the watchdog thread only.
-  void Poll();
+  static constexpr double kStallGraceS = 10.0;
+  void PollGpu();  // reader thread (and Drain): CUDA calls, never holds mu_ across one
+  void Judge();    // judge thread (and Drain): no CUDA calls
+  // Test hook (jax_ub.comm's inject_failure "stall_watchdog"): the reader, on its next poll of
+  // this member, sits as if blocked inside a CUDA call until the hook is cleared.
+  void StallReader(bool on) { stall_reader_.store(on); }
 
  private:
   Communicator() = default;
@@ -167,11 +181,31 @@ class Communicator {
   cudaStream_t watch_ = nullptr;    // watchdog flag reads
   cudaStream_t release_ = nullptr;  // watchdog releases after a timeout
   cudaEvent_t read_done_ = nullptr;
+  cudaEvent_t released_ = nullptr;  // recorded on release_ after a batch of releases
+  // Reader-only state.
   bool read_in_flight_ = false;
-  // When the watchdog last got a completed read of the flags, and when the read in flight was
-  // issued: a timeout names both, so a stalled read (stale flags) is told apart from a peer that
-  // never signalled.
+  bool release_recorded_ = false;  // released_ covers requests up to release_issued_
+  uint64_t release_issued_ = 0;
+  // Shared reader/judge state, with mu_ held. snapshot_ is the latest completed read of flags_
+  // (host_flags_ is being written by the copy in flight). When the reader last completed a read
+  // and when the read in flight was issued: a timeout names both, so a stalled read (stale flags)
+  // is told apart from a peer that never signalled.
+  uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
+  bool reading_ = false;
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
+  std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)
+  std::chrono::steady_clock::time_point gpu_state_at_{};
+  // Releases the judge asked for: host_flags_[n + i] holds each value; release_idx_ the flag
+  // indices still to copy; the poison word goes first. Counted, so the judge can tell a release
+  // that never landed (release_landed_ < release_requested_ for kStallGraceS) from one that did.
+  std::vector<int> release_idx_;
+  bool release_poison_ = false;
+  uint64_t release_requested_ = 0, release_landed_ = 0;
+  std::chrono::steady_clock::time_point release_due_since_{};  // oldest request not landed
+  const char* release_op_ = "";  // the op of the latest timed-out wait
+  bool stall_reported_ = false;
+  std::mutex reader_mu_;  // PollGpu: the reader thread, or Drain's
+  std::atomic<bool> stall_reader_{false};
   cudaEvent_t start_ = nullptr;
   // Recorded on comm(0) after Begin's handshake (done-reading waits, buffer-free signals). With
   // start_ it lets a timeout say how far this rank's GPU got, not only what its host enqueued.
@@ -200,15 +234,18 @@ class Communicator {
   std::deque<PendingOp> nccl_pending_;
   std::vector<cudaEvent_t> nccl_events_;  // free completion events
   bool nccl_aborted_ = false;             // the watchdog aborted NCCL (with mu_ held)
-  bool nccl_poisoning_ = false;           // timed out: poison copy issued, abort on a later poll
+  bool nccl_abort_requested_ = false;     // the judge timed an op out (with mu_ held)
+  bool nccl_poisoning_ = false;           // reader: poison copy issued, abort on a later poll
   cudaEvent_t poisoned_ = nullptr;        // recorded after the poison copy on release_
-  std::chrono::steady_clock::time_point poisoned_at_{};
+  std::chrono::steady_clock::time_point poisoned_at_{};  // reader
   const char* op_ = "";                  // op of the current Begin..End
   Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream
   Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
-  void PollNccl();                        // with mu_ held
+  void PollNcclGpu();                     // reader side of the nccl transport
+  void JudgeNccl(std::chrono::steady_clock::time_point now);  // with mu_ held
+  void JudgeStall(std::chrono::steady_clock::time_point now);  // with mu_ held
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
-  std::string GpuState() const;                                               // with mu_ held
+  std::string GpuState();  // reader: CUDA queries, then mu_ for the rest
   std::atomic<bool> any_pending_{false};
   std::atomic<int> inject_{kFailNone};
 };

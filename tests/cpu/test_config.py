@@ -18,7 +18,7 @@ from jax_ub.config import Config
 def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
-        "method": "auto", "disable": False, "timeout_s": 120.0, "bootstrap": "auto", "transport": "auto",
+        "method": "auto", "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
         "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "tuning_file": "", "log_level": "WARNING",
@@ -45,6 +45,8 @@ VARIABLES = [
     ("JAX_UB_DISABLE", "", "disable", False),
     ("JAX_UB_TIMEOUT", "5.5", "timeout_s", 5.5),
     ("JAX_UB_TIMEOUT", "30", "timeout_s", 30.0),
+    ("JAX_UB_ON_STALL", " Wait ", "on_stall", "wait"),
+    ("JAX_UB_ON_STALL", "abort", "on_stall", "abort"),
     ("JAX_UB_BOOTSTRAP", "nccl", "bootstrap", "nccl"),
     ("JAX_UB_BOOTSTRAP", "kv", "bootstrap", "kv"),
     ("JAX_UB_TRANSPORT", "ipc", "transport", "ipc"),
@@ -92,6 +94,7 @@ BAD_VALUES = [
     ("JAX_UB_TIMEOUT", "-3", "must be >= 0.001"),
     ("JAX_UB_TIMEOUT", "inf", "must be a finite float"),
     ("JAX_UB_TIMEOUT", "nan", "must be a finite float"),
+    ("JAX_UB_ON_STALL", "retry", "one of ('abort', 'wait')"),
     ("JAX_UB_BOOTSTRAP", "mpi", "one of ('auto', 'kv', 'nccl')"),
     ("JAX_UB_TRANSPORT", "shm", "one of ('auto', 'ipc', 'nccl')"),
     ("JAX_UB_MULTICAST", "2", "one of ('1', 'true'"),
@@ -132,6 +135,7 @@ def test_bad_values_name_variable_and_value(var, value, expected):
         {"ag_push_pieces": 5},
         {"rs_column_pieces": 9},
         {"rs_pieces": -1},
+        {"on_stall": "ignore"},
     ],
     ids=lambda kw: next(iter(kw)),
 )

@@ -1,6 +1,6 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|fault    (env from tests/launcher.py; JAX_UB_TRANSPORT
+    python _mp_worker.py exchange|dptp|timeout|fault|stall    (env from tests/launcher.py; JAX_UB_TRANSPORT
                                                          and JAX_UB_BOOTSTRAP pick the transport and
                                                          the bootstrap)
 
@@ -190,6 +190,26 @@ elif mode == "fault":
     sys.stdout.flush()
     # The failed rank stays alive until its peers have timed out (its exit must not be the cause).
     time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 10 if rank == nprocs - 1 else 5.0 if rank == 0 else 0)
+    os._exit(0)
+elif mode == "stall":
+    # The last rank skips its part, and rank 0's watchdog reader sits as if blocked inside a CUDA
+    # call (a stalled hardware queue): rank 0's judge must still report the timeout naming the
+    # missing rank, then, as the release it asked for never reaches the GPU, say so and abort.
+    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f.lower(x, w)  # every rank: buffers grow collectively
+    if rank == nprocs - 1:
+        print("RESULT skipped 1", flush=True)
+        time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 25)
+        os._exit(0)
+    if rank == 0:
+        jax_ub.comm._inject_failure("tp", "stall_watchdog")
+    print(f"RESULT started {time.time():.3f}", flush=True)
+    run_expecting_failure("", f, x, w)
+    sys.stdout.flush()
+    time.sleep(5.0)
     os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.

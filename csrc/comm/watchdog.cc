@@ -1,0 +1,443 @@
+// The communicator's watchdog: a reader thread that makes every CUDA call and may block in one,
+// and a judge thread that makes none (see communicator.h). Split so that a GPU whose hardware
+// queue is stalled (a flag wait that never ends, with the channel's command buffer full behind it)
+// cannot silence the timeout: the judge still names the missing peer, and if the release it asks
+// for never reaches the GPU it says why and, by default, aborts the process instead of hanging.
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/nccl.h"
+#include "kernels/flags.h"
+
+namespace jax_ub {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+const char* SlotName(int slot) {
+  switch (slot) {
+    case kDataReady: return "data-ready";
+    case kAck: return "done-reading";
+    case kReady: return "buffer-free";
+    case kPiece: return "chain-piece";
+  }
+  return "?";
+}
+
+// A flag value as the watchdog names it: "epoch E", or "epoch E piece J" for kPiece.
+std::string FlagValue(int slot, uint64_t v) {
+  if (slot != kPiece) return StrCat() << "epoch " << v;
+  if (v == 0) return "epoch 0";
+  return StrCat() << "epoch " << (v - 1) / kPieceScale << " piece " << (v - 1) % kPieceScale;
+}
+
+// Where the reader is (process-wide: one reader serves every member, so a reader blocked in one
+// member's CUDA call starves the others too). The judge reads how long it has been.
+std::atomic<int64_t> g_busy_since_ns{0};  // steady-clock ns; 0 while not polling
+std::atomic<int> g_busy_device{-1};
+
+class BusyMark {
+ public:
+  explicit BusyMark(int device) {
+    g_busy_device.store(device);
+    g_busy_since_ns.store(NowNs());
+  }
+  ~BusyMark() { g_busy_since_ns.store(0); }
+};
+
+// " the watchdog's CUDA calls for device D have been blocked for X s" when the reader has been
+// inside one poll for over a second (a poll takes microseconds), else "".
+std::string ReaderBlocked() {
+  const int64_t since = g_busy_since_ns.load();
+  if (since == 0 || NowNs() - since < 1'000'000'000) return "";
+  return StrCat() << "the watchdog's CUDA calls for device " << g_busy_device.load()
+                  << " have been blocked for " << (NowNs() - since) / 1e9 << " s";
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------- waits (op side)
+
+Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
+  if (value == 0) return Status::Ok();
+  uint64_t* flag = flags_ + slot * o_.world + peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PendingWait& p = pending_[slot][peer];
+    if (!p.pending) {
+      p.pending = true;
+      p.since = Clock::now();
+      p.seen = snapshot_[slot * o_.world + peer];
+      p.op = op;
+    }
+    if (value > p.want) p.want = value;
+    any_pending_.store(true, std::memory_order_release);
+  }
+  return StreamWaitGeq(s, flag, value);
+}
+
+Status Communicator::TrackNccl(cudaStream_t xla) {
+  // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s. The
+  // CUDA calls run without mu_: an enqueue may block, and the judge must still take mu_.
+  cudaEvent_t done = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!nccl_events_.empty()) {
+      done = nccl_events_.back();
+      nccl_events_.pop_back();
+    }
+  }
+  if (done == nullptr) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(done, xla);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (err != cudaSuccess) {
+    nccl_events_.push_back(done);
+    cudaGetLastError();
+    return Status::Error(StrCat() << "cudaEventRecord: " << cudaGetErrorString(err));
+  }
+  if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
+    nccl_pending_.back().done = done;
+  } else {
+    nccl_pending_.push_back({done, Clock::now(), op_, epoch_});
+  }
+  any_pending_.store(!nccl_aborted_, std::memory_order_release);
+  return Status::Ok();
+}
+
+// ----------------------------------------------------------------------------- reader
+
+void Communicator::PollGpu() {
+  // Never waits for the GPU: a flag read is an async D2H copy whose completion is checked on the
+  // next poll (blocking here could stall the host threads that must enqueue the awaited signal).
+  // An enqueue itself can still block (a stalled queue with a full command buffer): the judge
+  // reads how long the reader has been inside a poll (BusyMark) and reports that.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (buffer_ == nullptr) return;
+    if (!any_pending_.load(std::memory_order_acquire) && release_landed_ == release_requested_) {
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> reader(reader_mu_);  // the reader thread, or Drain
+  BusyMark busy(o_.device);
+  while (stall_reader_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (cudaSetDevice(o_.device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  const int n = kNumFlagSlots * o_.world;
+  // 1. Releases (the judge timed a wait out): the poison word first, then the marked flag values,
+  //    so the op's final check kernel (End) traps and XLA's call fails instead of computing on
+  //    missing data. Taken in one critical section with the count they add up to.
+  std::vector<int> idx;
+  bool poison = false, abort_nccl = false;
+  uint64_t requested = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idx.swap(release_idx_);
+    poison = release_poison_;
+    release_poison_ = false;
+    abort_nccl = nccl_abort_requested_ && !nccl_aborted_;
+    requested = release_requested_;
+  }
+  if (poison || !idx.empty()) {
+    if (poison) {
+      cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                      release_);
+    }
+    for (int i : idx) {
+      cudaMemcpyAsync(flags_ + i, host_flags_ + n + i, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                      release_);
+    }
+    if (o_.nccl && poison) {
+      cudaEventRecord(poisoned_, release_);
+      nccl_poisoning_ = true;
+      poisoned_at_ = Clock::now();
+    } else {
+      cudaEventRecord(released_, release_);
+      release_recorded_ = true;
+      release_issued_ = requested;
+    }
+    cudaGetLastError();
+  }
+  if (o_.nccl) {
+    PollNcclGpu();
+    if (abort_nccl && nccl_poisoning_) {
+      // Abort once the poison word is on the GPU (the op's check kernel then fails the XLA call
+      // when NCCL's kernels return), or after 2 s regardless.
+      const bool landed = cudaEventQuery(poisoned_) != cudaErrorNotReady;
+      cudaGetLastError();
+      if (landed || Seconds(Clock::now() - poisoned_at_) >= 2.0) {
+        nccl_poisoning_ = false;
+        std::string why = error();
+        if (nccl_ != nullptr) nccl_->Abort(why);
+        std::lock_guard<std::mutex> lock(mu_);
+        nccl_aborted_ = true;
+        release_landed_ = requested;
+        any_pending_.store(false, std::memory_order_release);
+      }
+    }
+    return;
+  }
+  if (release_recorded_) {
+    const cudaError_t q = cudaEventQuery(released_);
+    cudaGetLastError();
+    if (q != cudaErrorNotReady) {  // landed (or the context failed: nothing more to wait for)
+      release_recorded_ = false;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (release_issued_ > release_landed_) release_landed_ = release_issued_;
+    }
+  }
+  // 2. The flag read: check the one in flight, issue the next.
+  bool fresh = false;
+  if (read_in_flight_) {
+    const cudaError_t q = cudaEventQuery(read_done_);
+    cudaGetLastError();
+    if (q != cudaErrorNotReady) {
+      read_in_flight_ = false;
+      fresh = q == cudaSuccess;
+      std::lock_guard<std::mutex> lock(mu_);
+      reading_ = false;
+      if (fresh) {
+        std::copy(host_flags_, host_flags_ + n, snapshot_);
+        last_fresh_ = Clock::now();
+      }
+    }
+  }
+  // 3. A snapshot of how far this GPU got, for the timeout message: while a wait is at least half
+  //    way to its timeout, at most every 200 ms.
+  bool want_state = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    for (int slot = 0; slot < kNumFlagSlots && !want_state; ++slot) {
+      for (int q = 0; q < o_.world; ++q) {
+        const PendingWait& p = pending_[slot][q];
+        if (p.pending && Seconds(now - p.since) >= 0.5 * o_.timeout_s) want_state = true;
+      }
+    }
+    want_state = want_state && Seconds(now - gpu_state_at_) >= 0.2;
+  }
+  if (want_state) {
+    std::string state = GpuState();
+    std::lock_guard<std::mutex> lock(mu_);
+    gpu_state_ = std::move(state);
+    gpu_state_at_ = Clock::now();
+  }
+  if (!read_in_flight_ && !fresh && any_pending_.load(std::memory_order_acquire)) {
+    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        watch_) == cudaSuccess &&
+        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
+      read_in_flight_ = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      reading_ = true;
+      read_issued_ = Clock::now();
+    }
+    cudaGetLastError();
+  }
+}
+
+void Communicator::PollNcclGpu() {
+  // Pops the ops that completed; the judge times out the oldest one that did not.
+  for (;;) {
+    cudaEvent_t done = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (nccl_pending_.empty()) break;
+      done = nccl_pending_.front().done;
+    }
+    // No event yet: the op is still being enqueued (maybe blocked in NCCL's connection setup).
+    if (done == nullptr) break;
+    const cudaError_t q = cudaEventQuery(done);
+    cudaGetLastError();
+    if (q != cudaSuccess) break;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (nccl_pending_.empty() || nccl_pending_.front().done != done) break;
+    nccl_events_.push_back(done);
+    nccl_pending_.pop_front();
+  }
+}
+
+std::string Communicator::GpuState() {
+  // Queries only (never blocks on the GPU): a stuck stream may share a hardware queue with
+  // anything we'd enqueue here.
+  auto state = [](cudaError_t q) {
+    cudaGetLastError();
+    return q == cudaSuccess ? "yes" : q == cudaErrorNotReady ? "no" : "unknown";
+  };
+  const char* reached = state(cudaEventQuery(start_));
+  const char* begun = state(cudaEventQuery(begun_));
+  std::string busy;
+  for (int i = 0; i < o_.world; ++i) {
+    if (cudaStreamQuery(comm_[i]) == cudaErrorNotReady) busy += StrCat() << " comm" << i;
+    cudaGetLastError();
+  }
+  for (int i = 0; i < kNumComputeStreams; ++i) {
+    if (cudaStreamQuery(compute_[i]) == cudaErrorNotReady) busy += StrCat() << " compute" << i;
+    cudaGetLastError();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  StrCat out;
+  out << "its latest op (epoch " << begun_epoch_ << ", " << begun_op_
+      << "): XLA's stream had reached it: " << reached
+      << "; its handshake (done-reading waits, buffer-free signals) had run: " << begun
+      << "; busy side streams:" << (busy.empty() ? std::string(" none") : busy);
+  return out;
+}
+
+// ----------------------------------------------------------------------------- judge
+
+std::string Communicator::FlagReadAge(Clock::time_point now) const {
+  StrCat out;
+  out << " [watchdog: flags last read from the GPU ";
+  if (last_fresh_ == Clock::time_point{}) {
+    out << "never";
+  } else {
+    out << Seconds(now - last_fresh_) << " s ago";
+  }
+  if (reading_) {
+    out << "; a read issued " << Seconds(now - read_issued_) << " s ago has not completed";
+  }
+  const std::string blocked = ReaderBlocked();
+  if (!blocked.empty()) out << "; " << blocked << " (a stalled hardware queue)";
+  out << "] [this rank's GPU";
+  if (gpu_state_at_ == Clock::time_point{}) {
+    out << ": not queried";
+  } else {
+    out << " " << Seconds(now - gpu_state_at_) << " s ago: " << gpu_state_;
+  }
+  out << "; flags as last read:";
+  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
+    for (int q = 0; q < o_.world; ++q) {
+      if (q != o_.rank) {
+        out << " " << SlotName(slot) << "[" << q << "]="
+            << FlagValue(slot, snapshot_[slot * o_.world + q]);
+      }
+    }
+  }
+  out << "]";
+  return out;
+}
+
+void Communicator::Judge() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  JudgeStall(now);
+  if (!any_pending_.load(std::memory_order_acquire)) return;
+  if (o_.nccl) {
+    JudgeNccl(now);
+    return;
+  }
+  const int n = kNumFlagSlots * o_.world;
+  bool still = false;
+  for (int slot = 0; slot < kNumFlagSlots; ++slot) {
+    for (int q = 0; q < o_.world; ++q) {
+      PendingWait& p = pending_[slot][q];
+      if (!p.pending) continue;
+      const uint64_t have = snapshot_[slot * o_.world + q];
+      if (have >= p.want) {  // flags only grow: any completed read at or past `want` ends it
+        p.pending = false;
+        continue;
+      }
+      if (have > p.seen) {  // the peer is alive and moving: restart the clock
+        p.seen = have;
+        p.since = now;
+      }
+      const double waited = Seconds(now - p.since);
+      if (waited < o_.timeout_s) {
+        still = true;
+        continue;
+      }
+      std::string msg = StrCat()
+                        << Where(*this, p.op) << ": timed out after " << waited
+                        << " s without progress waiting for rank " << q << " (" << SlotName(slot)
+                        << " signal for " << FlagValue(slot, p.want) << "; last seen "
+                        << FlagValue(slot, have)
+                        << "). The peer never arrived: is its process alive, and does every "
+                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
+                        << FlagReadAge(now);
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      std::fflush(stderr);
+      if (error_.empty()) error_ = msg;
+      // Ask the reader to release the waiting stream with a marked value, after the poison word.
+      host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
+      if (release_landed_ == release_requested_) release_due_since_ = now;
+      ++release_requested_;
+      release_op_ = p.op;
+      release_poison_ = true;
+      release_idx_.push_back(slot * o_.world + q);
+      p.pending = false;
+    }
+  }
+  any_pending_.store(still, std::memory_order_release);
+}
+
+void Communicator::JudgeNccl(Clock::time_point now) {
+  if (nccl_pending_.empty() || nccl_aborted_ || nccl_abort_requested_) {
+    any_pending_.store(!nccl_pending_.empty() && !nccl_aborted_, std::memory_order_release);
+    return;
+  }
+  const PendingOp& p = nccl_pending_.front();
+  const double waited = Seconds(now - p.since);
+  if (waited < o_.timeout_s) return;
+  std::string peers;
+  for (int r = 0; r < o_.world; ++r) {
+    if (r != o_.rank) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::string msg = StrCat()
+                    << Where(*this, p.op) << ": timed out after " << waited
+                    << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
+                    << "); NCCL cannot say which peer is missing. Is every process alive, and "
+                       "does every rank run the same sequence of jax_ub ops? The NCCL "
+                       "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  // error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
+  if (error_.empty()) error_ = msg;
+  // Poison first (the op's check kernel then fails the XLA call), then abort NCCL: its blocked
+  // kernels return and the stream moves on to the check. Both are the reader's.
+  if (release_landed_ == release_requested_) release_due_since_ = now;
+  ++release_requested_;
+  release_op_ = p.op;
+  release_poison_ = true;
+  nccl_abort_requested_ = true;
+}
+
+void Communicator::JudgeStall(Clock::time_point now) {
+  if (release_landed_ >= release_requested_ || stall_reported_) return;
+  const double overdue = Seconds(now - release_due_since_);
+  if (overdue < kStallGraceS) return;
+  stall_reported_ = true;
+  const std::string blocked = ReaderBlocked();
+  StrCat msg;
+  msg << Where(*this, release_op_) << ": the timed-out wait could not be released: the watchdog asked "
+      << overdue << " s ago and it has not reached the GPU (";
+  if (!blocked.empty()) {
+    msg << blocked;
+  } else {
+    msg << "its copy has not run";
+  }
+  msg << "). This GPU's command queue is stalled behind a wait that cannot end, so the XLA call "
+         "can never return. ";
+  if (o_.abort_on_stall) {
+    msg << "Aborting the process (JAX_UB_ON_STALL=abort; 'wait' leaves it hanging). First error: "
+        << error_;
+  } else {
+    msg << "Leaving it waiting (JAX_UB_ON_STALL=wait).";
+  }
+  std::string text = msg;
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+  if (o_.abort_on_stall) std::abort();
+}
+
+}  // namespace jax_ub
