@@ -632,7 +632,7 @@ def render_text(r: dict[str, Any]) -> str:
     elif c.get("config"):
         cf = c["config"]
         L.append(f"  config      method={cf['method']} disable={int(cf['disable'])} "
-                 f"timeout_s={cf['timeout_s']:g} buffer_mib={cf['buffer_mib']}")
+                 f"timeout_s={cf['timeout_s']:g} on_stall={cf['on_stall']} buffer_mib={cf['buffer_mib']}")
     L.append("  environment:")
     for k, val in [*c["env"].items(), *c["jax_ub_env"].items()]:
         L.append(f"    {k:<32}{'(unset)' if val is None else val}")

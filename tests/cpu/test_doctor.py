@@ -329,6 +329,7 @@ def test_multi_process_uses_kv_bootstrap(machine, capsys):
 def test_environment_and_multicast(machine, capsys, monkeypatch):
     machine(4)
     monkeypatch.setenv("JAX_UB_TIMEOUT", "33")
+    monkeypatch.setenv("JAX_UB_ON_STALL", "wait")
     monkeypatch.setenv("JAX_UB_MULTICAST", "1")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -339,7 +340,7 @@ def test_environment_and_multicast(machine, capsys, monkeypatch):
     assert lines["JAX_UB_TIMEOUT"] == "33" and lines["JAX_UB_MULTICAST"] == "1"
     assert lines["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and lines["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert "NCCL_NVLS_ENABLE                (unset)" in out
-    assert "timeout_s=33" in out
+    assert "timeout_s=33 on_stall=wait" in out
     assert "multicast   requested (JAX_UB_MULTICAST=1) but ignored" in out
     monkeypatch.setenv("UB_SKIPMC", "1")
     _run(capsys, "--no-live")
