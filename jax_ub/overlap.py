@@ -68,6 +68,16 @@ RS_PIECE_BYTES = 32 << 20
 # bf16, tp 4: 32 MiB partials 0.554 -> 0.519 ms, 28 MiB 0.535 -> 0.501 ms; 96 and 112 MiB
 # partials were not faster (1.996 -> 2.025, 1.604 -> 1.611 ms), so they stay whole.
 RS_SPLIT_BYTES = (16 << 20, 64 << 20)
+# ... and only when a partial's copy (at AG_PUSH_COPY_GBPS) takes at least RS_SPLIT_MIN_COPY of
+# its GEMM (at GEMM_TFLOPS): a copy shorter than the next chunk's GEMM hides under it whole, and
+# the half-size GEMMs only cost. The ratio is itemsize * rate / (2 * k * copy rate), k the local
+# inner dimension: about 1.0 at k 2048 (tp 4's measurements above) and 0.5 at k 4096. Measured on
+# 2xH200 (tp 2, bf16, scripts/rs_split_probe.py, two interleaved runs), ms whole / split:
+#   2048,8192,28672 (56 MiB, k 4096): ring 0.832 / 0.876 and 0.841 / 0.893,
+#                                     pipeline 0.849 / 0.874 and 0.840 / 0.877;
+#   16384,8192,2048 and 8192,8192,4096 (32 MiB, k 4096), 8192,4096,4096 (32 MiB, k 2048): equal
+#   within the runs' spread (0.01-0.02).
+RS_SPLIT_MIN_COPY = 0.75
 # The chain's pieces are column blocks (each piece's GEMM reads a column block of w, not all of w)
 # when the output width n is at most this; config.rs_chain_split overrides. Measured with 2 pieces
 # per step (bf16, scripts/piece_probe.py, interleaved), ms for rows / cols:
@@ -187,7 +197,7 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     staging = max(staged * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
     rows = (M // s.world) * inner
-    splits = rs_splits(method, rows, n, es)
+    splits = rs_splits(method, rows, n, es, x2.shape[-1])
     cols = method == "chain" and s.transport != "nccl" and rs_chain_cols(splits, n, es)
     # The pieces' GEMMs are other shapes: prepare (tune) them too.
     pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
@@ -203,9 +213,10 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     return _back(y, axis), x
 
 
-def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
-    """Pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank (chain: row or
-    column pieces per step; columns: column blocks of the whole GEMM)."""
+def rs_splits(method: str, rows: int, n: int, itemsize: int, k: int = 0) -> int:
+    """Pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank and whose local
+    inner dimension is ``k`` (chain: row or column pieces per step; columns: column blocks of the
+    whole GEMM; ring/pipeline: 1 or 2, see RS_SPLIT_BYTES; ``k`` 0 skips the copy/GEMM test)."""
     if method == "chain":
         want = config.get().rs_chain_pieces or RS_CHAIN_PIECES
         return next(p for p in range(want, 0, -1) if rows % p == 0)
@@ -213,7 +224,14 @@ def rs_splits(method: str, rows: int, n: int, itemsize: int) -> int:
         want = config.get().rs_column_pieces or RS_COLUMN_PIECES
         return next((p for p in range(want, 1, -1) if n % p == 0 and (n // p * itemsize) % 16 == 0), 1)
     part = rows * n * itemsize
-    return 2 if RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0 else 1
+    if not (RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0):
+        return 1
+    if k > 0:
+        copy_ms = part / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
+        gemm_ms = 2.0 * rows * k * n / gemm_flops_per_s(itemsize) * 1e3
+        if copy_ms < RS_SPLIT_MIN_COPY * gemm_ms:
+            return 1
+    return 2
 
 
 def rs_chain_cols(pieces: int, n: int, itemsize: int) -> bool:
