@@ -40,7 +40,7 @@ def main():
     for M, K, N in shapes:
         x, w = rs_inputs(mesh, M, K, N)
         part = (M // tp) * N * 2
-        lib = overlap.rs_splits("ring", M // tp, N, 2)
+        lib = overlap.rs_splits("ring", M // tp, N, 2, K // tp)
         impls = {"gemm": (smap(mm, (P(None, "tp"), P("tp", None)), P(None, None)), (x, w))}
         for method in ("ring", "pipeline"):
             impls[f"{method} lib({lib})"] = (compiled(smap, method, x, w, overlap.RS_SPLIT_BYTES), (x, w))
