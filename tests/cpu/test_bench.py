@@ -106,6 +106,23 @@ def test_capture_timeline_with_tracing(monkeypatch):
     assert calls == [True, False]
 
 
+def test_capture_timeline_keeps_the_last_of_back_to_back_calls(monkeypatch):
+    """The picture shows a steady-state call: several calls run back to back under tracing and
+    only the last one's ops (per device, the latest epochs, as many as one call runs) are kept."""
+    ran = []
+    # two ops per call on each device, 4 calls: epochs 1..8 (device 0) and 11..18 (device 1)
+    fake = [{"device": d, "epoch": base + e, "name": "gemm"} for d, base in ((0, 0), (1, 10))
+            for e in range(1, 9)]
+    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(overlap, "trace_collect", lambda: fake, raising=False)
+    records, why = harness.capture_timeline(lambda x: ran.append(1) or x, (jnp.ones(3),), calls=4)
+    assert why == "" and len(ran) == 4
+    assert sorted((r["device"], r["epoch"]) for r in records) == [(0, 7), (0, 8), (1, 17), (1, 18)]
+    # a count that does not divide evenly: only the latest epoch per device
+    assert [r["epoch"] for r in harness.last_call(fake[:7], 4)] == [7]
+    assert harness.last_call([{"device": 0, "name": "x"}], 4) == [{"device": 0, "name": "x"}]
+
+
 def test_capture_timeline_without_tracing(monkeypatch):
     monkeypatch.delattr(overlap, "trace_enable", raising=False)
     records, why = harness.capture_timeline(lambda x: x, (jnp.ones(3),))
