@@ -14,7 +14,8 @@ milliseconds of:
 * ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm.
 
 With ``--timeline`` (``ag``, ``rs``, ``bulk``; CUDA path only), each shape's ``jax_ub`` op also
-runs once traced (``jax_ub.overlap.trace_enable``/``trace_collect``): a Gantt PNG per shape
+runs traced (``jax_ub.overlap.trace_enable``/``trace_collect``), ``TIMELINE_CALLS`` calls back to
+back of which the last is kept (a lone call after a sync starts cold): a Gantt PNG per shape
 (``<stem>-timeline-[<op>-]tp<tp>-<M>x<K>x<N>.png``, see :mod:`jax_ub.bench.timeline`) and the records
 under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", "records"}, ...]``.
 
