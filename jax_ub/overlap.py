@@ -226,11 +226,8 @@ def rs_splits(method: str, rows: int, n: int, itemsize: int, k: int = 0) -> int:
     part = rows * n * itemsize
     if not (RS_SPLIT_BYTES[0] <= part < RS_SPLIT_BYTES[1] and rows % 2 == 0):
         return 1
-    if k > 0:
-        copy_ms = part / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
-        gemm_ms = 2.0 * rows * k * n / gemm_flops_per_s(itemsize) * 1e3
-        if copy_ms < RS_SPLIT_MIN_COPY * gemm_ms:
-            return 1
+    if k > 0 and _copy_ms(part) < RS_SPLIT_MIN_COPY * _gemm_ms(rows, k, n, itemsize):
+        return 1  # the copy hides under the next chunk's GEMM whole
     return 2
 
 
@@ -247,6 +244,16 @@ def gemm_flops_per_s(itemsize: int) -> float:
     """The GEMM rate the schedule estimates assume: GEMM_TFLOPS for 16-bit operands, a quarter
     of it for float32."""
     return GEMM_TFLOPS * 1e12 * (1.0 if itemsize <= 2 else 0.25)
+
+
+def _copy_ms(nbytes: float) -> float:
+    """A peer copy's modelled time (ms) at AG_PUSH_COPY_GBPS."""
+    return nbytes / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
+
+
+def _gemm_ms(m: int, k: int, n: int, itemsize: int) -> float:
+    """An [m, k] @ [k, n] GEMM's modelled time (ms) at :func:`gemm_flops_per_s`."""
+    return 2.0 * m * k * n / gemm_flops_per_s(itemsize) * 1e3
 
 
 def _push_end(world: int, copy_ms: float, gemm_ms: float, pieces: int) -> float:
@@ -270,8 +277,8 @@ def ag_push_pieces(method: str, rows: int, n: int, k: int, itemsize: int, world:
         return 1
     want = config.get().ag_push_pieces
     if not want and world > 1 and rows > 0:
-        copy_ms = rows * k * itemsize / (AG_PUSH_COPY_GBPS * 1e9) * 1e3
-        gemm_ms = 2.0 * rows * k * n / gemm_flops_per_s(itemsize) * 1e3
+        copy_ms = _copy_ms(rows * k * itemsize)
+        gemm_ms = _gemm_ms(rows, k, n, itemsize)
         ends = {p: _push_end(world, copy_ms, gemm_ms, p) for p in (1, 2, 4)}
         best = min(ends, key=ends.__getitem__)
         want = best if ends[best] <= ends[1] * (1 - AG_PUSH_PIECES_GAIN) else 1

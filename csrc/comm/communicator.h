@@ -183,7 +183,6 @@ class Communicator {
   cudaEvent_t read_done_ = nullptr;
   cudaEvent_t released_ = nullptr;  // recorded on release_ after a batch of releases
   // Reader-only state.
-  bool read_in_flight_ = false;
   bool release_recorded_ = false;  // released_ covers requests up to release_issued_
   uint64_t release_issued_ = 0;
   // Shared reader/judge state, with mu_ held. snapshot_ is the latest completed read of flags_
@@ -191,7 +190,7 @@ class Communicator {
   // and when the read in flight was issued: a timeout names both, so a stalled read (stale flags)
   // is told apart from a peer that never signalled.
   uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
-  bool reading_ = false;
+  bool reading_ = false;  // a read is in flight (written by the reader only)
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
   std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)
   std::chrono::steady_clock::time_point gpu_state_at_{};
@@ -244,6 +243,9 @@ class Communicator {
   void PollNcclGpu();                     // reader side of the nccl transport
   void JudgeNccl(std::chrono::steady_clock::time_point now);  // with mu_ held
   void JudgeStall(std::chrono::steady_clock::time_point now);  // with mu_ held
+  // Prints and records a timeout and asks the reader for a release (poison word); with mu_ held.
+  void ReportTimeout(const std::string& msg, const char* op,
+                     std::chrono::steady_clock::time_point now);
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
   std::string GpuState();  // reader: CUDA queries, then mu_ for the rest
   std::atomic<bool> any_pending_{false};

@@ -199,11 +199,10 @@ void Communicator::PollGpu() {
   }
   // 2. The flag read: check the one in flight, issue the next.
   bool fresh = false;
-  if (read_in_flight_) {
+  if (reading_) {  // written by this thread only (with mu_ held, for the judge)
     const cudaError_t q = cudaEventQuery(read_done_);
     cudaGetLastError();
     if (q != cudaErrorNotReady) {
-      read_in_flight_ = false;
       fresh = q == cudaSuccess;
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = false;
@@ -233,11 +232,10 @@ void Communicator::PollGpu() {
     gpu_state_ = std::move(state);
     gpu_state_at_ = Clock::now();
   }
-  if (!read_in_flight_ && !fresh && any_pending_.load(std::memory_order_acquire)) {
+  if (!reading_ && !fresh && any_pending_.load(std::memory_order_acquire)) {
     if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                         watch_) == cudaSuccess &&
         cudaEventRecord(read_done_, watch_) == cudaSuccess) {
-      read_in_flight_ = true;
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = true;
       read_issued_ = Clock::now();
@@ -365,15 +363,9 @@ void Communicator::Judge() {
                         << "). The peer never arrived: is its process alive, and does every "
                            "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
                         << FlagReadAge(now);
-      std::fprintf(stderr, "%s\n", msg.c_str());
-      std::fflush(stderr);
-      if (error_.empty()) error_ = msg;
-      // Ask the reader to release the waiting stream with a marked value, after the poison word.
+      ReportTimeout(msg, p.op, now);
+      // The reader releases the waiting stream with a marked value, after the poison word.
       host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
-      if (release_landed_ == release_requested_) release_due_since_ = now;
-      ++release_requested_;
-      release_op_ = p.op;
-      release_poison_ = true;
       release_idx_.push_back(slot * o_.world + q);
       p.pending = false;
     }
@@ -399,17 +391,23 @@ void Communicator::JudgeNccl(Clock::time_point now) {
                     << "); NCCL cannot say which peer is missing. Is every process alive, and "
                        "does every rank run the same sequence of jax_ub ops? The NCCL "
                        "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
-  std::fprintf(stderr, "%s\n", msg.c_str());
-  std::fflush(stderr);
   // error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
-  if (error_.empty()) error_ = msg;
+  ReportTimeout(msg, p.op, now);
   // Poison first (the op's check kernel then fails the XLA call), then abort NCCL: its blocked
   // kernels return and the stream moves on to the check. Both are the reader's.
+  nccl_abort_requested_ = true;
+}
+
+void Communicator::ReportTimeout(const std::string& msg, const char* op, Clock::time_point now) {
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  if (error_.empty()) error_ = msg;
+  // One more release for the reader (the poison word first); the stall clock starts with the
+  // oldest request not yet landed.
   if (release_landed_ == release_requested_) release_due_since_ = now;
   ++release_requested_;
-  release_op_ = p.op;
+  release_op_ = op;
   release_poison_ = true;
-  nccl_abort_requested_ = true;
 }
 
 void Communicator::JudgeStall(Clock::time_point now) {
