@@ -25,6 +25,13 @@ nprocs = int(os.environ["JAX_UB_TEST_NPROCS"])
 rank = int(os.environ["JAX_UB_TEST_RANK"])
 jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
                            heartbeat_timeout_seconds=120)
+if os.environ.get("JAX_UB_TEST_HOSTS"):
+    # Pretend each process runs on the host named for its rank (a multi-host launch on one
+    # machine): jax_ub learns hosts from socket.gethostname() only.
+    import socket
+
+    _host = os.environ["JAX_UB_TEST_HOSTS"].split(",")[rank]
+    socket.gethostname = lambda: _host
 import jax_ub  # noqa: E402
 from jax_ub import _bootstrap  # noqa: E402
 
@@ -84,6 +91,7 @@ def run_expecting_failure(tag, f, *args):
 
 cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
 print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
+print(f"RESULT hosts {','.join(cs.hosts)}", flush=True)
 ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
 
 if mode == "exchange":

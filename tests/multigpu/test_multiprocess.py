@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 2, reason="needs >
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
 
 
-def _exchange(capsys, n, bootstrap, transport, extra_env=None, **layout):
+def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, **layout):
+    """Runs the worker's "exchange" mode on n ranks; ``expect``: the transport that ``transport``
+    (e.g. ``auto``) must resolve to. Returns the results."""
     env = dict(ENV, JAX_UB_BOOTSTRAP=bootstrap, JAX_UB_TRANSPORT=transport, **(extra_env or {}))
+    transport = expect or transport
     results = parallel_launch(n, WORKER, ["exchange"], env=env, timeout_s=240, fail_fast_s=30,
                               **layout)
     with capsys.disabled():
@@ -51,6 +54,7 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, **layout):
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
         assert want <= names, sorted(want - names)
         assert r.lines("RESULT transport ") == [f"{transport} bootstrap {bootstrap}"]
+    return results
 
 
 @pytest.mark.parametrize("bootstrap,transport", [("kv", "ipc"), ("nccl", "ipc"), ("kv", "nccl")])
@@ -70,6 +74,54 @@ def test_world_four_on_fewer_gpus(capsys, chain_pieces):
     only: shared GPUs say nothing of speed."""
     extra = {} if chain_pieces is None else {"JAX_UB_RS_CHAIN_PIECES": str(chain_pieces)}
     _exchange(capsys, 4, "kv", "ipc", extra, share_gpus=NGPU)
+
+
+def _two_hosts(n: int) -> str:
+    """JAX_UB_TEST_HOSTS for n ranks: the first half on "hostA", the rest on "hostB"."""
+    return ",".join("hostA" if r < n // 2 else "hostB" for r in range(n))
+
+
+# NCCL between processes of one machine as it runs between hosts: no peer mapping (P2P) and no
+# shared memory, so every byte goes through its network transport (sockets over loopback).
+NCCL_OVER_NETWORK = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket",
+                     "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
+    """A multi-host launch on one machine: each process reports its own host name, and the TP
+    group spans two "hosts". transport='auto' must pick nccl (CUDA IPC cannot cross hosts), and
+    every op of both transports' schedules must be right with NCCL moving the bytes through its
+    network transport, as between real hosts."""
+    n = min(NGPU, 4)
+    hosts = _two_hosts(n)
+    results = _exchange(capsys, n, "kv", "auto", dict(NCCL_OVER_NETWORK, JAX_UB_TEST_HOSTS=hosts),
+                        expect="nccl", devices_per_proc=1)
+    for r in results:
+        assert r.lines("RESULT hosts ") == [hosts]
+        # NCCL's own log says which transport its channels use: the network, never P2P or SHM.
+        log = r.stdout + r.stderr  # NCCL_DEBUG writes to stdout
+        assert "via NET/Socket" in log, log[-3000:]
+        assert "via P2P" not in log and "via SHM" not in log, log[-3000:]
+
+
+def test_tp_within_hosts_dp_across_hosts_keeps_ipc(capsys):
+    """The common multi-host layout: dp=2 across two "hosts", each TP group inside one host.
+    transport='auto' keeps CUDA IPC (no group spans hosts), and every method of both ops is right
+    in each group."""
+    layout = dict(devices_per_proc=1) if NGPU >= 4 else dict(share_gpus=NGPU)
+    hosts = _two_hosts(4)
+    env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT="auto", JAX_UB_TEST_HOSTS=hosts)
+    results = parallel_launch(4, WORKER, ["dptp"], env=env, timeout_s=240, fail_fast_s=30, **layout)
+    with capsys.disabled():
+        for r in results:
+            print(f"\n[dp2 x tp2, two hosts] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+    assert all(r.ok for r in results), format_failures(results)
+    want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
+        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
+    for r in results:
+        assert r.lines("RESULT transport ") == ["ipc bootstrap kv"], format_failures(results)
+        assert r.lines("RESULT hosts ") == [hosts]
+        assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
 
 
 def test_dp_by_tp_mesh(capsys):

@@ -445,8 +445,11 @@ def test_dp_by_tp_mesh(ub):
     assert _rel(y, jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))) < 1e-2
 
 
+@pytest.mark.parametrize("remat", [False, True], ids=["saved", "remat"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-def test_gradients_through_cuda_path(ub, dtype):
+def test_gradients_through_cuda_path(ub, dtype, remat):
+    """Reverse mode through both CUDA ops; ``remat``: the layer under jax.checkpoint saving
+    nothing, so the backward runs the forward's ops again (as nn.remat'ed layers do)."""
     tp = min(_n_gpus(), 4)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
@@ -454,10 +457,12 @@ def test_gradients_through_cuda_path(ub, dtype):
     w1 = _rand(22, (256, 64 * tp), dtype)
     w2 = _rand(23, (64 * tp, 256), dtype)
 
-    def model(ag, rs):
+    def model(ag, rs, remat=remat):
         def f(x, w1, w2):
             h = ag(x, w1)
             return jnp.sum(rs(jnp.tanh(h), w2).astype(jnp.float32) ** 2)
+        if remat:
+            f = jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)
         return jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
                              out_specs=P(), check_vma=False)
 
@@ -470,7 +475,18 @@ def test_gradients_through_cuda_path(ub, dtype):
     g2 = jax.jit(jax.grad(lambda *a: ref(*a).sum(), (0, 1, 2)))(x, w1, w2)
     for a, b in zip(g1, g2, strict=True):
         assert _rel(a, b) <= (2e-2 if dtype == jnp.bfloat16 else 1e-4)
-    assert "jax_ub_gemm_rs" in jax.jit(jax.grad(lambda *a: cuda(*a).sum())).lower(x, w1, w2).as_text()
+
+    def n_calls(m):  # value_and_grad: the forward's own calls stay (grad alone drops them)
+        hlo = jax.jit(jax.value_and_grad(lambda *a: m(*a).sum())).lower(x, w1, w2).as_text()
+        return hlo.count("jax_ub_ag_gemm"), hlo.count("jax_ub_gemm_rs")
+
+    got = n_calls(cuda)
+    assert min(got) >= 1, got
+    if remat:  # the backward runs the forward's AG and RS again
+        saved = n_calls(model(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+                              lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP),
+                              remat=False))
+        assert got[0] > saved[0] and got[1] > saved[1], (got, saved)
 
 
 def test_initialize_shutdown_loop_returns_memory(ub, capsys):
