@@ -132,15 +132,16 @@ def test_tp_within_hosts_dp_across_hosts_keeps_ipc(capsys):
         assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
 
 
-def test_dp_by_tp_mesh(capsys):
-    """dp=2 x tp=2 over four processes (one per GPU, or two per GPU on a 2-GPU machine): two
-    communicator groups built across processes, every method of both ops in each."""
-    layout = dict(devices_per_proc=1) if NGPU >= 4 else dict(share_gpus=NGPU)
+@pytest.mark.parametrize("n", [4, 8], ids=["dp2xtp2", "dp2xtp4"])
+def test_dp_by_tp_mesh(capsys, n):
+    """dp=2 x tp=n/2 over n processes (one per GPU, or several per GPU where there are fewer):
+    two communicator groups built across processes, every method of both ops in each."""
+    layout = dict(devices_per_proc=1) if n <= NGPU else dict(share_gpus=NGPU)
     env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT="ipc")
-    results = parallel_launch(4, WORKER, ["dptp"], env=env, timeout_s=240, fail_fast_s=30, **layout)
+    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30, **layout)
     with capsys.disabled():
         for r in results:
-            print(f"\n[dp2 x tp2] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+            print(f"\n[dp2 x tp{n // 2}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
     assert all(r.ok for r in results), format_failures(results)
     want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
         f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
@@ -253,3 +254,8 @@ def _missing_peer(capsys, n, transport, **layout):
         failed = r.lines("RESULT failed_after ")
         assert failed, "the call did not fail: " + format_failures(results)
         assert float(failed[0]) <= timeout + 5 + 10, failed  # + XLA's own error propagation
+
+
+@pytest.mark.skipif(NGPU >= 8, reason="one process per GPU covers world 8 on this machine")
+def test_missing_peer_at_world_eight_on_fewer_gpus(capsys):
+    _missing_peer(capsys, 8, "ipc", share_gpus=NGPU)
