@@ -22,7 +22,7 @@ import jax_ub
 
 mode = sys.argv[1]
 devs = jax.devices("cuda")
-tp = min(len(devs), 4)
+tp = min(len(devs), 8)
 mesh = Mesh(np.array(devs[:tp]), ("tp",))
 jax_ub.initialize(mesh, "tp")
 HP = lax.Precision.HIGHEST

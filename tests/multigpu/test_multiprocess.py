@@ -58,8 +58,9 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
 
 
 @pytest.mark.parametrize("bootstrap,transport", [("kv", "ipc"), ("nccl", "ipc"), ("kv", "nccl")])
-def test_four_processes_exchange_and_overlap_ops(capsys, bootstrap, transport):
-    _exchange(capsys, min(NGPU, 4), bootstrap, transport, devices_per_proc=1)
+def test_one_process_per_gpu_exchange_and_overlap_ops(capsys, bootstrap, transport):
+    """One process per GPU, every GPU there is up to 8 (tp=8 over one NVLink domain)."""
+    _exchange(capsys, min(NGPU, 8), bootstrap, transport, devices_per_proc=1)
 
 
 FEWER = pytest.mark.skipif(NGPU >= 4, reason="one process per GPU covers world 4 on this machine")

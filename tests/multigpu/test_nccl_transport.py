@@ -17,7 +17,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.multigpu.test_overlap import (  # noqa: E402
     HP,
+    MAX_TP,
     TOL,
+    TPS,
     _mesh,
     _n_gpus,
     _need,
@@ -60,7 +62,7 @@ def _init(ub, tp, dp=1):
     return mesh
 
 
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_random_pattern_through_nccl(ub, tp):
     """Every rank's random shard reaches every peer exactly (all-gather), and the reduce-scatter
     sums every rank's contribution."""
@@ -70,7 +72,7 @@ def test_random_pattern_through_nccl(ub, tp):
 
 @pytest.mark.parametrize("return_gathered", [True, False])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", [(6144, 5120, 13824), (512, 1024, 2048)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
@@ -106,7 +108,7 @@ def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
 
 
 def test_bulk_scan_gradients_and_dp_over_nccl(ub):
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _init(ub, tp)
     x = _rand(1, (2, 64 * tp, 256), jnp.bfloat16)
     # Scaled weights: unit-variance ones saturate tanh, and bf16 gradients through a saturated
@@ -183,7 +185,7 @@ def test_nccl_initialize_shutdown_loop_returns_memory(ub, capsys):
 
     mod = _ext.extension()
     ub.shutdown()
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     devs = [d.local_hardware_id for d in mesh.devices.flat]
     # NCCL keeps some process-wide state after its first communicator: measure from the second.

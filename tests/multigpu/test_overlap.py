@@ -27,6 +27,10 @@ def _n_gpus() -> int:
 pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(_n_gpus() < 2, reason="needs >= 2 CUDA GPUs")]
 
 TOL = {jnp.bfloat16: 1e-2, jnp.float16: 5e-3, jnp.float32: 1e-5}
+# Group sizes of the parametrized tests (each skips where there are fewer GPUs), and the largest
+# group the unparametrized ones use: every GPU there is, up to 8 (tp=8 over one NVLink domain).
+TPS = (2, 4, 8)
+MAX_TP = 8
 HP = lax.Precision.HIGHEST
 
 
@@ -98,7 +102,7 @@ def _ag_case(ub, tp, dtype, M, K, N, method, batch=None):
 
 @pytest.mark.parametrize("method", ["ring", "all_peer", "push"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_all_gather_matmul(ub, tp, dtype, shape, method):
     _need(tp)
@@ -106,7 +110,7 @@ def test_all_gather_matmul(ub, tp, dtype, shape, method):
 
 
 @pytest.mark.parametrize("pieces", [1, 2, 3, 4])
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_all_gather_matmul_push_pieces(ub, tp, pieces):
     """Push's last peer chunk in row pieces (kPiece signals) at every piece count, with and
     without the gathered output (3 does not divide 128 local rows: the largest count that does)."""
@@ -125,7 +129,7 @@ def test_all_gather_matmul_push_pieces(ub, tp, pieces):
         assert _rel(g(x, w), ref) <= TOL[jnp.bfloat16]
 
 
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_all_gather_matmul_batch_dims(ub, tp):
     """Leading batch dims: the gather axis is moved to the front (an XLA transpose before the op)."""
     _need(tp)
@@ -134,7 +138,7 @@ def test_all_gather_matmul_batch_dims(ub, tp):
 
 @pytest.mark.parametrize("method", ["ring", "pipeline", "chain", "columns"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matmul_reduce_scatter(ub, tp, dtype, shape, method):
     _need(tp)
@@ -143,7 +147,7 @@ def test_matmul_reduce_scatter(ub, tp, dtype, shape, method):
 
 @pytest.mark.parametrize("split", ["rows", "cols"])
 @pytest.mark.parametrize("pieces", [1, 3, 4])
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces, split):
     """The chain's piece signalling at every piece count, in row or column pieces (3 does not
     divide 128-row outputs: the op falls back to the largest count that does; 1000 columns in 3
@@ -155,7 +159,7 @@ def test_matmul_reduce_scatter_chain_pieces(ub, tp, pieces, split):
 
 
 @pytest.mark.parametrize("pieces", [1, 3, 8])
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_matmul_reduce_scatter_column_pieces(ub, tp, pieces):
     """columns at several block counts: 13824 columns in 1, 3 (4608 each) or 8 blocks; 1000
     columns in 8 blocks of 125 are not whole 16-byte vectors, so 5 blocks of 200 then."""
@@ -215,7 +219,7 @@ def check_bare_collectives(ub, mesh, tp) -> None:
 
 def test_bare_collectives_random_pattern(ub):
     """Every rank's random shard reaches every peer through the copy-engine transport, exactly."""
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     check_bare_collectives(ub, mesh, tp)
@@ -223,7 +227,7 @@ def test_bare_collectives_random_pattern(ub):
 
 @pytest.mark.parametrize("pieces", [1, 3, 8])
 @pytest.mark.parametrize("method", ["ring", "pipeline"])
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_reduce_scatter_pieces(ub, tp, method, pieces):
     """The bare reduce-scatter in row pieces (config.rs_pieces), each summed as soon as every
     peer's piece has landed: 383 rows per rank split unevenly (3 and 8 do not divide them) into
@@ -247,7 +251,7 @@ def test_reduce_scatter_pieces(ub, tp, method, pieces):
 @pytest.mark.parametrize("copy_sms", [0, 8, 100], ids=lambda n: f"copysms{n}")
 @pytest.mark.parametrize("method", ["ring", "push"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     """Bulk forms: the collective under an independent GEMM equals lax + jnp.matmul. copy_sms: the
     all-gather's same-device copies wait for SMs (0), or run as a kernel beside the GEMM's first
@@ -297,7 +301,7 @@ def _bulk_side_at(copy_sms, *args):
 
 
 @pytest.mark.parametrize("rows,cols", [(3, 5), (640, 1001), (2050, 1001)], ids=lambda v: str(v))
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
     """The bulk all-gather's copy kernel (bulk_copy_sms) on shards whose size is not whole 16-byte
     vectors, and whose rows in the gathered output start at 2-byte offsets: the byte path."""
@@ -319,7 +323,7 @@ def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
     assert _rel(y, ry) <= TOL[jnp.bfloat16]
 
 
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_execute_builds_no_gemm_plan(ub, tp):
     """Every chunk GEMM's cuBLASLt plan is built (and its kernel loaded) by the trace-time warm-up,
     none inside an op whose peers wait (DESIGN.md section 6): after compiling, running every
@@ -362,7 +366,7 @@ def test_execute_builds_no_gemm_plan(ub, tp):
 
 def test_timeline_trace_records_overlap(ub):
     """trace_enable/trace_collect: every chunk's copy and GEMM of one AG call, on every GPU."""
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     x = _rand(41, (tp * 512, 1024), jnp.bfloat16)
@@ -401,7 +405,7 @@ def test_timeline_trace_records_overlap(ub):
 
 
 def test_scan_batch_dims_repeated_and_mixed_shapes(ub):
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     x = _rand(1, (2, 64 * tp, 256), jnp.bfloat16)  # [b, s, h], gathered along s
@@ -450,7 +454,7 @@ def test_dp_by_tp_mesh(ub):
 def test_gradients_through_cuda_path(ub, dtype, remat):
     """Reverse mode through both CUDA ops; ``remat``: the layer under jax.checkpoint saving
     nothing, so the backward runs the forward's ops again (as nn.remat'ed layers do)."""
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     x = _rand(21, (128 * tp, 256), dtype)
@@ -494,7 +498,7 @@ def test_initialize_shutdown_loop_returns_memory(ub, capsys):
 
     mod = _ext.extension()
     ub.shutdown()
-    tp = min(_n_gpus(), 4)
+    tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     devs = [d.local_hardware_id for d in mesh.devices.flat]
     before = [mod.device_memory(d)[0] for d in devs]
