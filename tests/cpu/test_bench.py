@@ -158,6 +158,16 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
         assert {"gemm_alone", "gemm_all_gpus", "comm_nccl", "xla_plain", "jax_ub"} <= set(impls)
         assert all(r["ms"] > 0 and r["op"] == ("ag_gemm" if op == "ag" else "gemm_rs") for r in recs)
         assert all((r["M"], r["K"], r["N"], r["dtype"]) == (64, 32, 64, "bfloat16") for r in recs)
+        assert impls["jax_ub"]["method"] == "xla"  # what auto ran: the reference, on CPU
+
+
+def test_same_program_spread_compares_auto_with_its_own_method():
+    """The noise line: jax_ub against jax_ub_<the method auto ran>, per shape; shapes where auto
+    ran a method the run did not time alone (the reference) give nothing."""
+    rows = [(4, 1, 2, 3, {"jax_ub": 1.10, "jax_ub_ring": 1.00, "jax_ub_push": 2.0}, "ring"),
+            (4, 1, 2, 3, {"jax_ub": 0.90, "jax_ub_push": 1.00}, "push"),
+            (4, 1, 2, 3, {"jax_ub": 0.90}, "xla")]
+    assert harness.same_program_spread(rows) == pytest.approx([0.10, 0.10])
 
 
 @pytest.mark.parametrize("op", ["ag", "rs"])
