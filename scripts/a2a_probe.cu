@@ -32,27 +32,28 @@ struct Ptrs {
   uint4* p[kMaxGpus];
 };
 
-// Vector i of the (n - 1) peers' slices: peer j = i / per (skipping me), offset i % per.
-// push: my src slice for peer q -> q's dst slot `me`; pull: q's src slice for me -> my dst slot q.
-__global__ void SmPush(Ptrs dst, const uint4* __restrict__ src, int me, int n, size_t per) {
-  const size_t total = per * (n - 1);
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    int j = static_cast<int>(i / per);
-    const int q = j >= me ? j + 1 : j;
-    const size_t off = i % per;
-    dst.p[q][me * per + off] = src[q * per + off];
-  }
+// Vector i of the (n - 1) peers' slices: peer q (every rank but me, in order) and offset.
+struct Slot {
+  int q;
+  size_t off;
+};
+__device__ __forceinline__ Slot SlotOf(size_t i, int me, size_t per) {
+  const int j = static_cast<int>(i / per);
+  return {j >= me ? j + 1 : j, i % per};
 }
 
-__global__ void SmPull(uint4* __restrict__ dst, Ptrs src, int me, int n, size_t per) {
+// push: my src slice for peer q -> q's dst slot `me`; pull: q's src slice for me -> my dst slot q.
+template <bool kPush>
+__global__ void SmExchange(Ptrs peers, uint4* __restrict__ mine, int me, int n, size_t per) {
   const size_t total = per * (n - 1);
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    int j = static_cast<int>(i / per);
-    const int q = j >= me ? j + 1 : j;
-    const size_t off = i % per;
-    dst[q * per + off] = src.p[q][me * per + off];
+    const Slot s = SlotOf(i, me, per);
+    if (kPush) {
+      peers.p[s.q][me * per + s.off] = mine[s.q * per + s.off];
+    } else {
+      mine[s.q * per + s.off] = peers.p[s.q][me * per + s.off];
+    }
   }
 }
 
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
           if (mode == "sm_push" || mode == "sm_pull") {
             Ptrs p{};
             for (int q = 0; q < n; ++q) p.p[q] = mode == "sm_push" ? dst[q] : src[q];
-            if (mode == "sm_push") SmPush<<<blocks, 512, 0, st[g][0]>>>(p, src[g], g, n, per);
-            else SmPull<<<blocks, 512, 0, st[g][0]>>>(dst[g], p, g, n, per);
+            if (mode == "sm_push") SmExchange<true><<<blocks, 512, 0, st[g][0]>>>(p, src[g], g, n, per);
+            else SmExchange<false><<<blocks, 512, 0, st[g][0]>>>(p, dst[g], g, n, per);
             CK(cudaGetLastError());
             continue;
           }
@@ -175,8 +176,8 @@ int main(int argc, char** argv) {
       CK(cudaSetDevice(g));
       Ptrs p{};
       for (int q = 0; q < n; ++q) p.p[q] = push ? dst[q] : src[q];
-      if (push) SmPush<<<sms, 512>>>(p, src[g], g, n, per);
-      else SmPull<<<sms, 512>>>(dst[g], p, g, n, per);
+      if (push) SmExchange<true><<<sms, 512>>>(p, src[g], g, n, per);
+      else SmExchange<false><<<sms, 512>>>(p, dst[g], g, n, per);
       CK(cudaGetLastError());
     }
     sync_all();
