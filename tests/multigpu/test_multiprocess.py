@@ -113,41 +113,38 @@ def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
         assert "via P2P" not in log and "via SHM" not in log, log[-3000:]
 
 
+def _dp_by_tp(capsys, n, label, transport="ipc", extra_env=None):
+    """The worker's "dptp" mode on n processes (one per GPU, or several per GPU where there are
+    fewer): every method of both ops right in each of the two groups. Returns the results."""
+    layout = dict(devices_per_proc=1) if n <= NGPU else dict(share_gpus=NGPU)
+    env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT=transport, **(extra_env or {}))
+    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30, **layout)
+    with capsys.disabled():
+        for r in results:
+            print(f"\n[{label}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+    assert all(r.ok for r in results), format_failures(results)
+    want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
+        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
+    for r in results:
+        assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
+    return results
+
+
 def test_tp_within_hosts_dp_across_hosts_keeps_ipc(capsys):
     """The common multi-host layout: dp=2 across two "hosts", each TP group inside one host.
     transport='auto' keeps CUDA IPC (no group spans hosts), and every method of both ops is right
     in each group."""
-    layout = dict(devices_per_proc=1) if NGPU >= 4 else dict(share_gpus=NGPU)
     hosts = _two_hosts(4)
-    env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT="auto", JAX_UB_TEST_HOSTS=hosts)
-    results = parallel_launch(4, WORKER, ["dptp"], env=env, timeout_s=240, fail_fast_s=30, **layout)
-    with capsys.disabled():
-        for r in results:
-            print(f"\n[dp2 x tp2, two hosts] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
-    assert all(r.ok for r in results), format_failures(results)
-    want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
-        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
+    results = _dp_by_tp(capsys, 4, "dp2 x tp2, two hosts", "auto", {"JAX_UB_TEST_HOSTS": hosts})
     for r in results:
         assert r.lines("RESULT transport ") == ["ipc bootstrap kv"], format_failures(results)
         assert r.lines("RESULT hosts ") == [hosts]
-        assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
 
 
 @pytest.mark.parametrize("n", [4, 8], ids=["dp2xtp2", "dp2xtp4"])
 def test_dp_by_tp_mesh(capsys, n):
-    """dp=2 x tp=n/2 over n processes (one per GPU, or several per GPU where there are fewer):
-    two communicator groups built across processes, every method of both ops in each."""
-    layout = dict(devices_per_proc=1) if n <= NGPU else dict(share_gpus=NGPU)
-    env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT="ipc")
-    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30, **layout)
-    with capsys.disabled():
-        for r in results:
-            print(f"\n[dp2 x tp{n // 2}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
-    assert all(r.ok for r in results), format_failures(results)
-    want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
-        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
-    for r in results:
-        assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
+    """dp=2 x tp=n/2 over n processes: two communicator groups built across processes."""
+    _dp_by_tp(capsys, n, f"dp2 x tp{n // 2}")
 
 
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
