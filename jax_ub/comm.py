@@ -115,7 +115,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
 
     Where the CUDA path cannot run (no CUDA GPU or extension, ``JAX_UB_DISABLE=1``) it does nothing
     and returns None, logging the reason at INFO: the ops run the pure-XLA reference there, and
-    :func:`shutdown` has nothing to free.
+    :func:`shutdown` has nothing to free. Nor does it on an axis of size 1 (a mesh without
+    tensor parallelism): there is nothing to communicate, and every method runs a plain GEMM.
     """
     global _next_set_id
     cfg = config.get()
@@ -137,6 +138,13 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         (log.warning if on_gpu else log.info)(
             "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
             "run the pure-XLA reference", axis, why)
+        return None
+    if len(groups[0]) == 1:
+        # Nothing to gather or scatter: the ops run a plain dot on such an axis (ops.py), so no
+        # registered buffer is worth its memory. A set from an earlier, larger mesh goes away.
+        shutdown(axis)
+        log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
+                 "ops run a plain GEMM without communication", axis)
         return None
     with _lock:
         existing = _sets.get(axis)

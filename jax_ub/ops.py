@@ -92,6 +92,25 @@ def _cuda_unavailable_reason() -> str:
     return _cuda_status()[1] or "the CUDA path is available"
 
 
+def _requested(method: str | None) -> str:
+    """``method`` (``None``: the configured one), checked against the known names."""
+    requested = config.get().method if method is None else method
+    if not isinstance(requested, str) or requested not in config.METHODS:
+        raise ValueError(f"method must be None or one of {config.METHODS}; got {requested!r}")
+    return requested
+
+
+def _resolve_for_size(method: str | None, tp: int) -> str:
+    """:func:`_resolve_method` for an axis of ``tp`` devices. An axis of size 1 has nothing to
+    gather or scatter: every method runs the reference there (a plain dot, exactly XLA's), and
+    :func:`jax_ub.initialize` creates no communicator for it."""
+    if tp == 1:
+        _log.debug("jax_ub: method %r -> 'xla': the mesh axis has size 1 (nothing to communicate)",
+                   _requested(method))
+        return "xla"
+    return _resolve_method(method)
+
+
 def _resolve_method(method: str | None) -> str:
     """The registered implementation name to use for ``method`` (``None``: the configured one).
 
@@ -100,9 +119,7 @@ def _resolve_method(method: str | None) -> str:
     communicator) when the CUDA path can run, else ``"xla"``; the CUDA algorithms need it.
     """
     cfg = config.get()
-    requested = cfg.method if method is None else method
-    if not isinstance(requested, str) or requested not in config.METHODS:
-        raise ValueError(f"method must be None or one of {config.METHODS}; got {requested!r}")
+    requested = _requested(method)
     if cfg.disable or requested == "xla":
         _log.debug("jax_ub: method %r -> 'xla' (the pure-XLA reference): %s", requested,
                    "JAX_UB_DISABLE=1" if cfg.disable else "requested")
@@ -354,14 +371,14 @@ def all_gather_matmul(
     fn = "all_gather_matmul"
     _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
-    _validate.bound_axis_size(fn, axis_name)
+    tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_bool(fn, "return_gathered", return_gathered)
     if recompute_gathered is None:
         recompute_gathered = config.get().recompute_gathered
     _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
     call = _call_for(
         AG,
-        _resolve_method(method),
+        _resolve_for_size(method, tp),
         axis_name,
         axis,
         _static(precision),
@@ -426,7 +443,7 @@ def matmul_reduce_scatter(
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
     call = _call_for(
-        RS, _resolve_method(method), axis_name, axis, _static(precision), x, w, return_full=False
+        RS, _resolve_for_size(method, tp), axis_name, axis, _static(precision), x, w, return_full=False
     )
     return _dispatch(call, x, w)
 

@@ -433,8 +433,9 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
         return f"xla: {why}"
     c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
     if c is None:
-        return (f"xla: no jax_ub communicator for axis {axis_name!r} "
-                f"(call jax_ub.initialize(mesh, axis={axis_name!r}))")
+        return (f"xla: no jax_ub communicator for axis {axis_name!r} (call "
+                f"jax_ub.initialize(mesh, axis={axis_name!r}); an axis of size 1 gets none: "
+                "nothing to communicate)")
     return f"{c.method}: {c.why} (call {tuple(x.shape)} @ {tuple(w.shape)})"
 
 

@@ -478,6 +478,25 @@ def test_disable_runs_reference_for_cuda_method(cpu_mesh):
     assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
 
 
+@pytest.mark.parametrize("op,method", [("ag", "ring"), ("ag", "push"), ("rs", "chain"),
+                                       ("rs", "columns"), ("ag", "nccl"), ("rs", None)])
+def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method):
+    """tp=1 (a dp-only mesh): nothing to communicate, so any method, CUDA ones included (which
+    would need the extension on a larger axis), runs the reference: values and gradients."""
+    c = Case(op, 1, F32, (2, 6, 5), axis=1, dp=4)
+    x, w = c.operands()
+    mesh = cpu_mesh(1, dp=4)
+    with config.override(method="ring" if method is None else "auto", disable=False):
+        f = c.fn(ops, mesh, method=method)
+        assert rel_err(f(x, w), c.expected(x, w)) <= RTOL[F32]
+        g = jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1))(x, w)
+    g_ref = jax.grad(lambda x, w: jnp.sum(jnp.sin(c.fn(reference, mesh)(x, w))), argnums=(0, 1))(x, w)
+    for a, b in zip(g, g_ref, strict=True):
+        assert rel_err(a, b) <= RTOL[F32]
+    with pytest.raises(ValueError, match="method must be None or one of"):
+        c.fn(ops, mesh, method="no_such_method")(x, w)
+
+
 def test_eager_shard_map_without_jit(cpu_mesh):
     mesh = cpu_mesh(2)
     x, w = rand(jax.random.key(7), (4, 5), F32), rand(jax.random.key(8), (5, 6), F32)
