@@ -98,6 +98,16 @@ def _manual_axes() -> tuple[str, ...]:
         return ()
 
 
+def mesh_platform() -> str | None:
+    """The platform (``"cpu"``, ``"gpu"``, ...) of the enclosing mesh's devices, or None where jax
+    does not say (best effort: only advisory messages depend on it)."""
+    try:
+        return getattr(getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None),
+                       "platform", None)
+    except Exception:
+        return None
+
+
 def check_divisible(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], axis_name: Any, tp: int) -> None:
     if x_shape[axis] % tp:
         raise ValueError(

@@ -83,6 +83,8 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     m = ops._resolve_for_size(method, tp)
     if m == "auto":
         m = "ring" if comm.get(axis_name) is not None else "xla"
+        if m == "xla":
+            comm.warn_no_communicator(what, axis_name)
         log.debug("jax_ub: %s method 'auto' -> %r (%s)", what, m, "the mesh axis has a communicator"
                   if m == "ring" else f"no jax_ub communicator for mesh axis {axis_name!r}")
     if m == "xla":

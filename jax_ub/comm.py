@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _bootstrap, _ext, _nccl, config
+from jax_ub import _bootstrap, _ext, _nccl, _validate, config
 
 log = logging.getLogger("jax_ub")
 
@@ -68,6 +68,7 @@ class CommSet:
 _sets: dict[str, CommSet] = {}
 _next_set_id = 1
 _lock = threading.RLock()
+_warned_axes: set[Any] = set()  # axes warn_no_communicator has warned about
 
 
 def _tp_groups(mesh: Any, axis: str) -> list[list[Any]]:
@@ -408,6 +409,22 @@ def get(axis_name: Any) -> CommSet | None:
     if not isinstance(axis_name, str):
         return None
     return _sets.get(axis_name)
+
+
+def warn_no_communicator(what: str, axis_name: Any) -> None:
+    """Warns once per axis name that ``method="auto"`` found no communicator for a GPU mesh axis
+    and so runs XLA's collective and dot without overlap: most likely a missing
+    :func:`initialize`. On other platforms (a CPU mesh on a GPU host) it says nothing."""
+    if _validate.mesh_platform() not in ("gpu", "cuda", "rocm"):
+        return
+    with _lock:
+        if axis_name in _warned_axes:
+            return
+        _warned_axes.add(axis_name)
+    log.warning("jax_ub %s: GPU mesh axis %r has no jax_ub communicator, so method='auto' runs "
+                "XLA's collective and dot (no overlap). Call jax_ub.initialize(mesh, axis=%r) "
+                "before tracing, or pass method='xla' where that is intended.",
+                what, axis_name, axis_name)
 
 
 def shutdown(axis: str | None = None) -> None:

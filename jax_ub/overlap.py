@@ -443,6 +443,8 @@ def _auto(op: str):
     def impl(x, w, *, axis_name, axis, precision, need_full=True):
         c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
         algo = "xla" if c is None else c.method
+        if c is None:
+            comm.warn_no_communicator(ops._PUBLIC_NAME[op], axis_name)
         _log.debug("auto %s %s @ %s: %s", op, tuple(x.shape), tuple(w.shape),
                    "xla (no communicator)" if c is None else f"{algo}: {c.why}")
         return ops._IMPLS[(op, algo)](x, w, axis_name=axis_name, axis=axis, precision=precision,

@@ -148,7 +148,7 @@ def test_linen_param_shapes_and_partitioning(cpu_mesh):
 # Global arrays + jit (the layer applies shard_map itself) vs plain JAX.
 
 
-@pytest.mark.parametrize("tp", [2, 4], ids=lambda t: f"tp{t}")
+@pytest.mark.parametrize("tp", [1, 2, 4], ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("kind", ["column", "row", "mlp"])
 def test_nnx_global_mode_matches_plain(cpu_mesh, kind, tp):
     mesh = cpu_mesh(tp)

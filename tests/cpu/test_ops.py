@@ -497,6 +497,30 @@ def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method
         c.fn(ops, mesh, method="no_such_method")(x, w)
 
 
+def test_missing_communicator_warns_once_per_gpu_axis(monkeypatch, caplog, cpu_mesh):
+    """method='auto' without a communicator runs XLA: on a GPU mesh that is most likely a missing
+    jax_ub.initialize, said once per axis; a CPU mesh (the reference path on purpose) says nothing."""
+    from jax_ub import _validate, comm
+
+    seen = []
+    jax.jit(jax.shard_map(lambda x: seen.append(_validate.mesh_platform()) or x, mesh=cpu_mesh(2),
+                          in_specs=P("tp"), out_specs=P("tp")))(jnp.ones(4))
+    assert seen == ["cpu"]  # what the check reads inside shard_map on this jax
+    monkeypatch.setattr(comm, "_warned_axes", set())
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        comm.warn_no_communicator("all_gather_matmul", "tp")
+        assert not caplog.records
+        monkeypatch.setattr(_validate, "mesh_platform", lambda: "gpu")
+        for _ in range(3):
+            comm.warn_no_communicator("all_gather_matmul", "tp")
+        comm.warn_no_communicator("bulk_all_gather", "model")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2, msgs
+    assert "GPU mesh axis 'tp' has no jax_ub communicator" in msgs[0]
+    assert "jax_ub.initialize(mesh, axis='tp')" in msgs[0]
+    assert "bulk_all_gather" in msgs[1] and "'model'" in msgs[1]
+
+
 def test_eager_shard_map_without_jit(cpu_mesh):
     mesh = cpu_mesh(2)
     x, w = rand(jax.random.key(7), (4, 5), F32), rand(jax.random.key(8), (5, 6), F32)

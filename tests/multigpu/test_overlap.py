@@ -522,3 +522,24 @@ def test_uninitialized_axis_gives_clear_error(ub):
                       in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"), check_vma=False)
     with pytest.raises(ValueError, match="initialize"):
         jax.jit(f)(x, w)
+
+
+def test_uninitialized_axis_auto_warns_and_runs_xla(ub, caplog, monkeypatch):
+    """method='auto' on a GPU axis without a communicator runs XLA's collective and dot, and says
+    once why there is no overlap (most likely a missing jax_ub.initialize)."""
+    ub.shutdown()
+    monkeypatch.setattr(ub.comm, "_warned_axes", set())
+    mesh = _mesh(2)
+    x = _rand(1, (256, 64), jnp.bfloat16)
+    w = _rand(2, (64, 96), jnp.bfloat16)
+    f = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="auto", precision=HP),
+                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                              out_specs=P(None, "tp"), check_vma=False))
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        y = f(x, w)
+        f.lower(x, w)  # traced again: no second warning
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
+    assert _rel(y, ref) <= TOL[jnp.bfloat16]
+    assert "jax_ub_" not in f.lower(x, w).as_text()
+    msgs = [r.getMessage() for r in caplog.records if "no jax_ub communicator" in r.getMessage()]
+    assert len(msgs) == 1 and "jax_ub.initialize(mesh, axis='tp')" in msgs[0], msgs
