@@ -9,6 +9,8 @@ Public API:
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
 * :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
 * :func:`build_info` — which path is active and why.
+* :func:`checkpoint_policy` — a ``jax.checkpoint`` policy that also keeps jax_ub's op outputs
+  (named :data:`CHECKPOINT_NAMES`), which dot-based policies do not see on the CUDA path.
 * :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
 """
@@ -23,11 +25,12 @@ from jax_ub._ext import build_info
 from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
-from jax_ub.ops import all_gather_matmul, matmul_reduce_scatter
+from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CHECKPOINT_NAMES",
     "AgreementError",
     "PeerTimeoutError",
     "__version__",
@@ -35,6 +38,7 @@ __all__ = [
     "build_info",
     "bulk_all_gather",
     "bulk_reduce_scatter",
+    "checkpoint_policy",
     "config",
     "initialize",
     "matmul",

@@ -27,10 +27,11 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_ub import _validate, config, reference
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter"]
+__all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
 
 _log = logging.getLogger("jax_ub")
 
@@ -200,10 +201,44 @@ def _call_for(
     return _Call(op, method, axis_name, axis, precision, _vma(x), _vma(w), return_full, recompute)
 
 
+# ----------------------------------------------------------------------------------------------
+# Names for jax.checkpoint policies. On the CUDA path an op is one custom call, which no policy
+# that looks for dots (e.g. ``dots_saveable``) keeps: the backward would recompute the whole op,
+# GEMM and collective. These names let a policy keep its output and AG's gathered input instead.
+
+OUT_NAMES = {AG: "jax_ub_ag_out", RS: "jax_ub_rs_out"}
+GATHERED_NAME = "jax_ub_gathered"
+CHECKPOINT_NAMES = (OUT_NAMES[AG], OUT_NAMES[RS], GATHERED_NAME)
+
+
+def checkpoint_policy(base: Callable[..., bool] | None = None) -> Callable[..., bool]:
+    """A ``jax.checkpoint`` policy that saves what ``base`` saves plus the values jax_ub names:
+    each op's output (``"jax_ub_ag_out"``, ``"jax_ub_rs_out"``) and the gathered input that
+    ``all_gather_matmul``'s backward needs (``"jax_ub_gathered"``); ``base=None``: only those.
+
+    Without it a policy such as ``jax.checkpoint_policies.dots_saveable`` saves XLA's dots but
+    not jax_ub's custom calls, so the backward recomputes every overlapped op::
+
+        jax.checkpoint(layer, policy=jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable))
+    """
+    names = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
+    if base is None:
+        return names
+    return jax.checkpoint_policies.save_from_both_policies(base, names)
+
+
+def _named(op: str, y: jax.Array, x_full: Any) -> tuple[jax.Array, Any]:
+    y = checkpoint_name(y, OUT_NAMES[op])
+    if op == AG and x_full is not None:
+        x_full = checkpoint_name(x_full, GATHERED_NAME)
+    return y, x_full
+
+
 def _forward(call: _Call, x, w, *, need_full: bool):
-    return _impl(call.op, call.method)(
+    y, x_full = _impl(call.op, call.method)(
         x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision, need_full=need_full
     )
+    return _named(call.op, y, x_full if need_full else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -291,10 +326,14 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     if call.method != "xla" or call.recompute_gathered:
         return _overlap(call, x, w)
     if call.op == AG:
-        return reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
-                                           return_gathered=call.return_full, precision=call.precision)
-    return reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
-                                           precision=call.precision)
+        out = reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
+                                          return_gathered=call.return_full, precision=call.precision)
+        y, x_full = out if call.return_full else (out, None)
+        y, x_full = _named(AG, y, x_full)
+        return (y, x_full) if call.return_full else y
+    y = reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
+                                        precision=call.precision)
+    return _named(RS, y, None)[0]
 
 
 # ----------------------------------------------------------------------------------------------

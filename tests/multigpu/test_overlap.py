@@ -449,31 +449,39 @@ def test_dp_by_tp_mesh(ub):
     assert _rel(y, jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))) < 1e-2
 
 
-@pytest.mark.parametrize("remat", [False, True], ids=["saved", "remat"])
+@pytest.mark.parametrize("remat", [None, "nothing", "dots", "ub_dots"],
+                         ids=["saved", "remat", "remat_dots", "remat_ub_dots"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 def test_gradients_through_cuda_path(ub, dtype, remat):
-    """Reverse mode through both CUDA ops; ``remat``: the layer under jax.checkpoint saving
-    nothing, so the backward runs the forward's ops again (as nn.remat'ed layers do)."""
+    """Reverse mode through both CUDA ops, also under jax.checkpoint: saving nothing, the backward
+    runs the forward's ops again (as nn.remat'ed layers do); so it does with dots_saveable, which
+    sees no dot in a custom call; jax_ub.checkpoint_policy(dots_saveable) keeps the ops' named
+    outputs, so the backward runs no more ops than without remat."""
     tp = min(_n_gpus(), MAX_TP)
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     x = _rand(21, (128 * tp, 256), dtype)
     w1 = _rand(22, (256, 64 * tp), dtype)
     w2 = _rand(23, (64 * tp, 256), dtype)
+    cp = jax.checkpoint_policies
+    policy = {"nothing": cp.nothing_saveable, "dots": cp.dots_saveable,
+              "ub_dots": ub.checkpoint_policy(cp.dots_saveable)}.get(remat)
 
-    def model(ag, rs, remat=remat):
+    def model(ag, rs, policy=policy):
         def f(x, w1, w2):
             h = ag(x, w1)
             return jnp.sum(rs(jnp.tanh(h), w2).astype(jnp.float32) ** 2)
-        if remat:
-            f = jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)
+        if policy is not None:
+            f = jax.checkpoint(f, policy=policy)
         return jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
                              out_specs=P(), check_vma=False)
 
-    cuda = model(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-                 lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP))
-    ref = model(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="xla", precision=HP),
-                lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="xla", precision=HP))
+    def ops_of(method):
+        return (lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
+                lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method=method, precision=HP))
+
+    cuda = model(*ops_of("ring"))
+    ref = model(*ops_of("xla"))
     # The per-device sums differ; compare gradients of the psum-ed loss.
     g1 = jax.jit(jax.grad(lambda *a: cuda(*a).sum(), (0, 1, 2)))(x, w1, w2)
     g2 = jax.jit(jax.grad(lambda *a: ref(*a).sum(), (0, 1, 2)))(x, w1, w2)
@@ -486,11 +494,13 @@ def test_gradients_through_cuda_path(ub, dtype, remat):
 
     got = n_calls(cuda)
     assert min(got) >= 1, got
-    if remat:  # the backward runs the forward's AG and RS again
-        saved = n_calls(model(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-                              lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP),
-                              remat=False))
+    saved = n_calls(model(*ops_of("ring"), policy=None))
+    if remat == "nothing":  # the backward runs the forward's AG and RS again
         assert got[0] > saved[0] and got[1] > saved[1], (got, saved)
+    elif remat == "dots":  # AG's output and gathered input are needed, and not kept
+        assert got[0] > saved[0], (got, saved)
+    elif remat == "ub_dots":
+        assert got == saved, (got, saved)
 
 
 def test_initialize_shutdown_loop_returns_memory(ub, capsys):
