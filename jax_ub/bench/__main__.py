@@ -59,7 +59,7 @@ WINDOWED_FLAGS = {
     "xla_gpu_use_memcpy_local_p2p": True,
 }
 AG_RS_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
-MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub", "no_comm"]
+MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub", "jax_ub_base_policy", "no_comm"]
 BULK_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
 
 
@@ -534,7 +534,7 @@ def run_mlp(a: argparse.Namespace) -> int:
         label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
         try:
             impls = mlp.build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
-                              windowed_flags=WINDOWED_FLAGS)
+                              windowed_flags=WINDOWED_FLAGS, remat=a.remat)
         except Exception as e:
             _progress(f"{label}: building the model failed: {type(e).__name__}: {str(e)[:300]}")
             continue
@@ -543,10 +543,12 @@ def run_mlp(a: argparse.Namespace) -> int:
         print(f"{model} check (loss, |dx|): "
               + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
         common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp, "dtype": a.dtype}
+        if a.remat != "none":
+            common["remat"] = a.remat
         records += case_records(common, res)
         rows.append((model, ffn, res))
     jax_ub.shutdown()
-    stem = out_stem(a, "mlp")
+    stem = out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
     write_json(a, stem, records, path=path.split(" ")[1])
     png = plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", MLP_CHART,
                lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
@@ -561,6 +563,12 @@ def run_mlp(a: argparse.Namespace) -> int:
         print(f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
               f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {g('xla_plain') / g('jax_ub'):6.2f}x  "
               f"{g('no_comm'):7.3f}  ({g('xla_plain') / g('no_comm'):.2f}x)")
+    if a.remat != "none":
+        for model, _, r in rows:
+            g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+            print(f"{model}: remat {a.remat}: jax_ub with jax_ub.checkpoint_policy {g('jax_ub'):.3f} ms, "
+                  f"with the bare policy {g('jax_ub_base_policy'):.3f} ms "
+                  f"({g('jax_ub_base_policy') / g('jax_ub'):.2f}x slower)")
     return 0
 
 
@@ -636,6 +644,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
     p.add_argument("--tokens", type=int, default=8192, help="batch 1 x seq TOKENS")
+    p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
+                   help="the forward under jax.checkpoint with this policy (jax_ub: "
+                        "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")
     p = sub.add_parser("bulk", parents=[common], help="AG / RS under an independent GEMM (backward pass)")
     p.add_argument("--tp", type=int, nargs="+", default=[4])
     p.add_argument("--shapes", nargs="+", default=None,

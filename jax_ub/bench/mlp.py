@@ -166,8 +166,21 @@ def check(out: Any) -> tuple[float, float]:
     return float(loss), float(jnp.linalg.norm(dx.astype(jnp.float32)))
 
 
-def train_step(forward: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., Any]:
-    """``(params, x) -> (loss, (dparams, dx))`` with ``loss = mean(forward(params, x)**2)``."""
+# --remat: the forward under jax.checkpoint with one of these policies (None: no checkpoint). The
+# jax_ub impl gets jax_ub.checkpoint_policy(policy), which also keeps its ops' outputs; with
+# remat, ``jax_ub_base_policy`` times the jax_ub layers under the bare policy, which does not.
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def train_step(forward: Callable[[Any, jax.Array], jax.Array], policy: Any = None) -> Callable[..., Any]:
+    """``(params, x) -> (loss, (dparams, dx))`` with ``loss = mean(forward(params, x)**2)``;
+    ``policy``: the forward under ``jax.checkpoint`` with that policy."""
+    if policy is not None:
+        forward = jax.checkpoint(forward, policy=policy)
 
     def loss(params: Any, x: jax.Array) -> jax.Array:
         return jnp.mean(jnp.square(forward(params, x).astype(jnp.float32)))
@@ -176,13 +189,19 @@ def train_step(forward: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., 
 
 
 def build(model: str, mesh: Any, *, hidden: int, ffn: int, tokens: int, dtype_name: str,
-          windowed_flags: dict[str, Any]) -> dict[str, Thunk]:
+          windowed_flags: dict[str, Any], remat: str = "none") -> dict[str, Thunk]:
     """``{impl: thunk}``; each thunk returns ``(step, (params, x))`` for the harness to time.
+    ``remat``: a key of :data:`REMAT_POLICIES`.
 
     Call after ``jax_ub.initialize(mesh, "tp")`` where the CUDA path runs: ``method="auto"`` is
     resolved when the jax_ub step is traced.
     """
+    import jax_ub
+
     dtype = jnp.dtype(dtype_name)
+    base = REMAT_POLICIES[remat]
+    ub_policy = None if base is None else jax_ub.checkpoint_policy(base)
+
     def make(method: str) -> nnx.Module:
         return make_model(model, mesh, hidden, ffn, dtype, method)
 
@@ -200,15 +219,18 @@ def build(model: str, mesh: Any, *, hidden: int, ffn: int, tokens: int, dtype_na
         return spmd_forward(model, nnx.merge(xla_graphdef, p), x, mesh, dtype)
 
     def windowed() -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        compiled = jax.jit(train_step(spmd)).lower(*args).compile(compiler_options=windowed_flags)
+        compiled = jax.jit(train_step(spmd, base)).lower(*args).compile(compiler_options=windowed_flags)
         return compiled, args
 
     def nocomm(p: Any, x: jax.Array) -> jax.Array:
         return nocomm_forward(model, nnx.merge(xla_graphdef, p), x, mesh, dtype)
 
-    return {
-        "jax_ub": lambda: (jax.jit(train_step(layers(graphdef))), args),
-        "xla_plain": lambda: (jax.jit(train_step(layers(xla_graphdef))), args),
+    impls: dict[str, Thunk] = {
+        "jax_ub": lambda: (jax.jit(train_step(layers(graphdef), ub_policy)), args),
+        "xla_plain": lambda: (jax.jit(train_step(layers(xla_graphdef), base)), args),
         "xla_windowed": windowed,
-        "no_comm": lambda: (jax.jit(train_step(nocomm)), args),
+        "no_comm": lambda: (jax.jit(train_step(nocomm, base)), args),
     }
+    if base is not None:
+        impls["jax_ub_base_policy"] = lambda: (jax.jit(train_step(layers(graphdef), base)), args)
+    return impls

@@ -38,13 +38,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _bench(args: list[str], out: Path) -> tuple[dict, str]:
+def _bench(args: list[str], out: Path, tag: str | None = None) -> tuple[dict, str]:
     """Runs the harness in a subprocess on 4 simulated CPU devices; (the JSON, stdout)."""
     proc = subprocess.run([sys.executable, "-m", "jax_ub.bench", *args, *FAST, "--out", str(out),
                            "--machine", "test-box"], cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=240, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
-    (path,) = out.glob(f"test-box-*-{args[0]}.json")
+    (path,) = out.glob(f"test-box-*-{tag or args[0]}.json")
     if HAVE_MPL:
         assert path.with_suffix(".png").stat().st_size > 0
     return json.loads(path.read_text()), proc.stdout
@@ -238,6 +238,21 @@ def test_mlp_cli(tmp_path):
             assert r["ms"] > 0
             assert (r["hidden"], r["tokens"], r["tp"], r["dtype"]) == (64, 64, 4, "bfloat16")
             assert r["ffn"] == (128 if op == "mlp" else 192)
+
+
+def test_mlp_cli_remat(tmp_path):
+    """--remat dots: every impl's forward under jax.checkpoint; jax_ub with
+    jax_ub.checkpoint_policy(dots), jax_ub_base_policy with the bare policy; the same step."""
+    doc, stdout = _bench(["mlp", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--tp", "4",
+                          "--remat", "dots"], tmp_path, tag="mlp-remat-dots")
+    assert re.search(r"^mlp: remat dots: jax_ub with jax_ub.checkpoint_policy [\d.]+ ms, with the bare "
+                     r"policy [\d.]+ ms", stdout, re.M), stdout
+    (line,) = re.findall(r"^mlp check \(loss, \|dx\|\): (.*)$", stdout, re.M)
+    vals = {k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)}
+    np.testing.assert_allclose(vals["jax_ub_base_policy"], vals["xla_plain"], rtol=2e-2)
+    np.testing.assert_allclose(vals["jax_ub"], vals["xla_plain"], rtol=2e-2)
+    assert {r["impl"] for r in doc["records"]} >= {"jax_ub", "jax_ub_base_policy", "xla_plain"}
+    assert {r.get("remat") for r in doc["records"]} == {"dots"}
 
 
 def test_mlp_cli_rejects_bad_sizes(capsys):
