@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", default=None,
                    help="jax_ub method: auto, xla, push, ring, all_peer, pipeline, chain, nccl "
                         "(default: JAX_UB_METHOD or auto)")
+    p.add_argument("--remat", choices=("none", "dots", "full"), default="none",
+                   help="recompute each block in the backward: 'dots' keeps the matmul outputs "
+                        "(jax_ub.checkpoint_policy(dots_saveable), which also keeps jax_ub's op "
+                        "outputs), 'full' keeps nothing")
     p.add_argument("--compare", action="store_true",
                    help="train with method='xla' and with --method from the same seed; print the max "
                         "loss difference and the speedup")
@@ -157,9 +161,13 @@ def _build(args: argparse.Namespace, method: str | None):
     from flax import nnx
     from jax.sharding import PartitionSpec as P
 
+    import jax_ub
     from jax_ub import nn as ubnn
 
     dtype = jnp.dtype(args.dtype)
+    # A dot-based policy alone does not see jax_ub's custom calls and would recompute them.
+    policy = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+              "dots": jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable)}[args.remat]
     head_dim = args.hidden // args.heads
 
     def causal_attention(qkv: jax.Array) -> jax.Array:
@@ -206,7 +214,7 @@ def _build(args: argparse.Namespace, method: str | None):
         def __call__(self, tokens: jax.Array) -> jax.Array:
             x = (self.embed(tokens) + self.pos[...]).astype(dtype)
             for block in self.blocks:
-                x = block(x)
+                x = block(x) if policy is None else nnx.remat(lambda b, x: b(x), policy=policy)(block, x)
             return self.embed.attend(self.norm(x).astype(jnp.float32))  # tied output embedding
 
     def batch(key: jax.Array) -> jax.Array:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +60,19 @@ def test_one_process_trains_and_compares():
     m = re.search(r"max \|loss\(xla\) - loss\(default\)\| = (\S+);", out)
     assert m and float(m.group(1)) == 0.0, out  # both runs take the reference path here
     assert "speedup default/xla = " in out and out.rstrip().endswith("OK")
+
+
+def test_remat_keeps_the_losses():
+    """--remat dots / full recompute the blocks in the backward: the same losses as without."""
+    runs = {}
+    for remat in ("none", "dots", "full"):
+        proc = _run([sys.executable, str(SCRIPT), "--steps", "12", "--log-every", "3", "--remat", remat,
+                     *TINY], timeout=110)
+        assert proc.returncode == 0, _describe(proc)
+        runs[remat] = _losses(proc.stdout)
+    assert len(runs["none"]) == 5
+    np.testing.assert_allclose(runs["dots"], runs["none"], rtol=1e-5)
+    np.testing.assert_allclose(runs["full"], runs["none"], rtol=1e-5)
 
 
 def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
