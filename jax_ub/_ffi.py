@@ -45,6 +45,13 @@ def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
     return out
 
 
+def call(target: str, result_types: Any) -> Any:
+    """``jax.ffi.ffi_call`` of one of jax_ub's targets. Under ``jax.vmap`` the custom call runs
+    once per batch element (``vmap_method="sequential"``): its kernels take unbatched operands,
+    and the collectives stay one op per element, in the same order on every rank."""
+    return jax.ffi.ffi_call(target, result_types, vmap_method="sequential")
+
+
 def workspace_type(*inputs: Any) -> Any:
     """A uint8 scratch result for cuBLASLt (``JAX_UB_GEMM_WORKSPACE_MIB``), allocated by XLA.
 

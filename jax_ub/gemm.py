@@ -94,7 +94,7 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
             m *= int(d)
         if m > 0:
             warm(_local_cuda_ordinals(), m, b.shape[1], a.shape[-1], a.dtype, precision)
-    call = jax.ffi.ffi_call(TARGET, (out_type, _ffi.workspace_type(a, b)))
+    call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a, b)))
     out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
                   tf32=bool(_ffi.tf32_allowed(precision)))
     return out
