@@ -1,6 +1,7 @@
-"""What ``method="auto"`` runs: the fastest CUDA algorithm at the nearest *measured* shape.
+"""What ``method="auto"`` runs: the fastest method at the nearest *measured* shape (a CUDA
+algorithm, or XLA's own collective and dot where that measured faster than every algorithm).
 
-The measurements are ``python -m jax_ub.bench ag|rs`` records (``jax_ub_<method>`` impls), either
+The measurements are ``python -m jax_ub.bench ag|rs`` records (``jax_ub_<method>`` and ``xla_plain`` impls), either
 the ones shipped in :mod:`jax_ub._measured` (generated from ``benchmarks/results`` by
 ``python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json``) or a bench
 JSON of your own machine named by ``JAX_UB_TUNING_FILE`` (``config.tuning_file``), whose records
@@ -19,8 +20,11 @@ from functools import lru_cache
 
 AG, RS = "ag", "rs"
 BENCH_OP = {AG: "ag_gemm", RS: "gemm_rs"}
-# The CUDA algorithms each op's table may name (bench impl "jax_ub_<method>").
-METHODS = {AG: ("push", "ring", "all_peer"), RS: ("ring", "pipeline", "chain", "columns")}
+# The methods each op's table may name: the CUDA algorithms (bench impl "jax_ub_<method>"), and
+# "xla" (bench impl "xla_plain": XLA's collective, then the dot), last so that a tie goes to the
+# overlap: auto runs XLA's own path only where it measured faster than every algorithm.
+METHODS = {AG: ("push", "ring", "all_peer", "xla"), RS: ("ring", "pipeline", "chain", "columns", "xla")}
+XLA_IMPL = "xla_plain"
 FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
 RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 # Methods within this factor of the fastest are a tie (run-to-run noise is a few percent), broken
@@ -56,9 +60,9 @@ def shapes_from_bench(doc: dict, origin: str = "") -> list[Shape]:
     for i, r in enumerate(doc.get("records", [])):
         op = ops.get(r.get("op"))
         impl = str(r.get("impl", ""))
-        if op is None or not impl.startswith("jax_ub_"):
+        if op is None or not (impl.startswith("jax_ub_") or impl == XLA_IMPL):
             continue
-        method = impl[len("jax_ub_"):]
+        method = "xla" if impl == XLA_IMPL else impl[len("jax_ub_"):]
         missing = [k for k in RECORD_KEYS if k not in r]
         if missing:
             raise ValueError(f"{where}: record {i} ({r['op']} {impl}) has no "
@@ -88,7 +92,7 @@ def load_bench_file(path: str) -> list[Shape]:
         raise ValueError(f"JAX_UB_TUNING_FILE {e}") from None
     if not shapes:
         raise ValueError(f"JAX_UB_TUNING_FILE {path!r} has no ag_gemm/gemm_rs records with two or "
-                         f"more jax_ub_<method> impls per shape (write one with "
+                         f"more methods (jax_ub_<method> or xla_plain impls) per shape (write one with "
                          f"`python -m jax_ub.bench ag|rs --out DIR`)")
     return shapes
 
@@ -143,8 +147,8 @@ def render(docs: Sequence[dict]) -> str:
              'benchmarks/results/*-ag.json benchmarks/results/*-rs.json`; do not edit."""', "",
              "DOCS = ["]
     for d in docs:
-        recs = [r for r in d.get("records", [])
-                if r.get("op") in BENCH_OP.values() and str(r.get("impl", "")).startswith("jax_ub_")]
+        recs = [r for r in d.get("records", []) if r.get("op") in BENCH_OP.values()
+                and (str(r.get("impl", "")).startswith("jax_ub_") or r.get("impl") == XLA_IMPL)]
         if not recs:
             continue
         lines.append(f"    {{'machine': {d.get('machine')!r}, 'date': {d.get('date')!r}, 'records': [")

@@ -474,7 +474,7 @@ def same_program_spread(rows: list) -> list[float]:
     than this are not resolved by the run."""
     out = []
     for *_, r, auto in rows:
-        twin = r.get(f"jax_ub_{auto}")
+        twin = r.get("xla_plain" if auto == "xla" else f"jax_ub_{auto}")  # auto may run XLA's path
         if twin and r.get("jax_ub"):
             out.append(abs(r["jax_ub"] / twin - 1.0))
     return out

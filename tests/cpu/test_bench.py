@@ -162,12 +162,13 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
 
 
 def test_same_program_spread_compares_auto_with_its_own_method():
-    """The noise line: jax_ub against jax_ub_<the method auto ran>, per shape; shapes where auto
-    ran a method the run did not time alone (the reference) give nothing."""
+    """The noise line: jax_ub against jax_ub_<the method auto ran> per shape, or against
+    xla_plain where auto ran XLA's path; a shape whose twin the run did not time gives nothing."""
     rows = [(4, 1, 2, 3, {"jax_ub": 1.10, "jax_ub_ring": 1.00, "jax_ub_push": 2.0}, "ring"),
             (4, 1, 2, 3, {"jax_ub": 0.90, "jax_ub_push": 1.00}, "push"),
-            (4, 1, 2, 3, {"jax_ub": 0.90}, "xla")]
-    assert harness.same_program_spread(rows) == pytest.approx([0.10, 0.10])
+            (4, 1, 2, 3, {"jax_ub": 0.90, "xla_plain": 0.95}, "xla"),
+            (4, 1, 2, 3, {"jax_ub": 0.90}, "chain")]
+    assert harness.same_program_spread(rows) == pytest.approx([0.10, 0.10, 0.05 / 0.95])
 
 
 @pytest.mark.parametrize("op", ["ag", "rs"])

@@ -18,11 +18,10 @@ def _doc(rows, machine="4xTest_GPU"):
     """A bench JSON document: rows of (op, tp, M, K, N, {method: ms})."""
     recs = []
     for op, tp, M, K, N, times in rows:
+        times = {**times, "xla": times.get("xla", 9.0)}  # xla_plain: slow unless a row says otherwise
         for m, ms in times.items():
             recs.append({"op": op, "tp": tp, "dtype": "bfloat16", "M": M, "K": K, "N": N,
-                         "impl": f"jax_ub_{m}", "ms": ms})
-        recs.append({"op": op, "tp": tp, "dtype": "bfloat16", "M": M, "K": K, "N": N,
-                     "impl": "xla_plain", "ms": 9.0})  # not a method: ignored
+                         "impl": "xla_plain" if m == "xla" else f"jax_ub_{m}", "ms": ms})
     return {"machine": machine, "date": "20261122", "records": recs}
 
 
@@ -89,9 +88,21 @@ def test_bad_tuning_file_says_what_is_wrong(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"JAX_UB_TUNING_FILE .*cannot read a bench JSON"):
         choice.load_bench_file(str(bad))
-    bad.write_text(json.dumps({"records": [{"op": "gemm_rs", "impl": "xla_plain", "ms": 1.0}]}))
-    with pytest.raises(ValueError, match="no ag_gemm/gemm_rs records"):
+    one = {"op": "gemm_rs", "tp": 2, "dtype": "bfloat16", "M": 64, "K": 64, "N": 64, "ms": 1.0}
+    bad.write_text(json.dumps({"records": [{**one, "impl": "xla_plain"}, {**one, "impl": "jax_ub"},
+                                           {**one, "impl": "xla_windowed"}]}))
+    with pytest.raises(ValueError, match="no ag_gemm/gemm_rs records with two or more methods"):
         choice.load_bench_file(str(bad))
+
+
+def test_xla_only_where_it_measured_faster_than_every_algorithm(tuning):
+    """xla_plain records are a candidate too ("xla"): auto runs XLA's own path where it measured
+    faster than every CUDA algorithm by more than the tie, and an algorithm otherwise."""
+    f = tuning(_doc([("gemm_rs", 2, 16384, 1024, 1024, {"ring": 0.148, "chain": 0.152, "xla": 0.139}),
+                     ("gemm_rs", 2, 8192, 8192, 8192, {"ring": 0.90, "chain": 0.95, "xla": 0.89})]))
+    c = choice.choose("rs", 2, "bfloat16", 16384, 1024, 1024, f)
+    assert c.method == "xla" and "xla 0.139" in c.why, c
+    assert choice.choose("rs", 2, "bfloat16", 8192, 8192, 8192, f).method == "ring"  # within 2%
 
 
 def test_global_shape_of_a_call(monkeypatch, tuning):
