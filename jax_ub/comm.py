@@ -415,7 +415,7 @@ def warn_no_communicator(what: str, axis_name: Any) -> None:
     """Warns once per axis name that ``method="auto"`` found no communicator for a GPU mesh axis
     and so runs XLA's collective and dot without overlap: most likely a missing
     :func:`initialize`. On other platforms (a CPU mesh on a GPU host) it says nothing."""
-    if _validate.mesh_platform() not in ("gpu", "cuda", "rocm"):
+    if _validate.mesh_platform() not in ("gpu", "cuda"):
         return
     with _lock:
         if axis_name in _warned_axes:

@@ -326,10 +326,9 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     if call.method != "xla" or call.recompute_gathered:
         return _overlap(call, x, w)
     if call.op == AG:
-        out = reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
-                                          return_gathered=call.return_full, precision=call.precision)
-        y, x_full = out if call.return_full else (out, None)
-        y, x_full = _named(AG, y, x_full)
+        y, x_full = reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
+                                                return_gathered=True, precision=call.precision)
+        y, x_full = _named(AG, y, x_full if call.return_full else None)
         return (y, x_full) if call.return_full else y
     y = reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
                                         precision=call.precision)
