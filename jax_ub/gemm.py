@@ -8,11 +8,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_ub import _ext, _ffi
 
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 TARGET = "jax_ub_gemm"
+# ``matmul``'s output, for jax.checkpoint policies: on the CUDA path it is a custom call, which
+# dot-based policies do not keep (one of ``jax_ub.CHECKPOINT_NAMES``).
+OUT_NAME = "jax_ub_matmul_out"
 
 
 def _check(x: jax.Array, w: jax.Array) -> None:
@@ -138,7 +142,8 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | N
       method: ``"auto"`` (cuBLASLt when available), ``"xla"`` (``jnp.matmul``) or ``"cublaslt"``.
 
     Returns:
-      `[..., m, n]` with x's dtype (float32 accumulation).
+      `[..., m, n]` with x's dtype (float32 accumulation), named ``"jax_ub_matmul_out"`` for
+      ``jax.checkpoint`` policies (kept by :func:`jax_ub.checkpoint_policy`).
 
     Example::
 
@@ -146,7 +151,7 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | N
     """
     _check(x, w)
     use_cuda = _use_cuda(method)
-    return _matmul_vjp(x, w, precision, use_cuda)
+    return checkpoint_name(_matmul_vjp(x, w, precision, use_cuda), OUT_NAME)
 
 
 def _matmul_fwd(x, w, precision, use_cuda):

@@ -29,7 +29,7 @@ import jax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_ub import _validate, config, reference
+from jax_ub import _validate, config, gemm, reference
 
 __all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
 
@@ -208,13 +208,14 @@ def _call_for(
 
 OUT_NAMES = {AG: "jax_ub_ag_out", RS: "jax_ub_rs_out"}
 GATHERED_NAME = "jax_ub_gathered"
-CHECKPOINT_NAMES = (OUT_NAMES[AG], OUT_NAMES[RS], GATHERED_NAME)
+CHECKPOINT_NAMES = (OUT_NAMES[AG], OUT_NAMES[RS], GATHERED_NAME, gemm.OUT_NAME)
 
 
 def checkpoint_policy(base: Callable[..., bool] | None = None) -> Callable[..., bool]:
     """A ``jax.checkpoint`` policy that saves what ``base`` saves plus the values jax_ub names:
-    each op's output (``"jax_ub_ag_out"``, ``"jax_ub_rs_out"``) and the gathered input that
-    ``all_gather_matmul``'s backward needs (``"jax_ub_gathered"``); ``base=None``: only those.
+    each op's output (``"jax_ub_ag_out"``, ``"jax_ub_rs_out"``), the gathered input that
+    ``all_gather_matmul``'s backward needs (``"jax_ub_gathered"``) and :func:`jax_ub.matmul`'s
+    output (``"jax_ub_matmul_out"``); ``base=None``: only those.
 
     Without it a policy such as ``jax.checkpoint_policies.dots_saveable`` saves XLA's dots but
     not jax_ub's custom calls, so the backward recomputes every overlapped op::

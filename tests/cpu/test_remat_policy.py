@@ -92,4 +92,46 @@ def test_outputs_carry_their_names_on_every_path(opaque_ops, cpu_mesh, method):
     assert "name=jax_ub_ag_out" in text and "name=jax_ub_rs_out" in text
     if method != "xla":  # the custom_vjp's residual; the reference gathers inside XLA's own ops
         assert "name=jax_ub_gathered" in text
-    assert set(jax_ub.CHECKPOINT_NAMES) == {"jax_ub_ag_out", "jax_ub_rs_out", "jax_ub_gathered"}
+    assert set(jax_ub.CHECKPOINT_NAMES) == {"jax_ub_ag_out", "jax_ub_rs_out", "jax_ub_gathered",
+                                            "jax_ub_matmul_out"}
+
+
+@pytest.fixture
+def opaque_matmul(monkeypatch):
+    """``jax_ub.matmul`` as on the CUDA path: its GEMMs (forward and backward) are opaque."""
+    from jax_ub import gemm
+
+    def fake(a, b, trans_a, trans_b, precision, use_cuda):
+        assert use_cuda
+        return _opaque_dot(a.T if trans_a else a, b.T if trans_b else b)
+
+    monkeypatch.setattr(gemm, "_gemm", fake)
+    monkeypatch.setattr(gemm, "_use_cuda", lambda method: True)
+
+
+def _matmul_model(policy):
+    def layer(x, w1, w2):
+        return jax_ub.matmul(jnp.tanh(jax_ub.matmul(x, w1)), w2)
+
+    body = layer if policy is None else jax.checkpoint(layer, policy=policy)
+    return jax.value_and_grad(lambda *a: jnp.sum(body(*a) ** 2), argnums=(0, 1, 2))
+
+
+@pytest.mark.parametrize("policy,recomputes", [
+    (CP.dots_saveable, True),
+    (jax_ub.checkpoint_policy(CP.dots_saveable), False),
+    (jax_ub.checkpoint_policy(), False),
+], ids=["dots", "ub(dots)", "ub"])
+def test_matmul_output_is_kept_by_the_policy(opaque_matmul, policy, recomputes):
+    args = _operands()
+    base = _gemms(_matmul_model(None), args)
+    got = _gemms(_matmul_model(policy), args)
+    assert (got > base) == recomputes, (got, base)
+    v, g = _matmul_model(policy)(*args)
+    x, w1, _ = args
+    v_ref, g_ref = jax.value_and_grad(lambda *a: jnp.sum((jnp.tanh(a[0] @ a[1]) @ a[2]) ** 2),
+                                      argnums=(0, 1, 2))(*args)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-5)
+    for a, b in zip(g, g_ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert "name=jax_ub_matmul_out" in str(jax.make_jaxpr(lambda x, w: jax_ub.matmul(x, w))(x, w1))
