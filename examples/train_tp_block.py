@@ -6,7 +6,9 @@ Each block is ``x + attn(norm(x))`` then ``x + mlp(x)``, with
 * attention: QKV as one :class:`jax_ub.nn.ColumnParallelDense` (AG→GEMM; the heads are split over
   ``tp``), causal softmax attention on each device's heads, output projection as a
   :class:`jax_ub.nn.RowParallelDense` (GEMM→RS);
-* MLP: :class:`jax_ub.nn.ParallelMLP` (LayerNorm → column → gelu → row).
+* MLP: :class:`jax_ub.nn.ParallelMLP` (LayerNorm → column → gelu → row), or with ``--mlp swiglu``
+  the gated MLP of Llama-style models (one column layer for gate and linear halves, ``silu(gate) *
+  linear``, then row; no biases).
 
 Between the layers the activations `[batch, seq, hidden]` are split over ``tp`` along the sequence
 (sequence parallelism) and over ``dp`` along the batch. The task is next-token prediction on
@@ -64,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", default=None,
                    help="jax_ub method: auto, xla, push, ring, all_peer, pipeline, chain, nccl "
                         "(default: JAX_UB_METHOD or auto)")
+    p.add_argument("--mlp", choices=("gelu", "swiglu"), default="gelu",
+                   help="the MLP: gelu (up, gelu, down) or swiglu (gated: silu(gate) * linear, no biases)")
     p.add_argument("--remat", choices=("none", "dots", "full"), default="none",
                    help="recompute each block in the backward: 'dots' keeps the matmul outputs "
                         "(jax_ub.checkpoint_policy(dots_saveable), which also keeps jax_ub's op "
@@ -198,7 +202,9 @@ def _build(args: argparse.Namespace, method: str | None):
     class Block(nnx.Module):
         def __init__(self, *, rngs: nnx.Rngs):
             self.attn = Attention(rngs=rngs)
-            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs)
+            gated = dict(gated=True, activation=jax.nn.silu, use_bias=False) if args.mlp == "swiglu" else {}
+            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs,
+                                        **gated)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             x = x + self.attn(x)
@@ -319,7 +325,7 @@ def _run(args: argparse.Namespace) -> int:
     mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)
     _log(f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
          f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
-         f"{args.heads} heads, ffn {args.ffn}, seq {args.seq}, batch {args.batch}, {args.dtype}")
+         f"{args.heads} heads, ffn {args.ffn} ({args.mlp}), seq {args.seq}, batch {args.batch}, {args.dtype}")
 
     import jax_ub
 

@@ -38,11 +38,14 @@ __all__ = [
     "Placement",
     "column_parallel_dense",
     "column_partitioning",
+    "glu",
     "layer_norm",
     "local_initializer",
+    "pack_gated",
     "placement",
     "row_parallel_dense",
     "row_partitioning",
+    "unpack_gated",
 ]
 
 Array = jax.Array
@@ -393,3 +396,52 @@ def layer_norm(x: Array, scale: Array | None, bias: Array | None, *, epsilon: fl
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gated MLPs (GLU family: SwiGLU with silu, GeGLU with gelu)
+# --------------------------------------------------------------------------------------------------
+#
+# The gated ``up`` projection is one column-parallel layer of 2 * ffn features, so one all-gather
+# feeds both halves. Its features are interleaved, unit j's gate at 2j and its linear part at
+# 2j + 1: every tp shard of ``ffn`` whole units is then a contiguous block of columns, for any tp,
+# and the pairs never straddle two devices (a layout of all gates then all linear parts would put
+# only gates on the first devices).
+
+
+def pack_gated(gate: Array, linear: Array) -> Array:
+    """The interleaved ``up`` parameter of a gated :class:`ParallelMLP` from its two halves.
+
+    ``gate`` and ``linear``: `[..., ffn]` each (kernels `[features, ffn]`, biases `[ffn]`; e.g. a
+    Llama checkpoint's ``gate_proj`` and ``up_proj`` weights, transposed) → `[..., 2 * ffn]`
+    with ``gate[..., j]`` at column ``2j`` and ``linear[..., j]`` at ``2j + 1``.
+    """
+    if gate.shape != linear.shape:
+        raise ValueError(f"pack_gated: gate and linear must have the same shape; got "
+                         f"{_fmt(gate.shape)} and {_fmt(linear.shape)}.")
+    return jnp.stack([gate, linear], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+
+
+def unpack_gated(packed: Array) -> tuple[Array, Array]:
+    """Inverse of :func:`pack_gated`: `[..., 2 * ffn]` → ``(gate, linear)``, `[..., ffn]` each."""
+    if packed.ndim < 1 or packed.shape[-1] % 2:
+        raise ValueError(f"unpack_gated: the last dim must be even (gate/linear pairs); got "
+                         f"{_fmt(packed.shape)}.")
+    pairs = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 2, 2)
+    return pairs[..., 0], pairs[..., 1]
+
+
+def glu(h: Array, activation: Callable[[Array], Array]) -> Array:
+    """``activation(gate) * linear`` of the interleaved `[..., 2 * units]` → `[..., units]`.
+
+    Elementwise per pair, so it runs on global arrays split over the last dim (the split moves to
+    the units, no communication) and on local shards alike.
+    """
+    gate, linear = unpack_gated(h)
+    return activation(gate) * linear
+
+
+def check_gated(where: str, ffn_features: int, axis_name: str, mesh: Any) -> None:
+    """A gated MLP's ``ffn_features`` must split into whole gate/linear pairs per device."""
+    check_divisible(where, "ffn_features (gated: each device holds whole gate/linear pairs)",
+                    ffn_features, placement(axis_name, mesh).tp, axis_name)

@@ -4,7 +4,7 @@
   `[batch, seq, features/tp]` per device.
 * :class:`RowParallelDense` — TP→SP (GEMM + reduce-scatter), `[batch, seq, in/tp]` →
   `[batch, seq/tp, features]` per device; bias added once after the reduce-scatter.
-* :class:`ParallelMLP` — LayerNorm → column → activation → row.
+* :class:`ParallelMLP` — LayerNorm → column → activation → row (``gated=True``: the GLU family).
 
 Modes are those of :mod:`jax_ub.nn` (global arrays under ``jax.set_mesh`` / ``mesh=``, or local
 shards inside the user's ``jax.shard_map`` over ``axis_name``; see :mod:`jax_ub._layers`). The
@@ -38,8 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_ub import _layers
+from jax_ub._layers import pack_gated, unpack_gated
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense"]
+__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
 
 default_kernel_init = nn.initializers.lecun_normal()
 default_bias_init = nn.initializers.zeros_init()
@@ -171,7 +172,9 @@ class ParallelMLP(nn.Module):
 
     x `[batch, seq, features]` → same shape, the sequence split over ``axis_name`` on both sides;
     the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
-    ``recompute_gathered`` applies to ``up``.
+    ``recompute_gathered`` applies to ``up``. ``gated=True``: ``down(activation(gate) * linear)``
+    from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with ``activation=jax.nn.silu``;
+    layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
     """
 
     ffn_features: int
@@ -186,18 +189,21 @@ class ParallelMLP(nn.Module):
     method: str | None = None
     epsilon: float = 1e-6
     recompute_gathered: bool | None = None
+    gated: bool = False
     axis_name: str = "tp"
     mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        if self.gated:
+            _layers.check_gated(type(self).__name__, self.ffn_features, self.axis_name, self.mesh)
         common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                       kernel_init=self.kernel_init, bias_init=self.bias_init,
                       precision=self.precision, method=self.method, axis_name=self.axis_name,
                       mesh=self.mesh)
         h = LayerNorm(epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
                       axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
-        h = ColumnParallelDense(self.ffn_features, name="up",
-                                recompute_gathered=self.recompute_gathered, **common)(h)
-        h = self.activation(h)
+        h = ColumnParallelDense(2 * self.ffn_features if self.gated else self.ffn_features,
+                                name="up", recompute_gathered=self.recompute_gathered, **common)(h)
+        h = _layers.glu(h, self.activation) if self.gated else self.activation(h)
         return RowParallelDense(x.shape[-1], name="down", **common)(h)

@@ -5,7 +5,8 @@
 * :class:`RowParallelDense` — TP→SP: `[batch, seq, in/tp]` → GEMM + reduce-scatter →
   `[batch, seq/tp, out]`.
 * :class:`ParallelMLP` — LayerNorm → column → activation → row, `[batch, seq/tp, features]` in and
-  out.
+  out; ``gated=True`` for the GLU family (SwiGLU with ``activation=jax.nn.silu``), whose ``up``
+  parameters :func:`pack_gated` builds from separate gate and linear halves.
 
 Shapes above are per device. A layer works in one of two modes, chosen at each call: on *global*
 arrays under ``jax.set_mesh(mesh)`` (or with ``mesh=``), where it applies ``jax.shard_map`` itself,
@@ -37,8 +38,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_ub import _layers
+from jax_ub._layers import pack_gated, unpack_gated
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense"]
+__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
 
 default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
@@ -179,7 +181,8 @@ class LayerNorm(nnx.Module):
 
 
 class ParallelMLP(nnx.Module):
-    """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (no residual).
+    """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (no residual); gated:
+    ``down(activation(gate) * linear)`` with ``gate``, ``linear`` from one ``up`` projection.
 
     x `[batch, seq, features]` → `[batch, seq, features]`, the sequence split over ``axis_name`` on
     both sides (global mode; local mode sees `[batch, seq/tp, features]`). ``up`` is a
@@ -189,6 +192,13 @@ class ParallelMLP(nnx.Module):
     Args: ``activation`` (default :func:`jax.nn.gelu`), ``epsilon`` of the LayerNorm,
     ``recompute_gathered`` for ``up`` (the only all-gather), the rest as
     :class:`ColumnParallelDense`.
+
+    ``gated=True``: the GLU family, e.g. SwiGLU (Llama, Mistral) with ``activation=jax.nn.silu``
+    and ``use_bias=False``, GeGLU with the default gelu. ``up`` is then one
+    ``features → 2 * ffn_features`` layer, so one all-gather feeds both halves; its features are
+    interleaved (unit j's gate at column 2j, its linear part at 2j + 1), so every device holds whole
+    pairs. :func:`pack_gated` builds that kernel (and bias) from the two `[features, ffn]` halves
+    and :func:`unpack_gated` splits it. ``ffn_features`` must then be divisible by ``tp``.
     """
 
     def __init__(self, features: int, ffn_features: int, *,
@@ -197,17 +207,29 @@ class ParallelMLP(nnx.Module):
                  kernel_init: Callable[..., jax.Array] = default_kernel_init,
                  bias_init: Callable[..., jax.Array] = default_bias_init,
                  precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
-                 recompute_gathered: bool | None = None, axis_name: str = "tp", mesh: Any = None,
-                 rngs: nnx.Rngs):
+                 recompute_gathered: bool | None = None, gated: bool = False,
+                 axis_name: str = "tp", mesh: Any = None, rngs: nnx.Rngs):
+        if gated:
+            _layers.check_gated(type(self).__name__, ffn_features, axis_name, mesh)
         self.activation = activation
+        self.gated = gated
+        self.ffn_features = ffn_features
+        self.axis_name = axis_name
+        self.mesh = mesh
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init, bias_init=bias_init, precision=precision,
                       method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
         self.norm = LayerNorm(features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
                               axis_name=axis_name, mesh=mesh, rngs=rngs)
-        self.up = ColumnParallelDense(features, ffn_features,
+        self.up = ColumnParallelDense(features, 2 * ffn_features if gated else ffn_features,
                                       recompute_gathered=recompute_gathered, **common)
         self.down = RowParallelDense(ffn_features, features, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(self.activation(self.up(self.norm(x))))
+        h = self.up(self.norm(x))
+        if self.gated:
+            _layers.check_gated(type(self).__name__, self.ffn_features, self.axis_name, self.mesh)
+            h = _layers.glu(h, self.activation)
+        else:
+            h = self.activation(h)
+        return self.down(h)

@@ -19,8 +19,8 @@ back of which the last is kept (a lone call after a sync starts cold): a Gantt P
 (``<stem>-timeline-[<op>-]tp<tp>-<M>x<K>x<N>.png``, see :mod:`jax_ub.bench.timeline`) and the records
 under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", "records"}, ...]``.
 
-``mlp`` — forward+backward step of ``ParallelMLP`` and of the attention-projection pair with
-jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed`` (see :mod:`jax_ub.bench.mlp`).
+``mlp`` — forward+backward step of ``ParallelMLP`` (plain and gated, ``--models``) and of the
+attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed`` (see :mod:`jax_ub.bench.mlp`).
 
 ``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
 overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /
@@ -59,6 +59,7 @@ WINDOWED_FLAGS = {
     "xla_gpu_use_memcpy_local_p2p": True,
 }
 AG_RS_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
+MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing jax here
 MLP_CHART = ["xla_plain", "xla_windowed", "jax_ub", "jax_ub_base_policy", "no_comm"]
 BULK_CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
 
@@ -529,8 +530,8 @@ def run_mlp(a: argparse.Namespace) -> int:
         _progress("xla_windowed: the windowed-einsum flags are GPU flags; off GPU this is plain SPMD")
     mesh = make_mesh(a.tp, cuda)
     records, rows = [], []
-    for model in mlp.MODELS:
-        ffn = a.ffn if model == "mlp" else 3 * a.hidden
+    for model in a.models:
+        ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
         label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
         try:
             impls = mlp.build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
@@ -644,6 +645,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--ffn", type=int, default=28672)
     p.add_argument("--tokens", type=int, default=8192, help="batch 1 x seq TOKENS")
+    p.add_argument("--models", nargs="+", default=list(MLP_MODELS), choices=MLP_MODELS,
+                   help="which steps to time (swiglu: the gated MLP, up = hidden -> 2*ffn)")
     p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
                    help="the forward under jax.checkpoint with this policy (jax_ub: "
                         "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")

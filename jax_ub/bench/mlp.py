@@ -5,6 +5,10 @@ sequence-parallel layout (input and output `[1, tokens, hidden]`, the sequence s
 
 * ``mlp``: :class:`jax_ub.nn.ParallelMLP` ``(hidden, ffn)``: LayerNorm → ColumnParallelDense
   (AG→GEMM) → gelu → RowParallelDense (GEMM→RS);
+* ``swiglu``: the gated MLP of Llama-style models, :class:`jax_ub.nn.ParallelMLP` ``(hidden, ffn,
+  gated=True, activation=silu, use_bias=False)``: LayerNorm → ColumnParallelDense ``hidden → 2*ffn``
+  (gate and linear halves interleaved, one AG→GEMM) → ``silu(gate) * linear`` → RowParallelDense
+  ``ffn → hidden``. Its records carry ``ffn`` (the width after the gate);
 * ``attn_proj``: the attention projections without the attention math: ColumnParallelDense
   ``hidden → 3*hidden`` (QKV), then per device ``q + k + v`` of its local features (a token-local
   stand-in for attention, so the shapes and layouts are the real ones), then RowParallelDense
@@ -44,7 +48,8 @@ from jax.sharding import PartitionSpec as P
 from jax_ub import _layers
 from jax_ub import nn as ubnn
 
-MODELS = ("mlp", "attn_proj")
+MODELS = ("mlp", "attn_proj", "swiglu")
+GATED = ("swiglu",)  # models whose MLP is gated (the rest of their math is ``mlp``'s)
 SP = P(None, "tp", None)  # [batch, seq, hidden], sequence split over tp
 TP = P(None, None, "tp")  # [batch, seq, features], features split over tp
 
@@ -79,6 +84,9 @@ def make_model(model: str, mesh: Any, hidden: int, ffn: int, dtype: Any, method:
     if model == "mlp":
         return ubnn.ParallelMLP(hidden, ffn, dtype=dtype, param_dtype=dtype, method=method, mesh=mesh,
                                 rngs=rngs)
+    if model == "swiglu":
+        return ubnn.ParallelMLP(hidden, ffn, gated=True, activation=jax.nn.silu, use_bias=False,
+                                dtype=dtype, param_dtype=dtype, method=method, mesh=mesh, rngs=rngs)
     if model == "attn_proj":
         return AttnProj(hidden, dtype=dtype, method=method, mesh=mesh, rngs=rngs)
     raise ValueError(f"model must be one of {MODELS}; got {model!r}")
@@ -95,13 +103,17 @@ def _spmd_dense(x: jax.Array, layer: Any, out_spec: P, mesh: Any, dtype: Any) ->
     return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, out_spec))
 
 
+def _activate(model: str, m: nnx.Module, h: jax.Array) -> jax.Array:
+    return _layers.glu(h, m.activation) if model in GATED else m.activation(h)
+
+
 def spmd_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any) -> jax.Array:
     """``m(x)`` computed on global arrays with sharding constraints instead of shard_map."""
     x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SP))
-    if model == "mlp":
+    if model != "attn_proj":
         h = _layers.layer_norm(x, m.norm.scale[...], m.norm.bias[...], epsilon=m.norm.epsilon,
                                dtype=dtype)
-        h = m.activation(_spmd_dense(h, m.up, TP, mesh, dtype))
+        h = _activate(model, m, _spmd_dense(h, m.up, TP, mesh, dtype))
         return _spmd_dense(h, m.down, SP, mesh, dtype)
     ctx = _mix(_spmd_dense(x, m.qkv, TP, mesh, dtype), mesh)
     return _spmd_dense(ctx, m.out, SP, mesh, dtype)
@@ -130,23 +142,24 @@ def _local_dense(x: jax.Array, kernel: jax.Array, bias: Any, dtype: Any) -> jax.
 def nocomm_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any) -> jax.Array:
     """``m(x)`` with the layers' collectives replaced by local stand-ins (see the module doc)."""
     tp = mesh.shape["tp"]
-    col, row = (m.up, m.down) if model == "mlp" else (m.qkv, m.out)
+    mlp = model != "attn_proj"
+    col, row = (m.up, m.down) if mlp else (m.qkv, m.out)
     arrays = {"w1": col.kernel[...], "w2": row.kernel[...]}
     specs = {"w1": P(None, "tp"), "w2": P("tp", None)}
     if col.bias is not None:
         arrays["b1"], specs["b1"] = col.bias[...], P("tp")
     if row.bias is not None:
         arrays["b2"], specs["b2"] = row.bias[...], P()
-    if model == "mlp":
+    if mlp:
         arrays["scale"], arrays["shift"] = m.norm.scale[...], m.norm.bias[...]
         specs["scale"] = specs["shift"] = P()
 
     def local(a: dict, x: jax.Array) -> jax.Array:
-        if model == "mlp":
+        if mlp:
             x = _layers.layer_norm(x, a["scale"], a["shift"], epsilon=m.norm.epsilon, dtype=dtype)
         h = _local_dense(_gather_standin(x, tp), a["w1"], a.get("b1"), dtype)
-        if model == "mlp":
-            h = m.activation(h)
+        if mlp:
+            h = _activate(model, m, h)
         else:
             q, k, v = jnp.split(h, 3, axis=-1)
             h = q + k + v

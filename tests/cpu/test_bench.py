@@ -22,6 +22,7 @@ import pytest
 import jax_ub
 from jax_ub import overlap
 from jax_ub.bench import __main__ as harness
+from jax_ub.bench import mlp as mlp_bench
 from jax_ub.bench import timeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,7 +222,7 @@ def test_mlp_cli(tmp_path):
     assert doc["path"] == "xla-reference"
     # The three configurations compute the same step: (loss, |dx|) printed per impl agree.
     checks = re.findall(r"^(\w+) check \(loss, \|dx\|\): (.*)$", stdout, re.M)
-    assert [m for m, _ in checks] == ["mlp", "attn_proj"]
+    assert [m for m, _ in checks] == ["mlp", "attn_proj", "swiglu"]
     for model, line in checks:
         vals = {k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)}
         assert {"jax_ub", "xla_plain"} <= set(vals), line
@@ -231,21 +232,22 @@ def test_mlp_cli(tmp_path):
                 continue
             np.testing.assert_allclose([loss, dx], vals["xla_plain"], rtol=2e-2, err_msg=f"{model} {name}")
     by_op = _by(doc["records"], "op")
-    assert set(by_op) == {"mlp", "attn_proj"}
+    assert set(by_op) == {"mlp", "attn_proj", "swiglu"}
     for op, recs in by_op.items():
         impls = {r["impl"] for r in recs}
         assert {"jax_ub", "xla_plain", "no_comm"} <= impls <= {"jax_ub", "xla_plain", "xla_windowed", "no_comm"}
         for r in recs:
             assert r["ms"] > 0
             assert (r["hidden"], r["tokens"], r["tp"], r["dtype"]) == (64, 64, 4, "bfloat16")
-            assert r["ffn"] == (128 if op == "mlp" else 192)
+            assert r["ffn"] == (192 if op == "attn_proj" else 128)
+    assert harness.MLP_MODELS == mlp_bench.MODELS
 
 
 def test_mlp_cli_remat(tmp_path):
     """--remat dots: every impl's forward under jax.checkpoint; jax_ub with
     jax_ub.checkpoint_policy(dots), jax_ub_base_policy with the bare policy; the same step."""
     doc, stdout = _bench(["mlp", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--tp", "4",
-                          "--remat", "dots"], tmp_path, tag="mlp-remat-dots")
+                          "--remat", "dots", "--models", "mlp"], tmp_path, tag="mlp-remat-dots")
     assert re.search(r"^mlp: remat dots: jax_ub with jax_ub.checkpoint_policy [\d.]+ ms, with the bare "
                      r"policy [\d.]+ ms", stdout, re.M), stdout
     (line,) = re.findall(r"^mlp check \(loss, \|dx\|\): (.*)$", stdout, re.M)

@@ -75,6 +75,16 @@ def test_remat_keeps_the_losses():
     np.testing.assert_allclose(runs["full"], runs["none"], rtol=1e-5)
 
 
+def test_swiglu_mlp_trains():
+    """--mlp swiglu: the gated ParallelMLP (one column layer for both halves) learns the task."""
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--mlp", "swiglu",
+                 *TINY], timeout=110)
+    assert proc.returncode == 0, _describe(proc)
+    assert "ffn 64 (swiglu)" in proc.stdout, proc.stdout
+    losses = _losses(proc.stdout)
+    assert len(losses) == 9 and losses[-1] < losses[0] - 0.2, losses
+
+
 def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
     proc = _run([sys.executable, str(SCRIPT), "--steps", "3", "--dp", "2", "--lr", "nan", *TINY],
                 timeout=90)

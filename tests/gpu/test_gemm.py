@@ -119,3 +119,35 @@ def test_repeated_and_mixed_shapes_in_one_program(jax_ub):
         ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
         for o in outs[2 * i: 2 * i + 2]:
             assert _rel_err(o, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("remat", ["dots", "ub_dots"])
+def test_matmul_output_kept_by_checkpoint_policy(jax_ub, remat):
+    """Under jax.checkpoint with dots_saveable the cuBLASLt call is opaque, so the backward runs it
+    again; jax_ub.checkpoint_policy(dots_saveable) keeps its named output (jax_ub_matmul_out)."""
+    x = jax.random.normal(jax.random.key(6), (256, 128), jnp.float32).astype(jnp.bfloat16)
+    w1 = jax.random.normal(jax.random.key(7), (128, 192), jnp.float32).astype(jnp.bfloat16)
+    w2 = jax.random.normal(jax.random.key(8), (192, 64), jnp.float32).astype(jnp.bfloat16)
+    dots = jax.checkpoint_policies.dots_saveable
+    policy = dots if remat == "dots" else jax_ub.checkpoint_policy(dots)
+
+    def model(policy, mm):
+        def f(x, w1, w2):
+            return jnp.sum(mm(jnp.tanh(mm(x, w1)), w2).astype(jnp.float32) ** 2)
+        return f if policy is None else jax.checkpoint(f, policy=policy)
+
+    cub = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
+
+    def calls(f):
+        hlo = jax.jit(jax.value_and_grad(f, (0, 1, 2))).lower(x, w1, w2).as_text()
+        return hlo.count("jax_ub_gemm")
+
+    saved, got = calls(model(None, cub)), calls(model(policy, cub))
+    assert saved >= 2
+    assert (got > saved) if remat == "dots" else (got == saved), (got, saved)
+    ref = jax.value_and_grad(model(None, jnp.matmul), (0, 1, 2))(
+        *(a.astype(jnp.float32) for a in (x, w1, w2)))
+    out = jax.jit(jax.value_and_grad(model(policy, cub), (0, 1, 2)))(x, w1, w2)
+    assert abs(float(out[0]) - float(ref[0])) <= 2e-2 * abs(float(ref[0]))
+    for got_g, want in zip(out[1], ref[1], strict=True):
+        assert _rel_err(got_g, want) <= 3e-2
