@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _ext, _ffi, choice, comm, config, ops
+from jax_ub import _ext, _ffi, _mesh_check, choice, comm, config, ops
 
 _log = logging.getLogger("jax_ub")
 
@@ -138,6 +138,12 @@ def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommS
     return s
 
 
+def _checked(x: jax.Array, s: comm.CommSet, what: str) -> jax.Array:
+    """``x`` as the custom call's operand; lowering it inside shard_map checks that the program's
+    mesh groups and orders the axis's devices as ``initialize`` did (:mod:`jax_ub._mesh_check`)."""
+    return _mesh_check.check(x, what=what, axis=s.axis, groups=s.devices_key)
+
+
 def _front(x: jax.Array, axis: int) -> jax.Array:
     return x if axis == 0 else jnp.moveaxis(x, axis, 0)
 
@@ -176,7 +182,7 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
         _warm(s, math.prod(x2.shape[:-1]) // pieces, w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
+        _checked(x2, s, "all_gather_matmul"), w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
         pieces=np.int32(pieces))
     return _back(y, axis), (_back(xg, axis) if keep else None)
 
@@ -208,7 +214,7 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
         _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)
     y, _, _ = _ffi.call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
-        x2, w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
+        _checked(x2, s, "matmul_reduce_scatter"), w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
         reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits), split_cols=cols)
     return _back(y, axis), x
 
@@ -297,7 +303,7 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
-    xg = _ffi.call("jax_ub_all_gather", xg_t)(x3, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]))
+    xg = _ffi.call("jax_ub_all_gather", xg_t)(_checked(x3, s, "all_gather"), set_id=s.set_id, algo=np.int32(AG_ALGOS[method]))
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
 
 
@@ -319,7 +325,7 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = _ffi.call("jax_ub_reduce_scatter", y_t)(
-        x3, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS),
+        _checked(x3, s, "reduce_scatter"), set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS),
         splits=np.int32(rs_pieces(x3.shape[0] // s.world, x3.shape[1] * jnp.dtype(x.dtype).itemsize)))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 
@@ -373,7 +379,7 @@ def _bulk(kind: int, x, a, b, axis_name, axis, precision, method, what):
         algo = RS_ALGOS[method]
     gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
     out, gy, _ = _ffi.call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
-        x3, a, b, set_id=s.set_id, kind=np.int32(kind), algo=np.int32(algo),
+        _checked(x3, s, what), a, b, set_id=s.set_id, kind=np.int32(kind), algo=np.int32(algo),
         tf32=_ffi.tf32_allowed(precision), side_sms=np.int32(side_sms), side_rows=np.int64(side_rows))
     rows = s.world * x2.shape[0] if kind == 0 else x2.shape[0] // s.world
     return _back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy

@@ -534,6 +534,35 @@ def test_uninitialized_axis_gives_clear_error(ub):
         jax.jit(f)(x, w)
 
 
+def test_mesh_device_order_must_match_initialize(ub):
+    """Each GPU runs a jax_ub op as the rank initialize() gave it, while shard_map numbers it by the
+    program's mesh. A mesh that orders the TP devices otherwise is refused when lowered (its shards
+    would land in the wrong rows); initialized with that mesh, the same program is right."""
+    n = min(_n_gpus(), MAX_TP)
+    devs = jax.devices("cuda")[:n]
+    fwd, rev = Mesh(np.array(devs), ("tp",)), Mesh(np.array(devs[::-1]), ("tp",))
+    x = _rand(31, (128 * n, 64 * n), jnp.bfloat16)
+    w = _rand(32, (64 * n, 64 * n), jnp.bfloat16)
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
+
+    def ag(mesh):
+        return jax.jit(jax.shard_map(
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP), mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"), check_vma=False))
+
+    def rs(mesh):
+        return jax.jit(jax.shard_map(
+            lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP), mesh=mesh,
+            in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None), check_vma=False))
+
+    for init, other in ((fwd, rev), (rev, fwd)):
+        ub.initialize(init, "tp")
+        for make in (ag, rs):
+            assert _rel(make(init)(x, w), ref) <= TOL[jnp.bfloat16]
+            with pytest.raises(ValueError, match=r"device group .*initialize created the groups"):
+                make(other)(x, w)
+
+
 def test_uninitialized_axis_auto_warns_and_runs_xla(ub, caplog, monkeypatch):
     """method='auto' on a GPU axis without a communicator runs XLA's collective and dot, and says
     once why there is no overlap (most likely a missing jax_ub.initialize)."""
