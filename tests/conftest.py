@@ -46,28 +46,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s); found {n}"))
 
 
-def _mesh(devices: list[jax.Device], shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+def _mesh(devices: list[jax.Device], shape: tuple[int, ...], names: tuple[str, ...],
+          explicit: bool = False) -> Mesh:
     n = int(np.prod(shape))
     if len(devices) < n:
         pytest.skip(f"mesh {dict(zip(names, shape, strict=True))} needs {n} devices; found {len(devices)}")
     kw = {}
-    if hasattr(jax.sharding, "AxisType"):  # shard_map meshes here are plain (Auto) meshes
-        kw["axis_types"] = (jax.sharding.AxisType.Auto,) * len(shape)
+    if hasattr(jax.sharding, "AxisType"):  # plain (Auto) meshes unless Explicit axes are asked for
+        kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+        kw["axis_types"] = (kind,) * len(shape)
     return Mesh(np.array(devices[:n]).reshape(shape), names, **kw)
 
 
 @pytest.fixture
 def cpu_mesh():
     """``cpu_mesh(tp)`` -> 1-D mesh ``("tp",)``; ``cpu_mesh(tp, dp=2)`` -> ``("dp", "tp")``;
-    ``cpu_mesh(tp, dp=2, tp_first=True)`` -> ``("tp", "dp")`` (TP groups strided in device ids)."""
+    ``cpu_mesh(tp, dp=2, tp_first=True)`` -> ``("tp", "dp")`` (TP groups strided in device ids);
+    ``explicit=True``: every axis of type Explicit."""
 
-    def make(tp: int, dp: int | None = None, tp_first: bool = False) -> Mesh:
+    def make(tp: int, dp: int | None = None, tp_first: bool = False, explicit: bool = False) -> Mesh:
         devices = jax.devices("cpu")
         if dp is None:
-            return _mesh(devices, (tp,), ("tp",))
+            return _mesh(devices, (tp,), ("tp",), explicit)
         if tp_first:
-            return _mesh(devices, (tp, dp), ("tp", "dp"))
-        return _mesh(devices, (dp, tp), ("dp", "tp"))
+            return _mesh(devices, (tp, dp), ("tp", "dp"), explicit)
+        return _mesh(devices, (dp, tp), ("dp", "tp"), explicit)
 
     return make
 

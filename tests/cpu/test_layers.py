@@ -42,11 +42,13 @@ def plain_dense(p, x):
     return _dot(x, p["kernel"]) + p.get("bias", 0.0)
 
 
-def plain_mlp(p, x, eps=1e-6):
+def plain_mlp(p, x, eps=1e-6, gated=False):
+    """``gated``: SwiGLU, ``up``'s columns interleaved as (gate, linear) pairs."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     h = (x - mean) / jnp.sqrt(var + eps) * p["norm"]["scale"] + p["norm"]["bias"]
-    h = jax.nn.gelu(plain_dense(p["up"], h))
+    h = plain_dense(p["up"], h)
+    h = jax.nn.silu(h[..., 0::2]) * h[..., 1::2] if gated else jax.nn.gelu(h)
     return plain_dense(p["down"], h)
 
 
@@ -192,20 +194,19 @@ def test_nnx_and_linen_agree_on_same_params(cpu_mesh):
     np.testing.assert_allclose(np.asarray(y_nnx), np.asarray(y_linen), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["gelu", "swiglu"])
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto-axes", "explicit-axes"])
-def test_dp_tp_mesh(cpu_mesh, explicit):
-    if explicit:
-        mesh = jax.make_mesh((2, 2), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Explicit,) * 2,
-                             devices=jax.devices("cpu")[:4])
-    else:
-        mesh = cpu_mesh(2, dp=2)
+def test_dp_tp_mesh(cpu_mesh, explicit, gated):
+    mesh = cpu_mesh(2, dp=2, explicit=explicit)
     x, ct = data(B, S, H), data(B, S, H, seed=2)
+    kw = dict(gated=True, activation=jax.nn.silu) if gated else {}
     with jax.set_mesh(mesh):
-        mlp = ubnn.ParallelMLP(H, F, precision=HIGHEST, rngs=nnx.Rngs(0))
+        mlp = ubnn.ParallelMLP(H, F, precision=HIGHEST, rngs=nnx.Rngs(0), **kw)
         params = pure(mlp)
         xs = jax.device_put(x, NamedSharding(mesh, P("dp", "tp")))
         got, got_g = value_and_grads(nnx_fn(mlp), params, xs, ct)
-    want, want_g = value_and_grads(plain_mlp, jax.device_get(params), x, ct)
+    want, want_g = value_and_grads(lambda p, x: plain_mlp(p, x, gated=gated), jax.device_get(params),
+                                   x, ct)
     assert_trees_close(got, want)
     assert_trees_close(got_g, want_g)
     # batch split over dp, sequence over tp: no device holds the whole activation

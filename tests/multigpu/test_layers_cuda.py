@@ -8,7 +8,6 @@ without >= 2 CUDA GPUs.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -16,20 +15,11 @@ flax = pytest.importorskip("flax")
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
 
-
-def _n_gpus() -> int:
-    try:
-        return len(jax.devices("cuda"))
-    except RuntimeError:
-        return 0
-
+from tests.multigpu.test_overlap import HP, MAX_TP, _mesh, _n_gpus, _rel  # noqa: E402
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(_n_gpus() < 2, reason="needs >= 2 CUDA GPUs")]
 
-HP = lax.Precision.HIGHEST
 TOL = {jnp.bfloat16: 2e-2, jnp.float32: 1e-4}
 B, H, F = 2, 512, 1024  # batch, hidden, ffn (the sequence is 128 rows per device)
 CUDA_METHOD = "ring"  # valid for both ops: the column layer's AG and the row layer's RS
@@ -41,17 +31,6 @@ def ub():
 
     yield jax_ub
     jax_ub.shutdown()
-
-
-def _mesh():
-    tp = min(_n_gpus(), 8)
-    return Mesh(np.array(jax.devices("cuda")[:tp]).reshape(1, tp), ("dp", "tp"))
-
-
-def _rel(out, ref) -> float:
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    assert not np.isnan(out).any()
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
 def _value_and_grads(fn, params, x, ct):
@@ -77,7 +56,7 @@ def _assert_cuda_path(fn, params, x):
 def test_nnx_parallel_mlp_on_the_cuda_path(ub, kind, dtype):
     from jax_ub import nn as ubnn
 
-    mesh = _mesh()
+    mesh = _mesh(min(_n_gpus(), MAX_TP))
     tp = mesh.shape["tp"]
     ub.initialize(mesh, "tp")
     gated = dict(gated=True, activation=jax.nn.silu, use_bias=False) if kind == "swiglu" else {}
@@ -107,7 +86,7 @@ def test_nnx_parallel_mlp_on_the_cuda_path(ub, kind, dtype):
 def test_linen_gated_mlp_on_the_cuda_path(ub):
     from jax_ub import linen as ubl
 
-    mesh = _mesh()
+    mesh = _mesh(min(_n_gpus(), MAX_TP))
     tp = mesh.shape["tp"]
     ub.initialize(mesh, "tp")
     x = jax.random.normal(jax.random.key(3), (B, 128 * tp, H), jnp.float32)
