@@ -213,9 +213,6 @@ class ParallelMLP(nnx.Module):
             _layers.check_gated(type(self).__name__, ffn_features, axis_name, mesh)
         self.activation = activation
         self.gated = gated
-        self.ffn_features = ffn_features
-        self.axis_name = axis_name
-        self.mesh = mesh
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init, bias_init=bias_init, precision=precision,
                       method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
@@ -228,7 +225,8 @@ class ParallelMLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.up(self.norm(x))
         if self.gated:
-            _layers.check_gated(type(self).__name__, self.ffn_features, self.axis_name, self.mesh)
+            _layers.check_gated(type(self).__name__, self.down.in_features, self.up.axis_name,
+                                self.up.mesh)
             h = _layers.glu(h, self.activation)
         else:
             h = self.activation(h)

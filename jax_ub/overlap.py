@@ -182,8 +182,8 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
         _warm(s, math.prod(x2.shape[:-1]) // pieces, w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        _checked(x2, s, "all_gather_matmul"), w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
-        pieces=np.int32(pieces))
+        _checked(x2, s, "all_gather_matmul"), w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]),
+        tf32=_ffi.tf32_allowed(precision), pieces=np.int32(pieces))
     return _back(y, axis), (_back(xg, axis) if keep else None)
 
 
@@ -214,8 +214,8 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
         _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)
     y, _, _ = _ffi.call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
-        _checked(x2, s, "matmul_reduce_scatter"), w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), tf32=_ffi.tf32_allowed(precision),
-        reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits), split_cols=cols)
+        _checked(x2, s, "matmul_reduce_scatter"), w, set_id=s.set_id, algo=np.int32(RS_ALGOS[method]),
+        tf32=_ffi.tf32_allowed(precision), reduce_blocks=np.int32(REDUCE_BLOCKS), splits=np.int32(splits), split_cols=cols)
     return _back(y, axis), x
 
 
@@ -303,7 +303,8 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
-    xg = _ffi.call("jax_ub_all_gather", xg_t)(_checked(x3, s, "all_gather"), set_id=s.set_id, algo=np.int32(AG_ALGOS[method]))
+    xg = _ffi.call("jax_ub_all_gather", xg_t)(_checked(x3, s, "all_gather"), set_id=s.set_id,
+                                              algo=np.int32(AG_ALGOS[method]))
     return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
 
 
@@ -325,7 +326,8 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = _ffi.call("jax_ub_reduce_scatter", y_t)(
-        _checked(x3, s, "reduce_scatter"), set_id=s.set_id, algo=np.int32(RS_ALGOS[method]), reduce_blocks=np.int32(REDUCE_BLOCKS),
+        _checked(x3, s, "reduce_scatter"), set_id=s.set_id, algo=np.int32(RS_ALGOS[method]),
+        reduce_blocks=np.int32(REDUCE_BLOCKS),
         splits=np.int32(rs_pieces(x3.shape[0] // s.world, x3.shape[1] * jnp.dtype(x.dtype).itemsize)))
     return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
 

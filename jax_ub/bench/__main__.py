@@ -20,7 +20,8 @@ back of which the last is kept (a lone call after a sync starts cold): a Gantt P
 under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", "records"}, ...]``.
 
 ``mlp`` — forward+backward step of ``ParallelMLP`` (plain and gated, ``--models``) and of the
-attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed`` (see :mod:`jax_ub.bench.mlp`).
+attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed``
+(see :mod:`jax_ub.bench.mlp`).
 
 ``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
 overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /
