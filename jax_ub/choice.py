@@ -106,6 +106,22 @@ def _tables(tuning_file: str) -> tuple[tuple[Shape, ...], tuple[Shape, ...]]:
     return own, shipped
 
 
+def global_shape(op: str, tp: int, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[int, int, int]:
+    """Global (M, K, N) of one call from its local shards, as the bench names them: AG
+    x[M/tp, K] @ w[K, N/tp]; RS x[M, K/tp] @ w[K/tp, N] (M counts the rows over all leading dims)."""
+    rows = math.prod(x_shape[:-1])
+    if op == AG:
+        return rows * tp, int(x_shape[-1]), int(w_shape[-1]) * tp
+    return rows, int(x_shape[-1]) * tp, int(w_shape[-1])
+
+
+def dual_shape(op: str, M: int, K: int, N: int) -> tuple[str, int, int, int]:
+    """The op and global shape the backward of one call of ``op`` at (M, K, N) runs: the dual op
+    on (dy, wᵀ), i.e. at (M, N, K) (AG's dgrad is a GEMM->RS of dy[M, N/tp] @ wᵀ[N/tp, K]; RS's
+    is an AG->GEMM of dy[M/tp, N] @ wᵀ[N, K/tp])."""
+    return (RS if op == AG else AG), M, N, K
+
+
 def _distance(s: Shape, M: int, K: int, N: int) -> float:
     return sum(abs(math.log(a / b)) for a, b in ((s.M, M), (s.K, K), (s.N, N)))
 

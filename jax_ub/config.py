@@ -25,6 +25,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
+| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten when a new shape appears), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
 """
 
@@ -105,6 +106,7 @@ class Config:
     rs_pieces: int = 0
     ag_push_pieces: int = 0
     tuning_file: str = ""
+    record_shapes: str = ""
     log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -196,6 +198,8 @@ class Config:
             kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
         if env.get("JAX_UB_TUNING_FILE", "").strip():
             kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
+        if env.get("JAX_UB_RECORD_SHAPES", "").strip():
+            kw["record_shapes"] = env["JAX_UB_RECORD_SHAPES"].strip()
         if "JAX_UB_LOG" in env:
             level = env["JAX_UB_LOG"].strip().upper()
             if level not in LOG_LEVELS:

@@ -29,7 +29,7 @@ import jax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_ub import _validate, config, gemm, reference
+from jax_ub import _validate, config, gemm, reference, tuning
 
 __all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
 
@@ -426,6 +426,7 @@ def all_gather_matmul(
         return_full=bool(return_gathered),
         recompute_gathered=bool(recompute_gathered),
     )
+    _note(call, tp, x, w)
     return _dispatch(call, x, w)
 
 
@@ -484,7 +485,16 @@ def matmul_reduce_scatter(
     call = _call_for(
         RS, _resolve_for_size(method, tp), axis_name, axis, _static(precision), x, w, return_full=False
     )
+    _note(call, tp, x, w)
     return _dispatch(call, x, w)
+
+
+def _note(call: _Call, tp: int, x: jax.Array, w: jax.Array) -> None:
+    """Records the call's shape for ``python -m jax_ub.bench tune`` when recording is on
+    (:mod:`jax_ub.tuning`), with the dual op its backward runs unless that backward re-gathers
+    (bulk ops). An axis of size 1 communicates nothing: there is nothing to tune."""
+    if tp > 1:
+        tuning.note_call(call.op, tp, x.dtype, x.shape, w.shape, backward=not call.recompute_gathered)
 
 
 def _static(precision: Any) -> Any:

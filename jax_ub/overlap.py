@@ -425,12 +425,7 @@ def _choice(op, x_shape, w_shape, dtype, axis_name) -> choice.Choice | None:
     if s is None:
         return None
     tp = max(s.world, 1)
-    rows = math.prod(x_shape[:-1])
-    # Global (M, K, N) as the bench names them: AG x[M/tp, K] @ w[K, N/tp]; RS x[M, K/tp] @ w[K/tp, N].
-    if op == ops.AG:
-        M, K, N = rows * tp, x_shape[-1], w_shape[-1] * tp
-    else:
-        M, K, N = rows, x_shape[-1] * tp, w_shape[-1]
+    M, K, N = choice.global_shape(op, tp, x_shape, w_shape)
     return choice.choose(op, tp, jnp.dtype(dtype).name, M, K, N, config.get().tuning_file)
 
 

@@ -1,4 +1,4 @@
-"""``python -m jax_ub.bench ag|rs|mlp|bulk [options]`` (``--help`` on each for its options).
+"""``python -m jax_ub.bench ag|rs|mlp|bulk|tune [options]`` (``--help`` on each for its options).
 
 ``ag`` / ``rs`` — for each global shape (M, K, N) and tp, in one process and one run, the median
 milliseconds of:
@@ -22,6 +22,9 @@ under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", 
 ``mlp`` — forward+backward step of ``ParallelMLP`` (plain and gated, ``--models``) and of the
 attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed``
 (see :mod:`jax_ub.bench.mlp`).
+
+``tune SHAPES.json`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``),
+written as a file for ``JAX_UB_TUNING_FILE`` (see :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`).
 
 ``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
 overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /
@@ -314,13 +317,15 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
     def local_gemm(a, b):  # one GPU's GEMM, stacked over the mesh by shard_map
         return jax_ub.matmul(a, b, method="cublaslt" if cuda else "xla")[None]
 
+    # The entries that need arrays of their own are thunks (built when timed), so a caller that
+    # keeps only some impls (bench tune) allocates nothing for the others.
     if op == "ag":  # every GPU: the gathered x (replicated) @ its w shard
-        impls["gemm_all_gpus"] = (smap(local_gemm, (P(), w_spec), P("tp", None, None)),
-                                  (jax.device_put(x, NamedSharding(mesh, P())), w))
+        impls["gemm_all_gpus"] = lambda: (smap(local_gemm, (P(), w_spec), P("tp", None, None)),
+                                          (jax.device_put(x, NamedSharding(mesh, P())), w))
     else:  # every GPU: its x shard @ its w shard, the whole partial
         impls["gemm_all_gpus"] = (smap(local_gemm, (x_spec, w_spec), P("tp", None, None)), (x, w))
     if op == "ag":
-        impls["gemm_alone"] = (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
+        impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
@@ -329,10 +334,17 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
     else:
-        p = rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))
-        impls["gemm_alone"] = (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
-        impls["comm_nccl"] = (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),), P("tp", None)), (p,))
-        impls["comm_jax_ub"] = (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)), (p,))
+        made: list[Any] = []
+
+        def partials():  # the collectives' input, made once for both
+            made[:] = made or [rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))]
+            return made[0]
+
+        impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
+        impls["comm_nccl"] = lambda: (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),),
+                                           P("tp", None)), (partials(),))
+        impls["comm_jax_ub"] = lambda: (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),),
+                                             P("tp", None)), (partials(),))
         impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
         for m in ("auto", "ring", "pipeline", "chain", "columns"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
@@ -657,6 +669,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
     p.add_argument("--timeline", action="store_true",
                    help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
+    p = sub.add_parser("tune", parents=[common], help="every method at the shapes a program recorded "
+                       "(JAX_UB_RECORD_SHAPES): a file for JAX_UB_TUNING_FILE")
+    p.add_argument("shapes_file", help="a shapes JSON written by JAX_UB_RECORD_SHAPES=PATH or "
+                   "jax_ub.tuning.record() (see jax_ub.tuning)")
+    p.add_argument("--forward-only", action="store_true",
+                   help="skip the shapes recorded as the backward of an op (inference)")
+    p.add_argument("--full", action="store_true",
+                   help="also time the GEMM and collectives alone and XLA's windowed einsum")
+    p.set_defaults(out="jax_ub_tuning")
     return ap
 
 
@@ -665,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     a.machine = a.machine or _machine()
     a.date = datetime.date.today().strftime("%Y%m%d")
+    if a.op == "tune":
+        from jax_ub.bench import tune
+
+        return tune.run(a)
     run = {"ag": run_agrs, "rs": run_agrs, "mlp": run_mlp, "bulk": run_bulk}[a.op]
     return run(a)
 

@@ -21,7 +21,8 @@ def test_defaults_from_empty_environment():
         "method": "auto", "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
-        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "tuning_file": "", "log_level": "WARNING",
+        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "tuning_file": "", "record_shapes": "",
+        "log_level": "WARNING",
     }  # fmt: skip
 
 
@@ -39,6 +40,7 @@ VARIABLES = [
     ("JAX_UB_RS_PIECES", " 4 ", "rs_pieces", 4),
     ("JAX_UB_METHOD", "columns", "method", "columns"),
     ("JAX_UB_TUNING_FILE", " /tmp/my-rs.json ", "tuning_file", "/tmp/my-rs.json"),
+    ("JAX_UB_RECORD_SHAPES", " shapes.json ", "record_shapes", "shapes.json"),
     ("JAX_UB_DISABLE", "1", "disable", True),
     ("JAX_UB_DISABLE", "True", "disable", True),
     ("JAX_UB_DISABLE", "off", "disable", False),

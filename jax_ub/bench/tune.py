@@ -1,0 +1,139 @@
+"""``python -m jax_ub.bench tune SHAPES.json`` — measure every method at the shapes your program
+recorded (:mod:`jax_ub.tuning`) and write a tuning file for ``JAX_UB_TUNING_FILE``.
+
+For each recorded (op, tp, dtype, M, K, N), in one process, as ``bench ag|rs`` times them:
+``xla_plain`` (XLA's collective, then the dot), ``jax_ub`` (``method="auto"`` as configured now:
+the shipped records, or the tuning file already set) and ``jax_ub_<method>`` for every CUDA
+algorithm of the op (``--full``: also the GEMM and collectives alone and XLA's windowed einsum).
+Writes ``<out>/<machine>-<yyyymmdd>-tune.json`` in the bench record format, both ops in one file,
+and prints per shape what ``auto`` ran before, the fastest method, and what ``auto`` chooses with
+the new file. A shape seen both as a forward op and as another op's backward is measured once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+from typing import Any
+
+from jax_ub import choice, tuning
+
+CORE_IMPLS = ("xla_plain", "jax_ub")  # besides every jax_ub_<method>
+
+
+@dataclasses.dataclass
+class Case:
+    """One shape to measure: the roles it was recorded in and the calls traced at it."""
+
+    shape: tuning.OpShape
+    roles: list[str]
+    calls: int
+
+
+def cases(entries: list[tuple[tuning.OpShape, str, int]], forward_only: bool) -> list[Case]:
+    """The recorded entries merged per shape (first-seen order), forward ones only if asked."""
+    out: dict[tuning.OpShape, Case] = {}
+    for shape, role, calls in entries:
+        if forward_only and role != "forward":
+            continue
+        c = out.setdefault(shape, Case(shape, [], 0))
+        if role not in c.roles:
+            c.roles.append(role)
+        c.calls += calls
+    return list(out.values())
+
+
+def keep_impl(name: str, full: bool) -> bool:
+    return full or name in CORE_IMPLS or name.startswith("jax_ub_")
+
+
+def best(res: dict[str, float]) -> tuple[str, float] | None:
+    """The fastest of the methods ``auto`` may run (``jax_ub_<method>``, ``xla_plain`` as "xla")."""
+    cands = {("xla" if k == choice.XLA_IMPL else k[len("jax_ub_"):]): v for k, v in res.items()
+             if k == choice.XLA_IMPL or k.startswith("jax_ub_")}
+    return min(cands.items(), key=lambda kv: kv[1]) if cands else None
+
+
+def run(a: argparse.Namespace) -> int:
+    import jax
+
+    import jax_ub
+    from jax_ub.bench import __main__ as h
+
+    try:
+        entries = tuning.load(a.shapes_file)
+    except ValueError as e:
+        print(f"error: {e}", flush=True)
+        return 2
+    todo = cases(entries, a.forward_only)
+    if not todo:
+        print(f"error: {a.shapes_file!r} has no shapes to measure"
+              + (" (--forward-only dropped the backward ones)" if entries else ""), flush=True)
+        return 2
+    cuda, path = h.path_info()
+    print(path)
+    stem = h.out_stem(a, "tune")
+    records: list[dict[str, Any]] = []
+    rows: list[tuple[Case, dict[str, float], str]] = []
+    ndev = len(jax.devices())
+    for tp in sorted({c.shape.tp for c in todo}):
+        group = [c for c in todo if c.shape.tp == tp]
+        if tp > ndev or tp < 2:
+            h._progress(f"skip {len(group)} shape(s) at tp={tp}: "
+                        + (f"only {ndev} devices" if tp > ndev else "nothing to communicate"))
+            continue
+        mesh = h.make_mesh(tp, cuda)
+        try:
+            for c in group:
+                s = c.shape
+                impls = {k: v for k, v in h.agrs_impls(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
+                         if keep_impl(k, a.full)}
+                res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a)
+                before = h._auto_method(s.op, tp, s.M, s.K, s.N, s.dtype) if cuda else "xla"
+                case = h.case_records({"op": choice.BENCH_OP[s.op], "M": s.M, "K": s.K, "N": s.N, "tp": tp,
+                                       "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls}, res)
+                for r in case:
+                    if r["impl"] == "jax_ub":
+                        r["method"] = before
+                records += case
+                rows.append((c, res, before))
+        finally:
+            jax_ub.shutdown()
+    h.write_json(a, stem, records, path=path.split(" ")[1], shapes_file=os.path.abspath(a.shapes_file))
+    print(f"\nwrote {stem}.json")
+    return report(stem + ".json", rows, path, cuda)
+
+
+def report(tuning_path: str, rows: list[tuple[Case, dict[str, float], str]], path: str, cuda: bool) -> int:
+    """Prints the table and whether the file can serve as ``JAX_UB_TUNING_FILE``."""
+    print(f"{path}\nop  tp  dtype     M,K,N                 role              calls  auto before (ms)"
+          "         fastest (ms)             gain   auto with this file")
+    usable = cuda
+    if cuda:
+        try:
+            choice.load_bench_file(tuning_path)
+        except ValueError as e:  # e.g. every method failed to run
+            usable = False
+            print(f"(not usable as a tuning file: {e})")
+    gains = []
+    for c, res, before in rows:
+        s = c.shape
+        top = best(res)
+        now = res.get("jax_ub", float("nan"))
+        gain = now / top[1] if top else float("nan")
+        if gain == gain:
+            gains.append(gain)
+        after = (choice.choose(s.op, s.tp, s.dtype, s.M, s.K, s.N, tuning_path).method if usable else "-")
+        fastest = f"{top[0]} {top[1]:.3f}" if top else "-"
+        print(f"{s.op}  {s.tp:<3} {s.dtype:<9} {f'{s.M},{s.K},{s.N}':<21} {'+'.join(c.roles):<17} "
+              f"{c.calls:<6} {f'{before} {now:.3f}':<24} {fastest:<24} {gain:5.2f}x  {after}")
+    if gains and cuda:
+        print(f"auto before / fastest: median {statistics.median(gains):.2f}x, max {max(gains):.2f}x "
+              f"over {len(gains)} shapes (1.00x: auto already ran the fastest)")
+    if usable:
+        print(f"export JAX_UB_TUNING_FILE={os.path.abspath(tuning_path)}")
+    elif not cuda:
+        print("no jax_ub_<method> records (they need the CUDA path): nothing for JAX_UB_TUNING_FILE")
+    return 0

@@ -1,0 +1,205 @@
+"""Tune ``method="auto"`` for your own model: record the shapes your program's jax_ub ops run at,
+measure every method at exactly those shapes on your machine, and let ``auto`` choose from that.
+
+``auto`` otherwise chooses by the *nearest* shape of the records jax_ub ships (measured on H200s
+at benchmark shapes, :mod:`jax_ub.choice`); your model's shapes and your GPUs may differ from
+both. Three steps::
+
+    JAX_UB_RECORD_SHAPES=shapes.json python train.py ...     # 1. any run that traces the ops
+    python -m jax_ub.bench tune shapes.json --out tuning    # 2. on the GPUs you train on
+    JAX_UB_TUNING_FILE=tuning/<machine>-<date>-tune.json python train.py ...   # 3.
+
+Step 1 needs no GPU: the shapes are recorded when the ops are *traced* (also on the reference
+path, e.g. on a CPU machine with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``), so
+``jax.jit(step).lower(...)`` is enough. In code, :func:`record` does the same for a ``with`` block::
+
+    with jax_ub.tuning.record() as rec:
+        jax.jit(train_step).lower(state, batch)
+    rec.save("shapes.json")
+
+Each recorded shape is the global (M, K, N) of one op as the bench names it (AG: x[M/tp, K] @
+w[K, N/tp]; RS: x[M, K/tp] @ w[K/tp, N]), with tp, dtype and how many calls were traced at it
+("forward"). Its backward runs the dual op at (M, N, K) (the dgrad of an AG->GEMM is a GEMM->RS and
+vice versa), recorded beside it as a "backward" shape unless the call re-gathers in its backward
+(``recompute_gathered``: bulk ops, which ``auto`` does not choose for). ``bench tune`` measures
+every shape of the file (``--forward-only``: only the forward ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from jax_ub import choice, config
+
+__all__ = ["OpShape", "Recording", "load", "record"]
+
+_log = logging.getLogger("jax_ub")
+
+FORMAT = "jax_ub_shapes"  # the key (with the format version as value) that marks a shapes file
+VERSION = 1
+ROLES = ("forward", "backward")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class OpShape:
+    """One op at one global shape: ``op`` "ag" or "rs", as :mod:`jax_ub.choice` keys it."""
+
+    op: str
+    tp: int
+    dtype: str
+    M: int
+    K: int
+    N: int
+
+    def dual(self) -> OpShape:
+        op, M, K, N = choice.dual_shape(self.op, self.M, self.K, self.N)
+        return OpShape(op, self.tp, self.dtype, M, K, N)
+
+    def label(self) -> str:
+        return f"{self.op} tp{self.tp} {self.dtype} {self.M}x{self.K}x{self.N}"
+
+
+class Recording:
+    """The op shapes seen while recording: ``shapes()`` lists them, ``save(path)`` writes them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # (shape, role) -> traced calls at it; insertion order is first-seen order.
+        self._calls: dict[tuple[OpShape, str], int] = {}
+
+    def note(self, shape: OpShape, role: str) -> bool:
+        """Counts one traced call; True when (shape, role) is new."""
+        with self._lock:
+            key = (shape, role)
+            self._calls[key] = self._calls.get(key, 0) + 1
+            return self._calls[key] == 1
+
+    def shapes(self, roles: Sequence[str] = ROLES) -> list[dict[str, Any]]:
+        """``[{"op", "tp", "dtype", "M", "K", "N", "role", "calls"}, ...]`` in first-seen order."""
+        with self._lock:
+            items = list(self._calls.items())
+        return [{**dataclasses.asdict(s), "role": role, "calls": n} for (s, role), n in items
+                if role in roles]
+
+    def save(self, path: str) -> None:
+        """Writes the shapes file ``bench tune`` reads (atomically: a concurrent reader, e.g.
+        another process of the same job writing the same path, sees a whole file)."""
+        doc = {FORMAT: VERSION, "shapes": self.shapes()}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+_active: list[Recording] = []  # record() blocks, innermost last
+_env: tuple[str, Recording] | None = None  # JAX_UB_RECORD_SHAPES: (path, its recording)
+_env_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def record() -> Iterator[Recording]:
+    """Records the shape of every jax_ub op traced inside the ``with`` block (blocks may nest;
+    each sees every op traced while it is open)."""
+    rec = Recording()
+    _active.append(rec)
+    try:
+        yield rec
+    finally:
+        _active.remove(rec)
+
+
+def _env_recording() -> tuple[str, Recording] | None:
+    global _env
+    path = config.get().record_shapes
+    if not path:
+        return None
+    with _env_lock:
+        if _env is None or _env[0] != path:
+            _env = (path, Recording())
+        return _env
+
+
+def note_call(op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Sequence[int], *,
+              backward: bool) -> None:
+    """Called by :mod:`jax_ub.ops` for each traced op call (after validation): records its shape,
+    and with ``backward`` the dual op's shape that its backward runs. Cheap when nothing records."""
+    env = _env_recording()
+    if not _active and env is None:
+        return
+    import numpy as np
+
+    M, K, N = choice.global_shape(op, tp, x_shape, w_shape)
+    shape = OpShape(op, int(tp), np.dtype(dtype).name, M, K, N)
+    notes = [(shape, "forward")] + ([(shape.dual(), "backward")] if backward else [])
+    for rec in _active:
+        for s, role in notes:
+            rec.note(s, role)
+    if env is not None:
+        path, rec = env
+        new = [rec.note(s, role) for s, role in notes]
+        if any(new):  # rewrite the file when a shape first appears: a crashed run keeps it too
+            try:
+                rec.save(path)
+            except OSError as e:
+                _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file: %s", path, e)
+
+
+def load(path: str) -> list[tuple[OpShape, str, int]]:
+    """The ``(shape, role, calls)`` entries of a shapes file, validated (a ValueError says what is
+    wrong with which entry)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"shapes file {path!r}: cannot read it as JSON: {e}") from None
+    if not isinstance(doc, dict) or FORMAT not in doc:
+        raise ValueError(f"shapes file {path!r}: not a jax_ub shapes file (no {FORMAT!r} key); write "
+                         f"one with JAX_UB_RECORD_SHAPES=PATH or jax_ub.tuning.record()")
+    if doc[FORMAT] != VERSION:
+        raise ValueError(f"shapes file {path!r}: format version {doc[FORMAT]!r}; this jax_ub reads "
+                         f"version {VERSION}")
+    shapes = doc.get("shapes")
+    if not isinstance(shapes, list):
+        raise ValueError(f"shapes file {path!r}: 'shapes' must be a list; got {type(shapes).__name__}")
+    out = []
+    for i, e in enumerate(shapes):
+        where = f"shapes file {path!r}, entry {i}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: must be an object; got {e!r}")
+        missing = [k for k in ("op", "tp", "dtype", "M", "K", "N") if k not in e]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(map(repr, missing))}")
+        if e["op"] not in (choice.AG, choice.RS):
+            raise ValueError(f"{where}: op must be {choice.AG!r} or {choice.RS!r}; got {e['op']!r}")
+        role = e.get("role", "forward")
+        if role not in ROLES:
+            raise ValueError(f"{where}: role must be one of {ROLES}; got {role!r}")
+        dims = {k: e[k] for k in ("tp", "M", "K", "N", *(("calls",) if "calls" in e else ()))}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in dims.values()):
+            raise ValueError(f"{where}: tp, M, K, N (and calls) must be positive integers; got {dims}")
+        tp = e["tp"]
+        if e["M"] % tp or (e["op"] == choice.AG and e["N"] % tp) or (e["op"] == choice.RS and e["K"] % tp):
+            split = "M and N" if e["op"] == choice.AG else "M and K"
+            raise ValueError(f"{where}: {split} of an {e['op']} shape must be divisible by tp={tp}; "
+                             f"got M={e['M']}, K={e['K']}, N={e['N']}")
+        try:
+            import jax.numpy as jnp
+
+            dtype = jnp.dtype(str(e["dtype"])).name
+        except TypeError:
+            raise ValueError(f"{where}: unknown dtype {e['dtype']!r}") from None
+        out.append((OpShape(e["op"], tp, dtype, e["M"], e["K"], e["N"]), role, int(e.get("calls", 1))))
+    return out
