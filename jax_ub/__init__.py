@@ -11,6 +11,8 @@ Public API:
 * :func:`build_info` — which path is active and why.
 * :func:`checkpoint_policy` — a ``jax.checkpoint`` policy that also keeps jax_ub's op outputs
   (named :data:`CHECKPOINT_NAMES`), which dot-based policies do not see on the CUDA path.
+* :mod:`jax_ub.tuning` — record the shapes a program's ops run at, for ``python -m jax_ub.bench
+  tune``, whose file (``JAX_UB_TUNING_FILE``) ``method="auto"`` then chooses from.
 * :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
 """
@@ -19,6 +21,7 @@ from jax_ub import (
     config,
     overlap,
     reference,
+    tuning,
 )
 from jax_ub._bootstrap import AgreementError, PeerTimeoutError
 from jax_ub._ext import build_info
@@ -46,4 +49,5 @@ __all__ = [
     "overlap",
     "reference",
     "shutdown",
+    "tuning",
 ]
