@@ -25,6 +25,7 @@ import jax_ub
 from jax_ub import overlap
 from jax_ub.bench.__main__ import time_fn
 
+CHAIN = 8
 SHAPES = [(16384, 1024, 1024), (8192, 4096, 4096), (4096, 1024, 1024)]
 
 
@@ -36,7 +37,10 @@ def main() -> int:
     jax_ub.initialize(mesh, "tp")
 
     def smap(f, ins, outs):
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False))
+        g = jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False)
+        out = jax.jit(g)
+        out.__wrapped__ = g
+        return out
 
     dump = []
     for M, K, N in SHAPES:
@@ -61,6 +65,17 @@ def main() -> int:
         for name, (fn, args) in impls.items():
             ms = time_fn(fn, args, warmup=3, iters=20, reps=7)
             row = {"M": M, "K": K, "N": N, "impl": name, "ms": ms}
+            # The same op CHAIN times in one program, each call after the previous one's output
+            # (an optimization barrier ties them): one dispatch per CHAIN ops, as in a model step.
+            inner = fn.__wrapped__ if hasattr(fn, "__wrapped__") else None
+            if inner is not None:
+                def chained(*a, _f=inner):
+                    out = None
+                    for _ in range(CHAIN):
+                        out = _f(*a)
+                        a, out = lax.optimization_barrier((a, out))
+                    return out
+                row["chain_ms"] = time_fn(jax.jit(chained), args, warmup=3, iters=5, reps=7) / CHAIN
             if not name.endswith("xla") and not name.startswith("gemm"):
                 overlap.trace_enable(True)
                 overlap.trace_collect()
@@ -81,6 +96,7 @@ def main() -> int:
                 row["first_span_ms"] = float(np.median(list(first.values())))
                 row["last_end_ms"] = float(np.median(list(last.values())))
             print(f"{M},{K},{N} {name:14s} {ms:7.3f} ms" + (
+                f"  chained: {row['chain_ms']:.3f} ms per op" if "chain_ms" in row else "") + (
                 f"  traced: period {row['period_ms']:.3f}, first span at {row['first_span_ms']:.3f}, "
                 f"last span ends {row['last_end_ms']:.3f}" if "trace" in row else ""), flush=True)
             dump.append(row)
