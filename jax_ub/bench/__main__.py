@@ -36,7 +36,10 @@ Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its
 Timing: every impl of a shape is built and warmed up, then ``reps`` interleaved repetitions (each
 times every impl once, in a shuffled order) of ``iters`` back-to-back dispatches closed by one
 ``block_until_ready``, each after an untimed ``--settle-ms`` burst of the same impl (the GPU's
-clocks under its power cap follow the last few ms of load); the median per-call time is recorded. Writes
+clocks under its power cap follow the last few ms of load); the median per-call time is recorded.
+With ``--chain N`` (``ag``, ``rs``, ``bulk``; ``tune`` defaults to 8) a call runs the op N times in a
+row in one program (:func:`chain_fn`) and the time per op is recorded: a lone dispatch of a small op
+is bound by the host, which a model's step, many ops per dispatch, is not. Writes
 ``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "path", "records": [{"op",
 ..., "tp", "dtype", "impl", "ms"}, ...]}``) and a PNG bar chart beside it, prints a table last.
 """
@@ -104,6 +107,31 @@ def settle_calls(est_ms: float, settle_ms: float, iters: int) -> int:
     return max(1, min(4 * iters, math.ceil(settle_ms / max(est_ms, 1e-6))))
 
 
+def chain_fn(fn: Any, n: int) -> Any | None:
+    """A jitted program running ``fn``'s body ``n`` times in a row, each call after the previous
+    one's output (an optimization barrier orders them; every output is returned, so none is dead
+    code), or None when ``fn`` is not a ``jax.jit`` of a Python function (e.g. a compiled
+    executable). One dispatch then pays for ``n`` ops, as in a model's step: on 2xH200 a lone
+    dispatch of a small op was bound by the host (tp=2 RS 16384,1024,1024: 0.158 ms per
+    dispatch, 0.100 ms per op chained 8 times; XLA's 0.160 and 0.131)."""
+    import jax
+    from jax import lax
+
+    inner = getattr(fn, "__wrapped__", None)
+    if n <= 1 or inner is None or not callable(inner):
+        return None
+
+    def run(*args):
+        outs = []
+        for _ in range(n):
+            out = inner(*args)
+            args, out = lax.optimization_barrier((args, out))
+            outs.append(out)
+        return tuple(outs)
+
+    return jax.jit(run)
+
+
 def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                probe: Callable[[Any], Any] | None = None, probes: dict[str, Any] | None = None,
                ) -> dict[str, float]:
@@ -124,11 +152,17 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
 
     ready: dict[str, tuple[Any, Any]] = {}
     settle: dict[str, int] = {}
+    per_call: dict[str, int] = {}  # ops per timed call (a.chain where the impl can be chained)
     settle_ms = getattr(a, "settle_ms", 25.0)
+    chain = getattr(a, "chain", 1)
     for name, entry in impls.items():
         _progress(f"{label}: {name}")
         try:
             fn, args = entry() if callable(entry) else entry
+            chained = chain_fn(fn, chain) if probe is None else None
+            if chain > 1 and chained is None:
+                _progress(f"  {name}: not chained (one op per dispatch)")
+            fn, per_call[name] = (chained, chain) if chained is not None else (fn, 1)
             for _ in range(a.warmup):
                 jax.block_until_ready(fn(*args))
             if probe is not None and probes is not None:
@@ -151,7 +185,7 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                 _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
                 del ready[name]
                 samples[name] = []
-    return {name: statistics.median(ms) for name, ms in samples.items() if ms}
+    return {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
 
 
 def _machine() -> str:
@@ -195,6 +229,8 @@ def case_records(common: dict[str, Any], res: dict[str, float]) -> list[dict[str
 def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:
     import jax
 
+    if getattr(a, "chain", 1) > 1:
+        extra = {"chain": a.chain, **extra}  # ms are per op, CHAIN ops per dispatch
     with open(stem + ".json", "w") as f:
         json.dump({"machine": a.machine, "date": a.date, "jax": jax.__version__, **extra,
                    "records": records}, f, indent=1, default=_plain)
@@ -642,11 +678,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="untimed run of an impl before each of its timed bursts (0: none)")
     common.add_argument("--out", default="benchmarks/results")
     common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
+    chained = argparse.ArgumentParser(add_help=False)
+    chained.add_argument("--chain", type=int, default=1,
+                         help="ops per timed dispatch: each impl's program runs its op CHAIN times in a "
+                              "row (one dispatch per CHAIN ops, as in a model step; a lone dispatch of "
+                              "a small op is bound by the host); ms are per op")
     ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="op", required=True)
     for op in ("ag", "rs"):
-        p = sub.add_parser(op, parents=[common], help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
+        p = sub.add_parser(op, parents=[common, chained], help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
         p.add_argument("--tp", type=int, nargs="+", default=[4, 2])
         p.add_argument("--shapes", nargs="+", default=None, help="global M,K,N triples")
         p.add_argument("--timeline", action="store_true",
@@ -663,13 +704,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
                    help="the forward under jax.checkpoint with this policy (jax_ub: "
                         "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")
-    p = sub.add_parser("bulk", parents=[common], help="AG / RS under an independent GEMM (backward pass)")
+    p = sub.add_parser("bulk", parents=[common, chained], help="AG / RS under an independent GEMM (backward pass)")
     p.add_argument("--tp", type=int, nargs="+", default=[4])
     p.add_argument("--shapes", nargs="+", default=None,
                    help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
     p.add_argument("--timeline", action="store_true",
                    help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
-    p = sub.add_parser("tune", parents=[common], help="every method at the shapes a program recorded "
+    p = sub.add_parser("tune", parents=[common, chained], help="every method at the shapes a program recorded "
                        "(JAX_UB_RECORD_SHAPES): a file for JAX_UB_TUNING_FILE")
     p.add_argument("shapes_file", help="a shapes JSON written by JAX_UB_RECORD_SHAPES=PATH or "
                    "jax_ub.tuning.record() (see jax_ub.tuning)")
@@ -677,7 +718,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip the shapes recorded as the backward of an op (inference)")
     p.add_argument("--full", action="store_true",
                    help="also time the GEMM and collectives alone and XLA's windowed einsum")
-    p.set_defaults(out="jax_ub_tuning")
+    p.set_defaults(out="jax_ub_tuning", chain=8)
     return ap
 
 

@@ -4,7 +4,9 @@ recorded (:mod:`jax_ub.tuning`) and write a tuning file for ``JAX_UB_TUNING_FILE
 For each recorded (op, tp, dtype, M, K, N), in one process, as ``bench ag|rs`` times them:
 ``xla_plain`` (XLA's collective, then the dot), ``jax_ub`` (``method="auto"`` as configured now:
 the shipped records, or the tuning file already set) and ``jax_ub_<method>`` for every CUDA
-algorithm of the op (``--full``: also the GEMM and collectives alone and XLA's windowed einsum).
+algorithm of the op (``--full``: also the GEMM and collectives alone and XLA's windowed einsum),
+each op 8 times in a row per dispatch (``--chain``, default 8: a lone dispatch of a small op is
+bound by the host, a model's step is not, and a host-bound time would choose wrongly).
 Writes ``<out>/<machine>-<yyyymmdd>-tune.json`` in the bench record format, both ops in one file,
 and prints per shape what ``auto`` ran before, the fastest method, and what ``auto`` chooses with
 the new file. A shape seen both as a forward op and as another op's backward is measured once.

@@ -382,3 +382,32 @@ def test_time_impls_settles_each_impl_before_timing_it():
     assert harness.settle_calls(1.0, 0, 10) == 0
 
 
+
+
+def test_chain_fn_runs_every_call_and_time_is_per_op():
+    """--chain: the chained program runs the op N times (none dead, none merged), and time_impls
+    reports the time per op: an op that sleeps 20 ms on the host measures about 20 ms, not N x 20."""
+    import time
+    from types import SimpleNamespace
+
+    w = jnp.arange(12.0).reshape(3, 4)
+    f = jax.jit(lambda x: jnp.tanh(x @ w))
+    g = harness.chain_fn(f, 4)
+    outs = g(jnp.ones((2, 3)))
+    assert len(outs) == 4 and all(np.array_equal(o, f(jnp.ones((2, 3)))) for o in outs)
+    # Each call reads its input through the previous call's barrier. (XLA's CPU pipeline expands
+    # barriers early and then merges the dots; its GPU pipeline keeps them through CSE, checked
+    # in tests/multigpu/test_tuning_cuda.py.)
+    hlo = g.lower(jnp.ones((2, 3))).as_text()
+    assert hlo.count("stablehlo.dot_general") == 4 and hlo.count("stablehlo.optimization_barrier") == 4
+    assert harness.chain_fn(f, 1) is None
+    assert harness.chain_fn(f.lower(jnp.ones((2, 3))).compile(), 4) is None  # not chainable
+
+    def nap(x):
+        time.sleep(0.02)
+        return x
+
+    slow = jax.jit(lambda x: jax.pure_callback(nap, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+    a = SimpleNamespace(warmup=1, iters=1, reps=3, settle_ms=0, chain=4)
+    ms = harness.time_impls("t", {"slow": (slow, (jnp.ones(3),))}, a)["slow"]
+    assert 18 <= ms < 40, ms

@@ -97,3 +97,34 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     assert _rel(y, ref_fwd(*f32)) < 2e-2
     for a_, b_ in zip(g, ref_grad(*f32), strict=True):
         assert _rel(a_, b_) < 2e-2
+
+
+def test_chained_bench_program_keeps_every_op(ub):
+    """bench --chain N (tune's default 8): after XLA's GPU passes the program still holds N ops of
+    each impl, jax_ub's custom call and XLA's all-gather and dot alike (none merged or dropped)."""
+    from jax import lax
+
+    from jax_ub.bench import __main__ as harness
+
+    tp, n = 2, 4
+    mesh = _mesh(tp)
+    ub.initialize(mesh, "tp")
+    x, w = _rand(4, (256 * tp, 512), jnp.bfloat16), _rand(5, (512, 256 * tp), jnp.bfloat16)
+
+    def smap(f):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                                     out_specs=P(None, "tp"), check_vma=False))
+
+    ours = harness.chain_fn(smap(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push")), n)
+    xla = harness.chain_fn(smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w), n)
+    hlo_ours = ours.lower(x, w).compile().as_text()
+    hlo_xla = xla.lower(x, w).compile().as_text()
+    import re
+
+    ours_n = hlo_ours.count('custom_call_target="jax_ub_ag_gemm"')
+    xla_n = len(re.findall(r"[^%\w.-]all-gather(?:-start)?\(", hlo_xla))  # the opcode, not a %name
+    assert (ours_n, xla_n) == (n, n), [ln for ln in hlo_xla.splitlines() if "all-gather" in ln][:12]
+    want = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
+    for y in (*ours(x, w), *xla(x, w)):
+        assert _rel(y, want) < 1e-2
+    ub.shutdown()
