@@ -300,6 +300,8 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
         out["config"] = dataclasses.asdict(cfg)
     except ValueError as e:
         out["error"] = str(e)
+    else:
+        out["tuning"] = tuning_file_status(cfg.tuning_file)
     mc_raw, skip_raw = env.get("JAX_UB_MULTICAST"), env.get("UB_SKIPMC")
     try:
         requested = config._parse_bool("JAX_UB_MULTICAST", mc_raw or "0")
@@ -316,6 +318,21 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
                   "multicast path (initialize logs a warning)")
     out["multicast"] = {"requested": requested and not skipped, "enabled": False, "reason": reason}
     return out
+
+
+def tuning_file_status(path: str) -> dict[str, Any] | None:
+    """None without ``JAX_UB_TUNING_FILE``; else what ``auto`` would read from it, or why it
+    cannot (the first op traced would fail with the same error)."""
+    if not path:
+        return None
+    from jax_ub import choice
+
+    try:
+        shapes = choice.load_bench_file(path)
+    except ValueError as e:
+        return {"path": path, "ok": False, "error": str(e)}
+    ops = sorted({f"{s.op} tp{s.tp}" for s in shapes})
+    return {"path": path, "ok": True, "shapes": len(shapes), "ops": ops}
 
 
 def nccl_transport_implemented() -> bool:
@@ -470,6 +487,8 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
                        f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`")
     if c.get("error"):
         reasons.append(f"invalid jax_ub configuration: {c['error']}")
+    elif (c.get("tuning") or {}).get("ok") is False:
+        reasons.append(f"invalid tuning file: {c['tuning']['error']}")
     elif (c.get("config") or {}).get("disable"):
         reasons.append("JAX_UB_DISABLE=1 forces the pure-XLA reference path")
     n = len(g["devices"])
@@ -633,6 +652,11 @@ def render_text(r: dict[str, Any]) -> str:
         cf = c["config"]
         L.append(f"  config      method={cf['method']} disable={int(cf['disable'])} "
                  f"timeout_s={cf['timeout_s']:g} on_stall={cf['on_stall']} buffer_mib={cf['buffer_mib']}")
+    tf = c.get("tuning")
+    if tf is not None:
+        L.append(f"  tuning      {tf['path']}: " + (f"{tf['shapes']} measured shapes ({', '.join(tf['ops'])}), "
+                                                   "auto chooses from them first" if tf["ok"]
+                                                   else f"UNUSABLE: {tf['error']}"))
     L.append("  environment:")
     for k, val in [*c["env"].items(), *c["jax_ub_env"].items()]:
         L.append(f"    {k:<32}{'(unset)' if val is None else val}")

@@ -358,6 +358,27 @@ def test_invalid_configuration_is_fatal(machine, capsys, monkeypatch):
     assert last.startswith("CANNOT RUN OVERLAP: invalid jax_ub configuration: JAX_UB_METHOD must be one of")
 
 
+def test_tuning_file_is_read_and_a_bad_one_is_fatal(machine, capsys, monkeypatch, tmp_path):
+    """JAX_UB_TUNING_FILE: the doctor reads it as auto would; one auto cannot read would fail the
+    first traced op, so it is a blocking reason, named with choice's error."""
+    machine(4)
+    good = tmp_path / "tune.json"
+    good.write_text(json.dumps({"machine": "m", "date": "d", "records": [
+        {"op": op, "tp": 4, "dtype": "bfloat16", "M": 64, "K": 32, "N": 96, "impl": impl, "ms": ms}
+        for op, methods in (("ag_gemm", ("push", "ring")), ("gemm_rs", ("ring", "chain")))
+        for impl, ms in ((f"jax_ub_{methods[0]}", 1.0), (f"jax_ub_{methods[1]}", 2.0), ("xla_plain", 3.0))]}))
+    monkeypatch.setenv("JAX_UB_TUNING_FILE", str(good))
+    rc, out, _ = _run(capsys, "--no-live")
+    assert rc == 0
+    assert f"tuning      {good}: 2 measured shapes (ag tp4, rs tp4), auto chooses from them first" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"records": []}')
+    monkeypatch.setenv("JAX_UB_TUNING_FILE", str(bad))
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1 and f"tuning      {bad}: UNUSABLE: JAX_UB_TUNING_FILE" in out
+    assert last.startswith(f"CANNOT RUN OVERLAP: invalid tuning file: JAX_UB_TUNING_FILE '{bad}' has no")
+
+
 def test_disable_is_fatal(machine, capsys, monkeypatch):
     machine(4)
     monkeypatch.setenv("JAX_UB_DISABLE", "1")
