@@ -296,9 +296,16 @@ def _resolved(method: str | None) -> str:
     return f"method={requested!r} -> {name!r} ({kind}; build: {info.get('path')}: {info.get('reason')})"
 
 
+JUDGE_STEPS = 10  # fewer steps (e.g. a run that only records shapes) are too few to judge the loss
+
+
 def _check(losses: list[float], label: str) -> str | None:
     if any(math.isnan(v) or math.isinf(v) for v in losses):
         return f"{label}: loss is not finite: {losses[-5:]}"
+    if len(losses) < JUDGE_STEPS:
+        _log(f"[{label}] {len(losses)} steps: too few to check that the loss decreases "
+             f"(needs {JUDGE_STEPS})")
+        return None
     k = max(1, len(losses) // 5)
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     if not last < first:

@@ -138,3 +138,18 @@ def test_readme_usage_snippet_runs_on_cpu(tmp_path):
                     XLA_FLAGS="--xla_force_host_platform_device_count=4", **env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.startswith("xla-reference (1024, 512) xla: "), proc.stdout
+
+
+def test_loss_check_judges_only_runs_long_enough():
+    """A short run (e.g. one that only records shapes for bench tune) is checked for a finite loss
+    only; from JUDGE_STEPS steps on, a loss that does not decrease fails the run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tp_block", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rising = [4.0 + 0.1 * i for i in range(mod.JUDGE_STEPS)]
+    assert mod._check(rising[: mod.JUDGE_STEPS - 1], "run") is None
+    assert "did not decrease" in mod._check(rising, "run")
+    assert mod._check(rising[::-1], "run") is None
+    assert "not finite" in mod._check([4.0, float("nan")], "run")
