@@ -32,15 +32,28 @@ RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> rec
 TIE = 1.02
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One measured shape: median ms of each method, and where it was measured."""
+@dataclasses.dataclass(frozen=True, order=True)
+class OpShape:
+    """One op (``AG`` or ``RS``) at one global shape (M, K, N), as the bench names it."""
     op: str
     tp: int
     dtype: str
     M: int
     K: int
     N: int
+
+    def dual(self) -> OpShape:
+        """The op and shape this op's backward runs (:func:`dual_shape`)."""
+        op, M, K, N = dual_shape(self.op, self.M, self.K, self.N)
+        return OpShape(op, self.tp, self.dtype, M, K, N)
+
+    def label(self) -> str:
+        return f"{self.op} tp{self.tp} {self.dtype} {self.M}x{self.K}x{self.N}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape(OpShape):
+    """One measured shape: median ms of each method, and where it was measured."""
     ms: tuple[tuple[str, float], ...]  # (method, ms), fastest first
     source: str  # "<machine> <date>"
 

@@ -47,23 +47,7 @@ VERSION = 1
 ROLES = ("forward", "backward")
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class OpShape:
-    """One op at one global shape: ``op`` "ag" or "rs", as :mod:`jax_ub.choice` keys it."""
-
-    op: str
-    tp: int
-    dtype: str
-    M: int
-    K: int
-    N: int
-
-    def dual(self) -> OpShape:
-        op, M, K, N = choice.dual_shape(self.op, self.M, self.K, self.N)
-        return OpShape(op, self.tp, self.dtype, M, K, N)
-
-    def label(self) -> str:
-        return f"{self.op} tp{self.tp} {self.dtype} {self.M}x{self.K}x{self.N}"
+OpShape = choice.OpShape  # one op at one global shape: op, tp, dtype, M, K, N
 
 
 class Recording:
