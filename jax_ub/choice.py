@@ -64,6 +64,14 @@ class Choice:
     why: str
 
 
+def method_of(impl: str) -> str | None:
+    """The method a bench impl times (``jax_ub_<method>``; ``xla_plain`` is ``"xla"``), or None
+    for impls that are not a method ``auto`` may run (``jax_ub`` itself, baselines)."""
+    if impl == XLA_IMPL:
+        return "xla"
+    return impl[len("jax_ub_"):] if impl.startswith("jax_ub_") else None
+
+
 def shapes_from_bench(doc: dict, origin: str = "") -> list[Shape]:
     """The measured shapes of one bench JSON document (``{"machine", "date", "records"}``)."""
     source = f"{doc.get('machine', '?')} {doc.get('date', '?')}" + (f" ({origin})" if origin else "")
@@ -73,9 +81,9 @@ def shapes_from_bench(doc: dict, origin: str = "") -> list[Shape]:
     for i, r in enumerate(doc.get("records", [])):
         op = ops.get(r.get("op"))
         impl = str(r.get("impl", ""))
-        if op is None or not (impl.startswith("jax_ub_") or impl == XLA_IMPL):
+        method = method_of(impl)
+        if op is None or method is None:
             continue
-        method = "xla" if impl == XLA_IMPL else impl[len("jax_ub_"):]
         missing = [k for k in RECORD_KEYS if k not in r]
         if missing:
             raise ValueError(f"{where}: record {i} ({r['op']} {impl}) has no "

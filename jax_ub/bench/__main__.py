@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -159,7 +160,7 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
         _progress(f"{label}: {name}")
         try:
             fn, args = entry() if callable(entry) else entry
-            chained = chain_fn(fn, chain) if probe is None else None
+            chained = chain_fn(fn, chain)
             if chain > 1 and chained is None:
                 _progress(f"  {name}: not chained (one op per dispatch)")
             fn, per_call[name] = (chained, chain) if chained is not None else (fn, 1)
@@ -370,11 +371,9 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
     else:
-        made: list[Any] = []
-
+        @functools.cache
         def partials():  # the collectives' input, made once for both
-            made[:] = made or [rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))]
-            return made[0]
+            return rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))
 
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
         impls["comm_nccl"] = lambda: (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),),
