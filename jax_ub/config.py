@@ -25,7 +25,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
-| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten when a new shape appears), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
+| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
 """
 

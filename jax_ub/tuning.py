@@ -36,6 +36,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from jax_ub import choice, config
 
 __all__ = ["OpShape", "Recording", "load", "record"]
@@ -58,12 +60,10 @@ class Recording:
         # (shape, role) -> traced calls at it; insertion order is first-seen order.
         self._calls: dict[tuple[OpShape, str], int] = {}
 
-    def note(self, shape: OpShape, role: str) -> bool:
-        """Counts one traced call; True when (shape, role) is new."""
+    def note(self, shape: OpShape, role: str) -> None:
+        """Counts one traced call at ``shape`` in ``role``."""
         with self._lock:
-            key = (shape, role)
-            self._calls[key] = self._calls.get(key, 0) + 1
-            return self._calls[key] == 1
+            self._calls[(shape, role)] = self._calls.get((shape, role), 0) + 1
 
     def shapes(self, roles: Sequence[str] = ROLES) -> list[dict[str, Any]]:
         """``[{"op", "tp", "dtype", "M", "K", "N", "role", "calls"}, ...]`` in first-seen order."""
@@ -123,22 +123,19 @@ def note_call(op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Seq
     env = _env_recording()
     if not _active and env is None:
         return
-    import numpy as np
-
     M, K, N = choice.global_shape(op, tp, x_shape, w_shape)
     shape = OpShape(op, int(tp), np.dtype(dtype).name, M, K, N)
     notes = [(shape, "forward")] + ([(shape.dual(), "backward")] if backward else [])
-    for rec in _active:
+    for rec in [*_active, *([env[1]] if env else [])]:
         for s, role in notes:
             rec.note(s, role)
     if env is not None:
-        path, rec = env
-        new = [rec.note(s, role) for s, role in notes]
-        if any(new):  # rewrite the file when a shape first appears: a crashed run keeps it too
-            try:
-                rec.save(path)
-            except OSError as e:
-                _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file: %s", path, e)
+        # Rewritten at every traced call (trace time only, so rarely): a crashed run keeps its
+        # shapes, and the call counts are never stale.
+        try:
+            env[1].save(env[0])
+        except OSError as e:
+            _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file: %s", env[0], e)
 
 
 def load(path: str) -> list[tuple[OpShape, str, int]]:

@@ -114,10 +114,11 @@ def test_env_var_writes_the_file(tmp_path):
         "import jax, jax.numpy as jnp, numpy as np, jax_ub\n"
         "from jax.sharding import Mesh, PartitionSpec as P\n"
         "mesh = Mesh(np.array(jax.devices()[:2]), ('tp',))\n"
-        "f = jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, 'tp'), mesh=mesh,\n"
-        "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp')))\n"
-        "f(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
-        "f(jnp.ones((16, 4)), jnp.ones((4, 6)))\n"
+        "f = lambda: jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, 'tp'), mesh=mesh,\n"
+        "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp')))  # a new trace per call\n"
+        "f()(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
+        "f()(jnp.ones((16, 4)), jnp.ones((4, 6)))\n"
+        "f()(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"  # a shape seen before: its count in the file grows
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_UB_RECORD_SHAPES=str(path),
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
@@ -125,9 +126,9 @@ def test_env_var_writes_the_file(tmp_path):
                        text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     entries = tuning.load(str(path))
-    assert [(s.op, s.M, s.K, s.N, role) for s, role, _ in entries] == [
-        ("ag", 8, 4, 6, "forward"), ("rs", 8, 6, 4, "backward"),
-        ("ag", 16, 4, 6, "forward"), ("rs", 16, 6, 4, "backward")]
+    assert [(s.op, s.M, s.K, s.N, role, calls) for s, role, calls in entries] == [
+        ("ag", 8, 4, 6, "forward", 2), ("rs", 8, 6, 4, "backward", 2),
+        ("ag", 16, 4, 6, "forward", 1), ("rs", 16, 6, 4, "backward", 1)]
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
     umask = os.umask(0)
     os.umask(umask)
