@@ -306,6 +306,12 @@ NB_MODULE(_jax_ub_cuda, m) {
   "watchdog's reader sits as if blocked in a CUDA call (3); 0 clears.");
   m.def("comm_error", [](int set_id, int device) { return Get(set_id, device)->error(); },
         arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
+  m.def("comm_host_stats", [](int set_id, int device) {
+    const auto h = Get(set_id, device)->host_stats();
+    return nb::make_tuple(h.ops, h.total_ns, h.meet_ns);
+  }, arg("set_id"), arg("device"),
+  "(ops, host ns enqueueing them in total, of which ns waiting for same-process peers) since "
+  "the member was created.");
   m.def("comm_drain", [](int set_id) {
     for (jax_ub::Communicator* c : jax_ub::RegistrySet(set_id)) Raise(c->Drain());
   }, arg("set_id"), nogil, "Waits (bounded) until every local member's streams are idle.");

@@ -461,6 +461,21 @@ def errors() -> dict[tuple[str, int], str]:
     return out
 
 
+def host_stats() -> dict[tuple[str, int], dict[str, float]]:
+    """Host time of the jax_ub ops run so far, per local member, keyed by (axis, device): ``ops``,
+    ``host_s`` (the FFI handlers' time enqueueing them, in total) and ``meet_s`` (of which waiting
+    for same-process peers to enter the same op). Totals since ``initialize``; take differences
+    around a step. A step whose ``(host_s - meet_s) / ops`` nears the GPU time per op is bound by
+    the host, not the GPU."""
+    mod = _ext.extension()
+    out = {}
+    for a, s in _sets.items():
+        for dev, _, _ in s.local:
+            ops, total_ns, meet_ns = mod.comm_host_stats(s.set_id, dev)
+            out[(a, dev)] = {"ops": int(ops), "host_s": total_ns * 1e-9, "meet_s": meet_ns * 1e-9}
+    return out
+
+
 def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) -> None:
     """Test hook: the next jax_ub op of ``axis`` on these local CUDA ordinals (default: all of this
     process) fails ``"before"`` it begins (as a refused op: the communicator stays usable if every

@@ -382,6 +382,15 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
 Status Communicator::HostMeet(uint64_t e, const char* op) {
   entered_.store(e, std::memory_order_release);
   const auto t0 = std::chrono::steady_clock::now();
+  struct MeetTime {  // every return path adds the time waited
+    std::atomic<uint64_t>& into;
+    std::chrono::steady_clock::time_point t0;
+    ~MeetTime() {
+      into.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0).count(),
+                     std::memory_order_relaxed);
+    }
+  } meet_time{host_meet_ns_, t0};
   for (int q = 0; q < o_.world; ++q) {
     const Communicator* p = local_peer_[q];
     if (p == nullptr) continue;

@@ -114,6 +114,20 @@ class Communicator {
   cudaEvent_t event(int i) const { return events_[i]; }  // scratch events, i < kNumEvents
   static constexpr int kNumEvents = 4 * kMaxWorld;
 
+  // Host time of this member's ops (RunOp: the FFI handler's enqueueing, from entry to return),
+  // of which waiting in HostMeet for same-process peers: tells a host-bound program (enqueueing
+  // as slow as the GPU runs the ops) from a GPU-bound one. Totals since Create.
+  struct HostStats {
+    uint64_t ops = 0, total_ns = 0, meet_ns = 0;
+  };
+  HostStats host_stats() const {
+    return {host_ops_.load(), host_total_ns_.load(), host_meet_ns_.load()};
+  }
+  void AddHostOp(uint64_t total_ns) {
+    host_ops_.fetch_add(1, std::memory_order_relaxed);
+    host_total_ns_.fetch_add(total_ns, std::memory_order_relaxed);
+  }
+
   // Sticky error set by the watchdog after a timeout; every later op fails with it.
   std::string error() const;
   void SetError(const std::string& msg);
@@ -249,6 +263,7 @@ class Communicator {
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
   std::string GpuState();  // reader: CUDA queries, then mu_ for the rest
   std::atomic<bool> any_pending_{false};
+  std::atomic<uint64_t> host_ops_{0}, host_total_ns_{0}, host_meet_ns_{0};
   std::atomic<int> inject_{kFailNone};
 };
 

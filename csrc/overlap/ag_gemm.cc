@@ -1,5 +1,7 @@
 // AG->GEMM schedules (pull ring, pull all-peer, push ring): see schedules.h and the protocol in
 // comm/communicator.h.
+#include <chrono>
+
 #include "comm/copy.h"
 #include "kernels/copy.h"
 #include "overlap/schedules.h"
@@ -42,6 +44,14 @@ Status AgCheck(const Communicator& c, const AgGemmArgs& a) {
 
 Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
              const std::function<Status(uint64_t, OpTrace&)>& body) {
+  struct HostTime {  // every return path counts the op's host time
+    Communicator* c;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~HostTime() {
+      c->AddHostOp(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - t0).count());
+    }
+  } host_time{c};
   if (c->TakeInjected(Communicator::kFailCheck)) {
     check = Status::Error("injected failure before the op began (test hook)");
   }

@@ -173,6 +173,7 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
         except Exception as e:
             _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
     samples: dict[str, list[float]] = {name: [] for name in ready}
+    host: dict[str, list[dict]] = {name: [] for name in ready}  # host_stats deltas of the bursts
     names = list(ready)
     for r in range(a.reps):
         for name in random.Random(r).sample(names, len(names)):
@@ -181,12 +182,44 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
             try:
                 if settle[name]:
                     _burst(*ready[name], settle[name])
+                h0 = _host_stats()
                 samples[name].append(_burst(*ready[name], a.iters))
+                host[name].append(_host_delta(h0, _host_stats()))
             except Exception as e:
                 _progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
                 del ready[name]
                 samples[name] = []
+    line = host_line(host)
+    if line:
+        _progress(f"  {line}")
     return {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
+
+
+def _host_stats() -> dict:
+    from jax_ub import comm
+
+    return comm.host_stats()
+
+
+def _host_delta(h0: dict, h1: dict) -> dict:
+    """Per device: ops run and host seconds spent enqueueing them between two host_stats."""
+    return {k: {f: h1[k][f] - h0[k][f] for f in h1[k]} for k in h1 if k in h0}
+
+
+def host_line(host: dict[str, list[dict]]) -> str:
+    """``host us per op`` of every impl that ran jax_ub ops (the slowest device's enqueueing, and
+    of it the wait for same-process peers): near the ms per op, the impl is bound by the host."""
+    parts = []
+    for name, deltas in host.items():
+        ops = sum(d[k]["ops"] for d in deltas for k in d)
+        if not ops:
+            continue
+        n_dev = max(len(d) for d in deltas)
+        per_dev = ops / n_dev
+        spent, waited = max((sum(d[k]["host_s"] for d in deltas if k in d),
+                             sum(d[k]["meet_s"] for d in deltas if k in d)) for k in deltas[0])
+        parts.append(f"{name} {spent / per_dev * 1e6:.0f} ({waited / per_dev * 1e6:.0f})")
+    return "host us per op (of it waiting for peers): " + ", ".join(parts) if parts else ""
 
 
 def _machine() -> str:

@@ -411,3 +411,23 @@ def test_chain_fn_runs_every_call_and_time_is_per_op():
     a = SimpleNamespace(warmup=1, iters=1, reps=3, settle_ms=0, chain=4)
     ms = harness.time_impls("t", {"slow": (slow, (jnp.ones(3),))}, a)["slow"]
     assert 18 <= ms < 40, ms
+
+
+def test_host_line_reports_the_slowest_device_per_op():
+    """The bench's host line: per impl, the slowest device's host seconds per op over its bursts,
+    and of it the wait for peers; impls that ran no jax_ub op (XLA, CPU) are left out."""
+    def d(ops, host0, meet0, host1, meet1):
+        return {("tp", 0): {"ops": ops, "host_s": host0, "meet_s": meet0},
+                ("tp", 1): {"ops": ops, "host_s": host1, "meet_s": meet1}}
+
+    host = {
+        "jax_ub": [d(10, 500e-6, 50e-6, 800e-6, 20e-6), d(10, 700e-6, 70e-6, 900e-6, 40e-6)],
+        "xla_plain": [{}, {}],
+        "gemm_alone": [],
+    }
+    # the slowest device is 1: 1700 us over 20 ops = 85 us, of it 60 us / 20 = 3 us waiting.
+    assert harness.host_line(host) == "host us per op (of it waiting for peers): jax_ub 85 (3)"
+    assert harness.host_line({"xla_plain": [{}]}) == ""
+    before = {("tp", 0): {"ops": 3, "host_s": 1.0, "meet_s": 0.5}}
+    after = {("tp", 0): {"ops": 5, "host_s": 1.25, "meet_s": 0.5}}
+    assert harness._host_delta(before, after) == {("tp", 0): {"ops": 2, "host_s": 0.25, "meet_s": 0.0}}

@@ -29,7 +29,7 @@ def test_initialize_is_a_logged_no_op_without_the_cuda_path(disable, cpu_mesh, c
         reason = jax_ub.build_info()["reason"]
         assert jax_ub.initialize(mesh, "tp") is None
         assert jax_ub.initialize(mesh, "tp") is None  # again: still nothing
-    assert comm.get("tp") is None and comm.errors() == {}
+    assert comm.get("tp") is None and comm.errors() == {} and comm.host_stats() == {}
     msgs = [r.getMessage() for r in caplog.records if r.name == "jax_ub" and r.levelno == logging.INFO]
     assert msgs and all("initialize(axis='tp') does nothing" in m and reason in m for m in msgs), msgs
     assert ("JAX_UB_DISABLE=1" in msgs[0]) is disable

@@ -7,6 +7,8 @@ Frobenius error against a float32 reference. Skips without >= 2 CUDA GPUs.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -358,10 +360,24 @@ def test_execute_builds_no_gemm_plan(ub, tp):
     args = (x, w, x2, w2, a, b)
     compiled = g.lower(*args).compile()  # traces: the warm-up builds every plan here
     before = _ext.extension().gemm_plan_cache_size()
+    host0 = ub.comm.host_stats()
     outs = jax.block_until_ready(compiled(*args))
     after = _ext.extension().gemm_plan_cache_size()
     assert all(not np.isnan(np.asarray(o, np.float32)).any() for o in outs)
     assert after == before, f"{after - before} cuBLASLt plan(s) built at execute time"
+    # The host time of every op is counted once per device: as many as the compiled program has
+    # overlap custom calls (XLA merges identical ones: here the chain's rows and cols when both
+    # splits give the same call).
+    n_ops = len(re.findall(r'custom_call_target="jax_ub_(?:ag_gemm|gemm_rs|bulk|all_gather|'
+                           r'reduce_scatter)"', compiled.as_text()))
+    assert 9 <= n_ops <= 10, n_ops
+    host1 = ub.comm.host_stats()
+    assert sorted(host1) == sorted(host0) and len(host1) == tp, host1
+    for key, h in host1.items():
+        assert h["ops"] - host0[key]["ops"] == n_ops, (key, n_ops, host0[key], h)
+        spent = h["host_s"] - host0[key]["host_s"]
+        waited = h["meet_s"] - host0[key]["meet_s"]
+        assert 0 < spent < 60 and 0 <= waited <= spent, (key, host0[key], h)
 
 
 def test_timeline_trace_records_overlap(ub):
