@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import chain_fn
+from jax_ub.bench.__main__ import chain_fn, shard_jit
 
 CHAIN = 8
 SHAPES = [(4096, 1024, 1024), (16384, 1024, 1024), (8192, 4096, 4096)]
@@ -45,10 +45,7 @@ def main() -> int:
     jax_ub.initialize(mesh, "tp")
 
     def smap(f, ins, outs):
-        g = jax.shard_map(f, mesh=mesh, in_specs=ins, out_specs=outs, check_vma=False)
-        out = jax.jit(g)
-        out.__wrapped__ = g
-        return out
+        return shard_jit(mesh, f, ins, outs)
 
     rng = random.Random(0)
     for M, K, N in shapes:

@@ -108,6 +108,14 @@ def settle_calls(est_ms: float, settle_ms: float, iters: int) -> int:
     return max(1, min(4 * iters, math.ceil(settle_ms / max(est_ms, 1e-6))))
 
 
+def shard_jit(mesh: Any, f: Any, in_specs: Any, out_specs: Any) -> Any:
+    """``jax.jit(jax.shard_map(f, ...))`` over ``mesh`` (no replication check); :func:`chain_fn`
+    chains it through its ``__wrapped__``."""
+    import jax
+
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+
 def chain_fn(fn: Any, n: int) -> Any | None:
     """A jitted program running ``fn``'s body ``n`` times in a row, each call after the previous
     one's output (an optimization barrier orders them; every output is returned, so none is dead
