@@ -465,8 +465,8 @@ def host_stats() -> dict[tuple[str, int], dict[str, float]]:
     """Host time of the jax_ub ops run so far, per local member, keyed by (axis, device): ``ops``,
     ``host_s`` (the FFI handlers' time enqueueing them, in total) and ``meet_s`` (of which waiting
     for same-process peers to enter the same op). Totals since ``initialize``; take differences
-    around a step. A step whose ``(host_s - meet_s) / ops`` nears the GPU time per op is bound by
-    the host, not the GPU."""
+    around a step. Where ``host_s / ops`` nears the GPU time per op, the GPUs wait for the host.
+    A large ``meet_s`` means the wait is for another device's handler thread."""
     mod = _ext.extension()
     out = {}
     for a, s in _sets.items():
