@@ -386,7 +386,7 @@ def agrs_impls(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda
     w = rand(kw, (K, N), NamedSharding(mesh, w_spec))
 
     def smap(f, in_specs, out_specs):
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+        return shard_jit(mesh, f, in_specs, out_specs)
 
     impls: dict[str, Any] = {}
     dev0 = mesh.devices.flat[0]

@@ -65,6 +65,8 @@ def primitive(kind: str) -> Callable[..., Any]:
 
 def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda: bool) -> dict[str, Thunk]:
     """``{impl: thunk}``; each thunk returns ``(fn, args)``. ``comm_jax_ub`` only with ``cuda``."""
+    from jax_ub.bench.__main__ import shard_jit
+
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
     lay = layout(kind, M, K, N, tp)
@@ -76,7 +78,7 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
     x_spec, ab_specs, out_specs = lay["x"][1], (lay["a"][1], lay["b"][1]), lay["out"]
 
     def smap(f: Callable[..., Any], in_specs: Any, out_spec: Any) -> Callable[..., Any]:
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False))
+        return shard_jit(mesh, f, in_specs, out_spec)
 
     if kind == "ag":
         nccl = lambda x: lax.all_gather(x, "tp", axis=0, tiled=True)  # noqa: E731
