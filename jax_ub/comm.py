@@ -428,25 +428,38 @@ def warn_no_communicator(what: str, axis_name: Any) -> None:
 
 
 def shutdown(axis: str | None = None) -> None:
-    """Frees the communicators of ``axis`` (default: all). Collective; safe to call twice."""
-    with _lock:
-        axes = list(_sets) if axis is None else [axis]
-        mod = _ext.extension()
-        for a in axes:
-            s = _sets.pop(a, None)
-            if s is None or mod is None:
-                continue
-            error = None
-            try:
-                mod.comm_drain(s.set_id)
-            except RuntimeError as e:
-                error = e
-            if s.exchange is not None:
-                s.exchange.barrier("shutdown")
-            mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
-            _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
-            if error is not None:
-                raise error
+    """Frees the communicators of ``axis`` (default: all). Collective; safe to call twice.
+
+    Programs traced while a freed communicator existed name it in their custom calls, so where one
+    was freed, JAX's in-memory caches are cleared (``jax.clear_caches()``): a ``jax.jit`` function
+    called again is traced anew, for the communicator a later :func:`initialize` creates (or for
+    XLA's path where there is none), instead of failing on the freed one. Executables the caller
+    holds (``jit(f).lower(...).compile()``) fail with an error that names the freed set.
+    """
+    freed = False
+    try:
+        with _lock:
+            axes = list(_sets) if axis is None else [axis]
+            mod = _ext.extension()
+            for a in axes:
+                s = _sets.pop(a, None)
+                if s is None or mod is None:
+                    continue
+                freed = True
+                error = None
+                try:
+                    mod.comm_drain(s.set_id)
+                except RuntimeError as e:
+                    error = e
+                if s.exchange is not None:
+                    s.exchange.barrier("shutdown")
+                mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
+                _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
+                if error is not None:
+                    raise error
+    finally:
+        if freed:
+            jax.clear_caches()
 
 
 def errors() -> dict[tuple[str, int], str]:

@@ -101,13 +101,20 @@ def _requested(method: str | None) -> str:
     return requested
 
 
-def _resolve_for_size(method: str | None, tp: int) -> str:
+def _resolve_for_size(method: str | None, tp: int, *operands: Any) -> str:
     """:func:`_resolve_method` for an axis of ``tp`` devices. An axis of size 1 has nothing to
     gather or scatter: every method runs the reference there (a plain dot, exactly XLA's), and
-    :func:`jax_ub.initialize` creates no communicator for it."""
+    :func:`jax_ub.initialize` creates no communicator for it. Nor is there anything to overlap
+    where an operand has a zero-size dimension: the reference runs there too (an empty gather or
+    a dot over an empty sum, whose zeros XLA writes)."""
     if tp == 1:
         _log.debug("jax_ub: method %r -> 'xla': the mesh axis has size 1 (nothing to communicate)",
                    _requested(method))
+        return "xla"
+    empty = [_validate.shape_str(a.shape) for a in operands if 0 in a.shape]
+    if empty:
+        _log.debug("jax_ub: method %r -> 'xla': zero-size operand %s (nothing to overlap)",
+                   _requested(method), ", ".join(empty))
         return "xla"
     return _resolve_method(method)
 
@@ -417,7 +424,7 @@ def all_gather_matmul(
     _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
     call = _call_for(
         AG,
-        _resolve_for_size(method, tp),
+        _resolve_for_size(method, tp, x, w),
         axis_name,
         axis,
         _static(precision),
@@ -483,7 +490,7 @@ def matmul_reduce_scatter(
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
     call = _call_for(
-        RS, _resolve_for_size(method, tp), axis_name, axis, _static(precision), x, w, return_full=False
+        RS, _resolve_for_size(method, tp, x, w), axis_name, axis, _static(precision), x, w, return_full=False
     )
     _note(call, tp, x, w)
     return _dispatch(call, x, w)

@@ -637,3 +637,31 @@ def test_vmap_over_microbatches(cpu_mesh, recompute):
     g2 = jax.grad(lambda *a: jnp.sum(looped(*a) ** 2), (0, 1, 2))(x, w1, w2)
     for a, b in zip(g1, g2, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_zero_size_operand_resolves_to_the_reference():
+    """A zero-size dimension leaves nothing to overlap: even a CUDA method (which would raise here,
+    without the extension) resolves to the reference; a bad method name is still refused."""
+    x, w = jnp.zeros((0, 8)), jnp.zeros((8, 4))
+    assert ops._resolve_for_size("ring", 2, x, w) == "xla"
+    assert ops._resolve_for_size("pipeline", 2, jnp.zeros((8, 0)), jnp.zeros((0, 4))) == "xla"
+    with pytest.raises(ValueError, match="method must be None or one of"):
+        ops._resolve_for_size("bogus", 2, x, w)
+    if not ops._cuda_status()[0]:
+        with pytest.raises(ValueError, match="needs the CUDA overlap extension"):
+            ops._resolve_for_size("ring", 2, jnp.ones((8, 8)), jnp.ones((8, 4)))
+
+
+def test_zero_width_output_on_the_reference(cpu_mesh):
+    """n = 0 is the zero-size case JAX itself lowers in shard_map (in jax 0.10 a zero-size gather
+    axis fails XLA's verifier, and all-empty operands fail shardy, with lax's own ops too)."""
+    mesh = cpu_mesh(4)
+    x, w = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8), jnp.ones((8, 0))
+    ag = jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", method="ring"),
+                               mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                               out_specs=P(None, "tp")))
+    rs = jax.jit(jax.shard_map(lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", method="ring"),
+                               mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                               out_specs=P("tp", None)))
+    assert ag(x, w).shape == (16, 0)
+    assert rs(x, w).shape == (16, 0)

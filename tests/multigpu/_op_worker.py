@@ -1,13 +1,14 @@
 """Worker of the one-process GPU tests that need a fresh process (their own environment, or a
 communicator that ends up unusable): one process drives every local GPU.
 
-    python _op_worker.py resharded|never_starts
+    python _op_worker.py resharded|never_starts|compile_cache
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
@@ -90,6 +91,36 @@ elif mode == "never_starts":
     print(f"RESULT never_starts seconds {time.monotonic() - t0:.1f}", flush=True)
     for msg in messages:
         print("RESULT never_starts message " + " ".join(msg.split()), flush=True)
+elif mode == "compile_cache":
+    # Run with JAX_COMPILATION_CACHE_DIR (and a zero minimum compile time and entry size) set, twice
+    # on one cache directory: the second process loads the jax_ub programs from the persistent
+    # cache. Tracing still runs there (it grows the registered buffers and prepares the GEMMs);
+    # the results must equal the first process's bit for bit.
+    events = {"hits": 0, "misses": 0}
+
+    def on_event(event, **_):
+        for key in events:
+            if event == f"/jax/compilation_cache/cache_{key}":
+                events[key] += 1
+
+    jax.monitoring.register_event_listener(on_event)
+    x, w1, w2 = rand(11, (512 * tp, 1024)), rand(12, (1024, 768 * tp)), rand(13, (768 * tp, 1024))
+    w1, w2 = w1 / 32, w2 / (768 * tp) ** 0.5
+    mlp = smap(lambda x, w1, w2: jax_ub.matmul_reduce_scatter(
+        jax.nn.gelu(jax_ub.all_gather_matmul(x, w1, "tp")), w2, "tp"),
+        (P("tp", None), P(None, "tp"), P("tp", None)), P("tp", None))
+    grad = jax.jit(jax.grad(lambda *a: mlp(*a).astype(jnp.float32).sum(), (0, 1, 2)))
+    text = mlp.lower(x, w1, w2).as_text() + grad.lower(x, w1, w2).as_text()
+    assert "jax_ub_ag_gemm" in text and "jax_ub_gemm_rs" in text, "no jax_ub custom call"
+    outs = [ag(x, w1), rs(x.T, x), mlp(x, w1, w2), *grad(x, w1, w2)]
+    print(f"RESULT compile_cache ag_rel {rel(outs[0], x, w1):.3e}", flush=True)
+    assert rel(outs[0], x, w1) <= 1e-2
+    assert rel(outs[1], x.T, x) <= 1e-2
+    for out in outs:
+        assert np.isfinite(np.asarray(out, np.float32)).all(), "non-finite output"
+    digest = hashlib.sha256(b"".join(np.asarray(o).tobytes() for o in outs)).hexdigest()[:16]
+    print(f"RESULT compile_cache digest {digest}", flush=True)
+    print(f"RESULT compile_cache hits {events['hits']} misses {events['misses']}", flush=True)
 else:
     sys.exit(f"unknown mode {mode!r}")
 jax_ub.shutdown()

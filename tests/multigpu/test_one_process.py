@@ -57,3 +57,24 @@ def test_rank_that_never_starts_an_op_fails_on_the_host(capsys):
     # The failing call names its location once (the FFI layer adds it; the message must not).
     assert messages[0].count(", rank 0 of ") == 1, messages[0]
     assert secs < 60, secs
+
+
+def test_programs_load_from_the_persistent_compilation_cache(tmp_path, capsys):
+    """A second process with the same JAX_COMPILATION_CACHE_DIR loads the jax_ub programs (forward
+    and gradient) from the persistent cache instead of compiling them, and computes the same bits."""
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1", "JAX_UB_TIMEOUT": "30"}
+    runs = [_run("compile_cache", env, 240) for _ in range(2)]
+    with capsys.disabled():
+        print("\n" + "\n".join(ln for lines in runs for ln in lines))
+
+    def field(lines, name):
+        (ln,) = [ln for ln in lines if ln.startswith(f"RESULT compile_cache {name} ")]
+        return ln.split()[3:]
+
+    (h1, _, m1), (h2, _, m2) = (field(lines, "hits") for lines in runs)
+    assert int(m1) >= 4, (h1, m1)  # ag, rs, mlp, grad compiled and written
+    assert any((tmp_path / "cache").iterdir())
+    assert int(h2) >= 4 and int(m2) < int(m1), (h2, m2)  # ... and read back
+    assert field(runs[0], "digest") == field(runs[1], "digest")

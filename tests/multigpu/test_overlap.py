@@ -539,6 +539,69 @@ def test_initialize_shutdown_loop_returns_memory(ub, capsys):
         assert abs(b - a) <= (4 << 20), (before, after)
 
 
+def test_jitted_function_is_traced_again_after_shutdown(ub):
+    """A jit function traced under one communicator set runs under the set a later initialize()
+    creates (shutdown clears JAX's caches); an executable held across the shutdown fails naming
+    the freed set instead of touching freed buffers."""
+    ub.shutdown()
+    n = min(_n_gpus(), MAX_TP)
+    mesh = _mesh(n)
+    x = _rand(41, (256 * n, 512), jnp.bfloat16)
+    w = _rand(42, (512, 128 * n), jnp.bfloat16)
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("tp", None)))
+    w = jax.device_put(w, jax.sharding.NamedSharding(mesh, P(None, "tp")))
+    f = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
+                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                              out_specs=P(None, "tp"), check_vma=False))
+    first = ub.initialize(mesh, "tp")
+    held = f.lower(x, w).compile()
+    assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]
+    ub.shutdown()
+    with pytest.raises(ValueError, match="no jax_ub communicator for mesh axis 'tp'"):
+        f(x, w)  # traced again: ring needs a communicator
+    second = ub.initialize(mesh, "tp")
+    assert second.set_id != first.set_id
+    _poison((256 * n, 128), jnp.bfloat16, mesh.devices.flat)
+    assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]
+    with pytest.raises(Exception, match=rf"no communicator for device \d+ in set {first.set_id} "
+                                        r"\(was jax_ub.shutdown\(\) called"):
+        jax.block_until_ready(held(x, w))
+    assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]  # the failed call left the set usable
+    assert ub.comm.errors() == {}
+
+
+@pytest.mark.parametrize("op", ["ag", "rs", "bulk_ag"])
+def test_zero_size_operands_give_xla_results(ub, op):
+    """An operand with a zero-size dimension leaves nothing to overlap: a CUDA method runs the
+    reference instead of a custom call. The cases JAX lowers in shard_map: an output of width 0,
+    and a bulk all-gather whose independent GEMM is empty (its gather is not)."""
+    n = 2
+    mesh = _mesh(n)
+    ub.initialize(mesh, "tp")
+    x = _rand(51, (128 * n, 64 * n), jnp.bfloat16)
+    w = _rand(52, (64 * n, 0), jnp.bfloat16)
+    if op == "ag":
+        body = lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring")  # noqa: E731
+        specs, out = (P("tp", None), P(None, "tp")), P(None, "tp")
+    elif op == "rs":
+        body = lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring")  # noqa: E731
+        specs, out = (P(None, "tp"), P("tp", None)), P("tp", None)
+    else:  # the gather of a[128 * n, 64] beside an empty GEMM x[0, K] @ w[K, 0]
+        a = _rand(53, (128 * n, 64), jnp.bfloat16)
+        x = x[:0]
+        body = lambda a, x, w: ub.bulk_all_gather(a, x, w, "tp", method="ring")  # noqa: E731
+        specs, out = (P("tp", None), P(), P()), (P(), P())
+    args = (a, x, w) if op == "bulk_ag" else (x, w)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False))
+    assert "jax_ub_" not in f.lower(*args).as_text()
+    got = f(*args)
+    if op == "bulk_ag":
+        gathered, got = got
+        np.testing.assert_array_equal(np.asarray(gathered), np.asarray(a))
+    assert got.shape == (x.shape[0], 0), got.shape
+
+
 def test_uninitialized_axis_gives_clear_error(ub):
     ub.shutdown()
     mesh = _mesh(2)

@@ -1,0 +1,91 @@
+"""CPU tier: what shutdown() does to programs traced while a communicator existed.
+
+A traced program names its communicator set in its custom calls; once shutdown() frees that set,
+the cached executable would fail on its next call. shutdown() therefore clears JAX's caches where
+it freed a set, so the function is traced anew (here faked: CPU has no communicator).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_ub import _ext, _nccl, comm
+
+
+class FakeCommExtension:
+    def __init__(self):
+        self.calls = []
+
+    def comm_drain(self, set_id):
+        self.calls.append(("drain", set_id))
+
+    def comm_destroy_set(self, set_id):
+        self.calls.append(("destroy", set_id))
+
+    def nccl_comm_destroy(self, key):
+        self.calls.append(("nccl_destroy", key))
+        return 0
+
+
+def _fake_set(set_id: int, axis: str) -> comm.CommSet:
+    return comm.CommSet(set_id=set_id, init_id=0, axis=axis, world=2, groups=[[None, None]],
+                        local=[(0, 0, 0), (1, 0, 1)], capacity=1 << 20, timeout_s=1.0,
+                        transport="ipc", exchange=None)
+
+
+def test_shutdown_retraces_programs_only_where_it_freed_a_set(monkeypatch):
+    fake = FakeCommExtension()
+    monkeypatch.setattr(_ext, "extension", lambda: fake)
+    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    monkeypatch.setattr(comm, "_sets", {})
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(x.shape)
+        return x * 2
+
+    x = jnp.arange(4.0)
+    f(x), f(x)
+    assert len(traces) == 1
+    comm.shutdown()  # nothing to free: the compiled program stays
+    comm.shutdown("tp")
+    assert (f(x) == 2 * x).all() and len(traces) == 1 and fake.calls == []
+
+    comm._sets["tp"] = _fake_set(41, "tp")
+    comm._sets["dp"] = _fake_set(42, "dp")
+    comm.shutdown("tp")
+    assert ("destroy", 41) in fake.calls and ("destroy", 42) not in fake.calls
+    assert (f(x) == 2 * x).all() and len(traces) == 2, traces  # traced again
+    assert list(comm._sets) == ["dp"]
+    comm.shutdown()
+    assert ("destroy", 42) in fake.calls and comm._sets == {}
+    f(x)
+    assert len(traces) == 3, traces
+
+
+def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
+    fake = FakeCommExtension()
+
+    def drain(set_id):
+        raise RuntimeError(f"jax_ub: set {set_id} has a sticky error")
+
+    fake.comm_drain = drain
+    monkeypatch.setattr(_ext, "extension", lambda: fake)
+    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    monkeypatch.setattr(comm, "_sets", {"tp": _fake_set(7, "tp")})
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(1)
+        return x + 1
+
+    f(jnp.ones(3))
+    with pytest.raises(RuntimeError, match="set 7 has a sticky error"):
+        comm.shutdown()
+    assert ("destroy", 7) in fake.calls and comm._sets == {}
+    f(jnp.ones(3))
+    assert len(traces) == 2
