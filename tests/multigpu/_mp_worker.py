@@ -1,14 +1,15 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|fault|stall    (env from tests/launcher.py; JAX_UB_TRANSPORT
-                                                         and JAX_UB_BOOTSTRAP pick the transport and
-                                                         the bootstrap)
+    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle
+                  (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
+                  transport and the bootstrap)
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -151,6 +152,59 @@ if mode == "exchange":
                 y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
                           (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_chain_cols_{name}", y2, ref2, tol)
+    finish()
+elif mode == "lifecycle":
+    # 1. A jit function traced under one communicator set, called again after shutdown() (traced
+    #    anew: ring needs a communicator) and after a second initialize() (right, on the new set);
+    #    an executable held across the shutdown fails on every rank naming the freed set, and the
+    #    new set stays usable. 2. With JAX_COMPILATION_CACHE_DIR set, run twice by the test: the
+    #    second launch loads the programs from the persistent cache and computes the same bits.
+    events = {"hits": 0, "misses": 0}
+
+    def on_event(event, **_):
+        for key in events:
+            if event == f"/jax/compilation_cache/cache_{key}":
+                events[key] += 1
+
+    jax.monitoring.register_event_listener(on_event)
+    x, xf = global_array(21, (tp * 384, 768), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(22, (768, 256 * tp), jnp.bfloat16, P(None, "tp"))
+    w2, w2f = global_array(23, (256 * tp, 768), jnp.bfloat16, P("tp", None))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    mlp = smap(lambda x, w, w2: jax_ub.matmul_reduce_scatter(
+        jnp.tanh(jax_ub.all_gather_matmul(x, w, "tp", precision=HP)), w2, "tp", precision=HP),
+        (P("tp", None), P(None, "tp"), P("tp", None)), P("tp", None))
+    grad = jax.jit(jax.grad(lambda *a: mlp(*a).astype(jnp.float32).sum(), (0, 1, 2)))
+    held = f.lower(x, w).compile()
+    check("lifecycle_first", f(x, w), ref, 1e-2)
+    outs = [f(x, w), mlp(x, w, w2), *grad(x, w, w2)]
+    mlp_ref = np.tanh(ref).astype(np.float64) @ w2f.astype(np.float64)
+    check("lifecycle_mlp", outs[1], mlp_ref, 2e-2)
+    digest = hashlib.sha256(b"".join(np.asarray(s.data).tobytes() for o in outs
+                                     for s in o.addressable_shards)).hexdigest()[:16]
+    print(f"RESULT lifecycle_digest {digest}", flush=True)
+    print(f"RESULT lifecycle_cache hits {events['hits']} misses {events['misses']}", flush=True)
+    first_set = cs.set_id
+    ex.barrier("before-shutdown")
+    jax_ub.shutdown()
+    try:
+        f(x, w)
+        print("RESULT lifecycle_after_shutdown ran", flush=True)
+    except ValueError as e:
+        print(f"RESULT lifecycle_after_shutdown {'no jax_ub communicator' in str(e)}", flush=True)
+    cs = jax_ub.initialize(mesh, "tp")
+    print(f"RESULT lifecycle_new_set {cs.set_id != first_set}", flush=True)
+    check("lifecycle_reinitialized", f(x, w), ref, 1e-2)
+    try:
+        jax.block_until_ready(held(x, w))
+        print("RESULT lifecycle_held ran", flush=True)
+    except Exception as e:  # XLA's runtime error wraps ours
+        named = f"in set {first_set} (was jax_ub.shutdown() called" in str(e)
+        print(f"RESULT lifecycle_held {named}", flush=True)
+    check("lifecycle_after_held", f(x, w), ref, 1e-2)
+    print(f"RESULT lifecycle_comm_errors {len(jax_ub.comm.errors())}", flush=True)
     finish()
 elif mode == "dptp":
     # Batch over dp, sequence over tp (the layers' layout); every method of both ops in each group.

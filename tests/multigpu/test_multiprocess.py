@@ -1,7 +1,11 @@
 """Multi-GPU tier, one process per GPU under jax.distributed (KV-store or NCCL bootstrap; CUDA IPC or
 NCCL transport).
 
-Skips without >= 2 CUDA GPUs. Uses tests/launcher.py: every child is killed and reaped.
+Where there are fewer GPUs than ranks, several processes share a GPU (CUDA IPC works between
+processes on one GPU), so the ipc cases run even on a single GPU: correctness only, shared GPUs
+say nothing of speed. The NCCL cases need a GPU per rank (NCCL refuses two ranks on one GPU) and
+skip with fewer than 2. Skips without a CUDA GPU. Uses tests/launcher.py: every child is killed
+and reaped.
 """
 
 from __future__ import annotations
@@ -27,8 +31,20 @@ def _n_gpus() -> int:
 
 
 NGPU = _n_gpus()
-pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 2, reason="needs >= 2 CUDA GPUs")]
+pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
+# NCCL (transport or bootstrap) refuses two ranks on one GPU.
+GPU_PER_RANK = pytest.mark.skipif(NGPU < 2, reason="NCCL needs a GPU per rank: >= 2 CUDA GPUs")
+
+
+def _layout(n: int) -> dict:
+    """One GPU per process where there are enough, else the ranks share the GPUs round robin."""
+    return dict(devices_per_proc=1) if n <= NGPU else dict(share_gpus=NGPU)
+
+
+def _world(limit: int) -> int:
+    """Every GPU there is, up to ``limit``, and at least 2 ranks (sharing one GPU if need be)."""
+    return max(2, min(NGPU, limit))
 
 
 def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, timeout_s=240, **layout):
@@ -57,10 +73,14 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
     return results
 
 
-@pytest.mark.parametrize("bootstrap,transport", [("kv", "ipc"), ("nccl", "ipc"), ("kv", "nccl")])
+@pytest.mark.parametrize("bootstrap,transport", [
+    ("kv", "ipc"), pytest.param("nccl", "ipc", marks=GPU_PER_RANK),
+    pytest.param("kv", "nccl", marks=GPU_PER_RANK)])
 def test_one_process_per_gpu_exchange_and_overlap_ops(capsys, bootstrap, transport):
-    """One process per GPU, every GPU there is up to 8 (tp=8 over one NVLink domain)."""
-    _exchange(capsys, min(NGPU, 8), bootstrap, transport, devices_per_proc=1)
+    """One process per GPU, every GPU there is up to 8 (tp=8 over one NVLink domain); on one GPU,
+    two processes sharing it."""
+    n = _world(8)
+    _exchange(capsys, n, bootstrap, transport, **_layout(n))
 
 
 FEWER = pytest.mark.skipif(NGPU >= 4, reason="one process per GPU covers world 4 on this machine")
@@ -96,6 +116,7 @@ NCCL_OVER_NETWORK = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET
                      "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
+@GPU_PER_RANK
 def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
     """A multi-host launch on one machine: each process reports its own host name, and the TP
     group spans two "hosts". transport='auto' must pick nccl (CUDA IPC cannot cross hosts), and
@@ -116,9 +137,9 @@ def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
 def _dp_by_tp(capsys, n, label, transport="ipc", extra_env=None):
     """The worker's "dptp" mode on n processes (one per GPU, or several per GPU where there are
     fewer): every method of both ops right in each of the two groups. Returns the results."""
-    layout = dict(devices_per_proc=1) if n <= NGPU else dict(share_gpus=NGPU)
     env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT=transport, **(extra_env or {}))
-    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30, **layout)
+    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30,
+                              **_layout(n))
     with capsys.disabled():
         for r in results:
             print(f"\n[{label}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
@@ -147,14 +168,14 @@ def test_dp_by_tp_mesh(capsys, n):
     _dp_by_tp(capsys, n, f"dp2 x tp{n // 2}")
 
 
-@pytest.mark.parametrize("transport", ["ipc", "nccl"])
+@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
 def test_failed_op_refused_or_abandoned(capsys, transport):
     """An op refused on every rank before it begins leaves the communicators usable; an op that
     fails on one rank after it began fails there with its own cause, and the peers waiting for it
     time out naming that rank (ipc) or the NCCL ranks (nccl), within JAX_UB_TIMEOUT."""
-    n, timeout = min(NGPU, 4), 8
+    n, timeout = _world(4), 8
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
-    results = parallel_launch(n, WORKER, ["fault"], env=env, timeout_s=180, devices_per_proc=1)
+    results = parallel_launch(n, WORKER, ["fault"], env=env, timeout_s=180, **_layout(n))
     with capsys.disabled():
         for r in results:
             print(f"\n[{transport}] rank {r.rank} rc={r.returncode}: "
@@ -176,12 +197,14 @@ def test_failed_op_refused_or_abandoned(capsys, transport):
             assert "in NCCL send/recv with ranks" in errs, errs
 
 
-@pytest.mark.parametrize("transport", ["ipc", "nccl"])
+@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
 def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
-    _missing_peer(capsys, min(NGPU, 4), transport, devices_per_proc=1)
+    n = _world(4)
+    _missing_peer(capsys, n, transport, **_layout(n))
 
 
-@pytest.mark.parametrize("transport,on_stall", [("ipc", "abort"), ("nccl", "abort"), ("ipc", "wait")])
+@pytest.mark.parametrize("transport,on_stall", [
+    ("ipc", "abort"), pytest.param("nccl", "abort", marks=GPU_PER_RANK), ("ipc", "wait")])
 def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall):
     """Rank 0's watchdog reader is made to sit as if blocked inside a CUDA call (what a stalled
     hardware queue with a full command buffer does to any enqueue) while the last rank never runs
@@ -193,7 +216,7 @@ def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall)
     grace = 10  # Communicator::kStallGraceS
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport, JAX_UB_ON_STALL=on_stall)
     t0 = time.time()
-    results = parallel_launch(n, WORKER, ["stall"], env=env, devices_per_proc=1,
+    results = parallel_launch(n, WORKER, ["stall"], env=env, **_layout(n),
                               timeout_s=180 if on_stall == "abort" else 50)
     r0 = results[0]
     with capsys.disabled():
@@ -257,3 +280,33 @@ def _missing_peer(capsys, n, transport, **layout):
 @pytest.mark.skipif(NGPU >= 8, reason="one process per GPU covers world 8 on this machine")
 def test_missing_peer_at_world_eight_on_fewer_gpus(capsys):
     _missing_peer(capsys, 8, "ipc", share_gpus=NGPU)
+
+
+def test_reinitialize_and_persistent_compilation_cache(capsys, tmp_path):
+    """Across processes: a jit function traced under one communicator set runs on the set a later
+    initialize() creates; an executable held across shutdown() fails on every rank naming the
+    freed set (no hang) and leaves the new set usable. Launched twice on one
+    JAX_COMPILATION_CACHE_DIR, the second launch loads the jax_ub programs (forward and gradient)
+    from the persistent cache and computes the same bits."""
+    n = _world(4)
+    env = dict(ENV, JAX_UB_TIMEOUT="30", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    runs = [parallel_launch(n, WORKER, ["lifecycle"], env=env, timeout_s=240, fail_fast_s=30,
+                            **_layout(n)) for _ in range(2)]
+    with capsys.disabled():
+        for i, results in enumerate(runs):
+            for r in results:
+                print(f"\n[launch {i}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
+    for results in runs:
+        assert all(r.ok for r in results), format_failures(results)
+        for r in results:
+            for name in ("after_shutdown", "new_set", "held"):
+                assert r.lines(f"RESULT lifecycle_{name} ") == ["True"], (name, format_failures(results))
+            assert r.lines("RESULT lifecycle_comm_errors ") == ["0"], format_failures(results)
+    for first, second in zip(*runs, strict=True):
+        (h1, _, m1), = (ln.split() for ln in first.lines("RESULT lifecycle_cache hits "))
+        (h2, _, m2), = (ln.split() for ln in second.lines("RESULT lifecycle_cache hits "))
+        assert int(m1) >= 3, (h1, m1)  # f, mlp, grad compiled
+        assert int(h2) >= 3 and int(m2) < int(m1), (h2, m2)  # ... and loaded in the second launch
+        assert first.lines("RESULT lifecycle_digest ") == second.lines("RESULT lifecycle_digest ")
