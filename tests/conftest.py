@@ -5,7 +5,11 @@ jax. It does not touch ``JAX_PLATFORMS``: the forced device count only affects t
 the CPU-tier meshes are built from ``jax.devices("cpu")``, so the same run also works on a GPU host.
 
 Markers: ``gpu`` (needs one GPU) and ``multigpu`` (needs at least two); such tests are skipped, never
-failed, where the GPUs are missing.
+failed, where the GPUs are missing. The multi-process tier (tests/multigpu/test_multiprocess.py) is
+marked ``gpu``: its ranks share a GPU where there are fewer GPUs than ranks.
+
+Tests start child processes on the GPUs this process uses, so XLA's preallocation (75% of every
+GPU's memory, taken when jax starts its GPU backend) is off by default here.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ HOST_DEVICES = 8
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}={HOST_DEVICES}".strip()
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402

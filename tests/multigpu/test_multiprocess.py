@@ -31,7 +31,8 @@ def _n_gpus() -> int:
 
 
 NGPU = _n_gpus()
-pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
+# Marked gpu, not multigpu: the ipc cases run with the ranks sharing one GPU.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
 # NCCL (transport or bootstrap) refuses two ranks on one GPU.
 GPU_PER_RANK = pytest.mark.skipif(NGPU < 2, reason="NCCL needs a GPU per rank: >= 2 CUDA GPUs")
@@ -304,9 +305,15 @@ def test_reinitialize_and_persistent_compilation_cache(capsys, tmp_path):
             for name in ("after_shutdown", "new_set", "held"):
                 assert r.lines(f"RESULT lifecycle_{name} ") == ["True"], (name, format_failures(results))
             assert r.lines("RESULT lifecycle_comm_errors ") == ["0"], format_failures(results)
+    def cache(r):  # (hits, misses) of one rank's launch
+        (hits, _, misses), = (ln.split() for ln in r.lines("RESULT lifecycle_cache hits "))
+        return int(hits), int(misses)
+
+    # jax counts a miss where it writes an entry, and writes from process 0 only: the first
+    # launch's misses are counted over all ranks.
+    first_misses = sum(cache(r)[1] for r in runs[0])
+    assert first_misses >= 3, [cache(r) for r in runs[0]]  # f, mlp, grad compiled and written
+    assert sum(cache(r)[1] for r in runs[1]) < first_misses, [cache(r) for r in runs[1]]
     for first, second in zip(*runs, strict=True):
-        (h1, _, m1), = (ln.split() for ln in first.lines("RESULT lifecycle_cache hits "))
-        (h2, _, m2), = (ln.split() for ln in second.lines("RESULT lifecycle_cache hits "))
-        assert int(m1) >= 3, (h1, m1)  # f, mlp, grad compiled
-        assert int(h2) >= 3 and int(m2) < int(m1), (h2, m2)  # ... and loaded in the second launch
+        assert cache(second)[0] >= 3, cache(second)  # every rank loads them in the second launch
         assert first.lines("RESULT lifecycle_digest ") == second.lines("RESULT lifecycle_digest ")
