@@ -9,7 +9,6 @@ Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mis
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
@@ -33,6 +32,8 @@ if os.environ.get("JAX_UB_TEST_HOSTS"):
 
     _host = os.environ["JAX_UB_TEST_HOSTS"].split(",")[rank]
     socket.gethostname = lambda: _host
+from _cache_probe import count_cache_events, digest  # noqa: E402
+
 import jax_ub  # noqa: E402
 from jax_ub import _bootstrap  # noqa: E402
 
@@ -159,14 +160,7 @@ elif mode == "lifecycle":
     #    an executable held across the shutdown fails on every rank naming the freed set, and the
     #    new set stays usable. 2. With JAX_COMPILATION_CACHE_DIR set, run twice by the test: the
     #    second launch loads the programs from the persistent cache and computes the same bits.
-    events = {"hits": 0, "misses": 0}
-
-    def on_event(event, **_):
-        for key in events:
-            if event == f"/jax/compilation_cache/cache_{key}":
-                events[key] += 1
-
-    jax.monitoring.register_event_listener(on_event)
+    events = count_cache_events()
     x, xf = global_array(21, (tp * 384, 768), jnp.bfloat16, P("tp", None))
     w, wf = global_array(22, (768, 256 * tp), jnp.bfloat16, P(None, "tp"))
     w2, w2f = global_array(23, (256 * tp, 768), jnp.bfloat16, P("tp", None))
@@ -182,9 +176,7 @@ elif mode == "lifecycle":
     outs = [f(x, w), mlp(x, w, w2), *grad(x, w, w2)]
     mlp_ref = np.tanh(ref).astype(np.float64) @ w2f.astype(np.float64)
     check("lifecycle_mlp", outs[1], mlp_ref, 2e-2)
-    digest = hashlib.sha256(b"".join(np.asarray(s.data).tobytes() for o in outs
-                                     for s in o.addressable_shards)).hexdigest()[:16]
-    print(f"RESULT lifecycle_digest {digest}", flush=True)
+    print(f"RESULT lifecycle_digest {digest(outs)}", flush=True)
     print(f"RESULT lifecycle_cache hits {events['hits']} misses {events['misses']}", flush=True)
     first_set = cs.set_id
     ex.barrier("before-shutdown")

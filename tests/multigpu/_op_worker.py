@@ -8,13 +8,13 @@ Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mis
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _cache_probe import count_cache_events, digest
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -96,14 +96,7 @@ elif mode == "compile_cache":
     # on one cache directory: the second process loads the jax_ub programs from the persistent
     # cache. Tracing still runs there (it grows the registered buffers and prepares the GEMMs);
     # the results must equal the first process's bit for bit.
-    events = {"hits": 0, "misses": 0}
-
-    def on_event(event, **_):
-        for key in events:
-            if event == f"/jax/compilation_cache/cache_{key}":
-                events[key] += 1
-
-    jax.monitoring.register_event_listener(on_event)
+    events = count_cache_events()
     x, w1, w2 = rand(11, (512 * tp, 1024)), rand(12, (1024, 768 * tp)), rand(13, (768 * tp, 1024))
     w1, w2 = w1 / 32, w2 / (768 * tp) ** 0.5
     mlp = smap(lambda x, w1, w2: jax_ub.matmul_reduce_scatter(
@@ -118,8 +111,7 @@ elif mode == "compile_cache":
     assert rel(outs[1], x.T, x) <= 1e-2
     for out in outs:
         assert np.isfinite(np.asarray(out, np.float32)).all(), "non-finite output"
-    digest = hashlib.sha256(b"".join(np.asarray(o).tobytes() for o in outs)).hexdigest()[:16]
-    print(f"RESULT compile_cache digest {digest}", flush=True)
+    print(f"RESULT compile_cache digest {digest(outs)}", flush=True)
     print(f"RESULT compile_cache hits {events['hits']} misses {events['misses']}", flush=True)
 else:
     sys.exit(f"unknown mode {mode!r}")
