@@ -22,6 +22,14 @@ def shape_str(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def one_axis(axis_name: Any) -> str | None:
+    """The mesh axis that ``axis_name`` names (a str, or a tuple of one str), or None where it
+    names several: a jax_ub communicator spans one mesh axis."""
+    if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1:
+        axis_name = axis_name[0]
+    return axis_name if isinstance(axis_name, str) else None
+
+
 def check_array(fn: str, name: str, a: Any) -> None:
     if not (hasattr(a, "shape") and hasattr(a, "dtype")):
         raise TypeError(f"{fn}: `{name}` must be a jax array; got {type(a).__name__}")

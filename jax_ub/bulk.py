@@ -68,6 +68,7 @@ _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 
 def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
+    axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     for name, v in (("x", x), ("a", a), ("b", b)):
         _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:

@@ -131,6 +131,10 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
     if cfg.multicast:
         log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
+    if not isinstance(axis, str):
+        raise TypeError(f"initialize: `axis` must be the name of one mesh axis (a str); got "
+                        f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
+                        f"axes, build the mesh with one axis for that group")
     groups = _tp_groups(mesh, axis)
     ok, why = _ext.cuda_path_available()
     if not ok:
@@ -405,10 +409,9 @@ def ensure_capacity(s: CommSet, nbytes: int) -> None:
 
 
 def get(axis_name: Any) -> CommSet | None:
-    """The active communicator set for a mesh axis name, or None."""
-    if not isinstance(axis_name, str):
-        return None
-    return _sets.get(axis_name)
+    """The active communicator set for a mesh axis name (or a tuple of one), or None."""
+    axis = _validate.one_axis(axis_name)
+    return None if axis is None else _sets.get(axis)
 
 
 def warn_no_communicator(what: str, axis_name: Any) -> None:
@@ -421,6 +424,12 @@ def warn_no_communicator(what: str, axis_name: Any) -> None:
         if axis_name in _warned_axes:
             return
         _warned_axes.add(axis_name)
+    if _validate.one_axis(axis_name) is None:
+        log.warning("jax_ub %s: axis_name %r names several mesh axes, and a jax_ub communicator "
+                    "spans one, so method='auto' runs XLA's collective and dot (no overlap). Pass "
+                    "method='xla' where that is intended, or build the mesh with one axis for the "
+                    "TP group.", what, axis_name)
+        return
     log.warning("jax_ub %s: GPU mesh axis %r has no jax_ub communicator, so method='auto' runs "
                 "XLA's collective and dot (no overlap). Call jax_ub.initialize(mesh, axis=%r) "
                 "before tracing, or pass method='xla' where that is intended.",

@@ -415,6 +415,7 @@ def all_gather_matmul(
         y = f(x, w)                                # [2, 8, 32] == x @ w
     """
     fn = "all_gather_matmul"
+    axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
     tp = _validate.bound_axis_size(fn, axis_name)
@@ -485,6 +486,7 @@ def matmul_reduce_scatter(
         y = f(x, w)                                # [2, 8, 16] == x @ w, s sharded over "tp"
     """
     fn = "matmul_reduce_scatter"
+    axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
     axis = _validate.normalize_axis(fn, "scatter_axis", scatter_axis, x.shape)
     tp = _validate.bound_axis_size(fn, axis_name)

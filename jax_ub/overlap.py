@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _ext, _ffi, _mesh_check, choice, comm, config, ops
+from jax_ub import _ext, _ffi, _mesh_check, _validate, choice, comm, config, ops
 
 _log = logging.getLogger("jax_ub")
 
@@ -123,17 +123,24 @@ BULK_SIDE_MARGIN = 1.5
 
 
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
-    s = comm.get(axis_name)
+    if _validate.one_axis(axis_name) is None:
+        how = f"method={method!r}" if method else "the CUDA path"
+        raise ValueError(f"{what}: {how} runs over one mesh axis, and axis_name {axis_name!r} "
+                         f"names several: a jax_ub communicator spans one mesh axis. Use "
+                         f"method='auto' or 'xla' (XLA's collective over these axes), or build the "
+                         f"mesh with one axis for the TP group")
+    axis = _validate.one_axis(axis_name)
+    s = comm.get(axis)
     if s is None:
-        raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis_name!r}: call "
-                         f"jax_ub.initialize(mesh, axis={axis_name!r}) before tracing")
+        raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis!r}: call "
+                         f"jax_ub.initialize(mesh, axis={axis!r}) before tracing")
     if method == "nccl" and s.transport != "nccl":
-        raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, axis={axis_name!r}, "
+        raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, axis={axis!r}, "
                          f"transport='nccl'); this axis was initialized with transport "
                          f"{s.transport!r}")
-    size = jax.lax.axis_size(axis_name)
+    size = jax.lax.axis_size(axis)
     if size != s.world:
-        raise ValueError(f"{what}: axis {axis_name!r} has size {size} here but the communicator "
+        raise ValueError(f"{what}: axis {axis!r} has size {size} here but the communicator "
                          f"was initialized with groups of {s.world}")
     return s
 
@@ -435,6 +442,9 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
     if not ok:
         return f"xla: {why}"
     c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
+    if c is None and _validate.one_axis(axis_name) is None:
+        return (f"xla: axis_name {axis_name!r} names several mesh axes, and a jax_ub "
+                "communicator spans one")
     if c is None:
         return (f"xla: no jax_ub communicator for axis {axis_name!r} (call "
                 f"jax_ub.initialize(mesh, axis={axis_name!r}); an axis of size 1 gets none: "

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_ub import _ext, _nccl, comm
+from jax_ub import _ext, _nccl, _validate, comm
 
 
 class FakeCommExtension:
@@ -89,3 +89,47 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
     assert ("destroy", 7) in fake.calls and comm._sets == {}
     f(jnp.ones(3))
     assert len(traces) == 2
+
+
+def test_one_axis_names_the_communicators_axis():
+    assert _validate.one_axis("tp") == "tp"
+    assert _validate.one_axis(("tp",)) == "tp" and _validate.one_axis(["tp"]) == "tp"
+    assert _validate.one_axis(("dp", "tp")) is None and _validate.one_axis(None) is None
+
+
+def test_initialize_refuses_several_axes(cpu_mesh):
+    mesh = cpu_mesh(2, dp=2)
+    with pytest.raises(TypeError, match=r"`axis` must be the name of one mesh axis \(a str\); "
+                                        r"got \('dp', 'tp'\)"):
+        comm.initialize(mesh, ("dp", "tp"))
+
+
+def test_a_tuple_of_one_axis_finds_its_communicator(monkeypatch):
+    s = _fake_set(3, "tp")
+    monkeypatch.setattr(comm, "_sets", {"tp": s})
+    assert comm.get(("tp",)) is s and comm.get("tp") is s
+    assert comm.get(("dp", "tp")) is None
+
+
+def test_cuda_method_over_several_axes_says_why(monkeypatch):
+    from jax_ub import overlap
+
+    monkeypatch.setattr(comm, "_sets", {"tp": _fake_set(3, "tp")})
+    with pytest.raises(ValueError, match=r"all_gather_matmul: method='ring' runs over one mesh axis, "
+                                         r"and axis_name \('dp', 'tp'\) names several"):
+        overlap._set_for(("dp", "tp"), "all_gather_matmul", "ring")
+    with pytest.raises(ValueError, match=r"bulk_all_gather: the CUDA path runs over one mesh axis"):
+        overlap._set_for(("dp", "tp"), "bulk_all_gather")
+
+
+def test_auto_over_several_axes_warns_without_initialize_advice(monkeypatch, caplog):
+    monkeypatch.setattr(_validate, "mesh_platform", lambda: "gpu")
+    monkeypatch.setattr(comm, "_warned_axes", set())
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        comm.warn_no_communicator("all_gather_matmul", ("dp", "tp"))
+        comm.warn_no_communicator("all_gather_matmul", ("dp", "tp"))  # once per axes
+        comm.warn_no_communicator("all_gather_matmul", "sp")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2, msgs
+    assert "names several mesh axes" in msgs[0] and "initialize" not in msgs[0], msgs[0]
+    assert "jax_ub.initialize(mesh, axis='sp')" in msgs[1], msgs[1]

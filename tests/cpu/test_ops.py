@@ -665,3 +665,41 @@ def test_zero_width_output_on_the_reference(cpu_mesh):
                                out_specs=P("tp", None)))
     assert ag(x, w).shape == (16, 0)
     assert rs(x, w).shape == (16, 0)
+
+
+def test_axis_name_tuples(cpu_mesh):
+    """("tp",) is the axis "tp" (the ops see the plain name); a tuple of several axes gathers and
+    scatters over their product on the reference path."""
+    mesh = cpu_mesh(2, dp=2)
+    x = jax.random.normal(jax.random.key(5), (16, 8))
+    w = jax.random.normal(jax.random.key(6), (8, 12))
+
+    def run(op, axes, spec_x, spec_w, spec_y):
+        fn = ops.all_gather_matmul if op == "ag" else ops.matmul_reduce_scatter
+        return jax.jit(jax.shard_map(lambda x, w: fn(x, w, axes), mesh=mesh, check_vma=False,
+                                     in_specs=(spec_x, spec_w), out_specs=spec_y))(x, w)
+
+    want = np.asarray(x) @ np.asarray(w)
+    for axes in ("tp", ("tp",)):
+        y = run("ag", axes, P(axes, None), P(None, "dp"), P(None, "dp"))
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    both = ("dp", "tp")
+    y = run("ag", both, P(both, None), P(), P())
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    y = run("rs", both, P(None, both), P(both, None), P(both, None))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tuple_of_one_axis_reaches_the_implementation_as_its_name(monkeypatch, cpu_mesh):
+    seen = []
+
+    def spy(x, w, *, axis_name, **kw):
+        seen.append(axis_name)
+        return ops._IMPLS[(ops.AG, "xla")](x, w, axis_name=axis_name, **kw)
+
+    monkeypatch.setitem(ops._IMPLS, (ops.AG, "spy"), spy)
+    monkeypatch.setattr(ops, "_resolve_for_size", lambda method, tp, *operands: "spy")
+    x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
+    jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, ("tp",)), mesh=cpu_mesh(2),
+                          in_specs=(P("tp", None), P()), out_specs=P(), check_vma=False))(x, w)
+    assert seen == ["tp"], seen
