@@ -25,7 +25,7 @@ def shape_str(shape: tuple[int, ...]) -> str:
 def one_axis(axis_name: Any) -> str | None:
     """The mesh axis that ``axis_name`` names (a str, or a tuple of one str), or None where it
     names several: a jax_ub communicator spans one mesh axis."""
-    if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1:
+    if isinstance(axis_name, tuple) and len(axis_name) == 1:  # a list is no axis name (unhashable)
         axis_name = axis_name[0]
     return axis_name if isinstance(axis_name, str) else None
 

@@ -93,7 +93,7 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
 
 def test_one_axis_names_the_communicators_axis():
     assert _validate.one_axis("tp") == "tp"
-    assert _validate.one_axis(("tp",)) == "tp" and _validate.one_axis(["tp"]) == "tp"
+    assert _validate.one_axis(("tp",)) == "tp" and _validate.one_axis(["tp"]) is None
     assert _validate.one_axis(("dp", "tp")) is None and _validate.one_axis(None) is None
 
 
