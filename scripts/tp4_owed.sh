@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# What issues 4 and 5 still owe a 4-GPU machine (nvidia-h200-x4), as two device calls of < 600 s:
+#   bash scripts/tp4_owed.sh a    # tests not yet run on 2+ GPUs in one process; bench ag|rs|bulk --tp 4
+#   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with GEMM tuning, probes
+# Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
+# Afterwards: python scripts/merge_results.py, then
+#   python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json
+set -uo pipefail
+here="$(dirname "$0")"
+case "${1:-}" in
+  a)
+    TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
+      'unrun|100|python3 -m pytest -q -rs tests/multigpu/test_overlap.py tests/multigpu/test_one_process.py -k "traced_again_after_shutdown or zero_size_operands_give or persistent_compilation_cache"' \
+      'ag|150|python3 -m jax_ub.bench ag --tp 4 --out $R' \
+      'rs|150|python3 -m jax_ub.bench rs --tp 4 --out $R' \
+      'bulk|90|python3 -m jax_ub.bench bulk --tp 4 --out $R'
+    ;;
+  b)
+    TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
+      'ag_chain|130|python3 -m jax_ub.bench ag --tp 4 --chain 4 --out $R/chain' \
+      'rs_chain|130|python3 -m jax_ub.bench rs --tp 4 --chain 4 --out $R/chain' \
+      'rs_tuned|130|JAX_UB_GEMM_TUNE=8 python3 -m jax_ub.bench rs --tp 4 --out $R/tuned' \
+      'bare|70|python3 scripts/bare_probe.py 4' \
+      'a2a|60|nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/a2a scripts/a2a_probe.cu && /tmp/a2a 32 128'
+    ;;
+  *) echo "usage: bash scripts/tp4_owed.sh a|b" >&2; exit 2 ;;
+esac
