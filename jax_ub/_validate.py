@@ -49,7 +49,8 @@ def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> Non
     if x.dtype != w.dtype:
         raise TypeError(
             f"{fn}: `x` and `w` must have the same dtype; got x {np.dtype(x.dtype).name}, "
-            f"w {np.dtype(w.dtype).name}"
+            f"w {np.dtype(w.dtype).name} (cast one first, e.g. `w.astype(x.dtype)`: the op "
+            f"communicates and multiplies in one dtype, unlike `@`, which would promote)"
         )
     if x.shape[-1] != w.shape[0]:
         raise ValueError(

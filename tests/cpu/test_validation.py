@@ -86,6 +86,7 @@ def test_dtype_mismatch(fn, axis_kw, cpu_mesh):
         "same dtype",
         "x bfloat16",
         "w float32",
+        "w.astype(x.dtype)",
     )
 
 
