@@ -357,6 +357,17 @@ def _cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
             yield tp, M, K, N
 
 
+def _nothing_to_run(a: argparse.Namespace) -> int:
+    """Exit status 2 with a message for a run whose every case was skipped (no JSON is written:
+    an empty record file would only mislead a later merge)."""
+    import jax
+
+    print(f"error: nothing to measure with --tp {' '.join(map(str, a.tp))} on {len(jax.devices())} "
+          f"device(s): each tp needs that many devices and shapes whose M, K and N it divides "
+          f"(the skip lines above say which)", file=sys.stderr)
+    return 2
+
+
 # ------------------------------------------------------------------------------------------------
 # ag / rs
 
@@ -522,7 +533,10 @@ def run_agrs(a: argparse.Namespace) -> int:
     timeline_ok = _timeline_wanted(a, cuda, path)
     op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
     records, rows, timelines = [], [], []
-    for tp, M, K, N in _cases(a, DEFAULT_SHAPES):
+    cases = list(_cases(a, DEFAULT_SHAPES))
+    if not cases:
+        return _nothing_to_run(a)
+    for tp, M, K, N in cases:
         mesh = make_mesh(tp, cuda)
         impls = agrs_impls(a.op, mesh, M, K, N, a.dtype, cuda)
         res = time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
@@ -677,7 +691,10 @@ def run_bulk(a: argparse.Namespace) -> int:
     if not cuda:
         _progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
     records, rows, timelines = [], [], []
-    for tp, M, K, N in _cases(a, BULK_SHAPES):
+    cases = list(_cases(a, BULK_SHAPES))
+    if not cases:
+        return _nothing_to_run(a)
+    for tp, M, K, N in cases:
         mesh = make_mesh(tp, cuda)
         for kind in bulk.KINDS:
             impls = bulk.build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)

@@ -162,6 +162,16 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
         assert impls["jax_ub"]["method"] == "xla"  # what auto ran: the reference, on CPU
 
 
+@pytest.mark.parametrize(("op", "args"), [("ag", ["--tp", "16"]), ("rs", ["--tp", "4", "--shapes", "66,32,64"]),
+                                         ("bulk", ["--tp", "16"])])
+def test_a_run_with_nothing_to_measure_fails_and_writes_nothing(op, args, tmp_path, capsys):
+    """Every tp larger than the devices here (8), or no shape that tp divides: exit 2, no JSON."""
+    assert harness.main([op, *args, *FAST, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: nothing to measure with --tp" in err and "on 8 device(s)" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_same_program_spread_compares_auto_with_its_own_method():
     """The noise line: jax_ub against jax_ub_<the method auto ran> per shape, or against
     xla_plain where auto ran XLA's path; a shape whose twin the run did not time gives nothing."""
