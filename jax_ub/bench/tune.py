@@ -102,6 +102,10 @@ def run(a: argparse.Namespace) -> int:
                 rows.append((c, res, before))
         finally:
             jax_ub.shutdown()
+    if not records:
+        print(f"error: no shape of {a.shapes_file!r} can be measured on these {ndev} device(s) "
+              f"(the skip lines above say why); run tune where the recorded tp fits", flush=True)
+        return 2
     h.write_json(a, stem, records, path=path.split(" ")[1], shapes_file=os.path.abspath(a.shapes_file))
     print(f"\nwrote {stem}.json")
     return report(stem + ".json", rows, path, cuda)

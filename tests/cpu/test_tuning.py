@@ -197,6 +197,18 @@ def test_bench_tune_on_cpu(tmp_path):
     assert bad.returncode == 2 and "cannot read it as JSON" in bad.stdout
 
 
+def test_tune_with_no_shape_that_fits_fails_and_writes_nothing(tmp_path, capsys):
+    """Every recorded shape at a tp above the devices here: exit 2, no (empty) tuning file."""
+    rec = tuning.Recording()
+    rec.note(tuning.OpShape("ag", 16, "float32", 64, 32, 96), "forward")
+    path = tmp_path / "shapes.json"
+    rec.save(str(path))
+    assert harness.main(["tune", str(path), "--out", str(tmp_path / "o")]) == 2
+    out = capsys.readouterr().out
+    assert "error: no shape of" in out and "can be measured on these" in out, out
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
 def test_tune_file_makes_auto_pick_the_fastest(tmp_path, monkeypatch, capsys):
     """tune.run with the CUDA path stubbed and random timings: the file it writes is a valid
     JAX_UB_TUNING_FILE from which choice picks, at every recorded shape, the fastest method."""
