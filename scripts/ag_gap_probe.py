@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import time_fn
+from jax_ub.bench.harness import time_fn
 
 
 def timed(f, args):

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import time_fn
+from jax_ub.bench.harness import time_fn
 
 SHAPES = [(2048, 8192), (4096, 8192), (8192, 12288), (512, 8192)]
 NAMES = ("copy", "local_copy", "publish", "reduce")

@@ -22,7 +22,7 @@ from piece_probe import interleaved  # scripts/ is on sys.path when run as a scr
 import jax_ub
 from jax_ub import config
 from jax_ub.bench import bulk
-from jax_ub.bench.__main__ import BULK_SHAPES, capture_timeline, time_fn
+from jax_ub.bench.harness import BULK_SHAPES, capture_timeline, time_fn
 
 RS_PIECES = (1, 2, 4, 8)
 RS_BULK_SMS = (0, 16)

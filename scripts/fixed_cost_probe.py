@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import chain_fn, shard_jit
+from jax_ub.bench.harness import chain_fn, shard_jit
 
 CHAIN = 8
 SHAPES = [(4096, 1024, 1024), (16384, 1024, 1024), (8192, 4096, 4096)]

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from jax_ub.bench.__main__ import AG_RS_CHART, plot
+from jax_ub.bench.agrs import CHART as AG_RS_CHART
+from jax_ub.bench.harness import plot
 
 
 def _rkey(r: dict) -> tuple:

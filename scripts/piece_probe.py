@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import config, overlap
-from jax_ub.bench.__main__ import time_fn
+from jax_ub.bench.harness import time_fn
 
 SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
 

@@ -19,7 +19,8 @@ import time
 import jax
 
 import jax_ub
-from jax_ub.bench.__main__ import agrs_impls, make_mesh
+from jax_ub.bench.agrs import build as agrs_impls
+from jax_ub.bench.harness import make_mesh
 
 WINDOW = 2.0
 FIELDS = ["index", "power.draw", "power.limit", "clocks.sm", "temperature.gpu",

@@ -19,7 +19,7 @@ from piece_probe import interleaved  # scripts/ is on sys.path when run as a scr
 
 import jax_ub
 from jax_ub import config, overlap
-from jax_ub.bench.__main__ import time_fn
+from jax_ub.bench.harness import time_fn
 
 SHAPES = [(2048, 4096), (4096, 4096), (8192, 4096), (8192, 8192), (16384, 8192)]
 

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import time_impls
+from jax_ub.bench.harness import time_impls
 
 
 def compiled(smap, method, x, w, split_bytes):

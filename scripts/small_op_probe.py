@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench.__main__ import shard_jit, time_fn
+from jax_ub.bench.harness import shard_jit, time_fn
 
 CHAIN = 8
 SHAPES = [(16384, 1024, 1024), (8192, 4096, 4096), (4096, 1024, 1024)]

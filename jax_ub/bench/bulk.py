@@ -22,6 +22,8 @@ overlapped ``jax_ub`` should reach within 1.10×):
 
 from __future__ import annotations
 
+import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import overlap
+from jax_ub.bench import harness as h
 
 KINDS = ("ag", "rs")
 Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
@@ -65,8 +68,6 @@ def primitive(kind: str) -> Callable[..., Any]:
 
 def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda: bool) -> dict[str, Thunk]:
     """``{impl: thunk}``; each thunk returns ``(fn, args)``. ``comm_jax_ub`` only with ``cuda``."""
-    from jax_ub.bench.__main__ import shard_jit
-
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
     lay = layout(kind, M, K, N, tp)
@@ -78,7 +79,7 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
     x_spec, ab_specs, out_specs = lay["x"][1], (lay["a"][1], lay["b"][1]), lay["out"]
 
     def smap(f: Callable[..., Any], in_specs: Any, out_spec: Any) -> Callable[..., Any]:
-        return shard_jit(mesh, f, in_specs, out_spec)
+        return h.shard_jit(mesh, f, in_specs, out_spec)
 
     if kind == "ag":
         nccl = lambda x: lax.all_gather(x, "tp", axis=0, tiled=True)  # noqa: E731
@@ -107,3 +108,47 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
             smap(lambda x, a, b: primitive(kind)(x, a, b, "tp", axis=0, method="all_peer"),
                  (x_spec, *ab_specs), out_specs), (x, a, b))
     return impls
+
+
+# ------------------------------------------------------------------------------------------------
+# The runner of the subcommand
+
+CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
+
+
+def run(a: argparse.Namespace) -> int:
+    cuda, path = h.path_info()
+    print(path)
+    stem = h.out_stem(a, "bulk")
+    timeline_ok = h.timeline_wanted(a, cuda, path)
+    if not cuda:
+        h.progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
+    records, rows, timelines = [], [], []
+    cases = list(h.cases(a, h.BULK_SHAPES))
+    if not cases:
+        return h.nothing_to_run(a)
+    for tp, M, K, N in cases:
+        mesh = h.make_mesh(tp, cuda)
+        for kind in KINDS:
+            impls = build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
+            res = h.time_impls(f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+            case = {"op": f"bulk_{kind}", "M": M, "K": K, "N": N, "tp": tp}
+            if timeline_ok and "jax_ub" in res:
+                tl = h.traced_case(a, stem, case, impls["jax_ub"])
+                timeline_ok = tl is not None
+                timelines += [tl] if tl else []
+            records += h.case_records({**case, "dtype": a.dtype}, res)
+            rows.append((f"bulk_{kind}", tp, M, K, N, res))
+        jax_ub.shutdown()
+    h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
+    png = h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {a.dtype})", CHART,
+               lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    h.wrote(stem, png)
+    print(f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
+          "jax_ub/max(gemm,ub_comm) (target <= 1.10)")
+    for op, tp, M, K, N, r in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        ratio = g("jax_ub") / h.ideal(g("gemm_alone"), g("comm_jax_ub"))
+        print(f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
+              f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {ratio:6.2f}")
+    return 0

@@ -36,6 +36,9 @@ overlap can reach: the best speedup over ``xla_plain`` is ``xla_plain / no_comm`
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ub import _layers
 from jax_ub import nn as ubnn
+from jax_ub.bench import harness as h
 
 MODELS = ("mlp", "attn_proj", "swiglu")
 GATED = ("swiglu",)  # models whose MLP is gated (the rest of their math is ``mlp``'s)
@@ -247,3 +251,68 @@ def build(model: str, mesh: Any, *, hidden: int, ffn: int, tokens: int, dtype_na
     if base is not None:
         impls["jax_ub_base_policy"] = lambda: (jax.jit(train_step(layers(graphdef), base)), args)
     return impls
+
+
+# ------------------------------------------------------------------------------------------------
+# The runner of the subcommand
+
+CHART = ["xla_plain", "xla_windowed", "jax_ub", "jax_ub_base_policy", "no_comm"]
+
+
+def run(a: argparse.Namespace) -> int:
+    import jax_ub
+
+    if a.tp > len(jax.devices()):
+        print(f"error: --tp {a.tp} needs {a.tp} devices; found {len(jax.devices())}", file=sys.stderr)
+        return 2
+    for what, v in (("--tokens", a.tokens), ("--hidden", a.hidden), ("--ffn", a.ffn)):
+        if v % a.tp:
+            print(f"error: {what} ({v}) must be divisible by --tp ({a.tp})", file=sys.stderr)
+            return 2
+    cuda, path = h.path_info()
+    print(path)
+    if not cuda:
+        h.progress("xla_windowed: the windowed-einsum flags are GPU flags; off GPU this is plain SPMD")
+    mesh = h.make_mesh(a.tp, cuda)
+    records, rows = [], []
+    for model in a.models:
+        ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
+        label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
+        try:
+            impls = build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
+                              windowed_flags=h.WINDOWED_FLAGS, remat=a.remat)
+        except Exception as e:
+            h.progress(f"{label}: building the model failed: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        checks: dict[str, Any] = {}
+        res = h.time_impls(label, impls, a, probe=check, probes=checks)
+        print(f"{model} check (loss, |dx|): "
+              + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
+        common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp, "dtype": a.dtype}
+        if a.remat != "none":
+            common["remat"] = a.remat
+        records += h.case_records(common, res)
+        rows.append((model, ffn, res))
+    jax_ub.shutdown()
+    stem = h.out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
+    h.write_json(a, stem, records, path=path.split(" ")[1])
+    png = h.plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", CHART,
+               lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
+    h.wrote(stem, png)
+    for model, _, r in rows:
+        sp = r.get("xla_plain", float("nan")) / r.get("jax_ub", float("nan"))
+        print(f"{model}: jax_ub speedup vs xla_plain {sp:.2f}x")
+    print(f"{path}\nmodel      tp  hidden  ffn     tokens  xla_plain  windowed  jax_ub  speedup  "
+          f"no_comm  (best possible)")
+    for model, ffn, r in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        print(f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
+              f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {g('xla_plain') / g('jax_ub'):6.2f}x  "
+              f"{g('no_comm'):7.3f}  ({g('xla_plain') / g('no_comm'):.2f}x)")
+    if a.remat != "none":
+        for model, _, r in rows:
+            g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+            print(f"{model}: remat {a.remat}: jax_ub with jax_ub.checkpoint_policy {g('jax_ub'):.3f} ms, "
+                  f"with the bare policy {g('jax_ub_base_policy'):.3f} ms "
+                  f"({g('jax_ub_base_policy') / g('jax_ub'):.2f}x slower)")
+    return 0

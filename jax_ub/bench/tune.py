@@ -61,7 +61,8 @@ def run(a: argparse.Namespace) -> int:
     import jax
 
     import jax_ub
-    from jax_ub.bench import __main__ as h
+    from jax_ub.bench import agrs
+    from jax_ub.bench import harness as h
 
     try:
         entries = tuning.load(a.shapes_file)
@@ -82,17 +83,17 @@ def run(a: argparse.Namespace) -> int:
     for tp in sorted({c.shape.tp for c in todo}):
         group = [c for c in todo if c.shape.tp == tp]
         if tp > ndev or tp < 2:
-            h._progress(f"skip {len(group)} shape(s) at tp={tp}: "
+            h.progress(f"skip {len(group)} shape(s) at tp={tp}: "
                         + (f"only {ndev} devices" if tp > ndev else "nothing to communicate"))
             continue
         mesh = h.make_mesh(tp, cuda)
         try:
             for c in group:
                 s = c.shape
-                impls = {k: v for k, v in h.agrs_impls(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
+                impls = {k: v for k, v in agrs.build(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
                          if keep_impl(k, a.full)}
                 res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a)
-                before = h._auto_method(s.op, tp, s.M, s.K, s.N, s.dtype) if cuda else "xla"
+                before = agrs.auto_method(s.op, tp, s.M, s.K, s.N, s.dtype) if cuda else "xla"
                 case = h.case_records({"op": choice.BENCH_OP[s.op], "M": s.M, "K": s.K, "N": s.N, "tp": tp,
                                        "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls}, res)
                 for r in case:

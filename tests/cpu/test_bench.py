@@ -21,9 +21,9 @@ import pytest
 
 import jax_ub
 from jax_ub import overlap
-from jax_ub.bench import __main__ as harness
+from jax_ub.bench import __main__ as cli
+from jax_ub.bench import agrs, harness, timeline
 from jax_ub.bench import mlp as mlp_bench
-from jax_ub.bench import timeline
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["--warmup", "1", "--iters", "1", "--reps", "1"]
@@ -144,7 +144,7 @@ def test_capture_timeline_without_tracing(monkeypatch):
 
 @pytest.mark.parametrize(("op", "tps"), [("ag", ["4", "2"]), ("rs", ["4"])])
 def test_ag_rs_harness(op, tps, tmp_path, capsys):
-    rc = harness.main([op, "--tp", *tps, "--shapes", "64,32,64", "--timeline", *FAST,
+    rc = cli.main([op, "--tp", *tps, "--shapes", "64,32,64", "--timeline", *FAST,
                        "--out", str(tmp_path), "--machine", "test-box"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -166,7 +166,7 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
                                          ("bulk", ["--tp", "16"])])
 def test_a_run_with_nothing_to_measure_fails_and_writes_nothing(op, args, tmp_path, capsys):
     """Every tp larger than the devices here (8), or no shape that tp divides: exit 2, no JSON."""
-    assert harness.main([op, *args, *FAST, "--out", str(tmp_path)]) == 2
+    assert cli.main([op, *args, *FAST, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: nothing to measure with --tp" in err and "on 8 device(s)" in err, err
     assert list(tmp_path.iterdir()) == []
@@ -179,7 +179,7 @@ def test_same_program_spread_compares_auto_with_its_own_method():
             (4, 1, 2, 3, {"jax_ub": 0.90, "jax_ub_push": 1.00}, "push"),
             (4, 1, 2, 3, {"jax_ub": 0.90, "xla_plain": 0.95}, "xla"),
             (4, 1, 2, 3, {"jax_ub": 0.90}, "chain")]
-    assert harness.same_program_spread(rows) == pytest.approx([0.10, 0.10, 0.05 / 0.95])
+    assert agrs.same_program_spread(rows) == pytest.approx([0.10, 0.10, 0.05 / 0.95])
 
 
 @pytest.mark.parametrize("op", ["ag", "rs"])
@@ -187,7 +187,7 @@ def test_gemm_all_gpus_is_each_gpus_local_gemm(op, cpu_mesh):
     """gemm_all_gpus: every device computes the op's whole local GEMM (AG: gathered x @ its w
     shard; RS: its x shard @ its w shard), with no communication."""
     mesh = cpu_mesh(4)
-    entry = harness.agrs_impls(op, mesh, 32, 16, 24, "float32", cuda=False)["gemm_all_gpus"]
+    entry = agrs.build(op, mesh, 32, 16, 24, "float32", cuda=False)["gemm_all_gpus"]
     fn, (x, w) = entry() if callable(entry) else entry  # a thunk where it allocates arrays of its own
     out = np.asarray(fn(x, w))
     xs, ws = np.asarray(x), np.asarray(w)
@@ -207,7 +207,7 @@ def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: Mesh(np.array(jax.devices()[:tp]), ("tp",)))
     monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
     monkeypatch.setattr(overlap, "trace_collect", _synthetic_records, raising=False)
-    rc = harness.main(["ag", "--tp", "4", "--shapes", "64,32,64", "--timeline", *FAST,
+    rc = cli.main(["ag", "--tp", "4", "--shapes", "64,32,64", "--timeline", *FAST,
                        "--out", str(tmp_path), "--machine", "test-box"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -251,7 +251,7 @@ def test_mlp_cli(tmp_path):
             assert r["ms"] > 0
             assert (r["hidden"], r["tokens"], r["tp"], r["dtype"]) == (64, 64, 4, "bfloat16")
             assert r["ffn"] == (192 if op == "attn_proj" else 128)
-    assert harness.MLP_MODELS == mlp_bench.MODELS
+    assert cli.MLP_MODELS == mlp_bench.MODELS
 
 
 def test_mlp_cli_remat(tmp_path):
@@ -270,7 +270,7 @@ def test_mlp_cli_remat(tmp_path):
 
 
 def test_mlp_cli_rejects_bad_sizes(capsys):
-    assert harness.main(["mlp", "--tp", "4", "--tokens", "66", "--hidden", "64", "--ffn", "128"]) == 2
+    assert cli.main(["mlp", "--tp", "4", "--tokens", "66", "--hidden", "64", "--ffn", "128"]) == 2
     assert "--tokens (66) must be divisible" in capsys.readouterr().err
 
 

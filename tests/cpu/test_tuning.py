@@ -24,8 +24,8 @@ from jax.sharding import PartitionSpec as P
 import jax_ub
 from jax_ub import choice, tuning
 from jax_ub import nn as ubnn
-from jax_ub.bench import __main__ as harness
-from jax_ub.bench import tune
+from jax_ub.bench import __main__ as cli
+from jax_ub.bench import agrs, harness, tune
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -203,7 +203,7 @@ def test_tune_with_no_shape_that_fits_fails_and_writes_nothing(tmp_path, capsys)
     rec.note(tuning.OpShape("ag", 16, "float32", 64, 32, 96), "forward")
     path = tmp_path / "shapes.json"
     rec.save(str(path))
-    assert harness.main(["tune", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["tune", str(path), "--out", str(tmp_path / "o")]) == 2
     out = capsys.readouterr().out
     assert "error: no shape of" in out and "can be measured on these" in out, out
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
@@ -225,8 +225,8 @@ def test_tune_file_makes_auto_pick_the_fastest(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
     monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
     monkeypatch.setattr(harness, "time_impls", fake_time)
-    monkeypatch.setattr(harness, "_auto_method", lambda op, *rest: choice.FALLBACK[op])
-    a = harness._parser().parse_args(["tune", str(path), "--out", str(tmp_path / "o"), "--machine", "box"])
+    monkeypatch.setattr(agrs, "auto_method", lambda op, *rest: choice.FALLBACK[op])
+    a = cli._parser().parse_args(["tune", str(path), "--out", str(tmp_path / "o"), "--machine", "box"])
     a.date = "20261123"
     assert tune.run(a) == 0
     out = tmp_path / "o" / "box-20261123-tune.json"

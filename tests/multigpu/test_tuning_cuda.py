@@ -45,7 +45,7 @@ def _step(mesh, method):
 
 def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     from jax_ub import choice, config, overlap, tuning
-    from jax_ub.bench import __main__ as harness
+    from jax_ub.bench import __main__ as cli
     from jax_ub.bench import tune
 
     tp = min(_n_gpus(), MAX_TP)
@@ -63,7 +63,7 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     rec.save(str(shapes))
     ub.shutdown()
 
-    a = harness._parser().parse_args(["tune", str(shapes), "--out", str(tmp_path / "o"), "--machine", "t",
+    a = cli._parser().parse_args(["tune", str(shapes), "--out", str(tmp_path / "o"), "--machine", "t",
                                       "--warmup", "2", "--iters", "5", "--reps", "3", "--settle-ms", "0"])
     a.date = "d"
     assert tune.run(a) == 0
@@ -104,7 +104,7 @@ def test_chained_bench_program_keeps_every_op(ub):
     each impl, jax_ub's custom call and XLA's all-gather and dot alike (none merged or dropped)."""
     from jax import lax
 
-    from jax_ub.bench import __main__ as harness
+    from jax_ub.bench import harness
 
     tp, n = 2, 4
     mesh = _mesh(tp)

@@ -1,0 +1,188 @@
+"""``python -m jax_ub.bench ag|rs``: AG→GEMM / GEMM→RS against XLA at global shapes (M, K, N).
+
+The impls of a shape are listed in :mod:`jax_ub.bench.__main__`'s docstring; :func:`build` makes
+them, :func:`run` times them (:func:`jax_ub.bench.harness.time_impls`), writes the records and the
+chart and prints the table (speedup vs ``xla_plain``, T/T_ideal, the run's own noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from jax_ub.bench import harness as h
+
+CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
+
+
+def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: bool) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_ub
+    from jax_ub import overlap
+
+    dtype = jnp.dtype(dtype_name)
+    tp = mesh.shape["tp"]
+    kx, kw = jax.random.split(jax.random.key(M + K + N))
+    if op == "ag":
+        x_spec, w_spec, y_spec = P("tp", None), P(None, "tp"), P(None, "tp")
+    else:
+        x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
+
+    def rand(key, shape, where):
+        return jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), where)
+
+    x = rand(kx, (M, K), NamedSharding(mesh, x_spec))
+    w = rand(kw, (K, N), NamedSharding(mesh, w_spec))
+
+    def smap(f, in_specs, out_specs):
+        return h.shard_jit(mesh, f, in_specs, out_specs)
+
+    impls: dict[str, Any] = {}
+    dev0 = mesh.devices.flat[0]
+    gemm = jax.jit(lambda a, b: jax_ub.matmul(a, b, method="cublaslt" if cuda else "xla"))
+
+    def local_gemm(a, b):  # one GPU's GEMM, stacked over the mesh by shard_map
+        return jax_ub.matmul(a, b, method="cublaslt" if cuda else "xla")[None]
+
+    # The entries that need arrays of their own are thunks (built when timed), so a caller that
+    # keeps only some impls (bench tune) allocates nothing for the others.
+    if op == "ag":  # every GPU: the gathered x (replicated) @ its w shard
+        impls["gemm_all_gpus"] = lambda: (smap(local_gemm, (P(), w_spec), P("tp", None, None)),
+                                          (jax.device_put(x, NamedSharding(mesh, P())), w))
+    else:  # every GPU: its x shard @ its w shard, the whole partial
+        impls["gemm_all_gpus"] = (smap(local_gemm, (x_spec, w_spec), P("tp", None, None)), (x, w))
+    if op == "ag":
+        impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
+        impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
+        impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
+        impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
+        for m in ("auto", "push", "ring", "all_peer"):
+            name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
+            impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
+                                (x_spec, w_spec), y_spec), (x, w))
+    else:
+        @functools.cache
+        def partials():  # the collectives' input, made once for both
+            return rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))
+
+        impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
+        impls["comm_nccl"] = lambda: (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),),
+                                           P("tp", None)), (partials(),))
+        impls["comm_jax_ub"] = lambda: (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),),
+                                             P("tp", None)), (partials(),))
+        impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
+        for m in ("auto", "ring", "pipeline", "chain", "columns"):
+            name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
+            impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
+                                (x_spec, w_spec), y_spec), (x, w))
+
+    def windowed():  # XLA's windowed einsum: the jit-partitioned dot with sharded operands and output
+        fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))
+        return fw.lower(x, w).compile(compiler_options=h.WINDOWED_FLAGS), (x, w)
+
+    impls["xla_windowed"] = windowed
+    if not cuda:  # the copy-engine collective and the explicit CUDA algorithms need the CUDA path
+        for name in [n for n in impls if n == "comm_jax_ub" or n.startswith("jax_ub_")]:
+            del impls[name]
+    return impls
+
+
+def run(a: argparse.Namespace) -> int:
+    import jax_ub
+
+    cuda, path = h.path_info()
+    print(path)
+    stem = h.out_stem(a, a.op)
+    timeline_ok = h.timeline_wanted(a, cuda, path)
+    op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
+    records, rows, timelines = [], [], []
+    cases = list(h.cases(a, h.DEFAULT_SHAPES))
+    if not cases:
+        return h.nothing_to_run(a)
+    for tp, M, K, N in cases:
+        mesh = h.make_mesh(tp, cuda)
+        impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
+        res = h.time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+        traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
+        if timeline_ok and traced in res:
+            tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
+                                       **({"method": a.timeline_method} if traced != "jax_ub" else {})},
+                             impls[traced])
+            timeline_ok = tl is not None  # a skip says why once, then no more tries
+            timelines += [tl] if tl else []
+        auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
+        jax_ub.shutdown()
+        case = h.case_records({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, res)
+        for r in case:
+            if r["impl"] == "jax_ub":
+                r["method"] = auto  # what auto ran (jax_ub._measured ignores this key)
+        records += case
+        rows.append((tp, M, K, N, res, auto))
+    h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
+    png = h.plot(records, stem + ".png", f"jax_ub {a.op} ({os.path.basename(stem)}, {a.dtype})", CHART,
+               lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    h.wrote(stem, png)
+    _table(a.op, rows, path)
+    return 0
+
+
+def auto_method(op: str, tp: int, M: int, K: int, N: int, dtype: str) -> str:
+    """The method ``method="auto"`` runs at this global shape (the bench's communicator is still
+    up): AG x[M/tp, K] @ w[K, N/tp]; RS x[M, K/tp] @ w[K/tp, N]."""
+    from jax_ub import overlap
+
+    x, w = ((M // tp, K), (K, N // tp)) if op == "ag" else ((M, K // tp), (K // tp, N))
+    return overlap.choose(op, x, w, dtype, "tp")
+
+
+def same_program_spread(rows: list) -> list[float]:
+    """|jax_ub / jax_ub_<method auto ran> - 1| per row: one program timed twice in one run (two
+    compilations of the same schedule), so the run's own noise. Differences between impls smaller
+    than this are not resolved by the run."""
+    out = []
+    for *_, r, auto in rows:
+        twin = r.get("xla_plain" if auto == "xla" else f"jax_ub_{auto}")  # auto may run XLA's path
+        if twin and r.get("jax_ub"):
+            out.append(abs(r["jax_ub"] / twin - 1.0))
+    return out
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    good = [v for v in values if v == v and v > 0]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else None
+
+
+def _table(op: str, rows: list, path: str) -> None:
+    alts = "ring/all_peer" if op == "ag" else "ring/pipeline/chain"
+    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (auto runs)  "
+          f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm))")
+    speedups = []
+    for tp, M, K, N, r, auto in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        alt = (f"{g('jax_ub_all_peer'):.3f}" if op == "ag" else
+               f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}")
+        ideal = h.ideal(g("gemm_alone"), g("comm_jax_ub"))
+        sp = g("xla_plain") / g("jax_ub")
+        speedups.append(sp)
+        print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
+              f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
+              f"{g('jax_ub_ring'):.3f}/{alt}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}"
+              f"  ({g('gemm_all_gpus'):.3f}, {g('jax_ub') / h.ideal(g('gemm_all_gpus'), g('comm_jax_ub')):.2f})")
+    gm = _geomean(speedups)
+    if gm is not None:
+        print(f"geometric mean speedup vs xla_plain: {gm:.2f}x")
+    spread = same_program_spread(rows)
+    if spread:
+        print(f"same program timed twice (jax_ub and jax_ub_<the method auto runs>): differ by "
+              f"{100 * statistics.median(spread):.1f}% (median), {100 * max(spread):.1f}% (max) "
+              f"over {len(spread)} shapes: this run's noise")
