@@ -372,8 +372,10 @@ def timeline_wanted(a: argparse.Namespace, cuda: bool, path: str) -> bool:
 
 
 def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: Any) -> dict | None:
-    """Traces the last of TIMELINE_CALLS back-to-back calls of ``entry`` (the jax_ub impl), draws ``<stem>-timeline-<case>.png``, prints
-    a summary; returns the JSON ``timelines`` item, or None (with a progress line) if skipped."""
+    """Traces the last of TIMELINE_CALLS back-to-back calls of ``entry`` (the jax_ub impl), draws
+    ``<stem>-timeline-<case>.png``, prints a summary; returns the JSON ``timelines`` item, ``{}``
+    when the calls ran no jax_ub op (a printed line; later cases may), or None when tracing is
+    unavailable (a progress line; callers stop trying)."""
     from jax_ub.bench import timeline
 
     records, why = capture_timeline(*(entry() if callable(entry) else entry))
@@ -386,10 +388,12 @@ def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: A
     path = f"{stem}-timeline-{tag}.png"
     title = (f"jax_ub {tag} {a.dtype}: the last of {TIMELINE_CALLS} traced calls back to back "
              "(ms from the op's start on each device)")
+    if not records:  # nothing to draw; later cases may still trace (this is no tracing failure)
+        print(f"timeline {tag}: no records: the traced calls ran no jax_ub CUDA op (at tp=1, or "
+              f"where auto runs XLA's path, there is nothing to overlap)")
+        return {}
     drawn = timeline.draw(records, path, title)
-    print(f"timeline {tag}: {len(records)} records"
-          + (f", {path}" if drawn else " (no PNG: matplotlib missing or no records)"))
-    if records:
-        print(timeline.summary(records))
+    print(f"timeline {tag}: {len(records)} records" + (f", {path}" if drawn else " (no PNG: matplotlib missing)"))
+    print(timeline.summary(records))
     impl = f"jax_ub_{case['method']}" if case.get("method") else "jax_ub"
     return {**case, "dtype": a.dtype, "impl": impl, "records": records}

@@ -138,6 +138,24 @@ def test_capture_timeline_without_tracing(monkeypatch):
     assert records is None and "without tracing" in why
 
 
+def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monkeypatch, tmp_path,
+                                                                             capsys):
+    """At tp=1 (or where auto runs XLA's path) the traced calls run no jax_ub op: no picture, a
+    line saying why, and ``{}`` (not None, which stops the tracing of every later case)."""
+    import argparse
+
+    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(overlap, "trace_collect", lambda: [], raising=False)
+    a = argparse.Namespace(dtype="bfloat16")
+    stem = str(tmp_path / "box")
+    item = harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),)))
+    assert item == {}
+    assert "timeline tp1-8x4x8: no records: the traced calls ran no jax_ub CUDA op" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+    monkeypatch.delattr(overlap, "trace_enable")
+    assert harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),))) is None
+
+
 # ------------------------------------------------------------------------------------------------
 # ag / rs (in this process: 8 simulated devices)
 

@@ -497,6 +497,24 @@ def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method
         c.fn(ops, mesh, method="no_such_method")(x, w)
 
 
+@pytest.mark.parametrize("which", ["all_gather", "reduce_scatter"])
+def test_bare_collective_on_an_axis_of_size_one_returns_its_input(cpu_mesh, which):
+    """jax_ub.overlap.all_gather / reduce_scatter over a size-1 axis (where initialize makes no
+    communicator) are the identity, as lax.all_gather / psum_scatter are there; on a larger axis
+    without a communicator they still say that initialize is missing."""
+    from jax_ub import overlap
+
+    fn = getattr(overlap, which)
+    x = jax.random.normal(jax.random.key(3), (4 * 6, 5), jnp.float32)
+    mesh = cpu_mesh(1, dp=4)
+    y = jax.jit(jax.shard_map(lambda x: fn(x, "tp") * 2.0, mesh=mesh, in_specs=P("dp", "tp"),
+                              out_specs=P("dp", "tp")))(x)
+    np.testing.assert_array_equal(np.asarray(y), 2.0 * np.asarray(x))
+    with pytest.raises(ValueError, match="no jax_ub communicator for mesh axis 'tp'"):
+        jax.jit(jax.shard_map(lambda x: fn(x, "tp"), mesh=cpu_mesh(2), in_specs=P("tp"),
+                              out_specs=P("tp")))(x)
+
+
 def test_missing_communicator_warns_once_per_gpu_axis(monkeypatch, caplog, cpu_mesh):
     """method='auto' without a communicator runs XLA: on a GPU mesh that is most likely a missing
     jax_ub.initialize, said once per axis; a CPU mesh (the reference path on purpose) says nothing."""
