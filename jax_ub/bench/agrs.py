@@ -116,8 +116,8 @@ def run(a: argparse.Namespace) -> int:
         traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
         if timeline_ok and traced in res:
             tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
-                                       **({"method": a.timeline_method} if traced != "jax_ub" else {})},
-                             impls[traced])
+                                         **({"method": a.timeline_method} if traced != "jax_ub" else {})},
+                               impls[traced])
             timeline_ok = tl is not None  # a skip says why once, then no more tries
             timelines += [tl] if tl else []
         auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
@@ -130,7 +130,7 @@ def run(a: argparse.Namespace) -> int:
         rows.append((tp, M, K, N, res, auto))
     h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
     png = h.plot(records, stem + ".png", f"jax_ub {a.op} ({os.path.basename(stem)}, {a.dtype})", CHART,
-               lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+                 lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
     h.wrote(stem, png)
     _table(a.op, rows, path)
     return 0

@@ -142,7 +142,7 @@ def run(a: argparse.Namespace) -> int:
         jax_ub.shutdown()
     h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
     png = h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {a.dtype})", CHART,
-               lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+                 lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
     h.wrote(stem, png)
     print(f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
           "jax_ub/max(gemm,ub_comm) (target <= 1.10)")

@@ -297,7 +297,7 @@ def run(a: argparse.Namespace) -> int:
     stem = h.out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
     h.write_json(a, stem, records, path=path.split(" ")[1])
     png = h.plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", CHART,
-               lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
+                 lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
     h.wrote(stem, png)
     for model, _, r in rows:
         sp = r.get("xla_plain", float("nan")) / r.get("jax_ub", float("nan"))

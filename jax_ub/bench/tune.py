@@ -84,7 +84,7 @@ def run(a: argparse.Namespace) -> int:
         group = [c for c in todo if c.shape.tp == tp]
         if tp > ndev or tp < 2:
             h.progress(f"skip {len(group)} shape(s) at tp={tp}: "
-                        + (f"only {ndev} devices" if tp > ndev else "nothing to communicate"))
+                       + (f"only {ndev} devices" if tp > ndev else "nothing to communicate"))
             continue
         mesh = h.make_mesh(tp, cuda)
         try:
