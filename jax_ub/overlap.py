@@ -122,12 +122,6 @@ GEMM_TFLOPS = 700.0
 BULK_SIDE_MARGIN = 1.5
 
 
-def _alone(axis_name: Any) -> bool:
-    """One mesh axis of size 1: a collective over it moves nothing."""
-    axis = _validate.one_axis(axis_name)
-    return axis is not None and jax.lax.axis_size(axis) == 1
-
-
 def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommSet:
     if _validate.one_axis(axis_name) is None:
         how = f"method={method!r}" if method else "the CUDA path"
@@ -311,7 +305,7 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     over ``axis_name`` after :func:`jax_ub.initialize`. On an axis of size 1 it returns ``x``
     (one shard is the whole; :func:`jax_ub.initialize` makes no communicator there).
     """
-    if _alone(axis_name):
+    if _validate.bound_axis_size("all_gather", axis_name) == 1:  # nothing to gather
         return x
     _ext.ensure_registered()
     s = _set_for(axis_name, "all_gather")
@@ -335,7 +329,7 @@ def rs_pieces(rows: int, row_bytes: int) -> int:
 def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ring") -> jax.Array:
     """``lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)`` over jax_ub's
     transport, accumulating in float32. On an axis of size 1 it returns ``x``, as ``all_gather``."""
-    if _alone(axis_name):
+    if _validate.bound_axis_size("reduce_scatter", axis_name) == 1:  # nothing to sum
         return x
     _ext.ensure_registered()
     s = _set_for(axis_name, "reduce_scatter")
