@@ -7,6 +7,9 @@ milliseconds of:
   w[K, N/tp]; RS: x[M, K/tp] @ w[K/tp, N]);
 * ``gemm_all_gpus`` the same GEMM on every GPU of the mesh at once (no communication): what a GEMM
   costs while the whole machine computes, as in every overlapped op (power and clocks are shared);
+* ``gemm_chunks``  on every GPU at once, that GEMM as the tp row-chunk GEMMs an overlapped op runs
+  (AG: one per rank's chunk, RS: one partial per owner), back to back, no communication: what
+  splitting the GEMM costs before any overlap (at tp=4 up to 1.2x the whole GEMM);
 * ``comm_nccl``    XLA's own collective alone (``lax.all_gather`` / ``lax.psum_scatter``, NCCL);
 * ``comm_jax_ub``  jax_ub's collective alone (copy engine);
 * ``xla_plain``    collective then dot in ``shard_map`` (no overlap);

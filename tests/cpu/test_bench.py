@@ -217,6 +217,24 @@ def test_gemm_all_gpus_is_each_gpus_local_gemm(op, cpu_mesh):
         np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_gemm_chunks_are_each_gpus_row_chunk_gemms(op, cpu_mesh):
+    """gemm_chunks: every device computes its local GEMM as tp row-chunk GEMMs (AG: each rank's
+    chunk of the gathered x @ its w shard; RS: each owner's rows of its x shard @ its w shard),
+    one output per chunk, with no communication."""
+    mesh = cpu_mesh(4)
+    fn, (*chunks, w) = agrs.build(op, mesh, 32, 16, 24, "float32", cuda=False)["gemm_chunks"]()
+    assert len(chunks) == 4
+    outs = [np.asarray(o) for o in fn(*chunks, w)]
+    xs = np.concatenate([np.asarray(c) for c in chunks])  # the global x, rows in order
+    ws = np.asarray(w)
+    for i in range(4):  # device i
+        want = xs @ ws[:, i * 6:(i + 1) * 6] if op == "ag" else xs[:, i * 4:(i + 1) * 4] @ ws[i * 4:(i + 1) * 4]
+        for j in range(4):  # its chunk j
+            assert outs[j].shape == (4, 8, 6 if op == "ag" else 24)
+            np.testing.assert_allclose(outs[j][i], want[j * 8:(j + 1) * 8], rtol=1e-5, atol=1e-5)
+
+
 def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
     """--timeline as on the CUDA path, with the trace functions faked: PNG + JSON "timelines"."""
     from jax.sharding import Mesh
