@@ -24,6 +24,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
 | rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
+| ag_push_merge | JAX_UB_AG_PUSH_MERGE | 0 | ``1``: the ``push`` AG->GEMM (without pieces, tp > 2) multiplies the peers' chunks as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of one GEMM per chunk (opt-in until measured at tp=4) |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
 | record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
@@ -105,6 +106,7 @@ class Config:
     rs_column_pieces: int = 0
     rs_pieces: int = 0
     ag_push_pieces: int = 0
+    ag_push_merge: bool = False
     tuning_file: str = ""
     record_shapes: str = ""
     log_level: str = "WARNING"
@@ -196,6 +198,8 @@ class Config:
             kw["rs_pieces"] = _bounded_int(env, "JAX_UB_RS_PIECES", 8)
         if "JAX_UB_AG_PUSH_PIECES" in env:
             kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
+        if "JAX_UB_AG_PUSH_MERGE" in env:
+            kw["ag_push_merge"] = _parse_bool("JAX_UB_AG_PUSH_MERGE", env["JAX_UB_AG_PUSH_MERGE"])
         if env.get("JAX_UB_TUNING_FILE", "").strip():
             kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
         if env.get("JAX_UB_RECORD_SHAPES", "").strip():

@@ -188,9 +188,13 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
               if s.transport != "nccl" else 1)
     if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
         _warm(s, math.prod(x2.shape[:-1]) // pieces, w.shape[1], x2.shape[-1], x.dtype, precision)
+    merge = s.transport != "nccl" and ag_push_merge(method, s.world, pieces)
+    if merge:  # the peers' rows of every rank: 1 to world-1 chunks in one GEMM
+        for c in range(2, s.world):
+            _warm(s, c * math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], x.dtype, precision)
     y, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
         _checked(x2, s, "all_gather_matmul"), w, set_id=s.set_id, algo=np.int32(AG_ALGOS[method]),
-        tf32=_ffi.tf32_allowed(precision), pieces=np.int32(pieces))
+        tf32=_ffi.tf32_allowed(precision), pieces=np.int32(pieces), merge=merge)
     return _back(y, axis), (_back(xg, axis) if keep else None)
 
 
@@ -296,6 +300,15 @@ def ag_push_pieces(method: str, rows: int, n: int, k: int, itemsize: int, world:
         best = min(ends, key=ends.__getitem__)
         want = best if ends[best] <= ends[1] * (1 - AG_PUSH_PIECES_GAIN) else 1
     return next(p for p in range(max(want, 1), 0, -1) if rows % p == 0)
+
+
+def ag_push_merge(method: str, world: int, pieces: int) -> bool:
+    """Whether a push AG->GEMM over ``world`` ranks multiplies the peers' chunks as at most two
+    GEMMs over their contiguous rows of the buffer (ranks r+1..world-1, then 0..r-1), each once its
+    chunks have landed, instead of one GEMM per chunk: ``config.ag_push_merge``, for the push
+    algorithm without pieces (the two exclude each other) and more than one peer."""
+    return (config.get().ag_push_merge and AG_ALGOS.get(method) == AG_ALGOS["push"]
+            and pieces == 1 and world > 2)
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:

@@ -1,59 +1,77 @@
-"""One GPU: what splitting the GEMM into tp row chunks costs AG->GEMM and GEMM->RS on an idle
-GPU, before any communication: a floor under T/T_ideal of every schedule that runs one GEMM per
-chunk. For AG, also whether the push schedule would gain by running the peers' chunks, which at
-tp 4's bench shapes have all landed before the local chunk's GEMM ends, as one or two GEMMs.
+"""One GPU: what splitting the GEMM into tp row chunks costs AG->GEMM and GEMM->RS, before any
+communication: a floor under T/T_ideal of every schedule that runs one cuBLASLt GEMM per chunk.
+For AG, also whether the push schedule would gain by running the peers' chunks (which at tp 4's
+bench shapes have all landed before the local chunk's GEMM ends) as one or two GEMMs.
 
-    python3 scripts/split_gemm_probe.py [candidates] [reps]
+    python3 scripts/split_gemm_probe.py [reps] [iters]
+    JAX_UB_GEMM_TUNE=8 python3 scripts/split_gemm_probe.py     # cuBLASLt algorithms tuned per shape
 
-cuBLASLt through jax_ub's trace-time tuner, bf16, `reps` back-to-back runs per GEMM; candidates 1
-times the heuristic's first algorithm (JAX_UB_GEMM_TUNE's default), more keep the fastest. For
-each bench shape and tp, the sum over the whole GEMM ([M, K] @ [K, N/tp] for AG, [M, K/tp] @
-[K/tp, N] for RS) of:
+Random bf16 data (a fixed pattern draws less power and runs at higher clocks), `jax_ub.matmul`
+(cuBLASLt, the GEMM the overlapped ops run), each schedule one jitted program of back-to-back
+GEMMs over pre-sliced row pieces; `reps` rounds in which every schedule of a shape runs `iters`
+calls, in turn; medians. For each bench shape and tp, ms of the whole GEMM ([M, K] @ [K, N/tp] for
+AG, [M, K/tp] @ [K/tp, N] for RS) and, over it, of:
 - tp chunk GEMMs of M/tp rows;
 - AG: the local chunk, then the peers' rows in one GEMM (rank 0 or tp-1: contiguous rows);
 - AG: the local chunk, then the peers' rows in two GEMMs (a middle rank r: r chunks, tp-1-r).
 """
 from __future__ import annotations
 
-from addend_probe import BENCH, tune_args  # scripts/ is on sys.path when run as a script
+import statistics
+import sys
 
-from jax_ub import _ext
+from addend_probe import BENCH  # scripts/ is on sys.path when run as a script
 
 
 def main() -> None:
-    cands, reps = tune_args()
-    mod = _ext.extension()
-    cache: dict[int, float] = {}
+    import jax
+    import jax.numpy as jnp
 
-    def ms(rows: int, n: int, k: int) -> float:
-        key = (rows, n, k)
-        if key not in cache:
-            # The tuner times nothing below 2 candidates; the first's time is the heuristic's.
-            r = mod.gemm_warmup(0, rows, n, k, 2, False, 32 << 20,
-                                tune_candidates=max(cands, 2), tune_reps=reps)
-            cache[key] = r["best_ms"] if cands > 1 else r["heuristic_ms"]
-        return cache[key]
+    import jax_ub
+    from jax_ub.bench import harness as h
 
-    print(f"{'op':>2} {'tp':>2} {'M,K,N':>18} | whole ms | tp row chunks: sum / whole | "
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    iters = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+
+    def gemms(*args):  # row pieces, then b: one GEMM per piece, back to back
+        *pieces, b = args
+        return tuple(jax_ub.matmul(p, b, method="cublaslt") for p in pieces)
+
+    run = jax.jit(gemms)
+    key = iter(jax.random.split(jax.random.key(0), 1024))
+
+    def rand(shape):
+        return jax.random.normal(next(key), shape, jnp.float32).astype(jnp.bfloat16)
+
+    print(f"JAX_UB_GEMM_TUNE={jax_ub.config.get().gemm_tune}, {reps} rounds of {iters} calls, "
+          f"median ms")
+    print(f"{'op':>2} {'tp':>2} {'M,K,N':>18} | whole ms | tp row chunks: ms / whole | "
           f"AG: local + merged peers | AG: local + two ranges (middle rank)")
     for tp in (4, 2):
         for M, K, N in BENCH:
-            m = M // tp
-            # AG: [M, K] @ [K, N/tp] in tp chunks of rows; RS: [M, K/tp] @ [K/tp, N] in tp
-            # partials of rows, one per owner.
+            m, r = M // tp, tp // 2
             for op, n, k in (("ag", N // tp, K), ("rs", N, K // tp)):
-                whole = ms(M, n, k)
-                chunks = tp * ms(m, n, k)
-                line = (f"{op:>2} {tp:>2} {f'{M},{K},{N}':>18} | {whole:.4f} | "
-                        f"{chunks:.4f} / {chunks / whole:.3f}")
+                a, b = rand((M, k)), rand((k, n))
+                scheds = {"whole": [M], "chunks": [m] * tp}
                 if op == "ag":
-                    merged = ms(m, n, k) + ms((tp - 1) * m, n, k)
-                    r = tp // 2
-                    two = ms(m, n, k) + ms(r * m, n, k) + (ms((tp - 1 - r) * m, n, k)
-                                                           if tp - 1 - r else 0)
-                    line += (f" | {merged:.4f} / {merged / whole:.3f} | "
-                             f"{two:.4f} / {two / whole:.3f}")
+                    scheds["merged"] = [m, (tp - 1) * m]
+                    scheds["two"] = [m, r * m] + ([(tp - 1 - r) * m] if tp - 1 - r else [])
+                args = {}
+                for name, rows in scheds.items():
+                    starts = [sum(rows[:i]) for i in range(len(rows))]
+                    args[name] = [a[s:s + n_] for s, n_ in zip(starts, rows, strict=True)] + [b]
+                    jax.block_until_ready(run(*args[name]))  # compile, warm up
+                times = {name: [] for name in scheds}
+                for _ in range(reps):
+                    for name in scheds:
+                        times[name].append(h.time_fn(run, args[name], warmup=1, iters=iters, reps=1))
+                ms = {name: statistics.median(t) for name, t in times.items()}
+                line = f"{op:>2} {tp:>2} {f'{M},{K},{N}':>18} | {ms['whole']:.4f}"
+                for name in ("chunks", "merged", "two"):
+                    if name in ms:
+                        line += f" | {ms[name]:.4f} / {ms[name] / ms['whole']:.3f}"
                 print(line, flush=True)
+                del a, b, args
 
 
 if __name__ == "__main__":

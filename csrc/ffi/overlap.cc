@@ -106,7 +106,7 @@ ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s)
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t pieces = 1) {
+                  int32_t pieces = 1, bool merge = false) {
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
   AgGemmArgs a;
@@ -116,7 +116,12 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
                                           << "] and divide the local rows " << a.m << "; got "
                                           << pieces);
   }
+  if (merge && (a.algo != AgAlgo::kPush || pieces != 1)) {
+    return Check(op, *c, false, StrCat() << "merge applies to the push algorithm without pieces; "
+                                            "got algorithm " << algo << ", pieces " << pieces);
+  }
   a.pieces = pieces;
+  a.merge = merge;
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
   return Run(op, device, c, AgGemm(c, a, stream));
 }
@@ -124,9 +129,9 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> xg,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo,
-                         bool tf32, int32_t pieces) {
+                         bool tf32, int32_t pieces, bool merge) {
   return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
-                pieces);
+                pieces, merge);
 }
 
 ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -313,7 +318,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer, 2 push
                                   .Attr<bool>("tf32")            // float32 may use TF32
-                                  .Attr<int32_t>("pieces"));     // push: row pieces of the last chunk
+                                  .Attr<int32_t>("pieces")       // push: row pieces of the last chunk
+                                  .Attr<bool>("merge"));         // push: peers' chunks in <= 2 GEMMs
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,
                               ffi::Ffi::Bind()

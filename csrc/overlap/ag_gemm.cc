@@ -148,9 +148,22 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
+    if (a.merge && a.w != nullptr) {
+      // Slots r+1..world-1 land at steps 1..world-1-r, slots 0..r-1 after them.
+      const int first[2] = {r + 1, 0}, count[2] = {world - 1 - r, r};
+      for (int g = 0; g < 2; ++g) {
+        if (count[g] == 0) continue;
+        for (int q = first[g]; q < first[g] + count[g]; ++q) {
+          JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kDataReady, q, e, op));
+        }
+        JAX_UB_RETURN_IF_ERROR(chunk_gemm(first[g], buf + first[g] * chunk, 0, count[g] * a.m));
+      }
+    }
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      if (i == world - 1 && pieces > 1) {
+      if (a.merge && a.w != nullptr) {
+        // multiplied above
+      } else if (i == world - 1 && pieces > 1) {
         for (int j = 0; j < pieces; ++j) {
           JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kPiece, q, base + j, op));
           JAX_UB_RETURN_IF_ERROR(chunk_gemm(q, buf + q * chunk, j * prow, prow));

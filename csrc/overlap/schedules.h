@@ -95,6 +95,11 @@ struct AgGemmArgs {
   // and multiplied in this many row pieces (1 to kMaxChainPieces, dividing m), signalled one by
   // one (kPiece): the op's tail is then one piece's GEMM instead of a whole chunk's.
   int pieces = 1;
+  // kPush with w, pieces == 1: the peers' chunks are multiplied as (at most) two GEMMs over their
+  // contiguous rows of the buffer instead of one per chunk: ranks r+1..world-1 (they land first),
+  // then 0..r-1, each once all its chunks have landed. Fewer, larger GEMMs cost less than one per
+  // chunk where the copies are done before the local chunk's GEMM is (scripts/split_gemm_probe.py).
+  bool merge = false;
   // Called (ipc only) once the local shard's same-device copies are enqueued, before the peers'
   // chunks: the bulk form enqueues its GEMM there (see Bulk).
   std::function<Status()> after_local;

@@ -21,7 +21,7 @@ def test_defaults_from_empty_environment():
         "method": "auto", "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 0,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
-        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "tuning_file": "", "record_shapes": "",
+        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "ag_push_merge": False, "tuning_file": "", "record_shapes": "",
         "log_level": "WARNING",
     }  # fmt: skip
 
@@ -36,6 +36,7 @@ VARIABLES = [
     ("JAX_UB_RS_CHAIN_PIECES", "3", "rs_chain_pieces", 3),
     ("JAX_UB_RS_CHAIN_SPLIT", " Cols ", "rs_chain_split", "cols"),
     ("JAX_UB_AG_PUSH_PIECES", "2", "ag_push_pieces", 2),
+    ("JAX_UB_AG_PUSH_MERGE", "1", "ag_push_merge", True),
     ("JAX_UB_RS_COLUMN_PIECES", "8", "rs_column_pieces", 8),
     ("JAX_UB_RS_PIECES", " 4 ", "rs_pieces", 4),
     ("JAX_UB_METHOD", "columns", "method", "columns"),

@@ -97,6 +97,19 @@ def test_ag_push_pieces_rule_and_override():
         assert overlap.ag_push_pieces("chain", 2046, 8192, 1024, 2, 4) == 3
 
 
+def test_ag_push_merge_is_opt_in_for_push_without_pieces():
+    """The peers' chunks in at most two GEMMs: only when asked for, with the push algorithm (also
+    the AG side of chain/columns), without pieces, and with more than one peer."""
+    assert not overlap.ag_push_merge("push", 4, 1)  # off by default
+    with config.override(ag_push_merge=True):
+        assert overlap.ag_push_merge("push", 4, 1)
+        assert overlap.ag_push_merge("chain", 8, 1)
+        assert not overlap.ag_push_merge("push", 4, 2)     # pieces: the last chunk goes in pieces
+        assert not overlap.ag_push_merge("push", 2, 1)     # one peer chunk: nothing to merge
+        assert not overlap.ag_push_merge("ring", 4, 1)
+        assert not overlap.ag_push_merge("all_peer", 4, 1)
+
+
 @pytest.mark.parametrize("n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1),
                                              (1000, 4, 5)])
 def test_column_blocks_are_equal_whole_vectors(n, itemsize, want):

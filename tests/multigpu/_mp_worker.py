@@ -149,6 +149,16 @@ if mode == "exchange":
                 y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
                          (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
             check(f"ag_gemm_push2_{name}", y, ref, tol)
+            # Push with the peers' chunks in at most two GEMMs (two at a middle rank), over
+            # NaN-poisoned memory: a row range left out would show.
+            poison = [jax.device_put(jnp.full((1536, 1024 // tp), jnp.nan, dtype), d)
+                      for d in jax.local_devices() for _ in range(2)]
+            jax.block_until_ready(poison)
+            del poison
+            with jax_ub.config.override(ag_push_merge=True):
+                y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                         (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+            check(f"ag_gemm_push_merge_{name}", y, ref, tol)
             with jax_ub.config.override(rs_chain_split="cols"):
                 y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
                           (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)

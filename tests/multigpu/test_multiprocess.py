@@ -66,7 +66,8 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
     if transport == "ipc":
         want |= {f"{op}_{m}_{d}" for d in ("bfloat16", "float32")
                  for op, m in (("ag_gemm", "all_peer"), ("ag_gemm", "push"), ("gemm_rs", "pipeline"),
-                               ("gemm_rs", "columns"), ("ag_gemm", "push2"), ("gemm_rs", "chain_cols"))}
+                               ("gemm_rs", "columns"), ("ag_gemm", "push2"), ("gemm_rs", "chain_cols"),
+                               ("ag_gemm", "push_merge"))}
     for r in results:
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
         assert want <= names, sorted(want - names)

@@ -132,6 +132,26 @@ def test_all_gather_matmul_push_pieces(ub, tp, pieces):
 
 
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
+def test_all_gather_matmul_push_merge(ub, tp):
+    """Push with the peers' chunks in at most two GEMMs (JAX_UB_AG_PUSH_MERGE), with and without
+    the gathered output, at a non-power-of-two shape and small M; at tp 2 it is plain push."""
+    _need(tp)
+    with ub.config.override(ag_push_merge=True):
+        for shape in ((6144, 5120, 13824), (tp * 128, 1024, 768)):
+            for dtype in (jnp.bfloat16, jnp.float32):
+                _ag_case(ub, tp, dtype, *shape, "push")
+        M, K, N = 2048, 1024, 1536
+        mesh = _mesh(tp)
+        x, w = _rand(7, (M, K), jnp.bfloat16), _rand(8, (K, N), jnp.bfloat16)
+        g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                                  mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+                                  out_specs=P(None, "tp"), check_vma=False))
+        _poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
+        ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
+        assert _rel(g(x, w), ref) <= TOL[jnp.bfloat16]
+
+
+@pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_all_gather_matmul_batch_dims(ub, tp):
     """Leading batch dims: the gather axis is moved to the front (an XLA transpose before the op)."""
     _need(tp)
