@@ -2,7 +2,7 @@
 # What issues 4 and 5 still owe a 4-GPU machine (nvidia-h200-x4), as three device calls of < 600 s:
 #   bash scripts/tp4_owed.sh a    # tests not yet run on 2+ GPUs in one process; bench ag|rs|bulk --tp 4
 #   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with GEMM tuning, probes
-#   bash scripts/tp4_owed.sh c    # ag with GEMM tuning (its row-chunk GEMMs gain most from it)
+#   bash scripts/tp4_owed.sh c    # ag with GEMM tuning, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE)
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
 # Afterwards: python scripts/merge_results.py, then
 #   python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json
@@ -27,6 +27,7 @@ case "${1:-}" in
   c)
     TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
       'ag_tuned|150|JAX_UB_GEMM_TUNE=8 python3 -m jax_ub.bench ag --tp 4 --out $R/tuned' \
+      'ag_merge|150|JAX_UB_AG_PUSH_MERGE=1 python3 -m jax_ub.bench ag --tp 4 --out $R/merge' \
       'split|120|python3 scripts/split_gemm_probe.py 1 50 && python3 scripts/split_gemm_probe.py 8 30'
     ;;
   *) echo "usage: bash scripts/tp4_owed.sh a|b|c" >&2; exit 2 ;;

@@ -14,7 +14,9 @@ milliseconds of:
 * ``comm_jax_ub``  jax_ub's collective alone (copy engine);
 * ``xla_plain``    collective then dot in ``shard_map`` (no overlap);
 * ``xla_windowed`` the jit-partitioned dot with XLA's windowed-einsum flags;
-* ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm.
+* ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm;
+* ``variant_push_merge`` (ag, CUDA path) push with ``JAX_UB_AG_PUSH_MERGE=1``: the peers' chunks in
+  at most two GEMMs (opt-in, so not among the methods ``auto`` chooses from).
 
 With ``--timeline`` (``ag``, ``rs``, ``bulk``; CUDA path only), each shape's ``jax_ub`` op also
 runs traced (``jax_ub.overlap.trace_enable``/``trace_collect``), ``TIMELINE_CALLS`` calls back to

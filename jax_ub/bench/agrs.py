@@ -28,7 +28,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     from jax.sharding import PartitionSpec as P
 
     import jax_ub
-    from jax_ub import overlap
+    from jax_ub import config, overlap
 
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
@@ -107,6 +107,13 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         return fw.lower(x, w).compile(compiler_options=h.WINDOWED_FLAGS), (x, w)
 
     impls["xla_windowed"] = windowed
+    if op == "ag" and cuda:
+        def push_merge():  # push, the peers' chunks in at most two GEMMs (traced with the knob on)
+            f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"), (x_spec, w_spec), y_spec)
+            with config.override(ag_push_merge=True):
+                return f.lower(x, w).compile(), (x, w)
+
+        impls["variant_push_merge"] = push_merge  # not a method auto may run: no jax_ub_ prefix
     if not cuda:  # the copy-engine collective and the explicit CUDA algorithms need the CUDA path
         for name in [n for n in impls if n == "comm_jax_ub" or n.startswith("jax_ub_")]:
             del impls[name]
@@ -199,6 +206,11 @@ def _table(op: str, rows: list, path: str) -> None:
     gm = _geomean(speedups)
     if gm is not None:
         print(f"geometric mean speedup vs xla_plain: {gm:.2f}x")
+    merged = [(tp, M, K, N, r["variant_push_merge"] / r["jax_ub_push"]) for tp, M, K, N, r, _ in rows
+              if r.get("variant_push_merge") and r.get("jax_ub_push")]
+    if merged:  # JAX_UB_AG_PUSH_MERGE=1 against plain push, same run
+        print("push with merged peer GEMMs / push: " + ", ".join(
+            f"tp{tp} {M},{K},{N} {ratio:.3f}" for tp, M, K, N, ratio in merged))
     spread = same_program_spread(rows)
     if spread:
         print(f"same program timed twice (jax_ub and jax_ub_<the method auto runs>): differ by "

@@ -477,3 +477,18 @@ def test_host_line_reports_the_slowest_device_per_op():
     before = {("tp", 0): {"ops": 3, "host_s": 1.0, "meet_s": 0.5}}
     after = {("tp", 0): {"ops": 5, "host_s": 1.25, "meet_s": 0.5}}
     assert harness._host_delta(before, after) == {("tp", 0): {"ops": 2, "host_s": 0.25, "meet_s": 0.0}}
+
+
+def test_table_prints_split_floor_and_merged_push(capsys):
+    """The ag table's last columns: T over max(the GEMM in tp row chunks, ub_comm); and, where the
+    run timed it, push with merged peer GEMMs over plain push, per shape."""
+    r = {"gemm_alone": 1.0, "gemm_all_gpus": 1.1, "gemm_chunks": 1.2, "comm_nccl": 0.5,
+         "comm_jax_ub": 0.4, "xla_plain": 2.0, "xla_windowed": 2.5, "jax_ub": 1.32,
+         "jax_ub_push": 1.32, "jax_ub_ring": 1.5, "jax_ub_all_peer": 1.6, "variant_push_merge": 1.254}
+    agrs._table("ag", [(4, 8192, 8192, 28672, r, "push")], "path: cuda")
+    out = capsys.readouterr().out
+    assert "(1.100, 1.20; 1.200, 1.10)" in out  # T/max(all GPUs, comm) 1.20; T/max(chunks, comm) 1.10
+    assert "push with merged peer GEMMs / push: tp4 8192,8192,28672 0.950" in out
+    agrs._table("ag", [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "variant_push_merge"},
+                        "push")], "path: cuda")
+    assert "merged" not in capsys.readouterr().out
