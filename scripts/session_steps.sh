@@ -17,7 +17,7 @@ for spec in "$@"; do
   step "$name"
   timeout -k 5 "$limit" bash -c "$cmd" > "$L/$name.log" 2>&1
   echo "rc=$?"
-  grep -v "^\[bench\]\|^W0\|^I0\|^E0" "$L/$name.log" | grep -E "passed|failed|error|Error|speedup|T/T|jax_ub|gemm|comm|xla|ms" | tail -${TAILN:-16}
+  grep -v "^\[bench\]\|^W0\|^I0\|^E0" "$L/$name.log" | grep -E "passed|failed|error|Error|speedup|merged|T/T|jax_ub|gemm|comm|xla|ms" | tail -${TAILN:-16}
 done
 step done
 tar czf "$OUT_DIR/out.tgz" -C "$OUT_DIR" results logs && rm -rf "$R" "$L"
