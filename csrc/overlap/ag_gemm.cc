@@ -148,8 +148,10 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
       JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
-    if (a.merge && a.w != nullptr) {
-      // Slots r+1..world-1 land at steps 1..world-1-r, slots 0..r-1 after them.
+    const bool merged = a.merge && a.w != nullptr;
+    if (merged) {
+      // Two runs of contiguous slots, one GEMM each: r+1..world-1 (they land at steps
+      // 1..world-1-r), then 0..r-1.
       const int first[2] = {r + 1, 0}, count[2] = {world - 1 - r, r};
       for (int g = 0; g < 2; ++g) {
         if (count[g] == 0) continue;
@@ -161,8 +163,8 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
     }
     for (int i = 1; i < world; ++i) {
       const int q = (r + i) % world;
-      if (a.merge && a.w != nullptr) {
-        // multiplied above
+      if (merged) {
+        // its GEMM ran above, with its run of slots
       } else if (i == world - 1 && pieces > 1) {
         for (int j = 0; j < pieces; ++j) {
           JAX_UB_RETURN_IF_ERROR(c->Wait(c->compute(0), kPiece, q, base + j, op));
