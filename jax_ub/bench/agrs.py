@@ -68,11 +68,10 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
 
     def gemm_chunks():  # every GPU: its tp row-chunk GEMMs back to back, no communication
         m = M // tp
-        if op == "ag":  # AG: chunks of the gathered x (replicated) @ its w shard
-            spec, chunks = P(), [x[i * m:(i + 1) * m] for i in range(tp)]
-        else:  # RS: row chunks (one per owner) of its x shard @ its w shard
-            spec, chunks = x_spec, [x[i * m:(i + 1) * m] for i in range(tp)]
-        chunks = [jax.device_put(c, NamedSharding(mesh, spec)) for c in chunks]
+        # AG: chunks of the gathered x (replicated) @ its w shard; RS: row chunks (one per owner)
+        # of its x shard @ its w shard.
+        spec = P() if op == "ag" else x_spec
+        chunks = [jax.device_put(x[i * m:(i + 1) * m], NamedSharding(mesh, spec)) for i in range(tp)]
         out = tuple(P("tp", None, None) for _ in range(tp))
         return smap(chunk_gemms, (*(spec,) * tp, w_spec), out), (*chunks, w)
 
