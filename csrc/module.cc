@@ -22,6 +22,7 @@
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
 #include "gemm/cublaslt.h"
+#include "kernels/fill.h"
 
 namespace nb = nanobind;
 
@@ -202,11 +203,12 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
         JAX_UB_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         g.sm_count = sms > reserve_sms ? sms - reserve_sms : 0;
       }
-      // A fixed byte pattern, not zeros: tuning on zeros may time other power states; the
-      // values are irrelevant to speed.
-      cudaMemsetAsync(a, 0x3c, m * k * es, s);
-      cudaMemsetAsync(b, 0x3c, k * row * es, s);
-      if (c_in) cudaMemsetAsync(c_in, 0x3c, m * row * es, s);
+      // Random values in [-1, 1): a GEMM's speed depends on its data (zeros or a constant
+      // pattern run at higher clocks than real activations and rank the candidates otherwise:
+      // scripts/chunk_algo_probe.cu, NOTES.md).
+      JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, a, m * k, 1u, s));
+      JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, b, k * row, 2u, s));
+      if (c_in) JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, c_in, m * row, 3u, s));
       JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, g, s));
       if (tune_candidates > 1) {
         JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, tune_reps > 0 ? tune_reps : 5, s, &tune));

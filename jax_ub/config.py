@@ -15,7 +15,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS): ignored, no multicast path in this version (never on); ``UB_SKIPMC=1`` forces it off |
 | buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
-| gemm_tune    | JAX_UB_GEMM_TUNE     | 0       | cuBLASLt candidate algorithms timed per GEMM shape at trace time, fastest kept (0 or 1: the heuristic's first; opt-in, see README) |
+| gemm_tune    | JAX_UB_GEMM_TUNE     | 8       | cuBLASLt candidate algorithms timed per GEMM shape at trace time on random data; the fastest is kept where it beats the heuristic's first by > 3% (0 or 1: the heuristic's first, no timing) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | bulk_copy_sms | JAX_UB_BULK_COPY_SMS | 8 | SMs a bulk all-gather's GEMM leaves, over its first rows, to the gather's same-device copies (0: the GEMM gets every SM and waits for those copies) |
@@ -97,7 +97,7 @@ class Config:
     multicast: bool = False
     buffer_mib: int = 0
     gemm_workspace_mib: int = 32
-    gemm_tune: int = 0
+    gemm_tune: int = 8
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
     bulk_copy_sms: int = 8

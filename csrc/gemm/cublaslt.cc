@@ -298,32 +298,65 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStr
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   JAX_UB_CUDA_RETURN(cudaEventCreate(&e0));
   JAX_UB_CUDA_RETURN(cudaEventCreate(&e1));
-  float best_ms = -1, first_ms = -1;
-  size_t best = 0;
-  Status st;
-  for (size_t i = 0; i < algos.size() && st.ok(); ++i) {
-    // One warm-up run, then `reps` timed back to back (the median is not needed: the GPU is
-    // otherwise idle at trace time, and back-to-back runs are how the schedules issue them).
-    Status run = Run(api, handle, plan, algos[i], g, stream);
-    if (!run.ok()) continue;  // a candidate the heuristic offered but that cannot run here
-    if (cudaEventRecord(e0, stream) != cudaSuccess) break;
-    for (int r = 0; r < reps && run.ok(); ++r) run = Run(api, handle, plan, algos[i], g, stream);
+  // One warm-up run each, then kRounds rounds that time every candidate over back-to-back runs
+  // (how the schedules issue them), at least kMinTimedMs of GPU time per timing (a GEMM of a few
+  // microseconds is noise otherwise); a candidate's time is its median round. Interleaved, so a
+  // clock or power change during tuning moves every candidate alike.
+  constexpr int kRounds = 3, kMaxReps = 200;
+  constexpr float kMinTimedMs = 1.0f;
+  // The heuristic's first stays unless another is faster by more than this: a few percent of
+  // timing noise must not swap algorithms (an H200 probe of a 1.00x "gain" pick ran 5% slower).
+  constexpr float kMargin = 0.03f;
+  std::vector<bool> ok(algos.size());
+  std::vector<std::vector<float>> times(algos.size());
+  auto timed = [&](size_t i, int n) -> float {  // ms per run, < 0 if it failed
+    Status run;
+    if (cudaEventRecord(e0, stream) != cudaSuccess) return -1;
+    for (int r = 0; r < n && run.ok(); ++r) run = Run(api, handle, plan, algos[i], g, stream);
     cudaEventRecord(e1, stream);
     if (cudaEventSynchronize(e1) != cudaSuccess || !run.ok()) {
       cudaGetLastError();
-      continue;
+      return -1;
     }
     float ms = 0;
     cudaEventElapsedTime(&ms, e0, e1);
-    ms /= std::max(reps, 1);
+    return ms / n;
+  };
+  int n = std::max(reps, 1);
+  for (size_t i = 0; i < algos.size(); ++i) {
+    // A candidate the heuristic offered may still fail to run here: it is skipped.
+    const float ms = timed(i, 1);
+    ok[i] = ms >= 0;
+    if (ok[i] && n * ms < kMinTimedMs) {
+      n = std::min(kMaxReps, std::max(n, static_cast<int>(kMinTimedMs / std::max(ms, 1e-4f)) + 1));
+    }
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < algos.size(); ++i) {
+      if (!ok[i]) continue;
+      const float ms = timed(i, n);
+      ok[i] = ms >= 0;
+      if (ok[i]) times[i].push_back(ms);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  float best_ms = -1, first_ms = -1;
+  size_t best = 0;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    if (!ok[i] || times[i].empty()) continue;
+    std::sort(times[i].begin(), times[i].end());
+    const float ms = times[i][times[i].size() / 2];
     if (i == 0) first_ms = ms;
     if (best_ms < 0 || ms < best_ms) {
       best_ms = ms;
       best = i;
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  if (first_ms > 0 && best != 0 && best_ms > first_ms * (1.0f - kMargin)) {
+    best = 0;
+    best_ms = first_ms;
+  }
   if (best_ms < 0) {
     return Status::Error(StrCat() << "GEMM tuning: no candidate algorithm ran for m=" << g.m
                                   << " n=" << g.n << " k=" << g.k);

@@ -151,3 +151,42 @@ def test_matmul_output_kept_by_checkpoint_policy(jax_ub, remat):
     assert abs(float(out[0]) - float(ref[0])) <= 2e-2 * abs(float(ref[0]))
     for got_g, want in zip(out[1], ref[1], strict=True):
         assert _rel_err(got_g, want) <= 3e-2
+
+
+def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
+    """JAX_UB_GEMM_TUNE (default 8): the trace-time warm-up times cuBLASLt's candidates on random
+    data and keeps another than the heuristic's first only for a > 3% gain; the C++ plan cache
+    then answers without timing again, and the op computes the same product with the kept one."""
+    from jax_ub import _ext, config, gemm
+
+    dev = gemm._local_cuda_ordinals()[0]
+    m, k, n = 1024, 4096, 2816  # a shape no other test uses: tuned here for the first time
+    with config.override(gemm_tune=8):
+        r = gemm.warm([dev], m, n, k, jnp.bfloat16, None)[0]
+        assert r["tuned"] and 1 <= r["candidates"] <= 8, r
+        assert 0 <= r["chosen"] < r["candidates"], r
+        assert r["heuristic_ms"] > 0 and r["best_ms"] > 0, r
+        if r["chosen"] == 0:
+            assert r["best_ms"] == r["heuristic_ms"], r
+        else:
+            assert r["best_ms"] < 0.97 * r["heuristic_ms"], r
+        ws = config.get().gemm_workspace_mib << 20
+        again = dict(_ext.extension().gemm_warmup(dev, m, n, k, 2, False, ws, tune_candidates=8))
+        assert again["tuned"] and again["candidates"] == 0, again  # cached: nothing timed
+        x = jax.random.normal(jax.random.key(21), (m, k), jnp.float32).astype(jnp.bfloat16)
+        w = jax.random.normal(jax.random.key(22), (k, n), jnp.float32).astype(jnp.bfloat16)
+        f = jax.jit(lambda x, w: jax_ub.matmul(x, w, method="cublaslt"))
+        _poison((m, n), jnp.bfloat16)
+        out = f(x, w)
+    assert not bool(jnp.any(jnp.isnan(out)))
+    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+    assert _rel_err(out, ref) <= TOL[jnp.bfloat16]
+
+
+def test_gemm_tuning_off_keeps_the_heuristics_first(jax_ub):
+    from jax_ub import config, gemm
+
+    dev = gemm._local_cuda_ordinals()[0]
+    with config.override(gemm_tune=0):
+        r = gemm.warm([dev], 1024, 2304, 4096, jnp.bfloat16, None)[0]
+    assert not r["tuned"] and r["candidates"] == 0, r
