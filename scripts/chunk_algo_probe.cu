@@ -14,6 +14,8 @@
 // all, and the configuration of the best.
 // Build: nvcc -O2 -std=c++17 -arch=sm_90a -I$WHEEL/include -o chunk_algo_probe \
 //          scripts/chunk_algo_probe.cu -L$WHEEL/lib -l:libcublasLt.so.13   (WHEEL: nvidia/cu13)
+// Per candidate it also prints the chunks' time with every call on the first row block (how the
+// tuner times a candidate: the same operands again and again).
 // Run:   LD_LIBRARY_PATH=$WHEEL/lib ./chunk_algo_probe [tp=4] [cands=64] [rounds=5] [iters=10]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -57,6 +59,13 @@ static Lt Make(cublasLtHandle_t h, long m, long n, long k, size_t ws, int cands)
   LT(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t wsb = ws;
   LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+  // jax_ub tells the heuristic 16-byte alignment of every operand (gemm/cublaslt.cc): the same
+  // candidate list as the library's plans.
+  const uint32_t al = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+  }
   std::vector<cublasLtMatmulHeuristicResult_t> res(cands);
   int found = 0;
   LT(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, cands, res.data(), &found));
@@ -130,15 +139,18 @@ int main(int argc, char** argv) {
       continue;
     }
     const float alpha = 1, beta = 0;
-    // whole: one call; chunks (candidate i): tp calls over the row blocks.
+    // whole: one call; chunks (candidate i): tp calls over the row blocks, or (same) tp calls on
+    // the first block, as JAX_UB_GEMM_TUNE times a candidate.
+    bool same = false;
     auto run = [&](int cand) -> bool {
       if (cand < 0) {
         return cublasLtMatmul(h, whole.desc, &alpha, w, whole.a, x, whole.b, &beta, y, whole.c, y,
                               whole.c, &whole.algos[0].algo, ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
       }
       for (int j = 0; j < tp; ++j) {
-        if (cublasLtMatmul(h, chunk.desc, &alpha, w, chunk.a, x + j * mc * k, chunk.b, &beta,
-                           y + j * mc * n, chunk.c, y + j * mc * n, chunk.c, &chunk.algos[cand].algo,
+        const long b = same ? 0 : j;
+        if (cublasLtMatmul(h, chunk.desc, &alpha, w, chunk.a, x + b * mc * k, chunk.b, &beta,
+                           y + b * mc * n, chunk.c, y + b * mc * n, chunk.c, &chunk.algos[cand].algo,
                            ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS) {
           return false;
         }
@@ -147,21 +159,24 @@ int main(int argc, char** argv) {
     };
     const int nc = static_cast<int>(chunk.algos.size());
     std::vector<bool> ok(nc + 1, true);
-    std::vector<std::vector<double>> t(nc + 1);  // [0]: whole; [i + 1]: candidate i
+    std::vector<std::vector<double>> t(nc + 1), ts(nc + 1);  // [0]: whole; [i + 1]: candidate i
     for (int c = -1; c < nc; ++c) {
       for (int i = 0; i < 2 && ok[c + 1]; ++i) ok[c + 1] = run(c);
     }
     CK(cudaStreamSynchronize(s));
     for (int rd = 0; rd < rounds; ++rd) {
-      for (int c = -1; c < nc; ++c) {
-        if (!ok[c + 1]) continue;
-        CK(cudaEventRecord(e0, s));
-        for (int i = 0; i < iters; ++i) run(c);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t[c + 1].push_back(ms / iters);
+      for (int pass = 0; pass < 2; ++pass) {
+        same = pass == 1;
+        for (int c = same ? 0 : -1; c < nc; ++c) {
+          if (!ok[c + 1]) continue;
+          CK(cudaEventRecord(e0, s));
+          for (int i = 0; i < iters; ++i) run(c);
+          CK(cudaEventRecord(e1, s));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          (same ? ts : t)[c + 1].push_back(ms / iters);
+        }
       }
     }
     const double wh = Median(t[0]);
@@ -185,6 +200,11 @@ int main(int argc, char** argv) {
     std::printf("%-3s %-18s %5d %9.4f %7.3f %7.3f %7.3f %7.3f  %d: %s\n", op.name, shape, nc, wh,
                 Median(t[1]) / wh, t8 / wh, t16 / wh, tall / wh, ball, cfg);
     std::printf("    first: %s; chunk %ldx%ldx%ld\n", cfg0, mc, n, k);
+    for (int c = 0; c < nc; ++c) {  // per candidate: over the row blocks, and on one block
+      Describe(chunk.algos[c], cfg, sizeof(cfg));
+      std::printf("    %2d  blocks %.3f  same block %.3f  %s\n", c, Median(t[c + 1]) / wh,
+                  Median(ts[c + 1]) / wh, cfg);
+    }
     std::fflush(stdout);
     CK(cudaFree(x));
     CK(cudaFree(w));

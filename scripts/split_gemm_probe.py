@@ -70,6 +70,11 @@ def main() -> None:
                 for name in ("chunks", "merged", "two"):
                     if name in ms:
                         line += f" | {ms[name]:.4f} / {ms[name] / ms['whole']:.3f}"
+                if jax_ub.config.get().gemm_tune > 1:  # the candidate tuning kept per GEMM shape
+                    from jax_ub import gemm as g
+                    kept = {key[1]: r["chosen"] for key, r in g._warmed.items()
+                            if key[2] == n and key[3] == k and any(key[1] in r_ for r_ in scheds.values())}
+                    line += f" | kept {dict(sorted(kept.items()))}"
                 print(line, flush=True)
                 del a, b, args
 

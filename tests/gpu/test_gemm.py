@@ -157,7 +157,7 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
     """JAX_UB_GEMM_TUNE (default 8): the trace-time warm-up times cuBLASLt's candidates on random
     data and keeps another than the heuristic's first only for a > 3% gain; the C++ plan cache
     then answers without timing again, and the op computes the same product with the kept one."""
-    from jax_ub import _ext, config, gemm
+    from jax_ub import _ext, _ffi, config, gemm
 
     dev = gemm._local_cuda_ordinals()[0]
     m, k, n = 1024, 4096, 2816  # a shape no other test uses: tuned here for the first time
@@ -171,7 +171,8 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
         else:
             assert r["best_ms"] < 0.97 * r["heuristic_ms"], r
         ws = config.get().gemm_workspace_mib << 20
-        again = dict(_ext.extension().gemm_warmup(dev, m, n, k, 2, False, ws, tune_candidates=8))
+        tf32 = bool(_ffi.tf32_allowed(None))  # part of the plan key, as warm() passes it
+        again = dict(_ext.extension().gemm_warmup(dev, m, n, k, 2, tf32, ws, tune_candidates=8))
         assert again["tuned"] and again["candidates"] == 0, again  # cached: nothing timed
         x = jax.random.normal(jax.random.key(21), (m, k), jnp.float32).astype(jnp.bfloat16)
         w = jax.random.normal(jax.random.key(22), (k, n), jnp.float32).astype(jnp.bfloat16)
