@@ -3,6 +3,7 @@ overlap kernels, with ``jnp.matmul`` as the reference path off-GPU."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -11,6 +12,8 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_ub import _ext, _ffi
+
+_log = logging.getLogger("jax_ub")
 
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 TARGET = "jax_ub_gemm"
@@ -64,10 +67,14 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
                int(reserve_sms), int(ld))
         if key not in _warmed:
-            _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
-                                                tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
-                                                accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
-                                                ld=int(ld)))
+            r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
+                                                    tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
+                                                    accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
+                                                    ld=int(ld)))
+            if r["candidates"]:
+                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
+                           "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
+                           r["candidates"], r["best_ms"], r["heuristic_ms"])
         out.append(_warmed[key])
     return out
 

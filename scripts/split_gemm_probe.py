@@ -72,7 +72,8 @@ def main() -> None:
                         line += f" | {ms[name]:.4f} / {ms[name] / ms['whole']:.3f}"
                 if jax_ub.config.get().gemm_tune > 1:  # the candidate tuning kept per GEMM shape
                     from jax_ub import gemm as g
-                    kept = {key[1]: r["chosen"] for key, r in g._warmed.items()
+                    kept = {key[1]: f"{r['chosen']}/{r['candidates']}:{r['heuristic_ms']:.3f}/{r['best_ms']:.3f}"
+                            for key, r in g._warmed.items()
                             if key[2] == n and key[3] == k and any(key[1] in r_ for r_ in scheds.values())}
                     line += f" | kept {dict(sorted(kept.items()))}"
                 print(line, flush=True)
