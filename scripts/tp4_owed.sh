@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What issues 4 and 5 still owe a 4-GPU machine (nvidia-h200-x4), as three device calls of < 600 s:
 #   bash scripts/tp4_owed.sh a    # tests not yet run on 2+ GPUs in one process; bench ag|rs|bulk --tp 4
-#   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with GEMM tuning, probes
-#   bash scripts/tp4_owed.sh c    # ag with GEMM tuning, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE)
+#   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with the heuristic's GEMMs, probes
+#   bash scripts/tp4_owed.sh c    # ag with the heuristic's GEMMs, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE)
+# GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
+# records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
 # Afterwards: python scripts/merge_results.py, then
 #   python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json
@@ -20,15 +22,15 @@ case "${1:-}" in
     TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
       'ag_chain|130|python3 -m jax_ub.bench ag --tp 4 --chain 4 --out $R/chain' \
       'rs_chain|130|python3 -m jax_ub.bench rs --tp 4 --chain 4 --out $R/chain' \
-      'rs_tuned|130|JAX_UB_GEMM_TUNE=8 python3 -m jax_ub.bench rs --tp 4 --out $R/tuned' \
+      'rs_heuristic|130|JAX_UB_GEMM_TUNE=0 python3 -m jax_ub.bench rs --tp 4 --out $R/heuristic' \
       'bare|70|python3 scripts/bare_probe.py 4' \
       'a2a|60|nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/a2a scripts/a2a_probe.cu && /tmp/a2a 32 128'
     ;;
   c)
     TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
-      'ag_tuned|150|JAX_UB_GEMM_TUNE=8 python3 -m jax_ub.bench ag --tp 4 --out $R/tuned' \
+      'ag_heuristic|150|JAX_UB_GEMM_TUNE=0 python3 -m jax_ub.bench ag --tp 4 --out $R/heuristic' \
       'ag_merge|150|JAX_UB_AG_PUSH_MERGE=1 python3 -m jax_ub.bench ag --tp 4 --out $R/merge' \
-      'split|120|python3 scripts/split_gemm_probe.py 1 50 && python3 scripts/split_gemm_probe.py 8 30'
+      'split|120|python3 scripts/tune_ab_probe.py 7 10 && python3 scripts/split_gemm_probe.py 7 10'
     ;;
   *) echo "usage: bash scripts/tp4_owed.sh a|b|c" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -107,6 +108,10 @@ std::mutex g_mu;
 std::map<int, lt::Handle>& Handles() {
   static auto* m = new std::map<int, lt::Handle>();
   return *m;
+}
+std::set<int>& HeatedDevices() {  // devices on which GemmTune has run (see its heat-up)
+  static auto* s = new std::set<int>();
+  return *s;
 }
 std::map<PlanKey, std::unique_ptr<Plan>>& Plans() {
   static auto* m = new std::map<PlanKey, std::unique_ptr<Plan>>();
@@ -303,7 +308,7 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStr
   // microseconds is noise otherwise); a candidate's time is its median round. Interleaved, so a
   // clock or power change during tuning moves every candidate alike.
   constexpr int kRounds = 3, kMaxReps = 200;
-  constexpr float kMinTimedMs = 1.0f, kHeatMs = 50.0f;
+  constexpr float kMinTimedMs = 1.0f, kHeatMs = 50.0f, kFirstHeatMs = 400.0f;
   // The heuristic's first stays unless another is faster by more than this: a few percent of
   // timing noise must not swap algorithms (an H200 probe of a 1.00x "gain" pick ran 5% slower).
   constexpr float kMargin = 0.03f;
@@ -335,10 +340,19 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStr
   // power cap allows for longer, and there the candidates rank otherwise (on an H200, a chunk
   // GEMM's heuristic first ran 0.317 ms straight after compilation, 0.380 ms after other GEMMs,
   // where the third candidate was 8% faster). Tuning is for the sustained state of training.
+  // A process's first tuning on a GPU heats longer: a GPU idle since the process started climbs
+  // through its power states more slowly (an H100's first tuning kept the heuristic's first
+  // where every later one kept a candidate 8% faster).
+  bool first_on_device = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    first_on_device = HeatedDevices().insert(device).second;
+  }
+  const float heat_ms = first_on_device ? kFirstHeatMs : kHeatMs;
   for (size_t i = 0; i < algos.size(); ++i) {
     if (!ok[i]) continue;
     const float ms = timed(i, 1);
-    if (ms > 0) timed(i, std::min(4 * kMaxReps, static_cast<int>(kHeatMs / ms) + 1));
+    if (ms > 0) timed(i, std::min(40 * kMaxReps, static_cast<int>(heat_ms / ms) + 1));
     break;
   }
   for (int round = 0; round < kRounds; ++round) {
