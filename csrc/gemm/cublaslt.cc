@@ -309,8 +309,8 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStr
   // clock or power change during tuning moves every candidate alike.
   constexpr int kRounds = 3, kMaxReps = 200;
   constexpr float kMinTimedMs = 1.0f, kHeatMs = 50.0f, kFirstHeatMs = 400.0f;
-  // The heuristic's first stays unless another is faster by more than this: a few percent of
-  // timing noise must not swap algorithms (an H200 probe of a 1.00x "gain" pick ran 5% slower).
+  // The heuristic's first stays unless another is faster by more than this: a gain within the
+  // timing noise (a few percent from run to run) is a coin toss, not worth leaving the heuristic.
   constexpr float kMargin = 0.03f;
   std::vector<bool> ok(algos.size());
   std::vector<std::vector<float>> times(algos.size());
