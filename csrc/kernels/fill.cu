@@ -1,19 +1,8 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include "kernels/convert.cuh"
 #include "kernels/fill.h"
 
 namespace jax_ub {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ T Store(float v);
-template <>
-__device__ __forceinline__ float Store<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half Store<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T>
 __global__ void FillUniformKernel(T* p, size_t count, uint32_t seed) {
@@ -26,7 +15,7 @@ __global__ void FillUniformKernel(T* p, size_t count, uint32_t seed) {
     h ^= h >> 15;
     h *= 0x846ca68bu;
     h ^= h >> 16;
-    p[i] = Store<T>(static_cast<float>(h >> 8) * (1.0f / 8388608.0f) - 1.0f);
+    p[i] = FromF32<T>(static_cast<float>(h >> 8) * (1.0f / 8388608.0f) - 1.0f);
   }
 }
 

@@ -1,8 +1,6 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
+#include "kernels/convert.cuh"
 #include "kernels/reduce.h"
 
 namespace jax_ub {
@@ -11,24 +9,6 @@ namespace {
 struct Inputs {
   const void* ptr[kMaxReduceInputs];
 };
-
-template <typename T>
-__device__ __forceinline__ float ToF32(T v);
-template <>
-__device__ __forceinline__ float ToF32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float ToF32<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float ToF32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T FromF32(float v);
-template <>
-__device__ __forceinline__ float FromF32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // A [rows, cols] block with row stride `ld` (elements) in the output and every input; the flat
 // sum is one row. Element (i, j) of the vector kernel is vector j of row i.
