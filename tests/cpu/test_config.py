@@ -277,3 +277,38 @@ def test_jax_ub_log_prints_on_stderr(level, shown):
                        timeout=120, check=True)
     assert p.stdout.strip() == "xla"
     assert ("DEBUG jax_ub: method 'auto' -> 'xla'" in p.stderr) is shown, p.stderr
+
+
+def test_readme_env_table_gives_the_configs_defaults():
+    """Every ``JAX_UB_*`` row of README's table names the default that ``Config`` has (a changed
+    default, like GEMM tuning's, must change the documentation with it)."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from jax_ub import config
+
+    doc_rows = {}  # env var -> field, from the module's own table
+    for line in config.__doc__.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[1].startswith("JAX_UB_"):
+            doc_rows[cells[1]] = cells[0]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = re.findall(r"^\| `(JAX_UB_[A-Z_]+)` \| `?([^|`]*)`? \|", readme, re.M)
+    assert len(rows) >= 20, rows
+    defaults = {f.name: f.default for f in dataclasses.fields(config.Config)}
+    checked = 0
+    for env, shown in rows:
+        field = doc_rows.get(env)
+        if field is None or field not in defaults:
+            continue
+        want = defaults[field]
+        if isinstance(want, bool):
+            want = "1" if want else "0"
+        elif isinstance(want, float) and want.is_integer():
+            want = int(want)
+        elif want is None:
+            want = ""
+        assert shown.strip() == str(want), f"README says {env} defaults to {shown!r}; Config.{field} is {want!r}"
+        checked += 1
+    assert checked >= 15, checked
