@@ -2,7 +2,8 @@
 # What issues 4 and 5 still owe a 4-GPU machine (nvidia-h200-x4), as three device calls of < 600 s:
 #   bash scripts/tp4_owed.sh a    # tests not yet run on 2+ GPUs in one process; bench ag|rs|bulk --tp 4
 #   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with the heuristic's GEMMs, probes
-#   bash scripts/tp4_owed.sh c    # ag with the heuristic's GEMMs, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE)
+#   bash scripts/tp4_owed.sh c    # ag with the heuristic's GEMMs, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE),
+#                                 # the split/tuning probes, the bare reduce-scatter by method and pieces
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
 # records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
@@ -30,7 +31,8 @@ case "${1:-}" in
     TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
       'ag_heuristic|150|JAX_UB_GEMM_TUNE=0 python3 -m jax_ub.bench ag --tp 4 --out $R/heuristic' \
       'ag_merge|150|JAX_UB_AG_PUSH_MERGE=1 python3 -m jax_ub.bench ag --tp 4 --out $R/merge' \
-      'split|120|python3 scripts/tune_ab_probe.py 7 10 && python3 scripts/split_gemm_probe.py 7 10'
+      'split|110|python3 scripts/tune_ab_probe.py 7 10 && python3 scripts/split_gemm_probe.py 7 10' \
+      'bare_rs|80|python3 scripts/rs_pieces_probe.py 4 8192,28672 16384,12288 8192,8192 2048,28672'
     ;;
   *) echo "usage: bash scripts/tp4_owed.sh a|b|c" >&2; exit 2 ;;
 esac
