@@ -7,8 +7,10 @@
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
 # records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
-# Afterwards: python scripts/merge_results.py, then
+# Afterwards: python -m jax_ub.bench summary --tp 4 FRESH/*-{ag,rs,bulk}.json (the targets, judged against
+# the run's noise line), python scripts/merge_results.py, then
 #   python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json
+# and README's performance table from the merged files (tests/cpu/test_bench_summary.py checks it).
 set -uo pipefail
 here="$(dirname "$0")"
 case "${1:-}" in

@@ -1,4 +1,4 @@
-"""``python -m jax_ub.bench ag|rs|mlp|bulk|tune [options]`` (``--help`` on each for its options).
+"""``python -m jax_ub.bench ag|rs|mlp|bulk|tune|summary [options]`` (``--help`` on each for its options).
 
 ``ag`` / ``rs`` — for each global shape (M, K, N) and tp, in one process and one run, the median
 milliseconds of:
@@ -30,6 +30,9 @@ attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs `
 
 ``tune SHAPES.json`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``),
 written as a file for ``JAX_UB_TUNING_FILE`` (see :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`).
+
+``summary FILE.json ...`` — records of ``ag``/``rs``/``bulk`` runs against the issues' targets, as a
+markdown table (see :mod:`jax_ub.bench.summary`; reads JSON only).
 
 ``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
 overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /
@@ -116,11 +119,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="also time the GEMM and collectives alone and XLA's windowed einsum")
     p.set_defaults(out="jax_ub_tuning", chain=8)
+    from jax_ub.bench import summary  # reads JSON only
+
+    summary.add_parser(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    if a.op == "summary":  # no jax, no devices
+        from jax_ub.bench import summary
+
+        return summary.run(a)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from jax_ub.bench import harness
 

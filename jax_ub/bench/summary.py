@@ -1,0 +1,108 @@
+"""``python -m jax_ub.bench summary FILE.json ... [--tp N] [--dtype D]``: bench records
+(``ag``, ``rs``, ``bulk`` JSON files) checked against the targets of issues 4 and 5, as markdown.
+
+Per shape: XLA plain and jax_ub (``method="auto"``) in ms, the speedup, and how far jax_ub is from
+its floor: T/T_ideal with T_ideal = max(``gemm_alone``, ``comm_jax_ub``) (for bulk, the GEMM and
+the collective it overlaps, each alone). Per op and tp: the geometric mean speedup. The targets
+(``TARGETS``): faster than XLA plain at every shape, a geometric mean speedup of at least 1.30x
+(AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too).
+
+Files are read in the order given; a later file's record of the same (op, tp, dtype, shape, impl)
+replaces an earlier one's. Reads JSON only (no jax, no GPU). README's performance table is this
+command's output over the committed tp=4 files (the command is written above the table, and a CPU
+test checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+# op -> (title, minimum geometric-mean speedup over xla_plain or None); T/T_ideal <= T_IDEAL_MAX.
+TARGETS: dict[str, tuple[str, float | None]] = {
+    "ag_gemm": ("AG->GEMM (`all_gather_matmul`)", 1.30),
+    "gemm_rs": ("GEMM->RS (`matmul_reduce_scatter`)", 1.45),
+    "bulk_ag": ("bulk all-gather beside a GEMM", None),
+    "bulk_rs": ("bulk reduce-scatter beside a GEMM", None),
+}
+T_IDEAL_MAX = 1.10
+
+Key = tuple[str, int, str, int, int, int]  # op, tp, dtype, M, K, N
+
+
+def load(paths: Sequence[str]) -> dict[Key, dict[str, float]]:
+    """{(op, tp, dtype, M, K, N): {impl: ms}} over the files, later files first."""
+    cases: dict[Key, dict[str, float]] = {}
+    for path in paths:
+        with open(path) as f:
+            try:
+                doc = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+            raise ValueError(f"{path}: not a bench result file (expected a JSON object with a "
+                             f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)")
+        for r in doc["records"]:
+            if r.get("op") not in TARGETS:
+                continue
+            key = (r["op"], int(r["tp"]), r["dtype"], int(r["M"]), int(r["K"]), int(r["N"]))
+            cases.setdefault(key, {})[r["impl"]] = float(r["ms"])
+    return cases
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def markdown(cases: dict[Key, dict[str, float]], *, tps: Sequence[int] | None = None,
+             dtype: str = "bfloat16") -> str:
+    """The table and, per op and tp, a line saying which targets hold."""
+    keys = sorted((k for k in cases if k[2] == dtype and (not tps or k[1] in tps)),
+                  key=lambda k: (list(TARGETS).index(k[0]), -k[1], k[3:]))
+    lines = ["| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal |",
+             "|---|---|---|---|---|---|---|"]
+    verdicts: list[str] = []
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for op, tp, _, M, K, N in keys:
+        r = cases[(op, tp, dtype, M, K, N)]
+        if not {"xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub"} <= r.keys():
+            continue  # not a CUDA run of every impl: nothing to judge
+        speedup = r["xla_plain"] / r["jax_ub"]
+        t_ideal = r["jax_ub"] / max(r["gemm_alone"], r["comm_jax_ub"])
+        groups.setdefault((op, tp), []).append((speedup, t_ideal))
+        lines.append(f"| {op} | {tp} | {M},{K},{N} | {r['xla_plain']:.3f} | {r['jax_ub']:.3f} | "
+                     f"{speedup:.2f}x | {t_ideal:.2f} |")
+    for (op, tp), rows in groups.items():
+        title, goal = TARGETS[op]
+        gm = _geomean([s for s, _ in rows])
+        faster = sum(s > 1 for s, _ in rows)
+        within = sum(t <= T_IDEAL_MAX for _, t in rows)
+        parts = [f"faster than XLA plain at {faster} of {len(rows)} shapes",
+                 f"geometric mean speedup {gm:.2f}x"
+                 + (f" (target {goal:.2f}x: {'met' if gm >= goal else 'missed'})" if goal else ""),
+                 f"within {T_IDEAL_MAX:.2f}x of T_ideal at {within} of {len(rows)}"]
+        verdicts.append(f"- {title}, tp={tp}: " + "; ".join(parts) + ".")
+    if not groups:
+        return f"no {dtype} case with xla_plain, jax_ub, gemm_alone and comm_jax_ub records\n"
+    return "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
+
+
+def run(a: argparse.Namespace) -> int:
+    try:
+        cases = load(a.files)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}")
+        return 2
+    print(markdown(cases, tps=a.tp, dtype=a.dtype), end="")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("summary", help="bench JSON files against the issues' targets, as markdown")
+    p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (later ones replace records of earlier)")
+    p.add_argument("--tp", type=int, action="append", default=None,
+                   help="only this tp (repeat for several; default: all)")
+    p.add_argument("--dtype", default="bfloat16")

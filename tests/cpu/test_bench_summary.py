@@ -1,0 +1,103 @@
+"""CPU tier: ``python -m jax_ub.bench summary`` (bench records against the issues' targets) and
+README's performance table, which is that command's output over the committed records."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from jax_ub.bench import summary
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(path: Path, op: str, cases: dict, tp: int = 4) -> str:
+    records = [{"op": op, "M": M, "K": K, "N": N, "tp": tp, "dtype": "bfloat16", "impl": impl, "ms": ms}
+               for (M, K, N), impls in cases.items() for impl, ms in impls.items()]
+    path.write_text(json.dumps({"machine": "test", "date": "20261123", "records": records}))
+    return str(path)
+
+
+def _impls(xla, ub, gemm, comm):
+    return {"xla_plain": xla, "jax_ub": ub, "gemm_alone": gemm, "comm_jax_ub": comm, "comm_nccl": 9.0}
+
+
+def test_rows_and_verdicts(tmp_path):
+    ag = _write(tmp_path / "ag.json", "ag_gemm", {
+        (8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5),   # 2.00x, T/T_ideal 1.05
+        (2048, 8192, 8192): _impls(0.9, 1.0, 0.5, 0.8),    # slower than XLA, 1.25
+    })
+    rs = _write(tmp_path / "rs.json", "gemm_rs", {(8192, 8192, 8192): _impls(3.0, 2.0, 1.0, 1.9)})
+    out = summary.markdown(summary.load([ag, rs]))
+    assert "| ag_gemm | 4 | 2048,8192,8192 | 0.900 | 1.000 | 0.90x | 1.25 |" in out
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 1.000 | 2.00x | 1.05 |" in out
+    assert "| gemm_rs | 4 | 8192,8192,8192 | 3.000 | 2.000 | 1.50x | 1.05 |" in out
+    # geometric mean of 2.0 and 0.9 is 1.34: AG's 1.30 met; RS 1.50 against 1.45 met
+    assert ("AG->GEMM (`all_gather_matmul`), tp=4: faster than XLA plain at 1 of 2 shapes; geometric "
+            "mean speedup 1.34x (target 1.30x: met); within 1.10x of T_ideal at 1 of 2.") in out
+    assert "geometric mean speedup 1.50x (target 1.45x: met); within 1.10x of T_ideal at 1 of 1." in out
+    # AG rows come before RS rows
+    assert out.index("| ag_gemm") < out.index("| gemm_rs")
+
+
+def test_missed_target_and_filters(tmp_path):
+    rs = _write(tmp_path / "rs.json", "gemm_rs", {(8192, 8192, 8192): _impls(1.4, 1.0, 0.8, 0.7)})
+    rs2 = _write(tmp_path / "rs2.json", "gemm_rs", {(8192, 8192, 8192): _impls(1.4, 1.0, 0.8, 0.7)}, tp=2)
+    out = summary.markdown(summary.load([rs, rs2]), tps=[4])
+    assert "geometric mean speedup 1.40x (target 1.45x: missed); within 1.10x of T_ideal at 0 of 1" in out
+    assert "tp=2" not in out and "| gemm_rs | 2 |" not in out
+    assert "no float16 case" in summary.markdown(summary.load([rs]), dtype="float16")
+
+
+def test_a_later_file_replaces_the_same_record(tmp_path):
+    old = _write(tmp_path / "old.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
+    new = _write(tmp_path / "new.json", "ag_gemm", {(8192, 8192, 8192): {"jax_ub": 0.8}})
+    out = summary.markdown(summary.load([old, new]))
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 0.800 | 2.50x | 0.84 |" in out
+
+
+def test_a_case_without_every_impl_is_left_out(tmp_path):
+    cpu_like = _write(tmp_path / "ag.json", "ag_gemm", {(64, 64, 64): {"xla_plain": 1.0, "jax_ub": 1.0}})
+    assert summary.markdown(summary.load([cpu_like])).startswith("no bfloat16 case with")
+
+
+def test_cli_and_its_errors(tmp_path):
+    ag = _write(tmp_path / "ag.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text("[1, 2]")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "jax_ub.bench", "summary", *args],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    ok = run(ag, "--tp", "4")
+    assert ok.returncode == 0, ok.stderr
+    assert "| ag_gemm | 4 | 8192,8192,8192 |" in ok.stdout
+    r = run(str(bad))
+    assert r.returncode == 2 and f"{bad}: not JSON" in r.stdout
+    r = run(str(wrong))
+    assert r.returncode == 2 and "not a bench result file" in r.stdout
+    r = run(str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "missing.json" in r.stdout
+
+
+def test_readme_performance_table_is_the_summary_of_the_committed_records():
+    readme = (REPO / "README.md").read_text()
+    m = re.search(r"```\n(python -m jax_ub\.bench summary [^`]*?)\n```\n\n<!-- summary:[^\n]*-->\n(.*?)"
+                  r"<!-- /summary -->", readme, re.S)
+    assert m, "README's performance table (between <!-- summary: ... --> and <!-- /summary -->) is missing"
+    argv = shlex.split(m.group(1).replace("\\\n", " "))
+    assert argv[:4] == ["python", "-m", "jax_ub.bench", "summary"]
+    files = [a for a in argv[4:] if a.endswith(".json")]
+    tps = [int(argv[i + 1]) for i, a in enumerate(argv) if a == "--tp"]
+    assert files and all((REPO / f).is_file() for f in files), files
+    want = summary.markdown(summary.load([str(REPO / f) for f in files]), tps=tps)
+    assert m.group(2) == want, ("README's performance table differs from the command's output: run "
+                                "the command above it and paste its output between the markers")
+
