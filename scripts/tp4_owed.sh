@@ -19,7 +19,8 @@ case "${1:-}" in
       'unrun|100|python3 -m pytest -q -rs tests/multigpu/test_overlap.py tests/multigpu/test_one_process.py -k "traced_again_after_shutdown or zero_size_operands_give or persistent_compilation_cache"' \
       'ag|150|python3 -m jax_ub.bench ag --tp 4 --out $R' \
       'rs|150|python3 -m jax_ub.bench rs --tp 4 --out $R' \
-      'bulk|90|python3 -m jax_ub.bench bulk --tp 4 --out $R'
+      'bulk|90|python3 -m jax_ub.bench bulk --tp 4 --out $R' \
+      'summary|20|python3 -m jax_ub.bench summary --tp 4 $R/*-ag.json $R/*-rs.json $R/*-bulk.json'
     ;;
   b)
     TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
