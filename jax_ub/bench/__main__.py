@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    if a.op == "summary":  # no jax, no devices
+    if a.op == "summary":  # JSON in, markdown out: no devices, no timing
         from jax_ub.bench import summary
 
         return summary.run(a)

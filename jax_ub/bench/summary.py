@@ -8,7 +8,7 @@ the collective it overlaps, each alone). Per op and tp: the geometric mean speed
 (AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too).
 
 Files are read in the order given; a later file's record of the same (op, tp, dtype, shape, impl)
-replaces an earlier one's. Reads JSON only (no jax, no GPU). README's performance table is this
+replaces an earlier one's. It reads JSON only and needs no GPU. README's performance table is this
 command's output over the committed tp=4 files (the command is written above the table, and a CPU
 test checks that the two agree).
 """
