@@ -31,8 +31,8 @@ attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs `
 ``tune SHAPES.json`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``),
 written as a file for ``JAX_UB_TUNING_FILE`` (see :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`).
 
-``summary FILE.json ...`` — records of ``ag``/``rs``/``bulk`` runs against the issues' targets, as a
-markdown table (see :mod:`jax_ub.bench.summary`; reads JSON only).
+``summary FILE.json ...`` — records of ``ag``/``rs``/``bulk`` runs against jax_ub's performance
+targets, as a markdown table (see :mod:`jax_ub.bench.summary`; reads JSON only).
 
 ``bulk`` — an all-gather / reduce-scatter under an independent GEMM (the backward pass's bulk
 overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_all_gather`` /

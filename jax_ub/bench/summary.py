@@ -1,5 +1,6 @@
 """``python -m jax_ub.bench summary FILE.json ... [--tp N] [--dtype D]``: bench records
-(``ag``, ``rs``, ``bulk`` JSON files) checked against the targets of issues 4 and 5, as markdown.
+(``ag``, ``rs``, ``bulk`` JSON files) checked against jax_ub's performance targets (those of
+issues 4 and 5), as markdown.
 
 Per shape: XLA plain and jax_ub (``method="auto"``) in ms, the speedup, and how far jax_ub is from
 its floor: T/T_ideal with T_ideal = max(``gemm_alone``, ``comm_jax_ub``) (for bulk, the GEMM and
@@ -101,7 +102,8 @@ def run(a: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("summary", help="bench JSON files against the issues' targets, as markdown")
+    p = sub.add_parser("summary", help="bench JSON files against jax_ub's performance targets "
+                       "(speedup over XLA, T/T_ideal), as markdown")
     p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (later ones replace records of earlier)")
     p.add_argument("--tp", type=int, action="append", default=None,
                    help="only this tp (repeat for several; default: all)")
