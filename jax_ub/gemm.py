@@ -53,7 +53,9 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``ld`` > ``n``: ``w`` and ``y`` are column
     blocks of matrices with that row stride (the chain GEMM->RS's column pieces).
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
-    one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
+    one ``{tuned, candidates, heuristic_candidates, screened, chosen, chosen_config, heuristic_ms,
+    best_ms}`` per device (cached per shape); ``JAX_UB_GEMM_TUNE_VARIANTS`` adds screened variants
+    of the candidates' kernels to those timed.
     """
     from jax_ub import config
 
@@ -65,16 +67,18 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     out = []
     for dev in devices:
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms), int(ld))
+               int(reserve_sms), int(ld), int(cfg.gemm_tune_variants))
         if key not in _warmed:
             r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                     tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
                                                     accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
-                                                    ld=int(ld)))
+                                                    ld=int(ld), tune_variants=int(cfg.gemm_tune_variants)))
             if r["candidates"]:
-                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
+                which = ("the heuristic's" if r["chosen"] < r["heuristic_candidates"] else
+                         f"a variant (of {r['screened']} screened)")
+                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d, %s: %s "
                            "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
-                           r["candidates"], r["best_ms"], r["heuristic_ms"])
+                           r["candidates"], which, r["chosen_config"], r["best_ms"], r["heuristic_ms"])
         out.append(_warmed[key])
     return out
 
