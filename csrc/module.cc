@@ -158,7 +158,7 @@ std::vector<std::vector<int>> P2PMatrix() {
 // inside an overlapped op while peers wait on this device.
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
                     size_t workspace_bytes, int tune_candidates, bool accumulate,
-                    int reserve_sms, int64_t ld, int tune_reps, int tune_variants) {
+                    int reserve_sms, int64_t ld, int tune_reps) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -211,8 +211,7 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       if (c_in) JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, c_in, m * row, 3u, s));
       JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, g, s));
       if (tune_candidates > 1) {
-        JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, tune_reps > 0 ? tune_reps : 5,
-                                                    tune_variants, s, &tune));
+        JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, tune_reps > 0 ? tune_reps : 5, s, &tune));
       }
       return jax_ub::Status::Ok();
     }();
@@ -239,9 +238,6 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
   d["chosen"] = tune.chosen;
   d["heuristic_ms"] = tune.heuristic_ms;
   d["best_ms"] = tune.best_ms;
-  d["heuristic_candidates"] = tune.heuristic_candidates;
-  d["screened"] = tune.screened;
-  d["chosen_config"] = tune.chosen_config;
   return d;
 }
 
@@ -326,14 +322,11 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
         arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false, arg("reserve_sms") = 0,
-        arg("ld") = 0, arg("tune_reps") = 5, arg("tune_variants") = 0,
+        arg("ld") = 0, arg("tune_reps") = 5,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
         "2 bf16; accumulate: with an addend, C = A @ B + C_in; ld > n: B and C are column blocks "
         "with that row stride); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
-        "and keeps the fastest (each timed over tune_reps back-to-back runs); tune_variants > 0 also screens "
-        "those candidates' kernels with other custom options and cluster shapes and times that many of the "
-        "fastest beside them. Returns {tuned, candidates, heuristic_candidates, screened, chosen, "
-        "chosen_config, heuristic_ms, best_ms}.");
+        "and keeps the fastest (each timed over tune_reps back-to-back runs). Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),
         "Record CUDA-event timelines of the overlap ops (bench --timeline).");

@@ -16,7 +16,6 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
 | gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
 | gemm_tune    | JAX_UB_GEMM_TUNE     | 8       | cuBLASLt candidate algorithms timed per GEMM shape at trace time on random data; the fastest is kept where it beats the heuristic's first by > 3% (0 or 1: the heuristic's first, no timing) |
-| gemm_tune_variants | JAX_UB_GEMM_TUNE_VARIANTS | 4 | with tuning on: the candidates' cuBLASLt kernels are also screened with other custom options and cluster shapes (settings the heuristic does not rank), and this many of the fastest are timed beside the candidates (0: the heuristic's candidates only) |
 | recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
 | bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
 | bulk_copy_sms | JAX_UB_BULK_COPY_SMS | 8 | SMs a bulk all-gather's GEMM leaves, over its first rows, to the gather's same-device copies (0: the GEMM gets every SM and waits for those copies) |
@@ -99,7 +98,6 @@ class Config:
     buffer_mib: int = 0
     gemm_workspace_mib: int = 32
     gemm_tune: int = 8
-    gemm_tune_variants: int = 4
     recompute_gathered: bool = False
     bulk_reduce_sms: int = 0
     bulk_copy_sms: int = 8
@@ -141,8 +139,6 @@ class Config:
             raise ValueError(f"timeout_s must be a finite number > 0; got {self.timeout_s!r}")
         if not 0 <= self.gemm_tune <= 16:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
-        if not 0 <= self.gemm_tune_variants <= 16:
-            raise ValueError(f"gemm_tune_variants must be in [0, 16]; got {self.gemm_tune_variants!r}")
         for name in ("bulk_reduce_sms", "bulk_copy_sms"):
             if not 0 <= getattr(self, name) <= 256:
                 raise ValueError(f"{name} must be in [0, 256]; got {getattr(self, name)!r}")
@@ -184,9 +180,6 @@ class Config:
                 _parse_number("JAX_UB_GEMM_WORKSPACE_MIB", env["JAX_UB_GEMM_WORKSPACE_MIB"], int, 0))
         if "JAX_UB_GEMM_TUNE" in env:
             kw["gemm_tune"] = _bounded_int(env, "JAX_UB_GEMM_TUNE", 16, " (cuBLASLt candidates)")
-        if "JAX_UB_GEMM_TUNE_VARIANTS" in env:
-            kw["gemm_tune_variants"] = _bounded_int(env, "JAX_UB_GEMM_TUNE_VARIANTS", 16,
-                                                    " (screened kernel variants timed)")
         if "JAX_UB_RECOMPUTE_GATHERED" in env:
             kw["recompute_gathered"] = _parse_bool("JAX_UB_RECOMPUTE_GATHERED",
                                                    env["JAX_UB_RECOMPUTE_GATHERED"])

@@ -53,9 +53,7 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``ld`` > ``n``: ``w`` and ``y`` are column
     blocks of matrices with that row stride (the chain GEMM->RS's column pieces).
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
-    one ``{tuned, candidates, heuristic_candidates, screened, chosen, chosen_config, heuristic_ms,
-    best_ms}`` per device (cached per shape); ``JAX_UB_GEMM_TUNE_VARIANTS`` adds screened variants
-    of the candidates' kernels to those timed.
+    one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
     from jax_ub import config
 
@@ -67,18 +65,16 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     out = []
     for dev in devices:
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms), int(ld), int(cfg.gemm_tune_variants))
+               int(reserve_sms), int(ld))
         if key not in _warmed:
             r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                     tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
                                                     accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
-                                                    ld=int(ld), tune_variants=int(cfg.gemm_tune_variants)))
+                                                    ld=int(ld)))
             if r["candidates"]:
-                which = ("the heuristic's" if r["chosen"] < r["heuristic_candidates"] else
-                         f"a variant (of {r['screened']} screened)")
-                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d, %s: %s "
+                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
                            "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
-                           r["candidates"], which, r["chosen_config"], r["best_ms"], r["heuristic_ms"])
+                           r["candidates"], r["best_ms"], r["heuristic_ms"])
         out.append(_warmed[key])
     return out
 

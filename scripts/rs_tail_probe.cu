@@ -1,6 +1,6 @@
 // What the fp32 sum at the end of GEMM->RS ring/pipeline costs, and how much of it row pieces
 // would hide, measured on one GPU with jax_ub's own GEMM plans (gemm/cublaslt.cc, tuned as the
-// library tuned when it ran: 8 heuristic candidates, no variants) and sum kernel (kernels/reduce.cu).
+// library tunes) and sum kernel (kernels/reduce.cu).
 //
 // In the tp=4 timelines (e.g. 4xH200 rs 8192,8192,28672) every rank's last GEMM is its own partial
 // and the last peer push lands just before it ends; then one sum over the world partials (0.17 ms
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
       for (int j = 0; j < std::max(v.p, 1); ++j) {
         jax_ub::GemmTuneResult r;
         const long rows = first(std::max(v.p, 1), j + 1) - first(std::max(v.p, 1), j);
-        ST(jax_ub::GemmTune(dev, gemm(xo, rows, mine, j + 1 < v.p ? v.leave : 0), 8, 5, /*variants=*/0, cs, &r));
+        ST(jax_ub::GemmTune(dev, gemm(xo, rows, mine, j + 1 < v.p ? v.leave : 0), 8, 5, cs, &r));
       }
     }
     std::vector<const void*> in(world);

@@ -20,34 +20,6 @@ static_assert(kPrefMinAlignmentABytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BY
 static_assert(kPrefMinAlignmentBBytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES);
 static_assert(kPrefMinAlignmentCBytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES);
 static_assert(kPrefMinAlignmentDBytes == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES);
-static_assert(kAlgoConfigId == CUBLASLT_ALGO_CONFIG_ID);
-static_assert(kAlgoConfigTileId == CUBLASLT_ALGO_CONFIG_TILE_ID);
-static_assert(kAlgoConfigSplitKNum == CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-static_assert(kAlgoConfigCustomOption == CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-static_assert(kAlgoConfigStagesId == CUBLASLT_ALGO_CONFIG_STAGES_ID);
-static_assert(kAlgoConfigClusterShapeId == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
-static_assert(kAlgoCapCustomOptionMax == CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX);
-static_assert(kClusterShapeAuto == CUBLASLT_CLUSTER_SHAPE_AUTO);
-static_assert(kClusterShape1x1x1 == CUBLASLT_CLUSTER_SHAPE_1x1x1);
-static_assert(kClusterShape2x1x1 == CUBLASLT_CLUSTER_SHAPE_2x1x1);
-static_assert(kClusterShape1x2x1 == CUBLASLT_CLUSTER_SHAPE_1x2x1);
-static_assert(std::is_same_v<decltype(&cublasLtMatmulAlgoCheck),
-                             cublasStatus_t (*)(cublasLtHandle_t, cublasLtMatmulDesc_t,
-                                                cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                                cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                                const cublasLtMatmulAlgo_t*,
-                                                cublasLtMatmulHeuristicResult_t*)>);
-static_assert(std::is_same_v<decltype(&cublasLtMatmulAlgoConfigSetAttribute),
-                             cublasStatus_t (*)(cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t,
-                                                const void*, size_t)>);
-static_assert(std::is_same_v<decltype(&cublasLtMatmulAlgoConfigGetAttribute),
-                             cublasStatus_t (*)(const cublasLtMatmulAlgo_t*,
-                                                cublasLtMatmulAlgoConfigAttributes_t, void*, size_t,
-                                                size_t*)>);
-static_assert(std::is_same_v<decltype(&cublasLtMatmulAlgoCapGetAttribute),
-                             cublasStatus_t (*)(const cublasLtMatmulAlgo_t*,
-                                                cublasLtMatmulAlgoCapAttributes_t, void*, size_t,
-                                                size_t*)>);
 static_assert(sizeof(MatmulAlgo) == sizeof(cublasLtMatmulAlgo_t));
 static_assert(sizeof(HeuristicResult) == sizeof(cublasLtMatmulHeuristicResult_t));
 static_assert(offsetof(HeuristicResult, workspaceSize) ==

@@ -1,8 +1,6 @@
 #include "gemm/cublaslt.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,10 +50,6 @@ struct Api {
   lt::MatmulPreferenceDestroyFn* MatmulPreferenceDestroy = nullptr;
   lt::MatmulPreferenceSetAttributeFn* MatmulPreferenceSetAttribute = nullptr;
   lt::MatmulAlgoGetHeuristicFn* MatmulAlgoGetHeuristic = nullptr;
-  lt::MatmulAlgoCheckFn* MatmulAlgoCheck = nullptr;
-  lt::MatmulAlgoConfigSetAttributeFn* MatmulAlgoConfigSetAttribute = nullptr;
-  lt::MatmulAlgoConfigGetAttributeFn* MatmulAlgoConfigGetAttribute = nullptr;
-  lt::MatmulAlgoCapGetAttributeFn* MatmulAlgoCapGetAttribute = nullptr;
   lt::MatmulFn* Matmul = nullptr;
   Status load_status;
 
@@ -77,10 +71,6 @@ struct Api {
     JAX_UB_RETURN_IF_ERROR(
         lib.Sym("cublasLtMatmulPreferenceSetAttribute", &MatmulPreferenceSetAttribute));
     JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoGetHeuristic", &MatmulAlgoGetHeuristic));
-    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoCheck", &MatmulAlgoCheck));
-    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoConfigSetAttribute", &MatmulAlgoConfigSetAttribute));
-    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoConfigGetAttribute", &MatmulAlgoConfigGetAttribute));
-    JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmulAlgoCapGetAttribute", &MatmulAlgoCapGetAttribute));
     JAX_UB_RETURN_IF_ERROR(lib.Sym("cublasLtMatmul", &Matmul));
     return Status::Ok();
   }
@@ -277,82 +267,6 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
   return Status::Ok();
 }
 
-// Variants of the heuristic's candidates: the same kernel (algo id, tile, stages, split-K) with
-// another custom option or thread-block cluster shape, as AlgoCheck accepts them with the plan's
-// workspace. The heuristic offers one setting of each kernel; on an H200 another ran tp=4 chunk
-// GEMMs 5-6% faster at four bench shapes (scripts/lt_search_probe.cu). Round-robin over the
-// candidates (the heuristic's best-ranked kernels first), at most `limit`.
-std::vector<lt::MatmulAlgo> Variants(Api* api, lt::Handle handle, const Plan* plan, const GemmArgs& g,
-                                     const std::vector<lt::MatmulAlgo>& bases, size_t limit) {
-  static constexpr uint16_t kClusters[] = {lt::kClusterShapeAuto, lt::kClusterShape1x1x1,
-                                           lt::kClusterShape2x1x1, lt::kClusterShape1x2x1};
-  constexpr int32_t kMaxCustom = 7;
-  auto same = [](const lt::MatmulAlgo& a, const lt::MatmulAlgo& b) {
-    return std::memcmp(&a, &b, sizeof(a)) == 0;
-  };
-  std::vector<std::vector<lt::MatmulAlgo>> per_base(bases.size());
-  for (size_t i = 0; i < bases.size(); ++i) {
-    int32_t custom_max = 0;
-    size_t written = 0;
-    if (api->MatmulAlgoCapGetAttribute(&bases[i], lt::kAlgoCapCustomOptionMax, &custom_max,
-                                       sizeof(custom_max), &written) != lt::kSuccess) {
-      custom_max = 0;
-    }
-    custom_max = std::clamp(custom_max, 0, kMaxCustom);
-    for (uint32_t custom = 0; custom <= static_cast<uint32_t>(custom_max); ++custom) {
-      for (uint16_t cluster : kClusters) {
-        lt::MatmulAlgo a = bases[i];
-        if (api->MatmulAlgoConfigSetAttribute(&a, lt::kAlgoConfigCustomOption, &custom, sizeof(custom)) !=
-                lt::kSuccess ||
-            api->MatmulAlgoConfigSetAttribute(&a, lt::kAlgoConfigClusterShapeId, &cluster,
-                                              sizeof(cluster)) != lt::kSuccess) {
-          continue;
-        }
-        bool known = std::any_of(bases.begin(), bases.end(), [&](const auto& b) { return same(a, b); });
-        for (const auto& list : per_base) {
-          known = known || std::any_of(list.begin(), list.end(), [&](const auto& b) { return same(a, b); });
-        }
-        lt::HeuristicResult r{};
-        if (known ||
-            api->MatmulAlgoCheck(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, &a, &r) !=
-                lt::kSuccess ||
-            r.workspaceSize > g.workspace_bytes) {
-          continue;
-        }
-        per_base[i].push_back(a);
-      }
-    }
-  }
-  std::vector<lt::MatmulAlgo> out;
-  for (size_t j = 0; out.size() < limit; ++j) {
-    bool any = false;
-    for (const auto& list : per_base) {
-      if (j < list.size() && out.size() < limit) {
-        out.push_back(list[j]);
-        any = true;
-      }
-    }
-    if (!any) break;
-  }
-  return out;
-}
-
-// "algo 66 tile 20 stages 35 splitk 1 custom 1 cluster 3": the cuBLASLt kernel and its settings.
-std::string Describe(Api* api, const lt::MatmulAlgo& a) {
-  int32_t id = -1, splitk = 0;
-  uint32_t tile = 0, stages = 0, custom = 0;
-  uint16_t cluster = 0;
-  size_t w = 0;
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigId, &id, sizeof(id), &w);
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigTileId, &tile, sizeof(tile), &w);
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigStagesId, &stages, sizeof(stages), &w);
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigSplitKNum, &splitk, sizeof(splitk), &w);
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigCustomOption, &custom, sizeof(custom), &w);
-  api->MatmulAlgoConfigGetAttribute(&a, lt::kAlgoConfigClusterShapeId, &cluster, sizeof(cluster), &w);
-  return StrCat() << "algo " << id << " tile " << tile << " stages " << stages << " splitk " << splitk
-                  << " custom " << custom << " cluster " << cluster;
-}
-
 }  // namespace
 
 Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
@@ -368,8 +282,8 @@ Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
   return Run(api, handle, plan, algo, g, stream);
 }
 
-Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, int variants,
-                cudaStream_t stream, GemmTuneResult* out) {
+Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStream_t stream,
+                GemmTuneResult* out) {
   Api* api = GetApi();
   if (!api->load_status.ok()) return api->load_status;
   lt::Handle handle = nullptr;
@@ -395,14 +309,11 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, int var
   // clock or power change during tuning moves every candidate alike.
   constexpr int kRounds = 3, kMaxReps = 200;
   constexpr float kMinTimedMs = 1.0f, kHeatMs = 50.0f, kFirstHeatMs = 400.0f;
-  // Variants of the candidates (custom option, cluster shape) are screened first: at most
-  // kMaxVariants, each timed once over at least kScreenMs after a run that loads its kernel; the
-  // `variants` fastest join the rounds.
-  constexpr size_t kMaxVariants = 64;
-  constexpr float kScreenMs = 0.2f;
   // The heuristic's first stays unless another is faster by more than this: a gain within the
   // timing noise (a few percent from run to run) is a coin toss, not worth leaving the heuristic.
   constexpr float kMargin = 0.03f;
+  std::vector<bool> ok(algos.size());
+  std::vector<std::vector<float>> times(algos.size());
   auto timed = [&](size_t i, int n) -> float {  // ms per run, < 0 if it failed
     Status run;
     if (cudaEventRecord(e0, stream) != cudaSuccess) return -1;
@@ -417,14 +328,12 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, int var
     return ms / n;
   };
   int n = std::max(reps, 1);
-  std::vector<bool> ok(algos.size());
-  std::vector<float> warm_ms(algos.size(), -1);
   for (size_t i = 0; i < algos.size(); ++i) {
     // A candidate the heuristic offered may still fail to run here: it is skipped.
-    warm_ms[i] = timed(i, 1);
-    ok[i] = warm_ms[i] >= 0;
-    if (ok[i] && n * warm_ms[i] < kMinTimedMs) {
-      n = std::min(kMaxReps, std::max(n, static_cast<int>(kMinTimedMs / std::max(warm_ms[i], 1e-4f)) + 1));
+    const float ms = timed(i, 1);
+    ok[i] = ms >= 0;
+    if (ok[i] && n * ms < kMinTimedMs) {
+      n = std::min(kMaxReps, std::max(n, static_cast<int>(kMinTimedMs / std::max(ms, 1e-4f)) + 1));
     }
   }
   // Heat: a GPU that was idle runs its first tens of milliseconds of GEMMs above the clocks its
@@ -440,37 +349,12 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, int var
     first_on_device = HeatedDevices().insert(device).second;
   }
   const float heat_ms = first_on_device ? kFirstHeatMs : kHeatMs;
-  float hot_ms = -1;  // the first candidate's time per run at the end of the heat
   for (size_t i = 0; i < algos.size(); ++i) {
     if (!ok[i]) continue;
-    hot_ms = timed(i, std::min(40 * kMaxReps, static_cast<int>(heat_ms / std::max(warm_ms[i], 1e-4f)) + 1));
+    const float ms = timed(i, 1);
+    if (ms > 0) timed(i, std::min(40 * kMaxReps, static_cast<int>(heat_ms / ms) + 1));
     break;
   }
-  const size_t heuristic_count = algos.size();
-  int screened = 0;
-  if (variants > 0 && hot_ms > 0) {
-    std::vector<lt::MatmulAlgo> bases;
-    for (size_t i = 0; i < heuristic_count; ++i) {
-      if (ok[i]) bases.push_back(algos[i]);
-    }
-    const std::vector<lt::MatmulAlgo> extra = Variants(api, handle, plan, g, bases, kMaxVariants);
-    const int ns = std::max(1, static_cast<int>(kScreenMs / hot_ms) + 1);
-    std::vector<std::pair<float, size_t>> ranked;  // (ms, index into extra)
-    algos.insert(algos.end(), extra.begin(), extra.end());
-    for (size_t j = 0; j < extra.size(); ++j) {
-      if (timed(heuristic_count + j, 1) < 0) continue;  // loads its kernel; one that fails is skipped
-      const float ms = timed(heuristic_count + j, ns);
-      if (ms >= 0) ranked.emplace_back(ms, j);
-    }
-    screened = static_cast<int>(ranked.size());
-    std::sort(ranked.begin(), ranked.end());
-    algos.resize(heuristic_count);
-    for (size_t r = 0; r < ranked.size() && r < static_cast<size_t>(variants); ++r) {
-      algos.push_back(extra[ranked[r].second]);
-      ok.push_back(true);
-    }
-  }
-  std::vector<std::vector<float>> times(algos.size());
   for (int round = 0; round < kRounds; ++round) {
     for (size_t i = 0; i < algos.size(); ++i) {
       if (!ok[i]) continue;
@@ -508,12 +392,9 @@ Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, int var
   }
   if (out) {
     out->candidates = static_cast<int>(algos.size());
-    out->heuristic_candidates = static_cast<int>(heuristic_count);
-    out->screened = screened;
     out->chosen = static_cast<int>(best);
     out->heuristic_ms = first_ms;
     out->best_ms = best_ms;
-    out->chosen_config = Describe(api, algos[best]);
   }
   return Status::Ok();
 }

@@ -66,21 +66,15 @@ Status Gemm(int device, const GemmArgs& args, cudaStream_t stream);
 
 // Times the heuristic's top `candidates` algorithms for this GEMM configuration (`reps` runs each
 // on `stream`, which it synchronizes: call outside execution, e.g. at trace time) and makes the
-// fastest the cached plan's algorithm for every later Gemm() of the same configuration. With
-// `variants` > 0 it also screens the candidates' kernels with other custom options and cluster
-// shapes (settings the heuristic does not rank) and times the `variants` fastest of those beside
-// them. Once per configuration; later calls return at once (cached = true).
+// fastest the cached plan's algorithm for every later Gemm() of the same configuration. Once per
+// configuration; later calls return at once (cached = true).
 struct GemmTuneResult {
   bool cached = false;
-  // candidates: how many were timed: the heuristic's top `heuristic_candidates` in its order, then
-  // the variants kept from the `screened` ones. chosen: the kept one's index (0 = the heuristic's
-  // first; >= heuristic_candidates: a variant); chosen_config: its kernel and settings.
-  int candidates = 0, heuristic_candidates = 0, screened = 0, chosen = 0;
+  int candidates = 0, chosen = 0;  // chosen: rank in the heuristic's order (0 = its first choice)
   float heuristic_ms = 0, best_ms = 0;
-  std::string chosen_config;
 };
-Status GemmTune(int device, const GemmArgs& args, int candidates, int reps, int variants,
-                cudaStream_t stream, GemmTuneResult* out);
+Status GemmTune(int device, const GemmArgs& args, int candidates, int reps, cudaStream_t stream,
+                GemmTuneResult* out);
 
 // Loads cuBLASLt if needed; returns "" when loaded, else the reason it cannot be.
 std::string CublasLtLoadError();

@@ -47,21 +47,6 @@ constexpr int kPrefMinAlignmentBBytes = 6;
 constexpr int kPrefMinAlignmentCBytes = 7;
 constexpr int kPrefMinAlignmentDBytes = 8;
 
-// cublasLtMatmulAlgoConfigAttributes_t
-constexpr int kAlgoConfigId = 0;            // int32_t
-constexpr int kAlgoConfigTileId = 1;        // uint32_t
-constexpr int kAlgoConfigSplitKNum = 2;     // int32_t
-constexpr int kAlgoConfigCustomOption = 5;  // uint32_t
-constexpr int kAlgoConfigStagesId = 6;      // uint32_t
-constexpr int kAlgoConfigClusterShapeId = 8;  // uint16_t
-// cublasLtMatmulAlgoCapAttributes_t
-constexpr int kAlgoCapCustomOptionMax = 7;  // int32_t
-// cublasLtClusterShape_t
-constexpr uint16_t kClusterShapeAuto = 0;
-constexpr uint16_t kClusterShape1x1x1 = 2;
-constexpr uint16_t kClusterShape2x1x1 = 3;
-constexpr uint16_t kClusterShape1x2x1 = 5;
-
 // Function pointer types, one per entry point.
 using CreateFn = Status(Handle*);
 using DestroyFn = Status(Handle);
@@ -78,11 +63,6 @@ using MatmulPreferenceSetAttributeFn = Status(MatmulPreference, int, const void*
 using MatmulAlgoGetHeuristicFn = Status(Handle, MatmulDesc, MatrixLayout, MatrixLayout,
                                         MatrixLayout, MatrixLayout, MatmulPreference, int,
                                         HeuristicResult*, int*);
-using MatmulAlgoCheckFn = Status(Handle, MatmulDesc, MatrixLayout, MatrixLayout, MatrixLayout,
-                                  MatrixLayout, const MatmulAlgo*, HeuristicResult*);
-using MatmulAlgoConfigSetAttributeFn = Status(MatmulAlgo*, int, const void*, size_t);
-using MatmulAlgoConfigGetAttributeFn = Status(const MatmulAlgo*, int, void*, size_t, size_t*);
-using MatmulAlgoCapGetAttributeFn = Status(const MatmulAlgo*, int, void*, size_t, size_t*);
 using MatmulFn = Status(Handle, MatmulDesc, const void* alpha, const void* A, MatrixLayout,
                         const void* B, MatrixLayout, const void* beta, const void* C, MatrixLayout,
                         void* D, MatrixLayout, const MatmulAlgo*, void* workspace, size_t,

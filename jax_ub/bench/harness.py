@@ -219,13 +219,11 @@ def make_mesh(tp: int, cuda: bool) -> Any:
 
 def case_records(common: dict[str, Any], res: dict[str, float]) -> list[dict[str, Any]]:
     """One record per impl; each says which cuBLASLt plans it ran (``gemm_tune``: candidates timed
-    per GEMM shape, 0 for the heuristic's first; ``gemm_tune_variants``: screened kernel variants
-    timed beside them), since merged files mix runs."""
+    per GEMM shape, 0 for the heuristic's first), since merged files mix runs."""
     from jax_ub import config
 
-    cfg = config.get()
-    tune = {"gemm_tune": cfg.gemm_tune, "gemm_tune_variants": cfg.gemm_tune_variants if cfg.gemm_tune > 1 else 0}
-    return [{**common, "impl": impl, "ms": round(ms, 4), **tune} for impl, ms in res.items()]
+    tune = config.get().gemm_tune
+    return [{**common, "impl": impl, "ms": round(ms, 4), "gemm_tune": tune} for impl, ms in res.items()]
 
 
 def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:

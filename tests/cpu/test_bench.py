@@ -178,9 +178,7 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
         assert all(r["ms"] > 0 and r["op"] == ("ag_gemm" if op == "ag" else "gemm_rs") for r in recs)
         assert all((r["M"], r["K"], r["N"], r["dtype"]) == (64, 32, 64, "bfloat16") for r in recs)
         assert impls["jax_ub"]["method"] == "xla"  # what auto ran: the reference, on CPU
-        cfg = jax_ub.config.get()
-        assert all(r["gemm_tune"] == cfg.gemm_tune for r in recs)  # which plans
-        assert all(r["gemm_tune_variants"] == (cfg.gemm_tune_variants if cfg.gemm_tune > 1 else 0) for r in recs)
+        assert all(r["gemm_tune"] == jax_ub.config.get().gemm_tune for r in recs)  # which plans
 
 
 @pytest.mark.parametrize(("op", "args"), [("ag", ["--tp", "16"]), ("rs", ["--tp", "4", "--shapes", "66,32,64"]),

@@ -20,7 +20,6 @@ def test_defaults_from_empty_environment():
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
-        "gemm_tune_variants": 4,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
         "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "ag_push_merge": False, "tuning_file": "", "record_shapes": "",
         "log_level": "WARNING",
@@ -62,8 +61,6 @@ VARIABLES = [
     ("JAX_UB_GEMM_WORKSPACE_MIB", "8", "gemm_workspace_mib", 8),
     ("JAX_UB_GEMM_TUNE", "0", "gemm_tune", 0),
     ("JAX_UB_GEMM_TUNE", "4", "gemm_tune", 4),
-    ("JAX_UB_GEMM_TUNE_VARIANTS", "0", "gemm_tune_variants", 0),
-    ("JAX_UB_GEMM_TUNE_VARIANTS", "16", "gemm_tune_variants", 16),
     ("JAX_UB_LOG", "debug", "log_level", "DEBUG"),
     ("JAX_UB_LOG", "ERROR", "log_level", "ERROR"),
 ]
@@ -110,7 +107,6 @@ BAD_VALUES = [
     ("JAX_UB_GEMM_WORKSPACE_MIB", "lots", "must be a int"),
     ("JAX_UB_GEMM_TUNE", "99", "must be <= 16"),
     ("JAX_UB_GEMM_TUNE", "-1", "must be >= 0"),
-    ("JAX_UB_GEMM_TUNE_VARIANTS", "17", "must be <= 16"),
     ("JAX_UB_BULK_REDUCE_SMS", "300", "must be <= 256"),
     ("JAX_UB_BULK_REDUCE_SMS", "-4", "must be >= 0"),
     ("JAX_UB_RS_CHAIN_PIECES", "5", "must be <= 4"),

@@ -161,13 +161,10 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
 
     dev = gemm._local_cuda_ordinals()[0]
     m, k, n = 1024, 4096, 2816  # a shape no other test uses: tuned here for the first time
-    with config.override(gemm_tune=8, gemm_tune_variants=4):
+    with config.override(gemm_tune=8):
         r = gemm.warm([dev], m, n, k, jnp.bfloat16, None)[0]
-        assert r["tuned"] and 1 <= r["heuristic_candidates"] <= 8, r
-        # the heuristic's candidates, then at most 4 variants kept from those screened
-        assert r["heuristic_candidates"] <= r["candidates"] <= r["heuristic_candidates"] + min(4, r["screened"]), r
+        assert r["tuned"] and 1 <= r["candidates"] <= 8, r
         assert 0 <= r["chosen"] < r["candidates"], r
-        assert r["chosen_config"].startswith("algo "), r
         assert r["heuristic_ms"] > 0 and r["best_ms"] > 0, r
         if r["chosen"] == 0:
             assert r["best_ms"] == r["heuristic_ms"], r
@@ -175,8 +172,7 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
             assert r["best_ms"] < 0.97 * r["heuristic_ms"], r
         ws = config.get().gemm_workspace_mib << 20
         tf32 = bool(_ffi.tf32_allowed(None))  # part of the plan key, as warm() passes it
-        again = dict(_ext.extension().gemm_warmup(dev, m, n, k, 2, tf32, ws, tune_candidates=8,
-                                                  tune_variants=4))
+        again = dict(_ext.extension().gemm_warmup(dev, m, n, k, 2, tf32, ws, tune_candidates=8))
         assert again["tuned"] and again["candidates"] == 0, again  # cached: nothing timed
         x = jax.random.normal(jax.random.key(21), (m, k), jnp.float32).astype(jnp.bfloat16)
         w = jax.random.normal(jax.random.key(22), (k, n), jnp.float32).astype(jnp.bfloat16)
@@ -186,32 +182,6 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
     assert not bool(jnp.any(jnp.isnan(out)))
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
     assert _rel_err(out, ref) <= TOL[jnp.bfloat16]
-
-
-@pytest.mark.parametrize("variants", [0, 16])
-def test_gemm_tuning_variants_are_screened_and_a_kept_one_computes_the_product(jax_ub, variants):
-    """JAX_UB_GEMM_TUNE_VARIANTS: the candidates' kernels with other custom options and cluster
-    shapes are screened (none with 0) and the fastest timed beside the heuristic's candidates; on an
-    sm_90 GPU cuBLASLt offers such settings for a bf16 GEMM. Whatever is kept computes the product."""
-    from jax_ub import config, gemm
-
-    dev = gemm._local_cuda_ordinals()[0]
-    m, k, n = 512, 8192, 1792 + 256 * variants // 16  # shapes no other test tunes
-    with config.override(gemm_tune=8, gemm_tune_variants=variants):
-        r = gemm.warm([dev], m, n, k, jnp.bfloat16, None)[0]
-        if variants == 0:
-            assert r["screened"] == 0 and r["candidates"] == r["heuristic_candidates"], r
-        else:
-            if str(getattr(jax.devices()[0], "compute_capability", "0")).startswith("9"):
-                assert r["screened"] > 0 and r["candidates"] > r["heuristic_candidates"], r
-            assert r["candidates"] <= r["heuristic_candidates"] + variants, r
-        x = jax.random.normal(jax.random.key(23), (m, k), jnp.float32).astype(jnp.bfloat16)
-        w = jax.random.normal(jax.random.key(24), (k, n), jnp.float32).astype(jnp.bfloat16)
-        _poison((m, n), jnp.bfloat16)
-        out = jax.jit(lambda x, w: jax_ub.matmul(x, w, method="cublaslt"))(x, w)
-    assert not bool(jnp.any(jnp.isnan(out)))
-    ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
-    assert _rel_err(out, ref) <= TOL[jnp.bfloat16], r
 
 
 def test_gemm_tuning_off_keeps_the_heuristics_first(jax_ub):
