@@ -1,6 +1,7 @@
 """Which piece geometry wins? Over all local GPUs (tp = device count, or argv[1]), per shape, the
-median over 7 interleaved rounds (each variant once per round, 10 back-to-back calls, so clock and
-power drift hits every variant alike) of the GEMM on every GPU, then:
+median over 7 interleaved rounds (each variant once per round in a new order, 10 back-to-back calls
+after an untimed burst, so clock and power drift hits every variant alike) of the GEMM on every
+GPU, then:
 
 * AG->GEMM push with its last peer chunk in 1, 2 and 4 row pieces (``ag_push_pieces``);
 * GEMM->RS ring, chain with 2 and 4 pieces per step cut into rows or into columns
@@ -14,32 +15,31 @@ PROBE_OPS=ag runs the AG part only.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from ag_gap_probe import mm, setup  # scripts/ is on sys.path when run as a script
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import config, overlap
-from jax_ub.bench.harness import time_fn
+from jax_ub.bench.harness import time_fn, time_impls
 
 SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
 
 
-def interleaved(variants, rounds=7):
-    """{name: median ms per call} of ``variants`` ({name: (f, args)}), timed round-robin."""
+def interleaved(variants, rounds=7, label="probe"):
+    """{name: median ms per call} of ``variants`` ({name: (f, args)}), timed as the bench times its
+    impls (``harness.time_impls``): every round in a new order, each timed burst of 10 calls after
+    an untimed burst of the same variant, so neither a fixed order nor the load just before a
+    burst (under the power cap, clocks follow the last few ms) favours a variant."""
     for f, args in variants.values():
         time_fn(f, args, warmup=3, iters=1, reps=1)  # compile and warm
-    ms = {k: [] for k in variants}
-    for _ in range(rounds):
-        for k, (f, args) in variants.items():
-            ms[k].append(time_fn(f, args, warmup=1, iters=10, reps=1))
-    return {k: float(np.median(v)) for k, v in ms.items()}
+    return time_impls(label, variants, argparse.Namespace(warmup=0, iters=10, reps=rounds, settle_ms=25.0))
 
 
 def main():

@@ -9,7 +9,8 @@ bench shapes have all landed before the local chunk's GEMM ends) as one or two G
 Random bf16 data (a fixed pattern draws less power and runs at higher clocks), `jax_ub.matmul`
 (cuBLASLt, the GEMM the overlapped ops run), each schedule one jitted program of back-to-back
 GEMMs over pre-sliced row pieces; `reps` rounds in which every schedule of a shape runs `iters`
-calls, in turn; medians. For each bench shape and tp, ms of the whole GEMM ([M, K] @ [K, N/tp] for
+calls, each round in a new order after an untimed burst (``harness.time_impls``, as the bench);
+medians. For each bench shape and tp, ms of the whole GEMM ([M, K] @ [K, N/tp] for
 AG, [M, K/tp] @ [K/tp, N] for RS) and, over it, of:
 - tp chunk GEMMs of M/tp rows;
 - AG: the local chunk, then the peers' rows in one GEMM (rank 0 or tp-1: contiguous rows);
@@ -17,7 +18,7 @@ AG, [M, K/tp] @ [K/tp, N] for RS) and, over it, of:
 """
 from __future__ import annotations
 
-import statistics
+import argparse
 import sys
 
 from addend_probe import BENCH  # scripts/ is on sys.path when run as a script
@@ -61,11 +62,8 @@ def main() -> None:
                     starts = [sum(rows[:i]) for i in range(len(rows))]
                     args[name] = [a[s:s + n_] for s, n_ in zip(starts, rows, strict=True)] + [b]
                     jax.block_until_ready(run(*args[name]))  # compile, warm up
-                times = {name: [] for name in scheds}
-                for _ in range(reps):
-                    for name in scheds:
-                        times[name].append(h.time_fn(run, args[name], warmup=1, iters=iters, reps=1))
-                ms = {name: statistics.median(t) for name, t in times.items()}
+                ms = h.time_impls(f"{op} {tp} {M},{K},{N}", {name: (run, args[name]) for name in scheds},
+                                  argparse.Namespace(warmup=0, iters=iters, reps=reps, settle_ms=25.0))
                 line = f"{op:>2} {tp:>2} {f'{M},{K},{N}':>18} | {ms['whole']:.4f}"
                 for name in ("chunks", "merged", "two"):
                     if name in ms:

@@ -1,9 +1,9 @@
 """One GPU, one process: does JAX_UB_GEMM_TUNE make the GEMMs the overlapped ops run faster?
 
 Times each GEMM schedule of split_gemm_probe.py (the whole GEMM, and the tp row-chunk GEMMs back
-to back) in two variants side by side, in interleaved rounds (each in a new random order), so that
-no process-to-process or clock difference between two runs (5% and more on an H100/H200) enters
-the ratio:
+to back) in two variants side by side, in interleaved rounds (each in a new order, every burst after
+an untimed one: ``harness.time_impls``, as the bench), so that no process-to-process or clock
+difference between two runs (5% and more on an H100/H200) enters the ratio:
 - ``heuristic``: cuBLASLt's first candidate (``gemm_tune=0``);
 - ``tuned``: as tuned at trace time (``gemm_tune=8``).
 The two get distinct plans in one process through the workspace size, which is part of cuBLASLt's
@@ -17,8 +17,7 @@ per GEMM shape (rank in the heuristic's order).
 """
 from __future__ import annotations
 
-import random
-import statistics
+import argparse
 import sys
 
 from addend_probe import BENCH  # scripts/ is on sys.path when run as a script
@@ -46,7 +45,6 @@ def main() -> None:
     # One jitted function per variant: the config is read at trace time.
     runs = {v: jax.jit(lambda *a: gemms(*a)) for v in VARIANTS}
     key = iter(jax.random.split(jax.random.key(0), 1024))
-    rng = random.Random(0)
 
     def rand(shape):
         return jax.random.normal(next(key), shape, jnp.float32).astype(jnp.bfloat16)
@@ -65,15 +63,13 @@ def main() -> None:
                     with config.override(**cfg):
                         for args in scheds.values():
                             jax.block_until_ready(runs[v](*args))  # trace (tune), compile, warm up
-                times = {(v, s): [] for v in VARIANTS for s in scheds}
-                order = list(times)
-                for _ in range(reps):
-                    # A new order every round: under the power cap a fixed order favours some
-                    # positions by several percent (identical plans came out 0.97-1.07 apart).
-                    rng.shuffle(order)
-                    for v, s in order:
-                        times[(v, s)].append(h.time_fn(runs[v], scheds[s], warmup=1, iters=iters, reps=1))
-                ms = {vs: statistics.median(t) for vs, t in times.items()}
+                # A new order every round, each burst after an untimed one (harness.time_impls):
+                # under the power cap a fixed order favoured some positions by several percent
+                # (plans that kept the same algorithm came out 0.97-1.07 apart).
+                got = h.time_impls(f"{op} {tp} {M},{K},{N}",
+                                   {f"{v} {s}": (runs[v], scheds[s]) for v in VARIANTS for s in scheds},
+                                   argparse.Namespace(warmup=0, iters=iters, reps=reps, settle_ms=25.0))
+                ms = {(v, s): got[f"{v} {s}"] for v in VARIANTS for s in scheds}
                 w0 = ms[("heuristic", "whole")]
                 kept = {kk[1]: r["chosen"] for kk, r in g._warmed.items()
                         if kk[2] == n and kk[3] == k and kk[7] == 8 and kk[1] in (M, m)}
