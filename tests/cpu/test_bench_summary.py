@@ -33,15 +33,31 @@ def test_rows_and_verdicts(tmp_path):
     })
     rs = _write(tmp_path / "rs.json", "gemm_rs", {(8192, 8192, 8192): _impls(3.0, 2.0, 1.0, 1.9)})
     out = summary.markdown(summary.load([ag, rs]))
-    assert "| ag_gemm | 4 | 2048,8192,8192 | 0.900 | 1.000 | 0.90x | 1.25 |" in out
-    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 1.000 | 2.00x | 1.05 |" in out
-    assert "| gemm_rs | 4 | 8192,8192,8192 | 3.000 | 2.000 | 1.50x | 1.05 |" in out
+    assert "| ag_gemm | 4 | 2048,8192,8192 | 0.900 | 1.000 | 0.90x | 1.25 | - |" in out
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 1.000 | 2.00x | 1.05 | - |" in out
+    assert "| gemm_rs | 4 | 8192,8192,8192 | 3.000 | 2.000 | 1.50x | 1.05 | - |" in out
     # geometric mean of 2.0 and 0.9 is 1.34: AG's 1.30 met; RS 1.50 against 1.45 met
     assert ("AG->GEMM (`all_gather_matmul`), tp=4: faster than XLA plain at 1 of 2 shapes; geometric "
             "mean speedup 1.34x (target 1.30x: met); within 1.10x of T_ideal at 1 of 2.") in out
     assert "geometric mean speedup 1.50x (target 1.45x: met); within 1.10x of T_ideal at 1 of 1." in out
     # AG rows come before RS rows
     assert out.index("| ag_gemm") < out.index("| gemm_rs")
+
+
+def test_split_floor_where_the_run_timed_the_chunk_gemms(tmp_path):
+    ag = _write(tmp_path / "ag.json", "ag_gemm", {
+        # chunks 1.19x the whole GEMM, which binds: floor 1.19, above 1.10
+        (2048, 8192, 28672): {**_impls(0.47, 0.45, 0.36, 0.26), "gemm_chunks": 0.4284},
+        # chunks 1.02x a GEMM shorter than the collective: floor 1.00 (the collective binds)
+        (8192, 8192, 8192): {**_impls(0.8, 0.5, 0.3, 0.4), "gemm_chunks": 0.306},
+        (16384, 12288, 12288): _impls(2.6, 1.8, 1.7, 0.9),  # not timed: "-"
+    })
+    out = summary.markdown(summary.load([ag]))
+    assert "| ag_gemm | 4 | 2048,8192,28672 | 0.470 | 0.450 | 1.04x | 1.25 | 1.19 |" in out
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 0.800 | 0.500 | 1.60x | 1.25 | 1.00 |" in out
+    assert "| ag_gemm | 4 | 16384,12288,12288 | 2.600 | 1.800 | 1.44x | 1.06 | - |" in out
+    assert out.rstrip().endswith("within 1.10x of T_ideal at 1 of 3; the split floor exceeds 1.10 at "
+                                 "2048,8192,28672.")
 
 
 def test_missed_target_and_filters(tmp_path):
@@ -57,7 +73,7 @@ def test_a_later_file_replaces_the_same_record(tmp_path):
     old = _write(tmp_path / "old.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
     new = _write(tmp_path / "new.json", "ag_gemm", {(8192, 8192, 8192): {"jax_ub": 0.8}})
     out = summary.markdown(summary.load([old, new]))
-    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 0.800 | 2.50x | 0.84 |" in out
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 0.800 | 2.50x | 0.84 | - |" in out
 
 
 def test_a_case_without_every_impl_is_left_out(tmp_path):
