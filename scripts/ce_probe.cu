@@ -6,8 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
+#include "probe_util.cuh"
 
 __global__ void spin(long long ns) {
   long long t0;

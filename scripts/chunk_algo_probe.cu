@@ -26,19 +26,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
-#define LT(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
-  std::printf("%s:%d %s: status %d\n", __FILE__, __LINE__, #x, static_cast<int>(s_)); std::exit(1);} } while (0)
-
-// Uniform values in [-1, 1) from a hash of the index: random to the GEMM, cheap to make.
-__global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-    p[i] = __float2bfloat16(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
-  }
-}
+#include "lt_util.cuh"
 
 struct Op { const char* name; long M, K, N; bool rs; };
 
@@ -77,23 +65,7 @@ static Lt Make(cublasLtHandle_t h, long m, long n, long k, size_t ws, int cands)
 }
 
 static void Describe(const cublasLtMatmulHeuristicResult_t& r, char* out, size_t len) {
-  int id = 0, tile = 0, stages = 0, splitk = 0, swizzle = 0;
-  unsigned cluster = 0;
-  size_t w = 0;
-  const cublasLtMatmulAlgo_t& a = r.algo;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
-  std::snprintf(out, len, "algo %d tile %d stages %d splitk %d swz %d cluster %u waves %.2f", id, tile,
-                stages, splitk, swizzle, cluster, r.wavesCount);
-}
-
-static double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  std::snprintf(out, len, "%s waves %.2f", AlgoConfig(r.algo).c_str(), r.wavesCount);
 }
 
 int main(int argc, char** argv) {

@@ -13,26 +13,12 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
-#define LT(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
-  std::printf("%s:%d %s: status %d\n", __FILE__, __LINE__, #x, static_cast<int>(s_)); std::exit(1);} } while (0)
+#include "lt_util.cuh"
 
 struct Shape { long m, n, k; };
 
 static void Config(const cublasLtMatmulAlgo_t& a, char* out, size_t len) {
-  int id = 0, tile = 0, stages = 0, splitk = 0, swizzle = 0, custom = 0;
-  unsigned cluster = 0;
-  size_t w = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
-  std::snprintf(out, len, "algo %d tile %d stages %d splitk %d swz %d custom %d cluster %u", id, tile,
-                stages, splitk, swizzle, custom, cluster);
+  std::snprintf(out, len, "%s", AlgoConfig(a).c_str());
 }
 
 int main(int argc, char** argv) {

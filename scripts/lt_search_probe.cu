@@ -38,19 +38,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
-#define LT(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
-  std::printf("%s:%d %s: status %d\n", __FILE__, __LINE__, #x, static_cast<int>(s_)); std::exit(1);} } while (0)
-
-// Uniform values in [-1, 1) from a hash of the index.
-__global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-    p[i] = __float2bfloat16(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
-  }
-}
+#include "lt_util.cuh"
 
 __global__ void FillNaN(__nv_bfloat16* p, size_t n) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -249,34 +237,15 @@ static std::vector<Cand> Level2(cublasLtHandle_t h, const Problem& p, size_t ws,
 }
 
 static std::string Describe(const Cand& c) {
-  int id = 0, splitk = 0;
-  uint32_t tile = 0, stages = 0, swizzle = 0, red = 0, custom = 0;
-  uint16_t cluster = 0;
-  size_t w = 0;
-  const cublasLtMatmulAlgo_t& a = c.algo;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
-  char buf[220];
-  std::snprintf(buf, sizeof(buf), "algo %d tile %u stages %u splitk %d red %u swz %u custom %u cluster %u "
-                "waves %.2f%s", id, tile, stages, splitk, red, swizzle, custom, cluster, c.waves,
-                c.heuristic_rank >= 0 ? (" (heuristic #" + std::to_string(c.heuristic_rank) + ")").c_str() : "");
-  return buf;
-}
-
-static double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 1e30 : v[v.size() / 2];
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), " waves %.2f", c.waves);
+  return AlgoConfig(c.algo) + buf +
+         (c.heuristic_rank >= 0 ? " (heuristic #" + std::to_string(c.heuristic_rank) + ")" : std::string());
 }
 
 int main(int argc, char** argv) {
   const int tp = argc > 1 ? std::atoi(argv[1]) : 4;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
+  const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 10;
   const int top = argc > 4 ? std::atoi(argv[4]) : 24;
   const char* only = argc > 5 && std::strcmp(argv[5], "all") != 0 ? argv[5] : nullptr;

@@ -16,8 +16,7 @@
 
 #include "kernels/reduce.h"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
+#include "probe_util.cuh"
 
 struct Ptrs {
   const uint4* p[8];

@@ -19,10 +19,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
-#define LT(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
-  std::printf("%s:%d %s: status %d\n", __FILE__, __LINE__, #x, static_cast<int>(s_)); std::exit(1);} } while (0)
+#include "probe_util.cuh"
 
 struct Shape { long m, n, k; const char* what; };
 

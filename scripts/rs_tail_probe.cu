@@ -34,19 +34,14 @@
 #include "kernels/fill.h"
 #include "kernels/reduce.h"
 
+#include "probe_util.cuh"
+
 using jax_ub::DType;
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1);} } while (0)
 #define ST(x) do { jax_ub::Status s_ = (x); if (!s_.ok()) { \
   std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.message().c_str()); std::exit(1);} } while (0)
 
 struct Shape { const char* name; int world; long mo, k, n; };  // own partial x[mo, k] @ w[k, n]
-
-static double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
