@@ -43,24 +43,7 @@ static Lt Make(cublasLtHandle_t h, long m, long n, long k, size_t ws, int cands)
   LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, n, k, n));
   LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k));
   LT(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, n, m, n));
-  cublasLtMatmulPreference_t pref;
-  LT(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t wsb = ws;
-  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-  // jax_ub tells the heuristic 16-byte alignment of every operand (gemm/cublaslt.cc): the same
-  // candidate list as the library's plans.
-  const uint32_t al = 16;
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
-  }
-  std::vector<cublasLtMatmulHeuristicResult_t> res(cands);
-  int found = 0;
-  LT(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, cands, res.data(), &found));
-  cublasLtMatmulPreferenceDestroy(pref);
-  for (int i = 0; i < found; ++i) {
-    if (res[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(res[i]);
-  }
+  p.algos = HeuristicList(h, p.desc, p.a, p.b, p.c, ws, cands);
   return p;
 }
 

@@ -95,22 +95,9 @@ static void FreeProblem(Problem& p) {
 }
 
 static std::vector<Cand> Heuristic(cublasLtHandle_t h, const Problem& p, size_t ws, int count) {
-  cublasLtMatmulPreference_t pref;
-  LT(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t wsb = ws;
-  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-  const uint32_t al = 16;  // jax_ub tells the heuristic 16-byte alignment of every operand
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
-  }
-  std::vector<cublasLtMatmulHeuristicResult_t> res(count);
-  int found = 0;
-  LT(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, count, res.data(), &found));
-  cublasLtMatmulPreferenceDestroy(pref);
+  const std::vector<cublasLtMatmulHeuristicResult_t> res = HeuristicList(h, p.desc, p.a, p.b, p.c, ws, count);
   std::vector<Cand> out;
-  for (int i = 0; i < found; ++i) {
-    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+  for (int i = 0; i < static_cast<int>(res.size()); ++i) {
     Cand c;
     c.algo = res[i].algo;
     c.waves = res[i].wavesCount;
