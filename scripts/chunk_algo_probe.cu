@@ -28,8 +28,6 @@
 
 #include "lt_util.cuh"
 
-struct Op { const char* name; long M, K, N; bool rs; };
-
 // One GEMM configuration: row-major y[m, n] = x[m, k] @ w[k, n] as column-major y^T = w^T x^T.
 struct Lt {
   cublasLtMatmulDesc_t desc;
@@ -56,12 +54,7 @@ int main(int argc, char** argv) {
   const int cands = argc > 2 ? std::atoi(argv[2]) : 64;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 5;
   const int iters = argc > 4 ? std::atoi(argv[4]) : 10;
-  // bench ag|rs shapes. AG: chunk x[M/tp, K] @ w[K, N/tp]; RS: partial x[M/tp, K/tp] @ w[K/tp, N].
-  const std::vector<Op> ops = {
-      {"ag", 8192, 8192, 28672, false},  {"ag", 8192, 8192, 8192, false},
-      {"ag", 16384, 12288, 12288, false}, {"ag", 2048, 8192, 28672, false},
-      {"rs", 8192, 8192, 28672, true},   {"rs", 8192, 8192, 8192, true},
-      {"rs", 16384, 12288, 12288, true},  {"rs", 2048, 8192, 28672, true}};
+  const std::vector<Op>& ops = kBenchOps;
   CK(cudaSetDevice(0));
   cublasLtHandle_t h;
   LT(cublasLtCreate(&h));

@@ -60,8 +60,6 @@ __global__ void Compare(const __nv_bfloat16* a, const __nv_bfloat16* b, size_t n
   atomicAdd(&out[2], bad);
 }
 
-struct Op { const char* name; long M, K, N; bool rs; };
-
 struct Cand {
   cublasLtMatmulAlgo_t algo;
   float waves = 0;
@@ -238,12 +236,7 @@ int main(int argc, char** argv) {
   const char* only = argc > 5 && std::strcmp(argv[5], "all") != 0 ? argv[5] : nullptr;
   const int confirm = argc > 6 ? std::atoi(argv[6]) : 15;
   std::mt19937 rng(7);
-  // bench ag|rs shapes. AG: chunk x[M/tp, K] @ w[K, N/tp]; RS: partial x[M/tp, K/tp] @ w[K/tp, N].
-  const std::vector<Op> ops = {
-      {"ag", 8192, 8192, 28672, false},  {"ag", 8192, 8192, 8192, false},
-      {"ag", 16384, 12288, 12288, false}, {"ag", 2048, 8192, 28672, false},
-      {"rs", 8192, 8192, 28672, true},   {"rs", 8192, 8192, 8192, true},
-      {"rs", 16384, 12288, 12288, true},  {"rs", 2048, 8192, 28672, true}};
+  const std::vector<Op>& ops = kBenchOps;
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

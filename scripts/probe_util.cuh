@@ -24,6 +24,15 @@ static inline double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// The bench ag|rs shapes (global M, K, N; the issues' tp=4 shapes). The GEMM each rank runs per
+// chunk: AG x[M/tp, K] @ w[K, N/tp]; RS (rs = true) x[M/tp, K/tp] @ w[K/tp, N].
+struct Op { const char* name; long M, K, N; bool rs; };
+static const std::vector<Op> kBenchOps = {
+    {"ag", 8192, 8192, 28672, false},  {"ag", 8192, 8192, 8192, false},
+    {"ag", 16384, 12288, 12288, false}, {"ag", 2048, 8192, 28672, false},
+    {"rs", 8192, 8192, 28672, true},   {"rs", 8192, 8192, 8192, true},
+    {"rs", 16384, 12288, 12288, true},  {"rs", 2048, 8192, 28672, true}};
+
 // Uniform values in [-1, 1) from a hash of the index: random to a GEMM, cheap to make.
 static __global__ void FillRandom(__nv_bfloat16* p, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {

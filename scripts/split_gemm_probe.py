@@ -24,9 +24,25 @@ import sys
 from addend_probe import BENCH  # scripts/ is on sys.path when run as a script
 
 
-def main() -> None:
+def chunk_gemms(*args):
+    """Row pieces of x, then w: one cuBLASLt GEMM per piece (``jax_ub.matmul``), back to back."""
+    import jax_ub
+
+    *pieces, w = args
+    return tuple(jax_ub.matmul(p, w, method="cublaslt") for p in pieces)
+
+
+def bf16_normal(seed: int = 0):
+    """A function of a shape giving a new standard-normal bf16 array at each call."""
     import jax
     import jax.numpy as jnp
+
+    key = iter(jax.random.split(jax.random.key(seed), 1024))
+    return lambda shape: jax.random.normal(next(key), shape, jnp.float32).astype(jnp.bfloat16)
+
+
+def main() -> None:
+    import jax
 
     import jax_ub
     from jax_ub.bench import harness as h
@@ -34,15 +50,8 @@ def main() -> None:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     iters = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 
-    def gemms(*args):  # row pieces, then b: one GEMM per piece, back to back
-        *pieces, b = args
-        return tuple(jax_ub.matmul(p, b, method="cublaslt") for p in pieces)
-
-    run = jax.jit(gemms)
-    key = iter(jax.random.split(jax.random.key(0), 1024))
-
-    def rand(shape):
-        return jax.random.normal(next(key), shape, jnp.float32).astype(jnp.bfloat16)
+    run = jax.jit(chunk_gemms)
+    rand = bf16_normal()
 
     print(f"JAX_UB_GEMM_TUNE={jax_ub.config.get().gemm_tune}, {reps} rounds of {iters} calls, "
           f"median ms")

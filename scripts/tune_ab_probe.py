@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from addend_probe import BENCH  # scripts/ is on sys.path when run as a script
+from split_gemm_probe import bf16_normal, chunk_gemms
 
 VARIANTS = {"heuristic": {"gemm_tune": 0, "gemm_workspace_mib": 33},
             "tuned": {"gemm_tune": 8, "gemm_workspace_mib": 32}}
@@ -28,9 +29,7 @@ VARIANTS = {"heuristic": {"gemm_tune": 0, "gemm_workspace_mib": 33},
 
 def main() -> None:
     import jax
-    import jax.numpy as jnp
 
-    import jax_ub
     from jax_ub import config
     from jax_ub import gemm as g
     from jax_ub.bench import harness as h
@@ -38,16 +37,9 @@ def main() -> None:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     iters = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 
-    def gemms(*args):  # row pieces, then b: one GEMM per piece, back to back
-        *pieces, b = args
-        return tuple(jax_ub.matmul(p, b, method="cublaslt") for p in pieces)
-
     # One jitted function per variant: the config is read at trace time.
-    runs = {v: jax.jit(lambda *a: gemms(*a)) for v in VARIANTS}
-    key = iter(jax.random.split(jax.random.key(0), 1024))
-
-    def rand(shape):
-        return jax.random.normal(next(key), shape, jnp.float32).astype(jnp.bfloat16)
+    runs = {v: jax.jit(lambda *a: chunk_gemms(*a)) for v in VARIANTS}
+    rand = bf16_normal()
 
     print(f"{reps} rounds of {iters} calls, median ms; ratios over the heuristic's whole GEMM, and "
           f"tuned over heuristic")
