@@ -197,7 +197,7 @@ def _batch_axes(mesh: Any, axis_name: str, batch: int) -> Any:
     return axes[0] if len(axes) == 1 else axes
 
 
-def _explicit_axes(mesh: Any) -> set[str]:
+def explicit_axes(mesh: Any) -> set[str]:
     types = getattr(mesh, "axis_types", None)
     if types is None:
         return set()
@@ -205,7 +205,7 @@ def _explicit_axes(mesh: Any) -> set[str]:
     return {a for a, t in zip(mesh.axis_names, types, strict=True) if t == explicit}
 
 
-def _to_spec(value: Array, spec: P, explicit: set[str]) -> Array:
+def _to_spec(value: Array, spec: P, explicit: set[str], mesh: Any) -> Array:
     """Reshards ``value`` to ``spec`` on Explicit mesh axes (shard_map does it itself for Auto)."""
     if not explicit:
         return value
@@ -217,7 +217,12 @@ def _to_spec(value: Array, spec: P, explicit: set[str]) -> Array:
         names = tuple(n for n in names if n in explicit)
         return None if not names else names[0] if len(names) == 1 else names
 
-    return jax.sharding.reshard(value, P(*(keep(e) for e in spec)))
+    target = P(*(keep(e) for e in spec))
+    if jax.sharding.get_abstract_mesh().empty and isinstance(mesh, jax.sharding.Mesh):
+        # A layer given `mesh=` outside any mesh context (e.g. a `jax.make_mesh` mesh, whose axes
+        # are Explicit): a bare PartitionSpec would name no mesh.
+        target = jax.sharding.NamedSharding(mesh, target)
+    return jax.sharding.reshard(value, target)
 
 
 def place(value: Array, names: Sequence[Any], mesh: Any) -> Array:
@@ -227,14 +232,14 @@ def place(value: Array, names: Sequence[Any], mesh: Any) -> Array:
     """
     if mesh is None:
         return value
-    return _to_spec(value, P(*names), _explicit_axes(mesh) & set(_free_axes(mesh)))
+    return _to_spec(value, P(*names), explicit_axes(mesh) & set(_free_axes(mesh)), mesh)
 
 
 def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | None],
                in_specs: Sequence[P], out_spec: P) -> Array:
     """``shard_map(body)(*args)`` over every free axis of ``mesh``; ``None`` args pass through."""
     present = [i for i, a in enumerate(args) if a is not None]
-    explicit = _explicit_axes(mesh) & set(_free_axes(mesh))
+    explicit = explicit_axes(mesh) & set(_free_axes(mesh))
 
     def inner(*arrays: Array) -> Array:
         full: list[Array | None] = [None] * len(args)
@@ -247,7 +252,7 @@ def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | Non
         kw["axis_names"] = set(_free_axes(mesh))
     mapped = jax.shard_map(inner, mesh=mesh, in_specs=tuple(in_specs[i] for i in present),
                            out_specs=out_spec, **kw)
-    return mapped(*(_to_spec(args[i], in_specs[i], explicit) for i in present))
+    return mapped(*(_to_spec(args[i], in_specs[i], explicit, mesh) for i in present))
 
 
 def _check_x(where: str, x: Array, layout: str, hidden: int | None, hidden_name: str) -> None:

@@ -71,8 +71,12 @@ def _param(module: nn.Module, name: str, init: Callable[..., jax.Array], shape: 
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     value = module.param(name, nn.with_partitioning(init, names, mesh=concrete), shape, dtype,
                          unbox=False)
-    # Flax would constrain the value to its spec, which is illegal on the manual axes of local mode.
-    return nn.unbox(value) if not p.local else _raw(value)
+    # Flax would constrain the value to its spec, which is illegal on the manual axes of local mode,
+    # and on the Explicit axes of a `mesh=` given outside a mesh context (there the value was born
+    # with its sharding).
+    if p.local or (concrete is not None and _layers.explicit_axes(concrete)):
+        return _raw(value)
+    return nn.unbox(value)
 
 
 def _raw(value: Any) -> jax.Array:

@@ -44,6 +44,16 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   std::unique_ptr<Communicator> c(new Communicator());
   c->o_ = o;
   c->o_.capacity = 0;
+  // Every early return below frees what was created so far (a retry with a smaller buffer after
+  // an out-of-memory failure must not leak streams, events and flags).
+  struct ReleaseOnFailure {
+    Communicator* c;
+    ~ReleaseOnFailure() {
+      if (c == nullptr) return;
+      c->Release();
+      cudaGetLastError();  // the error being returned is the one that counts
+    }
+  } release_on_failure{c.get()};
   JAX_UB_CUDA_RETURN(cudaSetDevice(o.device));
   JAX_UB_CUDA_RETURN(cudaDeviceGetAttribute(&c->sms_, cudaDevAttrMultiProcessorCount, o.device));
   int lo = 0, hi = 0;  // numerically lower = higher priority
@@ -67,17 +77,20 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * o.world;
+  const size_t flag_words = n_flags + 3;  // the peers' flags, the poison word, progress_[2]
   if (o.local_only) {
-    JAX_UB_RETURN_IF_ERROR(VmmCreate(o.device, (n_flags + 1) * sizeof(uint64_t), &c->flags_vmm_));
+    JAX_UB_RETURN_IF_ERROR(VmmCreate(o.device, flag_words * sizeof(uint64_t), &c->flags_vmm_));
     c->flags_ = static_cast<uint64_t*>(c->flags_vmm_.get());
   } else {
     JAX_UB_CUDA_RETURN(
-        cudaMalloc(reinterpret_cast<void**>(&c->flags_), (n_flags + 1) * sizeof(uint64_t)));
+        cudaMalloc(reinterpret_cast<void**>(&c->flags_), flag_words * sizeof(uint64_t)));
   }
-  JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, (n_flags + 1) * sizeof(uint64_t)));
+  JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, flag_words * sizeof(uint64_t)));
   c->poison_ = c->flags_ + n_flags;
+  c->progress_ = c->flags_ + n_flags + 1;
   JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
-                                    (2 * n_flags + 1) * sizeof(uint64_t)));
+                                    (2 * n_flags + 3) * sizeof(uint64_t)));
+  std::memset(c->host_flags_, 0, (2 * n_flags + 3) * sizeof(uint64_t));
   c->host_flags_[2 * n_flags] = 1;
   c->peer_buffer_.assign(o.world, nullptr);
   c->peer_flags_.assign(o.world, nullptr);
@@ -86,6 +99,7 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   c->ipc_flags_.assign(o.world, false);
   JAX_UB_RETURN_IF_ERROR(c->AllocBuffer(o.capacity));
   JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
+  release_on_failure.c = nullptr;
   *out = std::move(c);
   return Status::Ok();
 }
@@ -130,6 +144,7 @@ Status Communicator::AllocBuffer(size_t capacity) {
 }
 
 Status Communicator::Grow(size_t capacity) {
+  std::lock_guard<std::mutex> op_lock(op_mu_);
   if (capacity <= o_.capacity) return Status::Ok();
   JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
   JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
@@ -139,7 +154,14 @@ Status Communicator::Grow(size_t capacity) {
     if (q != o_.rank) peer_buffer_[q] = nullptr;
   }
   FreeBuffer();
-  return AllocBuffer(capacity);
+  Status s = AllocBuffer(capacity);
+  if (!s.ok()) {
+    // No buffer now: later ops must fail naming this, not "not connected to all peers".
+    o_.capacity = 0;
+    peer_buffer_[o_.rank] = nullptr;
+    SetError(StrCat() << Where(*this, "buffer growth") << ": " << s.message());
+  }
+  return s;
 }
 
 void Communicator::FreeBuffer() {
@@ -158,15 +180,32 @@ Status Communicator::GrantTo(int peer_device) const {
 }
 
 Status Communicator::Destroy() {
+  std::lock_guard<std::mutex> op_lock(op_mu_);
   if (destroyed_) return Status::Ok();
   destroyed_ = true;
   JAX_UB_CUDA_RETURN(cudaSetDevice(o_.device));
-  Drain();
+  const Status drained = Drain();
   Status nccl_status;
   if (nccl_ != nullptr) {
     nccl_status = nccl_->Destroy();
     nccl_.reset();
   }
+  if (!drained.ok()) {
+    // A side stream still waits or copies: freeing its memory now could fault the GPU (or block
+    // in cudaFree). Leave it all allocated; the process is expected to end.
+    return Status::Error(StrCat() << drained.message()
+                                  << "; its buffer, flags and streams are left allocated");
+  }
+  Release();
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Status::Error(StrCat() << "communicator teardown: " << cudaGetErrorString(err));
+  }
+  return nccl_status;
+}
+
+void Communicator::Release() {
+  cudaSetDevice(o_.device);
   for (auto& p : nccl_pending_) {
     if (p.done != nullptr) cudaEventDestroy(p.done);
   }
@@ -184,26 +223,31 @@ Status Communicator::Destroy() {
     cudaFree(flags_);
   }
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
-  for (int i = 0; i < o_.world; ++i) cudaStreamDestroy(comm_[i]);
-  for (auto s : compute_) cudaStreamDestroy(s);
-  cudaStreamDestroy(watch_);
-  cudaStreamDestroy(release_);
-  cudaEventDestroy(read_done_);
-  cudaEventDestroy(poisoned_);
-  cudaEventDestroy(released_);
-  cudaEventDestroy(start_);
-  cudaEventDestroy(begun_);
-  for (auto e : join_) cudaEventDestroy(e);
-  for (auto e : events_) cudaEventDestroy(e);
+  auto destroy_stream = [](cudaStream_t& s) {
+    if (s != nullptr) cudaStreamDestroy(s);
+    s = nullptr;
+  };
+  auto destroy_event = [](cudaEvent_t& e) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  };
+  for (auto& s : comm_) destroy_stream(s);
+  for (auto& s : compute_) destroy_stream(s);
+  destroy_stream(watch_);
+  destroy_stream(release_);
+  destroy_event(read_done_);
+  destroy_event(poisoned_);
+  destroy_event(released_);
+  destroy_event(start_);
+  destroy_event(begun_);
+  for (auto& e : join_) destroy_event(e);
+  for (auto& e : events_) destroy_event(e);
   buffer_ = nullptr;
   flags_ = nullptr;
+  poison_ = nullptr;
+  progress_ = nullptr;
   host_flags_ = nullptr;
   local_peer_.assign(local_peer_.size(), nullptr);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return Status::Error(StrCat() << "communicator teardown: " << cudaGetErrorString(err));
-  }
-  return nccl_status;
 }
 
 Status Communicator::Drain() {
@@ -337,11 +381,14 @@ void Communicator::SetError(const std::string& msg) {
   if (error_.empty()) error_ = msg;
 }
 
-Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
+Status Communicator::Usable() const {
   std::string err = error();
-  if (!err.empty()) {
-    return Status::Error(StrCat() << "communicator unusable after an earlier failure: " << err);
-  }
+  if (err.empty()) return Status::Ok();
+  return Status::Error(StrCat() << "communicator unusable after an earlier failure: " << err);
+}
+
+Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
+  JAX_UB_RETURN_IF_ERROR(Usable());
   if (!Connected()) {
     return Status::Error("communicator is not connected to all peers (jax_ub.initialize() "
                          "did not complete on every rank)");
@@ -350,6 +397,8 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   const uint64_t e = ++epoch_;
   *epoch = e;
   op_ = op;
+  // This GPU is inside op e from here (the watchdog times its waits only while it is).
+  if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
   for (int i = 0; i < o_.world; ++i) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(comm_[i], start_, 0));
   for (auto s : compute_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, start_, 0));
@@ -442,6 +491,7 @@ Status Communicator::Join(cudaStream_t xla) {
 Status Communicator::End(cudaStream_t xla) {
   JAX_UB_RETURN_IF_ERROR(Join(xla));
   if (o_.nccl) JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
+  if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
   // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
   // there would queue behind a running GEMM that holds every SM).
   return LaunchCheckFlag(poison_, xla);
@@ -515,6 +565,7 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
   std::lock_guard<std::mutex> lock(r.mu);
   const auto key = std::make_pair(c->options().set_id, c->device());
   if (r.comms.count(key)) {
+    c->Destroy();  // never connected, never ran an op
     return Status::Error(StrCat() << "device " << c->device()
                                   << " already has a communicator in set "
                                   << c->options().set_id);

@@ -60,7 +60,10 @@ class Communicator {
   };
 
   static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
-  Status Destroy();  // frees everything; safe to call twice (Drain first, on every rank)
+  // Frees everything; safe to call twice (Drain first, on every rank). If the side streams do not
+  // drain (a wait that cannot end with JAX_UB_ON_STALL=wait), the buffer, flags and streams are
+  // left allocated on purpose (the GPU may still touch them) and the drain's error is returned.
+  Status Destroy();
   // Waits until this member's side streams are idle, firing timeouts like the watchdog does;
   // bounded by timeout_s.
   Status Drain();
@@ -78,10 +81,13 @@ class Communicator {
   Status AttachNccl(std::shared_ptr<NcclComm> n);
   NcclComm* nccl() const { return nccl_.get(); }
   // Replaces the buffer by a larger one (all ranks must then reconnect). Synchronizes the device.
+  // If the new buffer cannot be allocated, the member is left without one and marked unusable
+  // (later ops fail naming the allocation failure).
   Status Grow(size_t capacity);
 
   // --- per op (execute time) ---
-  // Starts an op on XLA's stream: returns its epoch; side streams wait for XLA's work so far;
+  // Starts an op on XLA's stream: returns its epoch (left 0 if it fails before taking one: a
+  // failure after that must abandon the communicator); side streams wait for XLA's work so far;
   // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
   // Peers in this process (ConnectLocal) first meet on the host (HostMeet) before anything of
   // the op is enqueued.
@@ -96,6 +102,9 @@ class Communicator {
   // this rank). The side streams are still joined into XLA's stream, so nothing enqueued so far
   // outlives the call's buffers; transport nccl: the watchdog still follows (and may abort) it.
   void Abandon(cudaStream_t xla, const std::string& why);
+  // Serializes this member's ops (RunOp holds it from Begin to End) with Grow and Destroy, so a
+  // shutdown or a buffer growth on another thread cannot free what an op is enqueueing on.
+  std::mutex& op_mutex() { return op_mu_; }
   // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
   // Stream-ordered write of `value` into peer's flags[slot][my rank].
@@ -130,6 +139,8 @@ class Communicator {
 
   // Sticky error set by the watchdog after a timeout; every later op fails with it.
   std::string error() const;
+  // Ok, or the sticky error as an op's failure ("communicator unusable after ...").
+  Status Usable() const;
   void SetError(const std::string& msg);
 
   // Test hook (jax_ub.comm's inject_failure): the next op on this member fails before Begin
@@ -153,12 +164,16 @@ class Communicator {
     bool pending = false;
     uint64_t want = 0;
     uint64_t seen = 0;  // the flag's value when `since` was last reset
-    // Since the flag last moved (or the wait was registered): a timeout means no progress for
-    // timeout_s, so a host that stays ops ahead of a live peer never trips it.
+    // Since the flag last moved (or the wait was registered, or this GPU was last seen outside
+    // every jax_ub op): a timeout means no progress for timeout_s while this GPU is inside an op,
+    // so neither a host that stays ops ahead of a live peer nor a GPU still busy with XLA's work
+    // before the op trips it.
     std::chrono::steady_clock::time_point since;
     const char* op = "";
   };
   static constexpr double kStallGraceS = 10.0;
+  // A flag read at most this old may stop a wait's clock (this GPU outside every op).
+  static constexpr double kProgressFreshS = 1.0;
   void PollGpu();  // reader thread (and Drain): CUDA calls, never holds mu_ across one
   void Judge();    // judge thread (and Drain): no CUDA calls
   // Test hook (jax_ub.comm's inject_failure "stall_watchdog"): the reader, on its next poll of
@@ -167,6 +182,9 @@ class Communicator {
 
  private:
   Communicator() = default;
+  // Frees whatever Create got so far (null handles skipped); no drain. Create's failures and
+  // Destroy after a successful drain.
+  void Release();
   Status AllocBuffer(size_t capacity);
   void FreeBuffer();
   // local_only: lets `peer_device` map this member's buffer and flags.
@@ -184,9 +202,15 @@ class Communicator {
   Options o_;
   void* buffer_ = nullptr;
   VmmAlloc buffer_vmm_, flags_vmm_;    // local_only allocations
-  uint64_t* flags_ = nullptr;          // device: kNumFlagSlots * world, then the poison word
+  // device: kNumFlagSlots * world, then the poison word, then this GPU's progress words.
+  uint64_t* flags_ = nullptr;
   uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
-  uint64_t* host_flags_ = nullptr;     // pinned: mirror for the watchdog, release values, 1
+  // progress_[0]: the epoch of the latest op XLA's stream reached (written in Begin, before the
+  // op's first wait); progress_[1]: the latest op whose side streams all finished (End, after the
+  // join). progress_[0] > progress_[1]: this GPU is inside an op, where waits may time out.
+  uint64_t* progress_ = nullptr;
+  // pinned: mirror for the watchdog, release values, 1, then the mirror of progress_.
+  uint64_t* host_flags_ = nullptr;
   std::vector<void*> peer_buffer_;
   std::vector<uint64_t*> peer_flags_;
   std::vector<bool> ipc_buffer_, ipc_flags_;  // which peer pointers came from IPC (to close)
@@ -204,6 +228,7 @@ class Communicator {
   // and when the read in flight was issued: a timeout names both, so a stalled read (stale flags)
   // is told apart from a peer that never signalled.
   uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
+  uint64_t progress_snapshot_[2] = {};  // progress_ as of the same read
   bool reading_ = false;  // a read is in flight (written by the reader only)
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
   std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)
@@ -233,6 +258,7 @@ class Communicator {
   int sms_ = 0;
   bool destroyed_ = false;
 
+  std::mutex op_mu_;       // op_mutex()
   mutable std::mutex mu_;  // error_, pending_
   std::string error_;
   PendingWait pending_[kNumFlagSlots][kMaxWorld];

@@ -208,6 +208,7 @@ void Communicator::PollGpu() {
       reading_ = false;
       if (fresh) {
         std::copy(host_flags_, host_flags_ + n, snapshot_);
+        std::copy(host_flags_ + 2 * n + 1, host_flags_ + 2 * n + 3, progress_snapshot_);
         last_fresh_ = Clock::now();
       }
     }
@@ -235,6 +236,8 @@ void Communicator::PollGpu() {
   if (!reading_ && !fresh && any_pending_.load(std::memory_order_acquire)) {
     if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                         watch_) == cudaSuccess &&
+        cudaMemcpyAsync(host_flags_ + 2 * n + 1, progress_, 2 * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, watch_) == cudaSuccess &&
         cudaEventRecord(read_done_, watch_) == cudaSuccess) {
       std::lock_guard<std::mutex> lock(mu_);
       reading_ = true;
@@ -313,7 +316,8 @@ std::string Communicator::FlagReadAge(Clock::time_point now) const {
   } else {
     out << " " << Seconds(now - gpu_state_at_) << " s ago: " << gpu_state_;
   }
-  out << "; flags as last read:";
+  out << "; as last read: entered op epoch " << progress_snapshot_[0] << ", finished "
+      << progress_snapshot_[1] << "; flags:";
   for (int slot = 0; slot < kNumFlagSlots; ++slot) {
     for (int q = 0; q < o_.world; ++q) {
       if (q != o_.rank) {
@@ -336,6 +340,13 @@ void Communicator::Judge() {
     return;
   }
   const int n = kNumFlagSlots * o_.world;
+  // As of a recent read, this GPU had not entered an op, or had finished its latest: whatever
+  // waits the host has enqueued, the GPU is not in them yet (XLA's work before the op is still
+  // running), so their clocks start later. Without a recent read (a stalled reader) the clocks
+  // run from the host's enqueue, so a stall still times out.
+  const bool outside_ops = last_fresh_ != Clock::time_point{} &&
+                           Seconds(now - last_fresh_) < kProgressFreshS &&
+                           progress_snapshot_[0] <= progress_snapshot_[1];
   bool still = false;
   for (int slot = 0; slot < kNumFlagSlots; ++slot) {
     for (int q = 0; q < o_.world; ++q) {
@@ -346,7 +357,7 @@ void Communicator::Judge() {
         p.pending = false;
         continue;
       }
-      if (have > p.seen) {  // the peer is alive and moving: restart the clock
+      if (have > p.seen || outside_ops) {  // the peer moved, or this GPU is not waiting yet
         p.seen = have;
         p.since = now;
       }

@@ -31,4 +31,21 @@ inline bool ToDType(ffi::DataType t, DType* out) {
   }
 }
 
+// "bfloat16", "float16", "float32", else "element type N": for messages.
+inline std::string TypeName(ffi::DataType t) {
+  DType d;
+  if (ToDType(t, &d)) return DTypeName(d);
+  return StrCat() << "element type " << static_cast<int>(t);
+}
+
+// "[a, b, c] bfloat16": a buffer's shape and type, for messages.
+inline std::string Describe(const ffi::AnyBuffer& b) {
+  StrCat out;
+  out << "[";
+  const auto d = b.dimensions();
+  for (size_t i = 0; i < d.size(); ++i) out << (i ? ", " : "") << d[i];
+  out << "] " << TypeName(b.element_type());
+  return out;
+}
+
 }  // namespace jax_ub

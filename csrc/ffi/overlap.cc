@@ -53,16 +53,20 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
-    return Check(op, *c, false, "x must be float32, float16 or bfloat16");
+    return Check(op, *c, false, "x must be float32, float16 or bfloat16; got " + Describe(x));
   }
   const Rows xr = Fold(x.dimensions());
   const Rows gr = Fold(xg->dimensions());
   const int world = c->world();
   // A gathered result with no rows: the caller does not want it (AG->GEMM with push or nccl).
   const bool skip_xg = w != nullptr && gr.rows == 0;
-  if (auto e = Check(op, *c, (skip_xg || gr.rows == xr.rows * world) && gr.cols == xr.cols,
-                     StrCat() << "gathered result has " << gr.rows << "x" << gr.cols
-                              << ", expected " << xr.rows * world << "x" << xr.cols);
+  if (auto e = Check(op, *c,
+                     (skip_xg || (gr.rows == xr.rows * world &&
+                                  xg->element_type() == x.element_type())) &&
+                         gr.cols == xr.cols,
+                     StrCat() << "gathered result is " << Describe(*xg) << ", expected "
+                              << xr.rows * world << " rows of " << xr.cols << " "
+                              << DTypeName(t) << " (x is " << Describe(x) << ")");
       e.failure()) {
     return e;
   }
@@ -82,9 +86,12 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
     const Rows yr = Fold(y->dimensions());
     if (auto e = Check(op, *c,
                        wd.size() == 2 && wd[0] == xr.cols && w->element_type() == x.element_type() &&
-                           yr.rows == xr.rows * world && yr.cols == wd[1],
-                       StrCat() << "w must be [" << xr.cols << ", n] of x's dtype and y ["
-                                << xr.rows * world << ", n]");
+                           yr.rows == xr.rows * world && yr.cols == wd[1] &&
+                           y->element_type() == x.element_type(),
+                       StrCat() << "w must be [" << xr.cols << ", n] and y [" << xr.rows * world
+                                << " rows, n], both " << DTypeName(t) << " like x; got x "
+                                << Describe(x) << ", w " << Describe(*w) << ", y "
+                                << Describe(*y));
         e.failure()) {
       return e;
     }
@@ -122,6 +129,13 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
   }
   a.pieces = pieces;
   a.merge = merge;
+  if (a.w != nullptr && a.k == 0 && y->size_bytes() > 0) {
+    // x @ w over an empty inner dimension: zeros (nothing to gather, no op, no epoch).
+    if (cudaMemsetAsync(a.y, 0, y->size_bytes(), stream) != cudaSuccess) {
+      cudaGetLastError();
+      return Check(op, *c, false, "cudaMemsetAsync of the result failed");
+    }
+  }
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
   return Run(op, device, c, AgGemm(c, a, stream));
 }
@@ -146,17 +160,20 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     GemmRsArgs* out, int32_t splits = 1, bool split_cols = false) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
-    return Check(op, *c, false, "x must be float32, float16 or bfloat16");
+    return Check(op, *c, false, "x must be float32, float16 or bfloat16; got " + Describe(x));
   }
   const Rows xr = Fold(x.dimensions());
   const Rows yr = Fold(y->dimensions());
   const int world = c->world();
   const int64_t n = w != nullptr ? (w->dimensions().size() == 2 ? w->dimensions()[1] : -1)
                                  : xr.cols;
-  if (auto e = Check(op, *c, xr.rows % world == 0 && yr.rows * world == xr.rows && yr.cols == n,
+  if (auto e = Check(op, *c,
+                     xr.rows % world == 0 && yr.rows * world == xr.rows && yr.cols == n &&
+                         y->element_type() == x.element_type(),
                      StrCat() << "x has " << xr.rows << " rows (must be divisible by " << world
-                              << ") and the result " << yr.rows << "x" << yr.cols
-                              << ", expected " << xr.rows / world << "x" << n);
+                              << ") and the result must be " << xr.rows / world << " rows of "
+                              << n << " " << DTypeName(t) << "; got x " << Describe(x)
+                              << ", result " << Describe(*y));
       e.failure()) {
     return e;
   }
@@ -186,8 +203,10 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.split_cols = split_cols;
   if (w != nullptr) {
     const auto wd = w->dimensions();
-    if (auto e = Check(op, *c, wd[0] == xr.cols && w->element_type() == x.element_type(),
-                       StrCat() << "w must be [" << xr.cols << ", n] of x's dtype");
+    if (auto e = Check(op, *c,
+                       wd.size() == 2 && wd[0] == xr.cols && w->element_type() == x.element_type(),
+                       StrCat() << "w must be [" << xr.cols << ", n] of x's dtype; got x "
+                                << Describe(x) << ", w " << Describe(*w));
         e.failure()) {
       return e;
     }
@@ -221,6 +240,14 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
     return e;
   }
   if (a.M == 0 || a.n == 0) return ffi::Error::Success();
+  if (a.w != nullptr && a.k == 0) {
+    // x @ w over an empty inner dimension: its reduce-scatter is zeros (no op, no epoch).
+    if (cudaMemsetAsync(a.y, 0, y->size_bytes(), stream) != cudaSuccess) {
+      cudaGetLastError();
+      return Check(op, *c, false, "cudaMemsetAsync of the result failed");
+    }
+    return ffi::Error::Success();
+  }
   return Run(op, device, c, GemmRs(c, a, stream));
 }
 
@@ -269,12 +296,21 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                      ad.size() == 2 && bd.size() == 2 && yd.size() == 2 && ad[1] == bd[0] &&
                          yd[0] == ad[0] && yd[1] == bd[1] &&
                          ga.element_type() == gb.element_type() &&
+                         gy->element_type() == ga.element_type() &&
                          ToDType(ga.element_type(), &gt),
                      StrCat() << "the GEMM operands must be a[m, k] @ b[k, n] -> [m, n] of one "
                                  "float dtype; got a "
-                              << ad.size() << "-d, b " << bd.size() << "-d");
+                              << Describe(ga) << ", b " << Describe(gb) << ", result "
+                              << Describe(*gy));
       e.failure()) {
     return e;
+  }
+  if (ad[1] == 0 && gy->size_bytes() > 0) {
+    // a @ b over an empty inner dimension: zeros (the collective still runs).
+    if (cudaMemsetAsync(gy->untyped_data(), 0, gy->size_bytes(), stream) != cudaSuccess) {
+      cudaGetLastError();
+      return Check(op, *c, false, "cudaMemsetAsync of the GEMM result failed");
+    }
   }
   a.gemm = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
                          ws->size_bytes());

@@ -55,21 +55,26 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
   if (c->TakeInjected(Communicator::kFailCheck)) {
     check = Status::Error("injected failure before the op began (test hook)");
   }
+  JAX_UB_RETURN_IF_ERROR(c->Usable());  // an earlier failure says more than a capacity check
   JAX_UB_RETURN_IF_ERROR(check);
+  std::lock_guard<std::mutex> op_lock(c->op_mutex());
+  // Once the op has its epoch, any failure leaves it half done: abandon the communicator.
   uint64_t e = 0;
-  JAX_UB_RETURN_IF_ERROR(c->Begin(op, xla, &e));
-  OpTrace t(*c, op, e, xla);
-  Status st = c->TakeInjected(Communicator::kFailBody)
-                  ? Status::Error("injected failure after the op began (test hook)")
-                  : body(e, t);
-  if (!st.ok()) {
+  auto abandon = [&](const Status& st) {
     c->Abandon(xla, StrCat() << Where(*c, op) << ": failed after it started (epoch " << e << "): "
                              << st.message()
                              << "; its peers may wait for it, so this communicator is unusable "
                                 "now (restart the processes)");
     return st;
-  }
-  return c->End(xla);
+  };
+  Status st = c->Begin(op, xla, &e);
+  if (!st.ok()) return e == 0 ? st : abandon(st);
+  OpTrace t(*c, op, e, xla);
+  st = c->TakeInjected(Communicator::kFailBody)
+           ? Status::Error("injected failure after the op began (test hook)")
+           : body(e, t);
+  if (st.ok()) st = c->End(xla);
+  return st.ok() ? st : abandon(st);
 }
 
 Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t) {

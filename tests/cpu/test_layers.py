@@ -222,6 +222,24 @@ def test_mesh_argument_without_context(cpu_mesh):
     np.testing.assert_allclose(got, plain_dense(jax.device_get(pure(layer)), x), **TOL)
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_mesh_argument_without_context_nnx_and_linen_mlp(cpu_mesh, explicit):
+    """`mesh=` outside any mesh context, also for a mesh whose axes are Explicit (what
+    `jax.make_mesh` builds by default): both frameworks' ParallelMLP equal the plain MLP."""
+    mesh = cpu_mesh(4, explicit=explicit)
+    x = data(B, S, H)
+    mlp = ubnn.ParallelMLP(H, F, mesh=mesh, precision=HIGHEST, rngs=nnx.Rngs(0))
+    got = nnx.jit(lambda m, x: m(x))(mlp, x)
+    np.testing.assert_allclose(got, PLAIN["mlp"](jax.device_get(pure(mlp)), x), **TOL)
+    module = ubl.ParallelMLP(ffn_features=F, mesh=mesh, precision=HIGHEST)
+    variables = module.init(jax.random.key(0), x)
+    got_l = jax.jit(module.apply)(variables, x)
+    params = jax.device_get(jax.tree.map(  # no constraint: illegal on Explicit axes
+        lambda v: v.unbox(apply_constraint=False) if isinstance(v, nn.Partitioned) else v,
+        variables["params"], is_leaf=lambda v: isinstance(v, nn.Partitioned)))
+    np.testing.assert_allclose(got_l, PLAIN["mlp"](params, x), **TOL)
+
+
 def test_method_is_passed_to_the_primitives(cpu_mesh):
     with jax.set_mesh(cpu_mesh(2)):
         ok = ubnn.ColumnParallelDense(H, F, method="xla", rngs=nnx.Rngs(0))

@@ -1,6 +1,6 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle
+    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle|busy|checks
                   (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
                   transport and the bootstrap)
 
@@ -275,6 +275,114 @@ elif mode == "stall":
     sys.stdout.flush()
     time.sleep(5.0)
     os._exit(0)
+elif mode == "busy":
+    # Every rank's GPU is still busy with XLA work for several JAX_UB_TIMEOUTs when the host
+    # enqueues the op (async dispatch): the op's waits must not time out before the GPU reaches it.
+    timeout = float(os.environ["JAX_UB_TIMEOUT"])
+    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(2, (512, 512 * tp), jnp.bfloat16, P(None, "tp"))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    check("busy_warm", f(x, w), ref, 1e-2)
+    dev = jax.local_devices()[0]
+    a = jax.device_put(jax.random.normal(jax.random.key(rank), (16384, 16384), jnp.float32), dev)
+
+    def burner(reps):  # reps chained full-fp32 GEMMs in one program: no host round trip inside
+        def burn(a):
+            for _ in range(reps):
+                a = jnp.tanh(jnp.matmul(a, a, precision=HP) * (1.0 / 128.0))
+            return a
+        return jax.jit(burn)
+
+    probe = burner(8)
+    jax.block_until_ready(probe(a))
+    ex.barrier("calibrate")
+    t0 = time.time()
+    jax.block_until_ready(probe(a))
+    per = (time.time() - t0) / 8
+    reps = max(8, int(3.0 * timeout / per) + 1)
+    burn = burner(reps)
+    jax.block_until_ready(burn(a))  # compiled and run once (every rank, so they stay in step)
+    ex.barrier("burn-compiled")
+    t0 = time.time()
+    busy = burn(a)
+    y = f(x, w)
+    enqueued = time.time() - t0
+    try:
+        jax.block_until_ready(y)
+        done = time.time() - t0
+        print(f"RESULT busy_reps {reps} per_gemm_ms {per * 1e3:.2f}", flush=True)
+        print(f"RESULT busy_enqueued_s {enqueued:.2f} done_s {done:.2f}", flush=True)
+        check("busy_op", y, ref, 1e-2)
+    except Exception as e:
+        print(f"RESULT busy_failed {type(e).__name__}: {str(e)[:400]!r}", flush=True)
+    del busy
+    print(f"RESULT busy_comm_errors {len(jax_ub.comm.errors())}", flush=True)
+    finish()
+elif mode == "checks":
+    # 1. A custom call whose result types do not match x (reachable only by calling the FFI
+    #    target directly) is refused before the op begins, naming the shapes and dtypes; the
+    #    communicators stay usable. 2. An empty inner dimension gives zeros. 3. A buffer growth
+    #    that cannot be allocated fails, and so does every later op, naming the allocation.
+    from jax_ub import _ext, _ffi
+
+    _ext.ensure_registered()
+    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(2, (512, 256 * tp), jnp.bfloat16, P(None, "tp"))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    check("checks_warm", f(x, w), ref, 1e-2)
+    bad_t = jax.ShapeDtypeStruct((tp * 256, 512), jnp.float32)  # x is bfloat16
+    bad = smap(lambda x: _ffi.call("jax_ub_all_gather", bad_t)(x, set_id=cs.set_id, algo=np.int32(0)),
+               P("tp", None), P())
+    try:
+        jax.block_until_ready(bad(x))
+        print("RESULT checks_bad_dtype ran", flush=True)
+    except Exception as e:
+        msg = str(e)
+        print(f"RESULT checks_bad_dtype {'gathered result is [' in msg and 'float32' in msg and 'bfloat16' in msg}",
+              flush=True)
+        print(f"RESULT checks_bad_dtype_msg {msg[:300]!r}", flush=True)
+    check("checks_after_refusal", f(x, w), ref, 1e-2)
+
+    def empty_k(x, w):  # x[m, 0] @ w[0, n] through the FFI target itself
+        # Made inside the body: shardy refuses zero-size operands of a shard_map.
+        m, n = x.shape[0], w.shape[1]
+        x0, w0 = jnp.zeros((m, 0), x.dtype), jnp.zeros((0, n), w.dtype)
+        y_t = jax.ShapeDtypeStruct((tp * m, n), x.dtype)
+        xg_t = jax.ShapeDtypeStruct((tp * m, 0), x.dtype)
+        y, _, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x0, w0)))(
+            x0, w0, set_id=cs.set_id, algo=np.int32(0), tf32=False, pieces=np.int32(1), merge=False)
+        return y
+
+    # Fill the allocator's free blocks with NaN first, so memory left unwritten would show.
+    poison = [jax.device_put(jnp.full((tp * 256, 256), jnp.nan, jnp.bfloat16), d)
+              for d in jax.local_devices() for _ in range(4)]
+    jax.block_until_ready(poison)
+    del poison
+    y0 = smap(empty_k, (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+    check("checks_empty_k", y0, np.zeros((tp * 256, 256 * tp)), 0.0)
+    # Per shard: a reduction over the global array would need XLA's NCCL (refused on a shared GPU).
+    biggest = max(float(np.abs(np.asarray(sh.data, np.float32)).max()) for sh in y0.addressable_shards)
+    print(f"RESULT checks_empty_k_max {biggest:.3e}", flush=True)
+    print(f"RESULT checks_comm_errors {len(jax_ub.comm.errors())}", flush=True)
+    ex.barrier("before-grow")
+    try:
+        jax_ub.comm.ensure_capacity(cs, 1 << 46)  # 64 TiB: no GPU has it
+        print("RESULT checks_grow grew", flush=True)
+    except Exception as e:
+        print(f"RESULT checks_grow {'could not allocate' in str(e)}", flush=True)
+    try:
+        jax.block_until_ready(f(x, w))
+        print("RESULT checks_after_grow ran", flush=True)
+    except Exception as e:
+        msg = str(e)
+        print(f"RESULT checks_after_grow {'buffer growth' in msg and 'could not allocate' in msg}",
+              flush=True)
+        print(f"RESULT checks_after_grow_msg {msg[:300]!r}", flush=True)
+    finish()
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))

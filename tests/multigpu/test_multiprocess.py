@@ -247,6 +247,46 @@ def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall)
         assert "Leaving it waiting (JAX_UB_ON_STALL=wait)" in stall[0], stall[0]
 
 
+def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys):
+    """The host enqueues an op while its GPU still has 3x JAX_UB_TIMEOUT of XLA work before it
+    (async dispatch), on every rank: the watchdog times a wait only while the GPU is inside a
+    jax_ub op, so the op completes, right, with no error."""
+    n, timeout = 2, 5
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout))
+    results = parallel_launch(n, WORKER, ["busy"], env=env, timeout_s=240, fail_fast_s=30,
+                              **_layout(n))
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:700])
+    assert all(r.ok for r in results), format_failures(results)
+    for r in results:
+        assert not r.lines("RESULT busy_failed "), format_failures(results)
+        assert r.lines("RESULT busy_comm_errors ") == ["0"], format_failures(results)
+        (timing,) = r.lines("RESULT busy_enqueued_s ")
+        enqueued, done = float(timing.split()[0]), float(timing.split()[2])
+        # The case only tests something if the op was enqueued well before the GPU reached it.
+        assert enqueued < 1.0 and done - enqueued > 2 * timeout, timing
+
+
+def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
+    """Result types that do not match x (the FFI target called directly) are refused naming the
+    shapes and dtypes, and leave the communicators usable; x[m, 0] @ w[0, n] gives zeros over
+    NaN-poisoned memory; a buffer growth that cannot be allocated fails, and so does the next op,
+    naming the allocation (not a vague "not connected")."""
+    n = 2
+    results = parallel_launch(n, WORKER, ["checks"], env=ENV, timeout_s=180, fail_fast_s=30,
+                              **_layout(n))
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+    assert all(r.ok for r in results), format_failures(results)
+    for r in results:
+        for name in ("bad_dtype", "grow", "after_grow"):
+            assert r.lines(f"RESULT checks_{name} ") == ["True"], (name, format_failures(results))
+        assert r.lines("RESULT checks_empty_k_max ") == ["0.000e+00"], format_failures(results)
+        assert r.lines("RESULT checks_comm_errors ") == ["0"], format_failures(results)
+
+
 @FEWER
 def test_missing_peer_at_world_four_on_fewer_gpus(capsys):
     _missing_peer(capsys, 4, "ipc", share_gpus=NGPU)
