@@ -63,9 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compute dtype (default: bfloat16 on GPU, float32 on CPU); params are float32")
     p.add_argument("--dp", type=int, default=1, help="data-parallel size (mesh axis 'dp')")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: devices / dp)")
-    p.add_argument("--method", default=None,
-                   help="jax_ub method: auto, xla, push, ring, all_peer, pipeline, chain, nccl "
-                        "(default: JAX_UB_METHOD or auto)")
+    p.add_argument("--method", default=None, choices=METHODS, metavar="METHOD",
+                   help=f"jax_ub method: {', '.join(METHODS)} (default: JAX_UB_METHOD or auto)")
     p.add_argument("--mlp", choices=("gelu", "swiglu"), default="gelu",
                    help="the MLP: gelu (up, gelu, down) or swiglu (gated: silu(gate) * linear, no biases)")
     p.add_argument("--remat", choices=("none", "dots", "full"), default="none",
@@ -284,6 +283,10 @@ def _train(args: argparse.Namespace, mesh: Any, method: str | None) -> tuple[lis
     return values, tps
 
 
+# jax_ub.config.METHODS (not imported here: --help must not wait for jax).
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
+
+
 def _resolved(method: str | None) -> str:
     """What ``method`` resolves to in jax_ub.ops, and whether the CUDA path is active."""
     import jax_ub
@@ -337,12 +340,17 @@ def _run(args: argparse.Namespace) -> int:
 
     import jax_ub
 
+    runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
+    try:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable: a configuration error
+        paths = {label: _resolved(method) for label, method in runs}
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if jax_ub.build_info()["cuda_path"]:
         jax_ub.initialize(mesh, "tp")  # Userbuffers communicators for the TP groups
-    runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
     results = {}
     for label, method in runs:
-        _log(f"[{label}] path: {_resolved(method)}")
+        _log(f"[{label}] path: {paths[label]}")
         losses, tps = _train(args, mesh, method)
         _log(f"[{label}] tokens/s: {tps:,.0f}  final loss {losses[-1]:.4f}")
         results[label] = (losses, tps)

@@ -255,7 +255,7 @@ def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | Non
     return mapped(*(_to_spec(args[i], in_specs[i], explicit, mesh) for i in present))
 
 
-def _check_x(where: str, x: Array, layout: str, hidden: int | None, hidden_name: str) -> None:
+def check_x(where: str, x: Array, layout: str, hidden: int | None, hidden_name: str) -> None:
     if x.ndim != 3:
         raise ValueError(f"{where}: x must be `{layout}` (3 dims, sequence on axis 1); "
                          f"got x.shape={_fmt(x.shape)}.")
@@ -306,13 +306,13 @@ def column_parallel_dense(
         return y if bias is None else y + bias
 
     if p.local:
-        _check_x(where, x, "[batch, seq/tp, in_features]", in_features, "in_features")
+        check_x(where, x, "[batch, seq/tp, in_features]", in_features, "in_features")
         kernel = _local_slice(where, "kernel", kernel, 1, out_features, tp, axis_name)
         if bias is not None:
             bias = _local_slice(where, "bias", bias, 0, out_features, tp, axis_name)
         return body(x, kernel, bias)
 
-    _check_x(where, x, "[batch, seq, in_features]", in_features, "in_features")
+    check_x(where, x, "[batch, seq, in_features]", in_features, "in_features")
     check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)", x.shape[1],
                     tp, axis_name)
     if kernel.shape[1] != out_features:
@@ -360,10 +360,10 @@ def row_parallel_dense(
         return y if bias is None else y + bias
 
     if p.local:
-        _check_x(where, x, "[batch, seq, in_features/tp]", None, "")
+        check_x(where, x, "[batch, seq, in_features/tp]", None, "")
         full_in = x.shape[-1] * tp if in_features is None else in_features
         check_divisible(where, "in_features", full_in, tp, axis_name)
-        _check_x(where, x, "[batch, seq, in_features/tp]", full_in // tp, "in_features/tp")
+        check_x(where, x, "[batch, seq, in_features/tp]", full_in // tp, "in_features/tp")
         check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)",
                         x.shape[1], tp, axis_name)
         kernel = _local_slice(where, "kernel", kernel, 0, full_in, tp, axis_name)
@@ -371,7 +371,7 @@ def row_parallel_dense(
 
     full_in = kernel.shape[0] if in_features is None else in_features
     check_divisible(where, "in_features", full_in, tp, axis_name)
-    _check_x(where, x, "[batch, seq, in_features]", full_in, "in_features")
+    check_x(where, x, "[batch, seq, in_features]", full_in, "in_features")
     check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)", x.shape[1],
                     tp, axis_name)
     if kernel.shape[0] != full_in:

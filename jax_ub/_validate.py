@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 SUPPORTED_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
-_DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
 
 def shape_str(shape: tuple[int, ...]) -> str:
@@ -45,7 +45,7 @@ def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> Non
         raise ValueError(f"{fn}: `w` must be 2-D `{w_layout}`; got shape {shape_str(w.shape)}")
     for name, a in (("x", x), ("w", w)):
         if np.dtype(a.dtype) not in SUPPORTED_DTYPES:
-            raise TypeError(f"{fn}: `{name}` must have dtype {_DTYPE_NAMES}; got {np.dtype(a.dtype).name}")
+            raise TypeError(f"{fn}: `{name}` must have dtype {DTYPE_NAMES}; got {np.dtype(a.dtype).name}")
     if x.dtype != w.dtype:
         raise TypeError(
             f"{fn}: `x` and `w` must have the same dtype; got x {np.dtype(x.dtype).name}, "
@@ -78,12 +78,11 @@ def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...], *, las
 
 def bound_axis_size(fn: str, axis_name: Any) -> int:
     """The size of mesh axis ``axis_name``, or a ValueError when no enclosing shard_map binds it."""
-    try:
-        hash(axis_name)
-    except TypeError:
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    if not names or not all(isinstance(n, str) for n in names):
+        # An int would be taken by lax.axis_size as a positional axis and fail deep inside jax.
         raise TypeError(
-            f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}"
-        ) from None
+            f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}")
     try:
         return int(lax.axis_size(axis_name))
     except NameError:

@@ -77,6 +77,10 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     if a.dtype != b.dtype:
         raise TypeError(f"{what}: `a` and `b` must have the same dtype; got a "
                         f"{np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name}")
+    for name, v in (("x", x), ("a", a)):  # what the CUDA path moves and multiplies
+        if np.dtype(v.dtype) not in _validate.SUPPORTED_DTYPES:
+            raise TypeError(f"{what}: `{name}` must have dtype {_validate.DTYPE_NAMES}; got "
+                            f"{np.dtype(v.dtype).name}")
     axis = _validate.normalize_axis(what, "axis", axis, x.shape, last_ok=True)
     tp = _validate.bound_axis_size(what, axis_name)
     if kind == "rs":
@@ -118,5 +122,7 @@ def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any
 
     x: the full-extent partial sums (dimension ``axis`` divisible by the axis size); a[m, k],
     b[k, n]: an independent GEMM (e.g. the wgrad while the dgrad is reduce-scattered).
+    method: ``None`` (the configured one), ``"auto"``, ``"xla"`` or a reduce-scatter algorithm
+    (``"ring"``, ``"pipeline"``).
     """
     return _run("rs", x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import socket
 import threading
 from collections.abc import Iterable
@@ -69,6 +70,17 @@ _sets: dict[str, CommSet] = {}
 _next_set_id = 1
 _lock = threading.RLock()
 _warned_axes: set[Any] = set()  # axes warn_no_communicator has warned about
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    """``kind(value)`` for initialize's numeric arguments, or a message naming the argument."""
+    if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+        raise TypeError(f"initialize: {name} must be a{'n int' if kind is int else ' number'}; got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"initialize: {name} must be a{'n int' if kind is int else ' number'}; "
+                        f"got {value!r}") from None
 
 
 def _tp_groups(mesh: Any, axis: str) -> list[list[Any]]:
@@ -121,10 +133,19 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     """
     global _next_set_id
     cfg = config.get()
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"initialize: `mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
+                        f"('tp',))); got {type(mesh).__name__}")
     bootstrap = cfg.bootstrap if bootstrap is None else bootstrap
     transport = cfg.transport if transport is None else transport
-    timeout_s = cfg.timeout_s if timeout_s is None else float(timeout_s)
-    buffer_mib = cfg.buffer_mib if buffer_mib is None else int(buffer_mib)
+    timeout_s = cfg.timeout_s if timeout_s is None else _number("timeout_s", timeout_s, float)
+    buffer_mib = cfg.buffer_mib if buffer_mib is None else _number("buffer_mib", buffer_mib, int)
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"initialize: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}")
+    if buffer_mib < 0:
+        raise ValueError(f"initialize: buffer_mib must be >= 0 (MiB per GPU); got {buffer_mib!r}")
+    if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops
+        axis = axis[0]
     if bootstrap not in config.BOOTSTRAPS:
         raise ValueError(f"initialize: bootstrap must be one of {config.BOOTSTRAPS}; got {bootstrap!r}")
     if transport not in config.TRANSPORTS:

@@ -67,13 +67,16 @@ def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     return v
 
 
+_NUMBER_NAMES = {int: "an integer", float: "a number"}
+
+
 def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | int:
     try:
         out = kind(value)
     except ValueError:
-        raise ValueError(f"{name} must be a {kind.__name__}; got {value!r}") from None
+        raise ValueError(f"{name} must be {_NUMBER_NAMES[kind]}; got {value!r}") from None
     if not math.isfinite(out):
-        raise ValueError(f"{name} must be a finite {kind.__name__}; got {value!r}")
+        raise ValueError(f"{name} must be a finite number; got {value!r}")
     if out < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value!r}")
     return out
@@ -124,7 +127,7 @@ class Config:
                 object.__setattr__(self, f.name, int(value))
             if f.type == "float":
                 if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                    raise TypeError(f"{f.name} must be a float; got {value!r}")
+                    raise TypeError(f"{f.name} must be a number; got {value!r}")
                 object.__setattr__(self, f.name, float(value))
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"{f.name} must be a str; got {value!r}")

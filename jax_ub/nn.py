@@ -223,6 +223,9 @@ class ParallelMLP(nnx.Module):
         self.down = RowParallelDense(ffn_features, features, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        # Here, not in the norm: its broadcasting error would not say which layer or dim.
+        _layers.check_x(type(self).__name__, x, "[batch, seq, features]", self.up.in_features,
+                        "features")
         h = self.up(self.norm(x))
         if self.gated:
             _layers.check_gated(type(self).__name__, self.down.in_features, self.up.axis_name,

@@ -455,7 +455,17 @@ def _choice(op, x_shape, w_shape, dtype, axis_name) -> choice.Choice | None:
 
 
 def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
-    """Says which implementation ``method="auto"`` picks for ``op`` ("ag"/"rs") and why."""
+    """Says which implementation ``method="auto"`` picks for ``op`` ("ag"/"rs") and why.
+
+    ``x`` and ``w`` are one device's shards, as the op sees them inside ``shard_map`` (arrays or
+    ``jax.ShapeDtypeStruct``): AG x `[..., m, k]` @ w `[k, n_local]`, RS x `[..., M, k_local]` @ w
+    `[k_local, n]`. It answers for ``"auto"`` whatever ``JAX_UB_METHOD`` says.
+    """
+    if op not in (ops.AG, ops.RS):
+        raise ValueError(f"explain: op must be {ops.AG!r} (all_gather_matmul) or {ops.RS!r} "
+                         f"(matmul_reduce_scatter); got {op!r}")
+    layouts = {ops.AG: ("[..., m, k]", "[k, n_local]"), ops.RS: ("[..., M, k_local]", "[k_local, n]")}
+    _validate.check_operands(f"explain({op!r})", x, w, *layouts[op])
     ok, why = _ext.cuda_path_available()
     if not ok:
         return f"xla: {why}"

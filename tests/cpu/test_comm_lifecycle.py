@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_ub import _ext, _nccl, _validate, comm
@@ -102,6 +103,31 @@ def test_initialize_refuses_several_axes(cpu_mesh):
     with pytest.raises(TypeError, match=r"`axis` must be the name of one mesh axis \(a str\); "
                                         r"got \('dp', 'tp'\)"):
         comm.initialize(mesh, ("dp", "tp"))
+
+
+@pytest.mark.parametrize("kw,exc,fragment", [
+    (dict(timeout_s=-1), ValueError, "timeout_s must be a finite number of seconds > 0; got -1.0"),
+    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds > 0"),
+    (dict(timeout_s="soon"), TypeError, "timeout_s must be a number; got 'soon'"),
+    (dict(buffer_mib=-5), ValueError, "buffer_mib must be >= 0 (MiB per GPU); got -5"),
+    (dict(buffer_mib=1.5), TypeError, "buffer_mib must be an int; got 1.5"),
+    (dict(buffer_mib=True), TypeError, "buffer_mib must be an int; got True"),
+])
+def test_initialize_checks_its_numbers_everywhere(cpu_mesh, kw, exc, fragment):
+    """Checked before anything else, so a CPU run finds the mistake a GPU run would hit."""
+    with pytest.raises(exc) as info:
+        comm.initialize(cpu_mesh(2), "tp", **kw)
+    assert f"initialize: {fragment}" in str(info.value)
+
+
+@pytest.mark.parametrize("mesh", ["tp", None, np.zeros(2)], ids=["str", "none", "ndarray"])
+def test_initialize_needs_a_mesh(mesh):
+    with pytest.raises(TypeError, match=r"initialize: `mesh` must be a jax.sharding.Mesh .*got "):
+        comm.initialize(mesh, "tp")
+
+
+def test_initialize_takes_a_tuple_of_one_axis(cpu_mesh):
+    assert comm.initialize(cpu_mesh(2), ("tp",)) is None  # no CUDA path here: nothing to create
 
 
 def test_a_tuple_of_one_axis_finds_its_communicator(monkeypatch):

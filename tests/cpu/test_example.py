@@ -21,12 +21,12 @@ LOSS = re.compile(r"step\s+(\d+)\s+loss\s+(\S+)")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_UB_METHOD"}  # unless `extra` sets it
+    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
     # Let the script choose its own simulated device count (tests/conftest.py forces 8 here).
     flags = [f for f in env.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     env["XLA_FLAGS"] = " ".join(flags)
-    env.pop("JAX_UB_METHOD", None)
     return env
 
 
@@ -91,6 +91,20 @@ def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
     assert "mesh dp=2 tp=2" in proc.stdout, _describe(proc)
     assert proc.returncode == 1, _describe(proc)
     assert "loss is not finite" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,env,fragment", [
+    (["--method", "ring"], {}, "error: method='ring' needs the CUDA overlap extension"),
+    ([], {"JAX_UB_METHOD": "ring"}, "error: method='ring' needs the CUDA overlap extension"),
+    ([], {"JAX_UB_METHOD": "sideways"}, "error: JAX_UB_METHOD must be one of"),
+    (["--method", "sideways"], {}, "argument --method: invalid choice: 'sideways'"),
+], ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag"])
+def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
+    """A configuration the CPU cannot run is a configuration error (exit 2, one `error:` line, no
+    traceback), as examples/README.md says."""
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "3", *argv, *TINY], timeout=90, **env)
+    assert proc.returncode == 2, _describe(proc)
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr, _describe(proc)
 
 
 def _gloo_reason() -> str | None:

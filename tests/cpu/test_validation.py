@@ -172,6 +172,24 @@ def test_unhashable_axis_name(fn, axis_kw, cpu_mesh):
 
 
 @pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("name", [0, ("tp", 1)], ids=["int", "tuple-with-int"])
+def test_axis_name_not_a_name(fn, axis_kw, name, cpu_mesh):
+    """An int would be taken by jax as a positional axis and fail deep inside it."""
+    expect(TypeError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), axis_name=name),
+           f"{fn.__name__}: `axis_name` must be a mesh axis name", f"got {name!r}")
+
+
+def test_explain_checks_its_arguments():
+    from jax_ub.overlap import explain
+
+    expect(ValueError, lambda: explain("xx", arr((8, 4)), arr((4, 3))), "explain: op must be 'ag'",
+           "got 'xx'")
+    expect(ValueError, lambda: explain("ag", arr((8, 4)), arr((9, 3))), "explain('ag'): contracting dims",
+           "got x [8, 4], w [9, 3]")
+    assert explain("rs", arr((8, 4)), arr((4, 3))).startswith("xla: ")  # no CUDA path here
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
 def test_unknown_method(fn, axis_kw, cpu_mesh):
     expect(
         ValueError,
@@ -293,6 +311,17 @@ def test_bulk_not_an_array(fn, which, cpu_mesh):
 def test_bulk_dtype_mismatch(fn, cpu_mesh):
     expect(TypeError, lambda: call_bulk(cpu_mesh(2), fn, arr((4, 5)), arr((3, 5)), arr((5, 2), jnp.bfloat16)),
            f"{fn.__name__}: `a` and `b` must have the same dtype", "got a float32, b bfloat16")
+
+
+@pytest.mark.parametrize("fn", BULK)
+@pytest.mark.parametrize("which", ["x", "a"])
+def test_bulk_unsupported_dtype(fn, which, cpu_mesh):
+    args = {"x": arr((4, 5)), "a": arr((3, 5)), "b": arr((5, 2))}
+    args[which] = args[which].astype(jnp.int32)
+    if which == "a":
+        args["b"] = args["b"].astype(jnp.int32)
+    expect(TypeError, lambda: call_bulk(cpu_mesh(2), fn, args["x"], args["a"], args["b"]),
+           f"{fn.__name__}: `{which}` must have dtype bfloat16, float16, float32", "got int32")
 
 
 @pytest.mark.parametrize("fn", BULK)
