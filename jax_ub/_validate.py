@@ -127,3 +127,8 @@ def check_divisible(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], axis_
 def check_bool(fn: str, kw: str, value: Any) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{fn}: `{kw}` must be a bool; got {value!r}")
+
+
+def static_precision(precision: Any) -> Any:
+    """``precision`` in a hashable form (lists become tuples): a static argument of jit/custom_vjp."""
+    return tuple(precision) if isinstance(precision, list) else precision

@@ -69,6 +69,7 @@ _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
+    precision = _validate.static_precision(precision)
     for name, v in (("x", x), ("a", a), ("b", b)):
         _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
@@ -101,7 +102,7 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
                              f"axis={axis_name!r}, transport='nccl'); the axis has "
                              f"{'no communicator' if s is None else 'transport ' + repr(s.transport)}")
         m = "ring"  # a set with transport nccl runs every algorithm over NCCL
-    return _bulk(kind, x, a, b, axis_name, axis, ops._static(precision), m)
+    return _bulk(kind, x, a, b, axis_name, axis, precision, m)
 
 
 def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *, axis: int = 0,

@@ -8,7 +8,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 |--------------|----------------------|---------|---------|
 | method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
-| timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds) |
+| timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds without progress, counted while this GPU is inside the op) |
 | on_stall     | JAX_UB_ON_STALL      | abort   | after a timeout whose release cannot reach the GPU for 10 s (its command queue is stalled, so the XLA call can never return): ``abort`` the process after printing why, or ``wait`` (print, keep hanging) |
 | bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
 | transport    | JAX_UB_TRANSPORT     | auto    | ``auto``, ``ipc`` (copy engine over peer-mapped memory) or ``nccl`` |
@@ -38,9 +38,14 @@ import logging
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterator, Mapping
 
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
+# JAX_UB_* variables that are not knobs of this table: the build's (CMakeLists.txt), CI's, the test
+# launcher's (JAX_UB_TEST_*) and the fixed-cost probe's (scripts/fixed_cost_probe.py).
+OTHER_VARIABLES = ("JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA", "JAX_UB_CI_VENV", "JAX_UB_EXP")
+OTHER_PREFIXES = ("JAX_UB_TEST_",)
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -212,11 +217,22 @@ class Config:
             if level not in LOG_LEVELS:
                 raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {env['JAX_UB_LOG']!r}")
             kw["log_level"] = level
+        unknown = unknown_variables(env)
+        if unknown:  # most likely a misspelt knob, which would otherwise change nothing silently
+            logging.getLogger("jax_ub").warning(
+                "jax_ub: ignoring %s: not a jax_ub setting (the settings: %s)", ", ".join(unknown),
+                ", ".join(KNOB_VARIABLES))
         return cls(**kw)  # type: ignore[arg-type]
 
 
 _active: Config | None = None
 _LOG_FORMAT = "%(levelname)s %(message)s"  # most messages start with "jax_ub: " themselves
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """The ``JAX_UB_*`` names in ``env`` that are neither a knob nor one of ``OTHER_VARIABLES``."""
+    return sorted(k for k in env if k.startswith("JAX_UB_") and k not in KNOB_VARIABLES
+                  and k not in OTHER_VARIABLES and not k.startswith(OTHER_PREFIXES))
 
 
 def _setup_logging(cfg: Config, from_env: bool) -> None:
@@ -253,3 +269,7 @@ def override(**changes: object) -> Iterator[Config]:
         _active = previous
         if "log_level" in changes:
             logging.getLogger("jax_ub").setLevel(previous.log_level)
+
+
+# The knobs' variables, in the order of the table above.
+KNOB_VARIABLES = tuple(re.findall(r"^\| \w+ *\| (JAX_UB_\w+)", __doc__, re.MULTILINE))

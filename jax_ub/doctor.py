@@ -336,7 +336,7 @@ def tuning_file_status(path: str) -> dict[str, Any] | None:
 
 
 def nccl_transport_implemented() -> bool:
-    """Whether ``jax_ub.initialize`` can use the NCCL bootstrap/transport (not in this version)."""
+    """Whether ``jax_ub.initialize`` can use the NCCL bootstrap/transport."""
     from jax_ub import comm
 
     return "nccl" in getattr(comm, "IMPLEMENTED_TRANSPORTS", ("ipc",))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_ub import _ext, _ffi
+from jax_ub import _ext, _ffi, _validate
 
 _log = logging.getLogger("jax_ub")
 
@@ -158,6 +158,9 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | N
     """
     _check(x, w)
     use_cuda = _use_cuda(method)
+    precision = _validate.static_precision(precision)
+    if not use_cuda:  # plain jnp.matmul: forward-mode autodiff works too (no custom_vjp)
+        return checkpoint_name(_gemm(x, w, False, False, precision, False), OUT_NAME)
     return checkpoint_name(_matmul_vjp(x, w, precision, use_cuda), OUT_NAME)
 
 

@@ -1,7 +1,7 @@
 """Tensor-parallel primitives: AG→GEMM and GEMM→RS, differentiable, for use inside ``jax.shard_map``.
 
 :func:`all_gather_matmul` and :func:`matmul_reduce_scatter` have the semantics of
-:mod:`jax_ub.reference` (DESIGN.md §2). Each call
+:mod:`jax_ub.reference`. Each call
 
 1. validates its arguments at trace time (before any kernel), with errors naming expected and
    received shapes/dtypes/values;
@@ -501,11 +501,10 @@ def matmul_reduce_scatter(
 def _note(call: _Call, tp: int, x: jax.Array, w: jax.Array) -> None:
     """Records the call's shape for ``python -m jax_ub.bench tune`` when recording is on
     (:mod:`jax_ub.tuning`), with the dual op its backward runs unless that backward re-gathers
-    (bulk ops). An axis of size 1 communicates nothing: there is nothing to tune."""
-    if tp > 1:
+    (bulk ops). An axis of size 1 communicates nothing, and an empty operand runs the reference:
+    there is nothing to tune (and ``bench tune`` refuses zero sizes)."""
+    if tp > 1 and 0 not in (*x.shape, *w.shape):
         tuning.note_call(call.op, tp, x.dtype, x.shape, w.shape, backward=not call.recompute_gathered)
 
 
-def _static(precision: Any) -> Any:
-    """``precision`` in a hashable form (lists become tuples) for the custom_vjp's static argument."""
-    return tuple(precision) if isinstance(precision, list) else precision
+_static = _validate.static_precision

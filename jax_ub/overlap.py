@@ -1,5 +1,6 @@
 """CUDA implementations of the TP primitives (``csrc/ffi/overlap.cc``), registered with
-:mod:`jax_ub.ops` under the method names ``ring``, ``all_peer``, ``push`` and ``pipeline``, plus the
+:mod:`jax_ub.ops` under the method names ``auto``, ``ring``, ``all_peer``, ``push``, ``pipeline``,
+``chain``, ``columns`` and ``nccl``, plus the
 bare collectives over jax_ub's transport (:func:`all_gather`, :func:`reduce_scatter`), the bulk
 forms (:func:`bulk_all_gather`, :func:`bulk_reduce_scatter`: a collective under an independent
 GEMM) and the timeline hooks (:func:`trace_enable`, :func:`trace_collect`).
@@ -162,7 +163,8 @@ def _back(x: jax.Array, axis: int) -> jax.Array:
 def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any,
           accumulate: bool = False, reserve_sms: int = 0, ld: int = 0) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
-    a kernel loaded lazily inside an op can stall the whole process (DESIGN.md section 6)."""
+    a kernel loaded lazily inside an op can stall the whole process (the
+    context-wide module load waits for a peer GPU that waits in this op)."""
     from jax_ub import gemm
 
     ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time

@@ -1,7 +1,7 @@
 """Pure-XLA semantics of the jax_ub primitives: the fallback path and the oracle of every test.
 
 Both functions run inside :func:`jax.shard_map` over a mesh axis ``axis_name`` of size ``tp`` and
-see local shards. They are the plain JAX expressions of DESIGN.md §2, with no custom VJP: their
+see local shards. They are the plain JAX expressions of the ops' semantics, with no custom VJP: their
 gradients are whatever JAX derives, which is what :mod:`jax_ub.ops` must reproduce.
 
 Example (8 host devices, e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::

@@ -2,7 +2,7 @@
 without the gathered output, blocking after every call like the tests do. Prints one line per
 round and the first error (with the watchdog's note on its flag reads), then exits.
 
-    JAX_UB_TIMEOUT=15 JAX_UB_AG_MERGE=on python scripts/push_hang_repro.py [rounds]
+    JAX_UB_TIMEOUT=15 JAX_UB_AG_PUSH_MERGE=1 python scripts/push_hang_repro.py [rounds]
 """
 
 from __future__ import annotations

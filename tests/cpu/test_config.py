@@ -148,8 +148,27 @@ def test_invalid_fields_rejected_on_construction(kw):
     assert repr(next(iter(kw.values()))) in str(info.value)
 
 
-def test_unrelated_variables_ignored():
-    assert Config.from_env({"JAX_UB_UNKNOWN": "1", "XLA_FLAGS": "--foo", "PATH": "/bin"}) == Config()
+def test_unrelated_variables_ignored(caplog):
+    env = {"XLA_FLAGS": "--foo", "PATH": "/bin", "JAX_UB_CUDA_ARCHS": "90a", "JAX_UB_TEST_RANK": "0"}
+    with caplog.at_level(logging.WARNING, logger="jax_ub"):
+        assert Config.from_env(env) == Config()
+    assert not caplog.records
+
+
+def test_misspelt_variable_is_named_in_a_warning(caplog):
+    """A misspelt knob would otherwise change nothing, silently."""
+    with caplog.at_level(logging.WARNING, logger="jax_ub"):
+        assert Config.from_env({"JAX_UB_AG_MERGE": "on", "JAX_UB_METHOD": "xla"}) == Config(method="xla")
+    (record,) = caplog.records
+    assert "ignoring JAX_UB_AG_MERGE: not a jax_ub setting" in record.getMessage()
+    assert "JAX_UB_AG_PUSH_MERGE" in record.getMessage()
+
+
+def test_every_field_has_one_documented_variable():
+    """The table in config's docstring lists every field once; README's table lists the same
+    variables."""
+    fields = [f.name for f in dataclasses.fields(Config)]
+    assert len(config.KNOB_VARIABLES) == len(fields) == len(set(config.KNOB_VARIABLES))
 
 
 def test_config_is_frozen():
@@ -226,7 +245,7 @@ def test_numbers_are_normalised():
 @pytest.mark.parametrize(
     "field,value,kind",
     [("disable", "0", "a bool"), ("multicast", 1, "a bool"), ("recompute_gathered", "yes", "a bool"),
-     ("timeout_s", "30", "a float"), ("timeout_s", True, "a float"), ("buffer_mib", 1.5, "an int"),
+     ("timeout_s", "30", "a number"), ("timeout_s", True, "a number"), ("buffer_mib", 1.5, "an int"),
      ("gemm_tune", True, "an int"), ("rs_chain_pieces", "2", "an int"), ("method", None, "a str"),
      ("tuning_file", None, "a str"), ("log_level", 10, "a str")],
     ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
@@ -294,7 +313,7 @@ def test_readme_env_table_gives_the_configs_defaults():
         if len(cells) >= 3 and cells[1].startswith("JAX_UB_"):
             doc_rows[cells[1]] = cells[0]
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    rows = re.findall(r"^\| `(JAX_UB_[A-Z_]+)` \| `?([^|`]*)`? \|", readme, re.M)
+    rows = re.findall(r"^\| `(JAX_UB_[A-Z_]+)` \|\s*`?([^|`]*?)`?\s*\|", readme, re.M)
     assert len(rows) >= 20, rows
     defaults = {f.name: f.default for f in dataclasses.fields(config.Config)}
     checked = 0
@@ -311,4 +330,8 @@ def test_readme_env_table_gives_the_configs_defaults():
             want = ""
         assert shown.strip() == str(want), f"README says {env} defaults to {shown!r}; Config.{field} is {want!r}"
         checked += 1
-    assert checked >= 15, checked
+    # Every knob has a README row and every README row is a knob (or a build-time variable).
+    readme_vars = {env for env, _ in rows} - set(config.OTHER_VARIABLES)
+    assert readme_vars == set(config.KNOB_VARIABLES), readme_vars ^ set(config.KNOB_VARIABLES)
+    assert set(doc_rows.values()) == set(defaults), set(doc_rows.values()) ^ set(defaults)
+    assert checked == len(config.KNOB_VARIABLES), checked

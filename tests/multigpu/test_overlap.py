@@ -345,7 +345,7 @@ def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_execute_builds_no_gemm_plan(ub, tp):
     """Every chunk GEMM's cuBLASLt plan is built (and its kernel loaded) by the trace-time warm-up,
-    none inside an op whose peers wait (DESIGN.md section 6): after compiling, running every
+    none inside an op whose peers wait (README: one process driving several GPUs): after compiling, running every
     schedule adds no plan. The shape puts chunk pointers at 16-byte but not 256-byte offsets
     (e.g. AG's y rows at 264 * 196 * 2 bytes), where the plan key once differed from the warm-up's."""
     from jax_ub import _ext
