@@ -90,7 +90,9 @@ void Raise(const jax_ub::Status& s) {
 }
 
 jax_ub::Communicator* Get(int set_id, int device) {
-  jax_ub::Communicator* c = jax_ub::RegistryGet(set_id, device);
+  // The Python bindings run under comm.py's lock, as do initialize and shutdown: the registry
+  // keeps the object alive while they use it.
+  jax_ub::Communicator* c = jax_ub::RegistryGet(set_id, device).get();
   if (c == nullptr) {
     throw std::runtime_error(jax_ub::StrCat() << "no communicator for device " << device
                                               << " in set " << set_id);

@@ -96,6 +96,20 @@ def bound_axis_size(fn: str, axis_name: Any) -> int:
     raise ValueError(msg)
 
 
+def bound_by_shard_map(axis_name: Any) -> bool:
+    """Whether ``axis_name`` (bound here) is a mesh axis of an enclosing ``shard_map``, not a
+    ``jax.vmap``/``pmap`` axis of that name: the CUDA path runs one rank per device of the mesh
+    ``initialize`` saw, which a vmap axis is not. True where jax cannot say (no ``manual_axes``)."""
+    try:
+        manual = getattr(jax.sharding.get_abstract_mesh(), "manual_axes", None)
+    except Exception:  # an older jax without an abstract mesh here
+        return True
+    if manual is None:
+        return True
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    return all(n in manual for n in names)
+
+
 def _manual_axes() -> tuple[str, ...]:
     """Mesh axes of the enclosing shard_map, for error messages only (best effort)."""
     try:

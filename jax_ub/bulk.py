@@ -88,7 +88,8 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
         _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)
     m = ops._resolve_for_size(method, tp, x, a, b)
     if m == "auto":
-        m = "ring" if comm.get(axis_name) is not None else "xla"
+        m = ("ring" if comm.get(axis_name) is not None and _validate.bound_by_shard_map(axis_name)
+             else "xla")
         if m == "xla":
             comm.warn_no_communicator(what, axis_name)
         log.debug("jax_ub: %s method 'auto' -> %r (%s)", what, m, "the mesh axis has a communicator"

@@ -135,6 +135,12 @@ def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommS
     if s is None:
         raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis!r}: call "
                          f"jax_ub.initialize(mesh, axis={axis!r}) before tracing")
+    if not _validate.bound_by_shard_map(axis):
+        how = f"method={method!r}" if method else "the CUDA path"
+        raise ValueError(f"{what}: axis_name {axis!r} is bound here by jax.vmap (or pmap), not by a "
+                         f"jax.shard_map over the mesh given to jax_ub.initialize; {how} needs "
+                         f"the shard_map. Use method='auto' or 'xla' (XLA's collective over the "
+                         f"vmap axis)")
     if method == "nccl" and s.transport != "nccl":
         raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, axis={axis!r}, "
                          f"transport='nccl'); this axis was initialized with transport "
@@ -484,6 +490,11 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
 
 def _auto(op: str):
     def impl(x, w, *, axis_name, axis, precision, need_full=True):
+        if not _validate.bound_by_shard_map(axis_name):
+            # A jax.vmap (or pmap) axis of that name: XLA's collective over it, no CUDA path.
+            _log.debug("auto %s: axis_name %r is a vmap/pmap axis here: xla", op, axis_name)
+            return ops._IMPLS[(op, "xla")](x, w, axis_name=axis_name, axis=axis,
+                                           precision=precision, need_full=need_full)
         c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
         algo = "xla" if c is None else c.method
         if c is None:

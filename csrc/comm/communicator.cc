@@ -519,7 +519,7 @@ namespace {
 
 struct Registry {
   std::mutex mu;
-  std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;
+  std::map<std::pair<int, int>, std::shared_ptr<Communicator>> comms;
   std::thread reader, judge;  // the watchdog's two threads (watchdog.cc)
   std::atomic<bool> stop{false};
   // Held while polling (reader) or judging (judge); both are taken before destroying a member.
@@ -584,11 +584,11 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
   return Status::Ok();
 }
 
-Communicator* RegistryGet(int set_id, int device) {
+std::shared_ptr<Communicator> RegistryGet(int set_id, int device) {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.comms.find(std::make_pair(set_id, device));
-  return it == r.comms.end() ? nullptr : it->second.get();
+  return it == r.comms.end() ? nullptr : it->second;
 }
 
 std::vector<Communicator*> RegistrySet(int set_id) {
@@ -603,7 +603,7 @@ std::vector<Communicator*> RegistrySet(int set_id) {
 
 Status RegistryDestroySet(int set_id) {
   Registry& r = Reg();
-  std::vector<std::unique_ptr<Communicator>> doomed;
+  std::vector<std::shared_ptr<Communicator>> doomed;
   std::thread reader, judge;
   {
     std::lock_guard<std::mutex> lock(r.mu);

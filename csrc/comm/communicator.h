@@ -105,6 +105,7 @@ class Communicator {
   // Serializes this member's ops (RunOp holds it from Begin to End) with Grow and Destroy, so a
   // shutdown or a buffer growth on another thread cannot free what an op is enqueueing on.
   std::mutex& op_mutex() { return op_mu_; }
+  bool destroyed() const { return destroyed_; }  // with op_mutex() held
   // Stream-ordered wait for flags[slot][peer] >= value, watched by the watchdog.
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
   // Stream-ordered write of `value` into peer's flags[slot][my rank].
@@ -295,8 +296,10 @@ class Communicator {
 
 // Process-wide table: (set id, device ordinal) -> communicator. FFI handlers look themselves up
 // with their attribute `set_id` and Ctx<DeviceOrdinal>.
+// RegistryGet shares ownership: an FFI handler that looked its communicator up keeps the object
+// alive while a concurrent shutdown destroys it (RunOp then refuses the op: destroyed()).
 Status RegistryAdd(std::unique_ptr<Communicator> c);
-Communicator* RegistryGet(int set_id, int device);
+std::shared_ptr<Communicator> RegistryGet(int set_id, int device);
 std::vector<Communicator*> RegistrySet(int set_id);
 Status RegistryDestroySet(int set_id);
 size_t RegistrySize();

@@ -6,6 +6,7 @@
 #include "ffi/overlap.h"
 
 #include <cstdint>
+#include <memory>
 
 #include "comm/communicator.h"
 #include "ffi/common.h"
@@ -26,12 +27,16 @@ Rows Fold(const ffi::AnyBuffer::Dimensions& d) {
   return r;
 }
 
-ffi::Error Lookup(const char* op, int64_t set_id, int32_t device, Communicator** out) {
+// `hold` keeps the communicator alive for the handler's call (a concurrent shutdown may destroy
+// it; RunOp then refuses the op); `out` is its plain pointer.
+ffi::Error Lookup(const char* op, int64_t set_id, int32_t device,
+                  std::shared_ptr<Communicator>* hold, Communicator** out) {
   if (cudaSetDevice(device) != cudaSuccess) {
     cudaGetLastError();
     return InvalidArgument(StrCat() << "jax_ub " << op << ": cannot select device " << device);
   }
-  *out = RegistryGet(static_cast<int>(set_id), device);
+  *hold = RegistryGet(static_cast<int>(set_id), device);
+  *out = hold->get();
   if (*out == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       StrCat() << "jax_ub " << op << ": no communicator for device " << device
@@ -114,8 +119,9 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
                   int32_t pieces = 1, bool merge = false) {
+  std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
-  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   AgGemmArgs a;
   if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
   if (pieces < 1 || pieces > kMaxChainPieces || a.m % pieces != 0) {
@@ -231,8 +237,9 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
                   int32_t reduce_blocks, int32_t splits = 1, bool split_cols = false) {
+  std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
-  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   GemmRsArgs a;
   if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits,
                         split_cols);
@@ -274,8 +281,9 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        int64_t set_id, int32_t kind, int32_t algo, bool tf32,
                        int32_t side_sms, int64_t side_rows) {
   const char* op = kind == 1 ? "bulk_reduce_scatter" : "bulk_all_gather";
+  std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
-  if (auto e = Lookup(op, set_id, device, &c); e.failure()) return e;
+  if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   BulkArgs a;
   a.reduce_scatter = kind == 1;
   const int sms = side_sms > 0 && side_sms < c->sms() ? side_sms : 0;

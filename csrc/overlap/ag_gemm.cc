@@ -58,6 +58,10 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
   JAX_UB_RETURN_IF_ERROR(c->Usable());  // an earlier failure says more than a capacity check
   JAX_UB_RETURN_IF_ERROR(check);
   std::lock_guard<std::mutex> op_lock(c->op_mutex());
+  if (c->destroyed()) {
+    return Status::Error("its communicator was freed (jax_ub.shutdown()) while this op was being "
+                         "launched: call shutdown() only after the program's results are ready");
+  }
   // Once the op has its epoch, any failure leaves it half done: abandon the communicator.
   uint64_t e = 0;
   auto abandon = [&](const Status& st) {

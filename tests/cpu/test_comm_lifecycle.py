@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jax_ub import _ext, _nccl, _validate, comm
 
@@ -159,3 +160,41 @@ def test_auto_over_several_axes_warns_without_initialize_advice(monkeypatch, cap
     assert len(msgs) == 2, msgs
     assert "names several mesh axes" in msgs[0] and "initialize" not in msgs[0], msgs[0]
     assert "jax_ub.initialize(mesh, axis='sp')" in msgs[1], msgs[1]
+
+
+def test_vmap_axis_is_not_a_shard_map_axis(cpu_mesh):
+    """A jax.vmap axis named like the TP axis is no mesh axis: the CUDA path (one rank per mesh
+    device) must not take it, whatever communicator exists under that name."""
+    seen = {}
+
+    def probe(tag):
+        def f(x):
+            seen[tag] = _validate.bound_by_shard_map("tp")
+            return x
+        return f
+
+    mesh = cpu_mesh(4)
+    x = jnp.ones((4, 3))
+    jax.vmap(probe("vmap"), axis_name="tp")(x)
+    jax.jit(jax.shard_map(probe("shard_map"), mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))(x)
+    jax.jit(jax.vmap(jax.shard_map(probe("shard_map_in_vmap"), mesh=mesh, in_specs=P("tp"),
+                                   out_specs=P("tp"))))(jnp.ones((2, 4, 3)))
+    assert seen == {"vmap": False, "shard_map": True, "shard_map_in_vmap": True}
+
+
+def test_cuda_method_refuses_a_vmap_axis(monkeypatch):
+    from jax_ub import overlap
+
+    monkeypatch.setattr(comm, "_sets", {"tp": _fake_set(3, "tp")})
+    caught = []
+
+    def f(x):
+        try:
+            overlap._set_for("tp", "all_gather_matmul", "ring")
+        except ValueError as e:
+            caught.append(str(e))
+        return x
+
+    jax.vmap(f, axis_name="tp")(jnp.ones((2, 3)))
+    assert caught and "axis_name 'tp' is bound here by jax.vmap (or pmap)" in caught[0], caught
+    assert "method='ring' needs the shard_map" in caught[0], caught

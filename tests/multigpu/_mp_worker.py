@@ -367,6 +367,18 @@ elif mode == "checks":
     # Per shard: a reduction over the global array would need XLA's NCCL (refused on a shared GPU).
     biggest = max(float(np.abs(np.asarray(sh.data, np.float32)).max()) for sh in y0.addressable_shards)
     print(f"RESULT checks_empty_k_max {biggest:.3e}", flush=True)
+    # A jax.vmap axis named like the TP axis (no shard_map): `auto` must run XLA's collective over
+    # the vmap axis on this device, not the CUDA path (one rank per mesh device: it would wait for
+    # peers that never come).
+    dev = jax.local_devices()[0]
+    xs = jax.device_put(jax.random.normal(jax.random.key(5), (tp, 64, 32), jnp.float32), dev)
+    wv = jax.device_put(jax.random.normal(jax.random.key(6), (32, 16), jnp.float32), dev)
+    yv = jax.jit(jax.vmap(lambda x: jax_ub.all_gather_matmul(x, wv, "tp", precision=HP),
+                          axis_name="tp"))(xs)
+    want = np.asarray(xs, np.float64).reshape(tp * 64, 32) @ np.asarray(wv, np.float64)
+    got = np.asarray(yv, np.float64)
+    worst = max(np.linalg.norm(got[i] - want) / np.linalg.norm(want) for i in range(tp))
+    print(f"RESULT checks_vmap_axis {worst:.3e}", flush=True)
     print(f"RESULT checks_comm_errors {len(jax_ub.comm.errors())}", flush=True)
     ex.barrier("before-grow")
     try:
