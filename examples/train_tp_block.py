@@ -46,9 +46,17 @@ if importlib.util.find_spec("jax_ub") is None:  # running from a source checkout
     sys.path.insert(0, _REPO)
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: ...)" where the help does not say it already (GPU/CPU defaults do)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_Help)
     p.add_argument("--steps", type=int, default=None, help="training steps (default: 300 on GPU, 100 on CPU)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default: 16 on GPU, 8 on CPU)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: 1024 on GPU, 32 on CPU)")

@@ -400,7 +400,7 @@ def all_gather_matmul(
     path is unavailable) and ``recompute_gathered`` is off. The CUDA path (and
     ``recompute_gathered``) is a ``jax.custom_vjp``: reverse mode only.
 
-    Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+    Example (4 host devices or more: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, PartitionSpec as P
@@ -471,7 +471,7 @@ def matmul_reduce_scatter(
     path, as in :func:`all_gather_matmul`: on the CUDA path (a ``jax.custom_vjp``) reverse mode
     only.
 
-    Example (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+    Example (4 host devices or more: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, PartitionSpec as P

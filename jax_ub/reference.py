@@ -4,7 +4,7 @@ Both functions run inside :func:`jax.shard_map` over a mesh axis ``axis_name`` o
 see local shards. They are the plain JAX expressions of the ops' semantics, with no custom VJP: their
 gradients are whatever JAX derives, which is what :mod:`jax_ub.ops` must reproduce.
 
-Example (8 host devices, e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+Example (4 host devices or more, e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P

@@ -76,6 +76,12 @@ class Recording:
         """Writes the shapes file ``bench tune`` reads (atomically: a concurrent reader, e.g.
         another process of the same job writing the same path, sees a whole file)."""
         doc = {FORMAT: VERSION, "shapes": self.shapes()}
+        if not doc["shapes"]:
+            # Only ops traced while recording count: a function jitted (traced) before, or ops on an
+            # axis of size 1 or with empty operands, leave nothing to tune.
+            _log.warning("jax_ub: %s gets no shapes: no jax_ub op over an axis of size > 1 was traced "
+                         "while recording (a function already traced is not traced again; "
+                         "jax.clear_caches() forces it)", path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
