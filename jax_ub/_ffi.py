@@ -57,10 +57,15 @@ def workspace_type(*inputs: Any) -> Any:
 
     A result rather than FFI scratch memory: XLA plans it with the program's other buffers.
     """
+    return result_type((workspace_bytes(),), jnp.uint8, *inputs)
+
+
+def workspace_bytes() -> int:
+    """cuBLASLt workspace bytes of one GEMM call (``JAX_UB_GEMM_WORKSPACE_MIB``; at least 256: a
+    plan key's part, so the warm-up at trace time must use the same)."""
     from jax_ub import config
 
-    nbytes = max(int(config.get().gemm_workspace_mib) << 20, 256)
-    return result_type((nbytes,), jnp.uint8, *inputs)
+    return max(int(config.get().gemm_workspace_mib) << 20, 256)
 
 
 def tf32_allowed(precision: Any) -> bool:

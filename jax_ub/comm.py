@@ -18,7 +18,6 @@ same message. Buffers grow collectively when a larger op is traced (never mid-st
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import socket
@@ -536,7 +535,3 @@ def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) 
     for dev, _, _ in s.local:
         if wanted is None or dev in wanted:
             mod.comm_inject_failure(s.set_id, dev, codes[when])
-
-
-def fingerprint(s: CommSet) -> str:
-    return hashlib.sha256(repr((s.axis, s.devices_key, s.capacity)).encode()).hexdigest()[:16]

@@ -59,7 +59,7 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
 
     cfg = config.get()
     tf32 = bool(_ffi.tf32_allowed(precision))
-    ws = workspace_bytes if workspace_bytes is not None else max(int(cfg.gemm_workspace_mib) << 20, 256)
+    ws = workspace_bytes if workspace_bytes is not None else _ffi.workspace_bytes()
     name = jnp.dtype(dtype).name
     mod = _ext.extension()
     out = []

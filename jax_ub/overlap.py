@@ -173,7 +173,7 @@ def _warm(s: comm.CommSet, m: int, n: int, k: int, dtype: Any, precision: Any,
     context-wide module load waits for a peer GPU that waits in this op)."""
     from jax_ub import gemm
 
-    ws = max(int(config.get().gemm_workspace_mib) << 20, 256) // 256 * 256  # one GEMM at a time
+    ws = _ffi.workspace_bytes()  # one GEMM at a time
     gemm.warm([dev for dev, _, _ in s.local], m, n, k, dtype, precision, workspace_bytes=ws,
               accumulate=accumulate, reserve_sms=reserve_sms, ld=ld)
 
