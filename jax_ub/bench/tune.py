@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import os
 import statistics
+import sys
 from typing import Any
 
 from jax_ub import choice, tuning
@@ -67,12 +68,13 @@ def run(a: argparse.Namespace) -> int:
     try:
         entries = tuning.load(a.shapes_file)
     except ValueError as e:
-        print(f"error: {e}", flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     todo = cases(entries, a.forward_only)
     if not todo:
         print(f"error: {a.shapes_file!r} has no shapes to measure"
-              + (" (--forward-only dropped the backward ones)" if entries else ""), flush=True)
+              + (" (--forward-only dropped the backward ones)" if entries else ""), file=sys.stderr,
+              flush=True)
         return 2
     cuda, path = h.path_info()
     print(path)
@@ -105,7 +107,8 @@ def run(a: argparse.Namespace) -> int:
             jax_ub.shutdown()
     if not records:
         print(f"error: no shape of {a.shapes_file!r} can be measured on these {ndev} device(s) "
-              f"(the skip lines above say why); run tune where the recorded tp fits", flush=True)
+              f"(the skip lines above say why); run tune where the recorded tp fits", file=sys.stderr,
+              flush=True)
         return 2
     h.write_json(a, stem, records, path=path.split(" ")[1], shapes_file=os.path.abspath(a.shapes_file))
     print(f"\nwrote {stem}.json")

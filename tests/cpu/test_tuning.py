@@ -194,7 +194,7 @@ def test_bench_tune_on_cpu(tmp_path):
 
     bad = subprocess.run([sys.executable, "-m", "jax_ub.bench", "tune", str(tmp_path / "missing.json")],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    assert bad.returncode == 2 and "cannot read it as JSON" in bad.stdout
+    assert bad.returncode == 2 and "cannot read it as JSON" in bad.stderr
 
 
 def test_tune_with_no_shape_that_fits_fails_and_writes_nothing(tmp_path, capsys):
@@ -204,7 +204,7 @@ def test_tune_with_no_shape_that_fits_fails_and_writes_nothing(tmp_path, capsys)
     path = tmp_path / "shapes.json"
     rec.save(str(path))
     assert cli.main(["tune", str(path), "--out", str(tmp_path / "o")]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "error: no shape of" in out and "can be measured on these" in out, out
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
 
