@@ -77,7 +77,8 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * o.world;
-  const size_t flag_words = n_flags + 3;  // the peers' flags, the poison word, progress_[2]
+  // The peers' flags, the poison word, progress_[2], op_ids_[world].
+  const size_t flag_words = n_flags + 3 + o.world;
   if (o.local_only) {
     JAX_UB_RETURN_IF_ERROR(VmmCreate(o.device, flag_words * sizeof(uint64_t), &c->flags_vmm_));
     c->flags_ = static_cast<uint64_t*>(c->flags_vmm_.get());
@@ -88,6 +89,12 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   JAX_UB_CUDA_RETURN(cudaMemset(c->flags_, 0, flag_words * sizeof(uint64_t)));
   c->poison_ = c->flags_ + n_flags;
   c->progress_ = c->flags_ + n_flags + 1;
+  c->op_ids_ = c->flags_ + n_flags + 3;
+  JAX_UB_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->report_host_), 4 * sizeof(uint64_t),
+                                   cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(c->report_host_, 0, 4 * sizeof(uint64_t));
+  JAX_UB_CUDA_RETURN(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->report_dev_), c->report_host_, 0));
   JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
                                     (2 * n_flags + 3) * sizeof(uint64_t)));
   std::memset(c->host_flags_, 0, (2 * n_flags + 3) * sizeof(uint64_t));
@@ -223,6 +230,7 @@ void Communicator::Release() {
     cudaFree(flags_);
   }
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
+  if (report_host_ != nullptr) cudaFreeHost(report_host_);
   auto destroy_stream = [](cudaStream_t& s) {
     if (s != nullptr) cudaStreamDestroy(s);
     s = nullptr;
@@ -246,7 +254,10 @@ void Communicator::Release() {
   flags_ = nullptr;
   poison_ = nullptr;
   progress_ = nullptr;
+  op_ids_ = nullptr;
   host_flags_ = nullptr;
+  report_host_ = nullptr;
+  report_dev_ = nullptr;
   local_peer_.assign(local_peer_.size(), nullptr);
 }
 
@@ -387,7 +398,18 @@ Status Communicator::Usable() const {
   return Status::Error(StrCat() << "communicator unusable after an earlier failure: " << err);
 }
 
-Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
+namespace {
+
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char ch : s) h = (h ^ ch) * 16777619u;
+  return h;
+}
+
+}  // namespace
+
+Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
+                           const std::string& what) {
   JAX_UB_RETURN_IF_ERROR(Usable());
   if (!Connected()) {
     return Status::Error("communicator is not connected to all peers (jax_ub.initialize() "
@@ -397,6 +419,11 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   const uint64_t e = ++epoch_;
   *epoch = e;
   op_ = op;
+  op_hash_ = Fnv1a(std::string(op) + " " + what);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    op_texts_[e % kOpTexts] = {e, std::string(op) + " " + what};
+  }
   // This GPU is inside op e from here (the watchdog times its waits only while it is).
   if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
@@ -417,6 +444,14 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch) {
   cudaStream_t s = comm_[0];
   for (int q = 0; q < o_.world; ++q) {
     if (q != o_.rank && e > 1) JAX_UB_RETURN_IF_ERROR(Wait(s, kAck, q, e - 1, op));
+  }
+  // The op's id first: a peer that saw this rank's buffer-free signal (or any later one on this
+  // stream) sees the id too.
+  for (int q = 0; q < o_.world; ++q) {
+    if (q != o_.rank) {
+      JAX_UB_RETURN_IF_ERROR(StreamWrite(s, peer_flags_[q] + (op_ids_ - flags_) + o_.rank,
+                                         (e << 32) | op_hash_));
+    }
   }
   for (int q = 0; q < o_.world; ++q) {
     if (q != o_.rank) JAX_UB_RETURN_IF_ERROR(Signal(s, kReady, q, e));
@@ -491,10 +526,14 @@ Status Communicator::Join(cudaStream_t xla) {
 Status Communicator::End(cudaStream_t xla) {
   JAX_UB_RETURN_IF_ERROR(Join(xla));
   if (o_.nccl) JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
-  if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
-  // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
-  // there would queue behind a running GEMM that holds every SM).
-  return LaunchCheckFlag(poison_, xla);
+  if (o_.nccl) {
+    // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
+    // there would queue behind a running GEMM that holds every SM).
+    return LaunchCheckFlag(poison_, xla);
+  }
+  JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
+  return LaunchCheckOp(poison_, op_ids_, o_.world, o_.rank, (epoch_ << 32) | op_hash_, report_dev_,
+                       xla);
 }
 
 void Communicator::Abandon(cudaStream_t xla, const std::string& why) {

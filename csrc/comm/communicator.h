@@ -91,7 +91,10 @@ class Communicator {
   // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
   // Peers in this process (ConnectLocal) first meet on the host (HostMeet) before anything of
   // the op is enqueued.
-  Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch);
+  // `what` describes the op (kind, algorithm, dtype, shapes: equal on every rank that runs the same
+  // op); ipc transport: its hash goes to every peer with the epoch, and End's check kernel fails
+  // the call where a peer ran another op at this epoch (the judge then names both).
+  Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch, const std::string& what = "");
   // Joins every side stream back into XLA's stream, then (one tiny kernel on XLA's stream) fails
   // the call if the watchdog force-released a wait of this communicator. Transport nccl: the
   // watchdog also watches the op's completion and aborts the NCCL communicator after timeout_s.
@@ -206,6 +209,18 @@ class Communicator {
   // device: kNumFlagSlots * world, then the poison word, then this GPU's progress words.
   uint64_t* flags_ = nullptr;
   uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
+  // op_ids_[q]: (epoch << 32) | hash of the op peer q began at that epoch (peers write it, Begin).
+  uint64_t* op_ids_ = nullptr;
+  uint64_t op_hash_ = 0;  // this member's current op (Begin .. End)
+  // Host-mapped: End's check kernel reports an op mismatch here (epoch, peer, its id, ours); the
+  // judge reads it without a CUDA call.
+  uint64_t* report_host_ = nullptr;
+  uint64_t* report_dev_ = nullptr;
+  bool mismatch_reported_ = false;  // with mu_ held
+  // The latest ops' descriptions by epoch (for the mismatch message), with mu_ held.
+  static constexpr int kOpTexts = 8;
+  std::pair<uint64_t, std::string> op_texts_[kOpTexts];
+  void JudgeMismatch();  // with mu_ held
   // progress_[0]: the epoch of the latest op XLA's stream reached (written in Begin, before the
   // op's first wait); progress_[1]: the latest op whose side streams all finished (End, after the
   // join). progress_[0] > progress_[1]: this GPU is inside an op, where waits may time out.

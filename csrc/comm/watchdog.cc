@@ -330,9 +330,39 @@ std::string Communicator::FlagReadAge(Clock::time_point now) const {
   return out;
 }
 
+void Communicator::JudgeMismatch() {
+  if (mismatch_reported_ || report_host_ == nullptr) return;
+  const volatile uint64_t* rep = report_host_;
+  const uint64_t e = rep[0];
+  if (e == 0) return;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint64_t peer = rep[1], theirs = rep[2], mine = rep[3];
+  mismatch_reported_ = true;
+  const auto& [text_epoch, text] = op_texts_[e % kOpTexts];
+  const char* hex = "0123456789abcdef";
+  auto id = [&](uint64_t v) {
+    std::string out = "0x";
+    for (int i = 7; i >= 0; --i) out += hex[(v >> (4 * i)) & 0xf];
+    return out;
+  };
+  std::string msg = StrCat()
+                    << Where(*this, "op check") << ": rank " << peer << " ran another op at epoch "
+                    << e << " (its op id " << id(theirs & 0xffffffffu) << ", this rank's "
+                    << id(mine & 0xffffffffu) << ": "
+                    << (text_epoch == e ? text : std::string("(no longer recorded)"))
+                    << "). Every rank must run the same sequence of jax_ub ops with the same "
+                       "shapes, dtypes and methods (rank-dependent Python control flow, or a "
+                       "tuning file that differs between hosts, breaks that); the call was failed "
+                       "on the GPU, as its data may be another op's";
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  if (error_.empty()) error_ = msg;
+}
+
 void Communicator::Judge() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
+  JudgeMismatch();
   JudgeStall(now);
   if (!any_pending_.load(std::memory_order_acquire)) return;
   if (o_.nccl) {

@@ -5,10 +5,35 @@ namespace {
 __global__ void CheckFlagKernel(const volatile uint64_t* flag) {
   if (*flag != 0) __trap();
 }
+
+__global__ void CheckOpKernel(const volatile uint64_t* poison, const volatile uint64_t* ids,
+                              int world, int rank, uint64_t want, volatile uint64_t* report) {
+  if (*poison != 0) __trap();
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    const uint64_t v = ids[q];
+    if ((v >> 32) == (want >> 32) && v != want) {
+      report[1] = static_cast<uint64_t>(q);
+      report[2] = v;
+      report[3] = want;
+      __threadfence_system();
+      report[0] = want >> 32;
+      __threadfence_system();
+      __trap();
+    }
+  }
+}
 }  // namespace
 
 Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream) {
   CheckFlagKernel<<<1, 1, 0, stream>>>(flag);
+  JAX_UB_CUDA_RETURN(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status LaunchCheckOp(const uint64_t* poison, const uint64_t* ids, int world, int rank,
+                     uint64_t want, uint64_t* report, cudaStream_t stream) {
+  CheckOpKernel<<<1, 1, 0, stream>>>(poison, ids, world, rank, want, report);
   JAX_UB_CUDA_RETURN(cudaGetLastError());
   return Status::Ok();
 }
@@ -19,6 +44,7 @@ Status PreloadCopyKernels();
 Status PreloadFlagKernels() {
   cudaFuncAttributes attr;
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CheckFlagKernel));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CheckOpKernel));
   JAX_UB_RETURN_IF_ERROR(PreloadCopyKernels());
   return PreloadReduceKernels();
 }

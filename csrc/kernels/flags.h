@@ -17,6 +17,15 @@ constexpr uint64_t kTimeoutMark = uint64_t(1) << 40;
 // releases a timed-out wait), __trap(): the call fails; the watchdog has already printed why.
 Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream);
 
+// LaunchCheckFlag's check, then the op-id check of the ipc transport: `ids[q]` holds what peer q
+// signalled at its Begin, (epoch << 32) | op hash. A peer whose entry has this op's epoch (`want`'s
+// high half) but another hash ran another op at this epoch (its data may be wrong for this one):
+// the report `report[1..3]` = (peer, its entry, want), then report[0] = epoch (host-mapped memory
+// the judge reads), then __trap(). An entry of another epoch says nothing (not yet seen, or
+// already overwritten by the peer's next op) and is skipped.
+Status LaunchCheckOp(const uint64_t* poison, const uint64_t* ids, int world, int rank,
+                     uint64_t want, uint64_t* report, cudaStream_t stream);
+
 // Forces the current device to load jax_ub's kernels (flag check, copies, reductions) now.
 Status PreloadFlagKernels();
 

@@ -42,8 +42,14 @@ Status AgCheck(const Communicator& c, const AgGemmArgs& a) {
   return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
 }
 
+std::string AgText(const AgGemmArgs& a) {
+  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " " << DTypeName(a.dtype) << " x ["
+                  << a.m << ", " << a.k << "] n " << a.n << " gathered " << (a.xg != nullptr)
+                  << " pieces " << a.pieces << " merge " << a.merge;
+}
+
 Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
-             const std::function<Status(uint64_t, OpTrace&)>& body) {
+             const std::string& what, const std::function<Status(uint64_t, OpTrace&)>& body) {
   struct HostTime {  // every return path counts the op's host time
     Communicator* c;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -71,7 +77,7 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
                                 "now (restart the processes)");
     return st;
   };
-  Status st = c->Begin(op, xla, &e);
+  Status st = c->Begin(op, xla, &e, what);
   if (!st.ok()) return e == 0 ? st : abandon(st);
   OpTrace t(*c, op, e, xla);
   st = c->TakeInjected(Communicator::kFailBody)
@@ -225,7 +231,8 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "all_gather_matmul" : "all_gather";
-  return RunOp(c, op, xla, AgCheck(*c, a), [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
+  return RunOp(c, op, xla, AgCheck(*c, a), AgText(a),
+               [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

@@ -290,9 +290,16 @@ Status RsCheck(const Communicator& c, const GemmRsArgs& a) {
   return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
 }
 
+std::string RsText(const GemmRsArgs& a) {
+  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " " << DTypeName(a.dtype) << " x ["
+                  << a.M << ", " << a.k << "] n " << a.n << " splits " << a.splits
+                  << " split_cols " << a.split_cols;
+}
+
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
-  return RunOp(c, op, xla, RsCheck(*c, a), [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
+  return RunOp(c, op, xla, RsCheck(*c, a), RsText(a),
+               [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
 }
 
 namespace {
@@ -351,7 +358,10 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
 
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
-  return RunOp(c, op, xla, a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag), [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
+  // The collective's part only: the independent GEMM may differ between ranks.
+  return RunOp(c, op, xla, a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag),
+               a.reduce_scatter ? RsText(a.rs) : AgText(a.ag),
+               [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

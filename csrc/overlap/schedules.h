@@ -172,8 +172,14 @@ Status CapacityError(const Communicator& c, size_t need);
 // `check` (AgCheck/RsCheck's verdict) -> Begin -> body(epoch, trace) -> End. A refused op never
 // begins. A body that fails after Begin abandons the communicator (Communicator::Abandon): its
 // streams are joined, later ops fail naming this failure, peers' waits time out naming this rank.
+// An op's description for RunOp's `what` (every rank must agree on it).
+std::string AgText(const AgGemmArgs& a);
+std::string RsText(const GemmRsArgs& a);
+
+// `what`: the op's algorithm, dtype and shapes as text (Communicator::Begin: equal on every rank
+// that runs the same op; its hash is compared with the peers').
 Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
-             const std::function<Status(uint64_t, OpTrace&)>& body);
+             const std::string& what, const std::function<Status(uint64_t, OpTrace&)>& body);
 
 // Schedule bodies (between Begin and End). On a communicator with transport nccl they hand over
 // to the NCCL bodies (overlap/nccl_schedules.cc), whatever the algorithm.

@@ -1,6 +1,6 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle|busy|checks
+    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle|busy|checks|mismatch
                   (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
                   transport and the bootstrap)
 
@@ -395,6 +395,27 @@ elif mode == "checks":
               flush=True)
         print(f"RESULT checks_after_grow_msg {msg[:300]!r}", flush=True)
     finish()
+elif mode == "mismatch":
+    # The ranks run different ops at the same epoch whose transfers still complete (ring on rank
+    # 0, all_peer elsewhere: the same pull protocol): the op check at the end of the call must fail
+    # it on every rank, naming the peer, instead of returning results that may be another op's.
+    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(2, (512, 256 * tp), jnp.bfloat16, P(None, "tp"))
+    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    same = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+                (P("tp", None), P(None, "tp")), P(None, "tp"))
+    check("mismatch_warm", same(x, w), ref, 1e-2)
+    mine = "ring" if rank == 0 else "all_peer"
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=mine, precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f.lower(x, w)  # every rank traces (buffers grow collectively) before any runs
+    ex.barrier("mismatch-traced")
+    run_expecting_failure("mismatch_", f, x, w)
+    time.sleep(1.0)  # the judge reads the check's report every 20 ms
+    print(f"RESULT mismatch_comm_errors {list(jax_ub.comm.errors().values())!r}", flush=True)
+    sys.stdout.flush()
+    time.sleep(3.0 if rank == 0 else 0)
+    os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))

@@ -289,6 +289,29 @@ def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
         assert r.lines("RESULT checks_comm_errors ") == ["0"], format_failures(results)
 
 
+def test_ranks_running_different_ops_fail_naming_the_peer(capsys):
+    """Rank 0 runs the ring AG->GEMM where its peer runs all_peer at the same epoch (a tuning file
+    that differs between hosts would do that): the transfers complete, but the op check at the end
+    of the call fails it on both ranks, naming the other rank and this rank's op, instead of
+    returning data that may belong to another op."""
+    n = 2
+    results = parallel_launch(n, WORKER, ["mismatch"], env=dict(ENV, JAX_UB_TIMEOUT="20"),
+                              timeout_s=180, **_layout(n))
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+    for r in results:
+        assert not r.timed_out, format_failures(results)
+        assert float(r.lines("RESULT mismatch_warm ")[0]) < 1e-2, format_failures(results)
+        assert not r.lines("RESULT mismatch_completed "), format_failures(results)
+        assert r.lines("RESULT mismatch_failed_after "), format_failures(results)
+        (errs,) = r.lines("RESULT mismatch_comm_errors ")
+        other = 1 - r.rank
+        assert f"rank {other} ran another op at epoch 2" in errs, errs
+        assert f"all_gather_matmul algorithm {0 if r.rank == 0 else 1} bfloat16" in errs, errs
+        assert f"rank {other} ran another op at epoch 2" in r.stderr, format_failures(results)
+
+
 @FEWER
 def test_missing_peer_at_world_four_on_fewer_gpus(capsys):
     _missing_peer(capsys, 4, "ipc", share_gpus=NGPU)
