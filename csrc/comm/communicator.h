@@ -206,7 +206,8 @@ class Communicator {
   Options o_;
   void* buffer_ = nullptr;
   VmmAlloc buffer_vmm_, flags_vmm_;    // local_only allocations
-  // device: kNumFlagSlots * world, then the poison word, then this GPU's progress words.
+  // device: kNumFlagSlots * world, then the poison word, this GPU's two progress words and the
+  // peers' op ids (world words).
   uint64_t* flags_ = nullptr;
   uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
   // op_ids_[q]: (epoch << 32) | hash of the op peer q began at that epoch (peers write it, Begin).
