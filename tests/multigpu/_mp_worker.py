@@ -80,6 +80,28 @@ def finish():
     jax.distributed.shutdown()
 
 
+def ring_ag_case(cols_per_rank):
+    """x [tp*256, 512] bf16 row-sharded, w [512, cols_per_rank*tp] column-sharded, the float64
+    reference of all_gather(x) @ w, and the ring AG->GEMM over them."""
+    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, wf = global_array(2, (512, cols_per_rank * tp), jnp.bfloat16, P(None, "tp"))
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    return x, w, xf.astype(np.float64) @ wf.astype(np.float64), f
+
+
+def expect_error(tag, f, *args, fragments=()):
+    """Runs f(*args), which should fail with an error containing every fragment: prints
+    ``RESULT <tag> True|False`` and the message (``<tag>_msg``), or ``RESULT <tag> ran``."""
+    try:
+        jax.block_until_ready(f(*args))
+        print(f"RESULT {tag} ran", flush=True)
+    except Exception as e:
+        msg = str(e)
+        print(f"RESULT {tag} {all(frag in msg for frag in fragments)}", flush=True)
+        print(f"RESULT {tag}_msg {msg[:300]!r}", flush=True)
+
+
 def run_expecting_failure(tag, f, *args):
     """Runs f(*args), which should fail: prints how long it took to fail and the error."""
     t0 = time.time()
@@ -279,11 +301,7 @@ elif mode == "busy":
     # Every rank's GPU is still busy with XLA work for several JAX_UB_TIMEOUTs when the host
     # enqueues the op (async dispatch): the op's waits must not time out before the GPU reaches it.
     timeout = float(os.environ["JAX_UB_TIMEOUT"])
-    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, wf = global_array(2, (512, 512 * tp), jnp.bfloat16, P(None, "tp"))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, ref, f = ring_ag_case(512)
     check("busy_warm", f(x, w), ref, 1e-2)
     dev = jax.local_devices()[0]
     a = jax.device_put(jax.random.normal(jax.random.key(rank), (16384, 16384), jnp.float32), dev)
@@ -328,23 +346,12 @@ elif mode == "checks":
     from jax_ub import _ext, _ffi
 
     _ext.ensure_registered()
-    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, wf = global_array(2, (512, 256 * tp), jnp.bfloat16, P(None, "tp"))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, ref, f = ring_ag_case(256)
     check("checks_warm", f(x, w), ref, 1e-2)
     bad_t = jax.ShapeDtypeStruct((tp * 256, 512), jnp.float32)  # x is bfloat16
     bad = smap(lambda x: _ffi.call("jax_ub_all_gather", bad_t)(x, set_id=cs.set_id, algo=np.int32(0)),
                P("tp", None), P())
-    try:
-        jax.block_until_ready(bad(x))
-        print("RESULT checks_bad_dtype ran", flush=True)
-    except Exception as e:
-        msg = str(e)
-        print(f"RESULT checks_bad_dtype {'gathered result is [' in msg and 'float32' in msg and 'bfloat16' in msg}",
-              flush=True)
-        print(f"RESULT checks_bad_dtype_msg {msg[:300]!r}", flush=True)
+    expect_error("checks_bad_dtype", bad, x, fragments=("gathered result is [", "float32", "bfloat16"))
     check("checks_after_refusal", f(x, w), ref, 1e-2)
 
     def empty_k(x, w):  # x[m, 0] @ w[0, n] through the FFI target itself
@@ -386,24 +393,13 @@ elif mode == "checks":
         print("RESULT checks_grow grew", flush=True)
     except Exception as e:
         print(f"RESULT checks_grow {'could not allocate' in str(e)}", flush=True)
-    try:
-        jax.block_until_ready(f(x, w))
-        print("RESULT checks_after_grow ran", flush=True)
-    except Exception as e:
-        msg = str(e)
-        print(f"RESULT checks_after_grow {'buffer growth' in msg and 'could not allocate' in msg}",
-              flush=True)
-        print(f"RESULT checks_after_grow_msg {msg[:300]!r}", flush=True)
+    expect_error("checks_after_grow", f, x, w, fragments=("buffer growth", "could not allocate"))
     finish()
 elif mode == "mismatch":
     # The ranks run different ops at the same epoch whose transfers still complete (ring on rank
     # 0, all_peer elsewhere: the same pull protocol): the op check at the end of the call must fail
     # it on every rank, naming the peer, instead of returning results that may be another op's.
-    x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, wf = global_array(2, (512, 256 * tp), jnp.bfloat16, P(None, "tp"))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
-    same = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-                (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, ref, same = ring_ag_case(256)
     check("mismatch_warm", same(x, w), ref, 1e-2)
     mine = "ring" if rank == 0 else "all_peer"
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=mine, precision=HP),

@@ -247,17 +247,23 @@ def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall)
         assert "Leaving it waiting (JAX_UB_ON_STALL=wait)" in stall[0], stall[0]
 
 
+def _launch_two(capsys, mode, env, timeout_s, width=900, **kw):
+    """``mode`` of the worker on two ranks (sharing one GPU where there is one); prints each
+    rank's results and returns them."""
+    results = parallel_launch(2, WORKER, [mode], env=env, timeout_s=timeout_s, **_layout(2), **kw)
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:width])
+    return results
+
+
 def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys):
     """The host enqueues an op while its GPU still has 3x JAX_UB_TIMEOUT of XLA work before it
     (async dispatch), on every rank: the watchdog times a wait only while the GPU is inside a
     jax_ub op, so the op completes, right, with no error."""
-    n, timeout = 2, 5
-    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout))
-    results = parallel_launch(n, WORKER, ["busy"], env=env, timeout_s=240, fail_fast_s=30,
-                              **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:700])
+    timeout = 5
+    results = _launch_two(capsys, "busy", dict(ENV, JAX_UB_TIMEOUT=str(timeout)), 240, 700,
+                          fail_fast_s=30)
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
         assert not r.lines("RESULT busy_failed "), format_failures(results)
@@ -274,12 +280,7 @@ def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
     NaN-poisoned memory; a jax.vmap axis named like the TP axis runs XLA's collective (not the
     CUDA path); a buffer growth that cannot be allocated fails, and so does the next op, naming the
     allocation (not a vague "not connected")."""
-    n = 2
-    results = parallel_launch(n, WORKER, ["checks"], env=ENV, timeout_s=180, fail_fast_s=30,
-                              **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+    results = _launch_two(capsys, "checks", ENV, 180, fail_fast_s=30)
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
         for name in ("bad_dtype", "grow", "after_grow"):
@@ -294,12 +295,7 @@ def test_ranks_running_different_ops_fail_naming_the_peer(capsys):
     that differs between hosts would do that): the transfers complete, but the op check at the end
     of the call fails it on both ranks, naming the other rank and this rank's op, instead of
     returning data that may belong to another op."""
-    n = 2
-    results = parallel_launch(n, WORKER, ["mismatch"], env=dict(ENV, JAX_UB_TIMEOUT="20"),
-                              timeout_s=180, **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+    results = _launch_two(capsys, "mismatch", dict(ENV, JAX_UB_TIMEOUT="20"), 180)
     for r in results:
         assert not r.timed_out, format_failures(results)
         assert float(r.lines("RESULT mismatch_warm ")[0]) < 1e-2, format_failures(results)
