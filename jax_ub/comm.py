@@ -139,8 +139,9 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     transport = cfg.transport if transport is None else transport
     timeout_s = cfg.timeout_s if timeout_s is None else _number("timeout_s", timeout_s, float)
     buffer_mib = cfg.buffer_mib if buffer_mib is None else _number("buffer_mib", buffer_mib, int)
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"initialize: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}")
+    if not (math.isfinite(timeout_s) and timeout_s >= config.MIN_TIMEOUT_S):
+        raise ValueError(f"initialize: timeout_s must be a finite number of seconds >= "
+                         f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}")
     if buffer_mib < 0:
         raise ValueError(f"initialize: buffer_mib must be >= 0 (MiB per GPU); got {buffer_mib!r}")
     if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops

@@ -75,6 +75,10 @@ def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 _NUMBER_NAMES = {int: "an integer", float: "a number"}
 
 
+# The shortest bound on a wait for a peer, in seconds (JAX_UB_TIMEOUT, Config and initialize).
+MIN_TIMEOUT_S = 1e-3
+
+
 def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | int:
     try:
         out = kind(value)
@@ -143,8 +147,9 @@ class Config:
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}; got {self.log_level!r}")
         object.__setattr__(self, "log_level", level)
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ValueError(f"timeout_s must be a finite number > 0; got {self.timeout_s!r}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s >= MIN_TIMEOUT_S):
+            raise ValueError(f"timeout_s must be a finite number >= {MIN_TIMEOUT_S} (seconds); got "
+                             f"{self.timeout_s!r}")
         if not 0 <= self.gemm_tune <= 16:
             raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
         for name in ("bulk_reduce_sms", "bulk_copy_sms"):
@@ -170,7 +175,8 @@ class Config:
         if "JAX_UB_DISABLE" in env:
             kw["disable"] = _parse_bool("JAX_UB_DISABLE", env["JAX_UB_DISABLE"])
         if "JAX_UB_TIMEOUT" in env:
-            kw["timeout_s"] = float(_parse_number("JAX_UB_TIMEOUT", env["JAX_UB_TIMEOUT"], float, 1e-3))
+            kw["timeout_s"] = float(_parse_number("JAX_UB_TIMEOUT", env["JAX_UB_TIMEOUT"], float,
+                                                  MIN_TIMEOUT_S))
         if "JAX_UB_ON_STALL" in env:
             kw["on_stall"] = _parse_choice("JAX_UB_ON_STALL", env["JAX_UB_ON_STALL"], ON_STALL)
         if "JAX_UB_BOOTSTRAP" in env:

@@ -107,8 +107,9 @@ def test_initialize_refuses_several_axes(cpu_mesh):
 
 
 @pytest.mark.parametrize("kw,exc,fragment", [
-    (dict(timeout_s=-1), ValueError, "timeout_s must be a finite number of seconds > 0; got -1.0"),
-    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds > 0"),
+    (dict(timeout_s=-1), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got -1.0"),
+    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds >= 0.001"),
+    (dict(timeout_s=1e-4), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got 0.0001"),
     (dict(timeout_s="soon"), TypeError, "timeout_s must be a number; got 'soon'"),
     (dict(buffer_mib=-5), ValueError, "buffer_mib must be >= 0 (MiB per GPU); got -5"),
     (dict(buffer_mib=1.5), TypeError, "buffer_mib must be an int; got 1.5"),

@@ -260,10 +260,15 @@ def test_wrong_types_rejected_naming_the_field(field, value, kind):
     assert config.get() is before
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0], ids=["inf", "nan", "negative"])
-def test_timeout_must_be_finite_and_positive(value):
-    with pytest.raises(ValueError, match=r"timeout_s must be a finite number > 0; got"):
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 1e-4],
+                         ids=["inf", "nan", "negative", "below_env_minimum"])
+def test_timeout_must_be_finite_and_at_least_a_millisecond(value):
+    """The same minimum as JAX_UB_TIMEOUT's (config.MIN_TIMEOUT_S)."""
+    with pytest.raises(ValueError, match=r"timeout_s must be a finite number >= 0.001 \(seconds\); got"):
         Config(timeout_s=value)
+    with pytest.raises(ValueError, match=r"JAX_UB_TIMEOUT must be (>= 0.001|a finite number); got"):
+        Config.from_env({"JAX_UB_TIMEOUT": repr(value)})
+    assert Config(timeout_s=config.MIN_TIMEOUT_S).timeout_s == 1e-3
 
 
 def test_bad_log_level_rejected():
