@@ -1,0 +1,57 @@
+"""Which zero-size program makes XLA's GPU compiler crash? Each case runs in its own process
+(a segfault ends only that case) and prints its exit code:  python3 scripts/zero_size_probe.py
+
+Why: on 2xH200 (jax 0.11.2, session 29), tests/multigpu/test_overlap.py::
+test_zero_size_operands_give_xla_results[bulk_ag] died with SIGSEGV inside XLA's
+backend_compile_and_load, for a program with no jax_ub custom call (the lowered text was checked):
+an all-gather of a[256, 64] beside x[0, 128] @ w[128, 0]. On one H200 every case below passed (a
+1-device mesh: the all-gather is trivial there); the 2-GPU run is owed."""
+import subprocess
+import sys
+
+CASES = {
+    # plain JAX, no jax_ub
+    "dot_0x0_jit": "f = jax.jit(lambda x, w: x @ w); r = f(x0, w0)",
+    "dot_0x0_shard_map": "f = jax.jit(jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P(), P()), "
+                         "out_specs=P(), check_vma=False)); r = f(x0, w0)",
+    "gather_and_dot_0x0": "f = jax.jit(jax.shard_map(lambda a, x, w: (lax.all_gather(a, 'tp', tiled=True), x @ w), "
+                          "mesh=mesh, in_specs=(P('tp'), P(), P()), out_specs=(P(), P()), check_vma=False)); "
+                          "r = f(a, x0, w0)",
+    "gather_and_dot_0x0_sharded_a_only": "f = jax.jit(jax.shard_map(lambda a, x, w: (lax.all_gather(a, 'tp', tiled=True), "
+                          "x @ w), mesh=mesh, in_specs=(P('tp'), P(), P()), out_specs=(P(), P()), check_vma=False)); "
+                          "r = f(a, jnp.zeros((0, 8), a.dtype), jnp.zeros((8, 0), a.dtype))",
+    "psum_scatter_width0": "f = jax.jit(jax.shard_map(lambda x: lax.psum_scatter(x, 'tp', tiled=True), mesh=mesh, "
+                           "in_specs=P(), out_specs=P('tp'), check_vma=False)); r = f(jnp.ones((256, 0), a.dtype))",
+    # jax_ub's reference path (no communicator)
+    "jax_ub_bulk_ag_xla": "import jax_ub as ub; f = jax.jit(jax.shard_map(lambda a, x, w: ub.bulk_all_gather(a, x, w, "
+                          "'tp', method='xla'), mesh=mesh, in_specs=(P('tp'), P(), P()), out_specs=(P(), P()), "
+                          "check_vma=False)); r = f(a, x0, w0)",
+    # the failing test's body: jax_ub initialized on the mesh (CUDA IPC buffers, watchdog), method ring
+    "jax_ub_bulk_ag_ring_after_initialize": "import jax_ub as ub; ub.initialize(mesh, 'tp'); "
+                          "f = jax.jit(jax.shard_map(lambda a, x, w: ub.bulk_all_gather(a, x, w, 'tp', "
+                          "method='ring'), mesh=mesh, in_specs=(P('tp'), P(), P()), out_specs=(P(), P()), "
+                          "check_vma=False)); r = f(a, x0, w0)",
+    "gather_and_dot_0x0_after_initialize": "import jax_ub as ub; ub.initialize(mesh, 'tp'); "
+                          "f = jax.jit(jax.shard_map(lambda a, x, w: (lax.all_gather(a, 'tp', tiled=True), x @ w), "
+                          "mesh=mesh, in_specs=(P('tp'), P(), P()), out_specs=(P(), P()), check_vma=False)); "
+                          "r = f(a, x0, w0)",
+}
+PRE = """
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()[:2]), ('tp',))
+print('devices', len(mesh.devices.flat), jax.__version__)
+k = jax.random.split(jax.random.key(0), 3)
+a = jax.random.normal(k[0], (256, 64), jnp.bfloat16)
+x0 = jax.random.normal(k[1], (0, 128), jnp.bfloat16)
+w0 = jax.random.normal(k[2], (128, 0), jnp.bfloat16)
+"""
+for name, body in CASES.items():
+    src = PRE + body + "\njax.block_until_ready(r); print('ok', jax.tree.map(lambda t: t.shape, r))"
+    p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
+    tail = (p.stdout.strip().splitlines() or [""])[-1] if p.returncode == 0 else \
+        " | ".join((p.stderr.strip().splitlines() or [""])[-2:])[:300]
+    print(f"ZERO {name}: rc={p.returncode} {tail}", flush=True)
+    if name == "dot_0x0_jit":
+        print("ZERO", (p.stdout.strip().splitlines() or [""])[0], flush=True)
