@@ -90,15 +90,15 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   c->poison_ = c->flags_ + n_flags;
   c->progress_ = c->flags_ + n_flags + 1;
   c->op_ids_ = c->flags_ + n_flags + 3;
-  JAX_UB_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->report_host_), 4 * sizeof(uint64_t),
+  JAX_UB_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->report_host_), kReportWords * sizeof(uint64_t),
                                    cudaHostAllocMapped | cudaHostAllocPortable));
-  std::memset(c->report_host_, 0, 4 * sizeof(uint64_t));
+  std::memset(c->report_host_, 0, kReportWords * sizeof(uint64_t));
   JAX_UB_CUDA_RETURN(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->report_dev_), c->report_host_, 0));
   JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
                                     (2 * n_flags + 3) * sizeof(uint64_t)));
   std::memset(c->host_flags_, 0, (2 * n_flags + 3) * sizeof(uint64_t));
-  c->host_flags_[2 * n_flags] = 1;
+  c->host_flags_[2 * n_flags] = PoisonValue(o.rank);
   c->peer_buffer_.assign(o.world, nullptr);
   c->peer_flags_.assign(o.world, nullptr);
   c->local_peer_.assign(o.world, nullptr);

@@ -13,6 +13,16 @@
 //               only: pieces of one op are signalled in order; the value grows with the epoch
 //               like the others, so a wait of epoch e is never satisfied by an older epoch).
 // Every op at epoch e starts with: wait kAck >= e-1 from all peers, then signal kReady = e.
+//
+// A wait the watchdog times out is released (its stream moves on) after the poison word is set,
+// so the op's End check fails the XLA call. What the op enqueued after the released wait still
+// runs, on the copy engines: a released kReady/kAck wait lets it write into a peer's buffer, or
+// into its own that a peer may still be reading. No GPU-side condition can stop a copy-engine
+// copy (a check kernel before it would queue behind a GEMM that holds every SM), so the peers are
+// told instead: the release first writes the poison word of every peer too, then the flags. A
+// peer whose op is still in flight fails it at its End check (naming this rank), and a peer whose
+// check already passed had finished with both buffers before this rank's first late write.
+
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -209,15 +219,20 @@ class Communicator {
   // device: kNumFlagSlots * world, then the poison word, this GPU's two progress words and the
   // peers' op ids (world words).
   uint64_t* flags_ = nullptr;
-  uint64_t* poison_ = nullptr;         // != 0 once the watchdog released a timed-out wait
+  // != 0 once a watchdog released a timed-out wait: PoisonValue(the rank whose watchdog did it).
+  uint64_t* poison_ = nullptr;
   // op_ids_[q]: (epoch << 32) | hash of the op peer q began at that epoch (peers write it, Begin).
   uint64_t* op_ids_ = nullptr;
   uint64_t op_hash_ = 0;  // this member's current op (Begin .. End)
-  // Host-mapped: End's check kernel reports an op mismatch here (epoch, peer, its id, ours); the
-  // judge reads it without a CUDA call.
+  // Host-mapped: End's check kernel reports an op mismatch here (epoch, peer, its id, ours), or
+  // the poison word that failed the op (its value, the epoch); the judge reads it without a CUDA
+  // call (LaunchCheckOp).
+  static constexpr int kReportWords = 6;
   uint64_t* report_host_ = nullptr;
   uint64_t* report_dev_ = nullptr;
   bool mismatch_reported_ = false;  // with mu_ held
+  bool poison_reported_ = false;    // with mu_ held
+  void JudgePoisoned();             // with mu_ held: a peer's timeout failed this rank's op
   // The latest ops' descriptions by epoch (for the mismatch message), with mu_ held.
   static constexpr int kOpTexts = 8;
   std::pair<uint64_t, std::string> op_texts_[kOpTexts];

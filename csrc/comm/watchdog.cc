@@ -153,6 +153,12 @@ void Communicator::PollGpu() {
     if (poison) {
       cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
                       release_);
+      // Every peer's word too, before any flag is released (same stream): see communicator.h.
+      for (int q = 0; q < o_.world && !o_.nccl; ++q) {
+        if (q == o_.rank || peer_flags_[q] == nullptr) continue;
+        cudaMemcpyAsync(peer_flags_[q] + (poison_ - flags_), host_flags_ + 2 * n,
+                        sizeof(uint64_t), cudaMemcpyHostToDevice, release_);
+      }
     }
     for (int i : idx) {
       cudaMemcpyAsync(flags_ + i, host_flags_ + n + i, sizeof(uint64_t), cudaMemcpyHostToDevice,
@@ -359,10 +365,35 @@ void Communicator::JudgeMismatch() {
   if (error_.empty()) error_ = msg;
 }
 
+void Communicator::JudgePoisoned() {
+  if (poison_reported_ || report_host_ == nullptr) return;
+  const volatile uint64_t* rep = report_host_;
+  const uint64_t word = rep[4];
+  if (word == 0) return;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint64_t e = rep[5];
+  poison_reported_ = true;
+  // This rank's own timeout, or an earlier failure of its own: reported already.
+  if (word == PoisonValue(o_.rank) || !error_.empty()) return;
+  const auto& [text_epoch, text] = op_texts_[e % kOpTexts];
+  std::string msg = StrCat()
+                    << Where(*this, "op check") << ": rank " << word - 1
+                    << " gave up on this TP group while this rank's op at epoch " << e << " ("
+                    << (text_epoch == e ? text : std::string("no longer recorded"))
+                    << ") was in flight: its watchdog timed out waiting for a peer (its log "
+                       "names which) and let its op go on, so it may have written into this "
+                       "rank's buffer, or its own that this op reads. The call was failed on the "
+                       "GPU instead of returning data that may be wrong";
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  error_ = msg;
+}
+
 void Communicator::Judge() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   JudgeMismatch();
+  JudgePoisoned();
   JudgeStall(now);
   if (!any_pending_.load(std::memory_order_acquire)) return;
   if (o_.nccl) {

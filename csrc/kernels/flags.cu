@@ -8,7 +8,14 @@ __global__ void CheckFlagKernel(const volatile uint64_t* flag) {
 
 __global__ void CheckOpKernel(const volatile uint64_t* poison, const volatile uint64_t* ids,
                               int world, int rank, uint64_t want, volatile uint64_t* report) {
-  if (*poison != 0) __trap();
+  const uint64_t poisoned = *poison;
+  if (poisoned != 0) {
+    report[5] = want >> 32;
+    __threadfence_system();
+    report[4] = poisoned;
+    __threadfence_system();
+    __trap();
+  }
   for (int q = 0; q < world; ++q) {
     if (q == rank) continue;
     const uint64_t v = ids[q];

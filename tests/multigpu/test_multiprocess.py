@@ -308,6 +308,32 @@ def test_ranks_running_different_ops_fail_naming_the_peer(capsys):
         assert f"rank {other} ran another op at epoch 2" in r.stderr, format_failures(results)
 
 
+def test_a_rank_that_gave_up_fails_its_late_peers_op(capsys):
+    """Rank 1 runs an op JAX_UB_TIMEOUT + 8 s late. Rank 0 times out waiting for its buffer-free
+    signal, and the released wait lets rank 0's push go on: it writes its shard into rank 1's
+    buffer and signals it (a copy-engine copy cannot be stopped on the GPU). Rank 0 poisons rank
+    1 before that release, so rank 1's op, which finds every signal it waits for, still fails at
+    its end check, at once and naming rank 0, instead of completing on data from a rank that
+    gave up."""
+    timeout = 5
+    results = _launch_two(capsys, "gaveup", dict(ENV, JAX_UB_TIMEOUT=str(timeout)), 120)
+    r0, r1 = results
+    for r in results:
+        assert not r.timed_out, format_failures(results)
+        assert float(r.lines("RESULT gaveup_warm ")[0]) < 1e-2, format_failures(results)
+        assert not r.lines("RESULT gaveup_completed "), format_failures(results)
+        assert r.lines("RESULT gaveup_failed_after "), format_failures(results)
+    (errs0,) = r0.lines("RESULT gaveup_comm_errors ")
+    # Its data-ready and buffer-free waits for rank 1 time out together; the first is reported.
+    assert "timed out after" in errs0 and "waiting for rank 1 (" in errs0, errs0
+    (errs1,) = r1.lines("RESULT gaveup_comm_errors ")
+    assert "rank 0 gave up on this TP group while this rank's op at epoch 2" in errs1, errs1
+    assert "all_gather_matmul" in errs1, errs1
+    # Rank 1 failed on its end check, not on a timeout of its own.
+    assert float(r1.lines("RESULT gaveup_failed_after ")[0]) < timeout, format_failures(results)
+    assert "timed out after" not in errs1, errs1
+
+
 @FEWER
 def test_missing_peer_at_world_four_on_fewer_gpus(capsys):
     _missing_peer(capsys, 4, "ipc", share_gpus=NGPU)
