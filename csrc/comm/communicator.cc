@@ -96,8 +96,8 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   JAX_UB_CUDA_RETURN(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->report_dev_), c->report_host_, 0));
   JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
-                                    (2 * n_flags + 3) * sizeof(uint64_t)));
-  std::memset(c->host_flags_, 0, (2 * n_flags + 3) * sizeof(uint64_t));
+                                    (2 * n_flags + 4) * sizeof(uint64_t)));
+  std::memset(c->host_flags_, 0, (2 * n_flags + 4) * sizeof(uint64_t));
   c->host_flags_[2 * n_flags] = PoisonValue(o.rank);
   c->peer_buffer_.assign(o.world, nullptr);
   c->peer_flags_.assign(o.world, nullptr);

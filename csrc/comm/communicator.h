@@ -233,15 +233,26 @@ class Communicator {
   bool mismatch_reported_ = false;  // with mu_ held
   bool poison_reported_ = false;    // with mu_ held
   void JudgePoisoned();             // with mu_ held: a peer's timeout failed this rank's op
+  // With mu_ held: a read of the poison word shows that a peer gave up (ipc) while this rank has
+  // no wait pending: the sticky error, so its next ops fail before they begin, on the host, with
+  // the CUDA context still usable.
+  void JudgeGaveUp();
+  std::string GaveUpMessage(uint64_t word) const;
+  // The reader reads the flags, poison word included, while a wait is pending, and at least this
+  // often otherwise (ipc), so that a rank between ops learns that a peer gave up.
+  static constexpr double kIdleReadS = 1.0;
   // The latest ops' descriptions by epoch (for the mismatch message), with mu_ held.
   static constexpr int kOpTexts = 8;
   std::pair<uint64_t, std::string> op_texts_[kOpTexts];
   void JudgeMismatch();  // with mu_ held
+  std::string OpText(uint64_t e) const;    // with mu_ held: op_texts_'s entry for epoch e
+  void Announce(const std::string& msg);   // with mu_ held: to stderr, and error_ if still empty
   // progress_[0]: the epoch of the latest op XLA's stream reached (written in Begin, before the
   // op's first wait); progress_[1]: the latest op whose side streams all finished (End, after the
   // join). progress_[0] > progress_[1]: this GPU is inside an op, where waits may time out.
   uint64_t* progress_ = nullptr;
-  // pinned: mirror for the watchdog, release values, 1, then the mirror of progress_.
+  // pinned: mirror for the watchdog, release values, PoisonValue(rank), then the mirror of the
+  // poison word and progress_ (poison_ and progress_ are adjacent: one read).
   uint64_t* host_flags_ = nullptr;
   std::vector<void*> peer_buffer_;
   std::vector<uint64_t*> peer_flags_;
@@ -261,6 +272,8 @@ class Communicator {
   // is told apart from a peer that never signalled.
   uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
   uint64_t progress_snapshot_[2] = {};  // progress_ as of the same read
+  uint64_t poison_snapshot_ = 0;        // the poison word as of the same read
+  bool gave_up_reported_ = false;       // JudgeGaveUp has reported a peer's poison
   bool reading_ = false;  // a read is in flight (written by the reader only)
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
   std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)

@@ -120,10 +120,14 @@ void Communicator::PollGpu() {
   // next poll (blocking here could stall the host threads that must enqueue the awaited signal).
   // An enqueue itself can still block (a stalled queue with a full command buffer): the judge
   // reads how long the reader has been inside a poll (BusyMark) and reports that.
+  bool idle_read = false;  // no wait pending, but the poison word is due a read (ipc)
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (buffer_ == nullptr) return;
-    if (!any_pending_.load(std::memory_order_acquire) && release_landed_ == release_requested_) {
+    idle_read = !o_.nccl && !gave_up_reported_ &&
+                Seconds(Clock::now() - read_issued_) >= kIdleReadS;
+    if (!any_pending_.load(std::memory_order_acquire) && release_landed_ == release_requested_ &&
+        !reading_ && !idle_read) {
       return;
     }
   }
@@ -214,7 +218,8 @@ void Communicator::PollGpu() {
       reading_ = false;
       if (fresh) {
         std::copy(host_flags_, host_flags_ + n, snapshot_);
-        std::copy(host_flags_ + 2 * n + 1, host_flags_ + 2 * n + 3, progress_snapshot_);
+        poison_snapshot_ = host_flags_[2 * n + 1];
+        std::copy(host_flags_ + 2 * n + 2, host_flags_ + 2 * n + 4, progress_snapshot_);
         last_fresh_ = Clock::now();
       }
     }
@@ -239,10 +244,10 @@ void Communicator::PollGpu() {
     gpu_state_ = std::move(state);
     gpu_state_at_ = Clock::now();
   }
-  if (!reading_ && !fresh && any_pending_.load(std::memory_order_acquire)) {
+  if (!reading_ && !fresh && (any_pending_.load(std::memory_order_acquire) || idle_read)) {
     if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                         watch_) == cudaSuccess &&
-        cudaMemcpyAsync(host_flags_ + 2 * n + 1, progress_, 2 * sizeof(uint64_t),
+        cudaMemcpyAsync(host_flags_ + 2 * n + 1, poison_, 3 * sizeof(uint64_t),
                         cudaMemcpyDeviceToHost, watch_) == cudaSuccess &&
         cudaEventRecord(read_done_, watch_) == cudaSuccess) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -336,6 +341,17 @@ std::string Communicator::FlagReadAge(Clock::time_point now) const {
   return out;
 }
 
+std::string Communicator::OpText(uint64_t e) const {
+  const auto& [text_epoch, text] = op_texts_[e % kOpTexts];
+  return text_epoch == e ? text : std::string("(no longer recorded)");
+}
+
+void Communicator::Announce(const std::string& msg) {
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  if (error_.empty()) error_ = msg;
+}
+
 void Communicator::JudgeMismatch() {
   if (mismatch_reported_ || report_host_ == nullptr) return;
   const volatile uint64_t* rep = report_host_;
@@ -344,7 +360,6 @@ void Communicator::JudgeMismatch() {
   std::atomic_thread_fence(std::memory_order_acquire);
   const uint64_t peer = rep[1], theirs = rep[2], mine = rep[3];
   mismatch_reported_ = true;
-  const auto& [text_epoch, text] = op_texts_[e % kOpTexts];
   const char* hex = "0123456789abcdef";
   auto id = [&](uint64_t v) {
     std::string out = "0x";
@@ -354,15 +369,12 @@ void Communicator::JudgeMismatch() {
   std::string msg = StrCat()
                     << Where(*this, "op check") << ": rank " << peer << " ran another op at epoch "
                     << e << " (its op id " << id(theirs & 0xffffffffu) << ", this rank's "
-                    << id(mine & 0xffffffffu) << ": "
-                    << (text_epoch == e ? text : std::string("(no longer recorded)"))
+                    << id(mine & 0xffffffffu) << ": " << OpText(e)
                     << "). Every rank must run the same sequence of jax_ub ops with the same "
                        "shapes, dtypes and methods (rank-dependent Python control flow, or a "
                        "tuning file that differs between hosts, breaks that); the call was failed "
                        "on the GPU, as its data may be another op's";
-  std::fprintf(stderr, "%s\n", msg.c_str());
-  std::fflush(stderr);
-  if (error_.empty()) error_ = msg;
+  Announce(msg);
 }
 
 void Communicator::JudgePoisoned() {
@@ -375,18 +387,30 @@ void Communicator::JudgePoisoned() {
   poison_reported_ = true;
   // This rank's own timeout, or an earlier failure of its own: reported already.
   if (word == PoisonValue(o_.rank) || !error_.empty()) return;
-  const auto& [text_epoch, text] = op_texts_[e % kOpTexts];
-  std::string msg = StrCat()
-                    << Where(*this, "op check") << ": rank " << word - 1
-                    << " gave up on this TP group while this rank's op at epoch " << e << " ("
-                    << (text_epoch == e ? text : std::string("no longer recorded"))
-                    << ") was in flight: its watchdog timed out waiting for a peer (its log "
-                       "names which) and let its op go on, so it may have written into this "
-                       "rank's buffer, or its own that this op reads. The call was failed on the "
-                       "GPU instead of returning data that may be wrong";
-  std::fprintf(stderr, "%s\n", msg.c_str());
-  std::fflush(stderr);
-  error_ = msg;
+  Announce(StrCat() << Where(*this, "op check") << ": " << GaveUpMessage(word)
+                    << " This rank's op at epoch " << e << " (" << OpText(e)
+                    << ") was failed on the GPU at its end check instead of returning data that "
+                       "may be wrong.");
+}
+
+std::string Communicator::GaveUpMessage(uint64_t word) const {
+  return StrCat() << "rank " << word - 1
+                  << " gave up on this TP group: its watchdog timed out waiting for a peer (its "
+                     "log names which) and let its op go on, so it may have written into this "
+                     "rank's buffer, or its own that this rank's op reads. No op of this group "
+                     "can complete now: restart the processes.";
+}
+
+void Communicator::JudgeGaveUp() {
+  const uint64_t word = poison_snapshot_;
+  if (o_.nccl || gave_up_reported_ || word == 0 || word == PoisonValue(o_.rank)) return;
+  // Inside an op, its own waits report first: they time out naming the rank they wait for, or
+  // they end and its check fails the op (JudgePoisoned).
+  if (any_pending_.load(std::memory_order_acquire)) return;
+  gave_up_reported_ = true;
+  if (!error_.empty()) return;  // this rank's own failure came first
+  Announce(StrCat() << Where(*this, "watchdog") << ": " << GaveUpMessage(word)
+                    << " This rank's later ops fail before they begin.");
 }
 
 void Communicator::Judge() {
@@ -394,6 +418,7 @@ void Communicator::Judge() {
   const auto now = Clock::now();
   JudgeMismatch();
   JudgePoisoned();
+  JudgeGaveUp();
   JudgeStall(now);
   if (!any_pending_.load(std::memory_order_acquire)) return;
   if (o_.nccl) {
@@ -471,9 +496,7 @@ void Communicator::JudgeNccl(Clock::time_point now) {
 }
 
 void Communicator::ReportTimeout(const std::string& msg, const char* op, Clock::time_point now) {
-  std::fprintf(stderr, "%s\n", msg.c_str());
-  std::fflush(stderr);
-  if (error_.empty()) error_ = msg;
+  Announce(msg);
   // One more release for the reader (the poison word first); the stall clock starts with the
   // oldest request not yet landed.
   if (release_landed_ == release_requested_) release_due_since_ = now;

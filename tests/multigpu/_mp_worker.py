@@ -90,6 +90,33 @@ def ring_ag_case(cols_per_rank):
     return x, w, xf.astype(np.float64) @ wf.astype(np.float64), f
 
 
+def gpu_burner(seconds):
+    """A jitted program of chained full-fp32 GEMMs that keeps this GPU busy for about ``seconds``
+    with no host round trip inside, and its input; calibrated, compiled and run once on every rank
+    in step (call it on every rank). Returns (burn, a, reps, seconds per GEMM)."""
+    dev = jax.local_devices()[0]
+    a = jax.device_put(jax.random.normal(jax.random.key(rank), (16384, 16384), jnp.float32), dev)
+
+    def burner(reps):
+        def burn(a):
+            for _ in range(reps):
+                a = jnp.tanh(jnp.matmul(a, a, precision=HP) * (1.0 / 128.0))
+            return a
+        return jax.jit(burn)
+
+    probe = burner(8)
+    jax.block_until_ready(probe(a))
+    ex.barrier("calibrate")
+    t0 = time.time()
+    jax.block_until_ready(probe(a))
+    per = (time.time() - t0) / 8
+    reps = max(8, int(seconds / per) + 1)
+    burn = burner(reps)
+    jax.block_until_ready(burn(a))
+    ex.barrier("burn-compiled")
+    return burn, a, reps, per
+
+
 def expect_error(tag, f, *args, fragments=()):
     """Runs f(*args), which should fail with an error containing every fragment: prints
     ``RESULT <tag> True|False`` and the message (``<tag>_msg``), or ``RESULT <tag> ran``."""
@@ -274,8 +301,11 @@ elif mode == "fault":
     run_expecting_failure("abandoned_", f, x, w)
     print(f"RESULT abandoned_comm_errors {list(jax_ub.comm.errors().values())!r}", flush=True)
     sys.stdout.flush()
-    # The failed rank stays alive until its peers have timed out (its exit must not be the cause).
-    time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 10 if rank == nprocs - 1 else 5.0 if rank == 0 else 0)
+    # The failed rank stays alive until its peers have timed out (its exit must not be the cause),
+    # and rank 0, whose process hosts jax.distributed's coordinator, leaves last (a client whose
+    # coordinator is gone aborts).
+    stay = float(os.environ["JAX_UB_TIMEOUT"]) + 10
+    time.sleep(stay if rank == nprocs - 1 else stay + 3 if rank == 0 else 0)
     os._exit(0)
 elif mode == "stall":
     # The last rank skips its part, and rank 0's watchdog reader sits as if blocked inside a CUDA
@@ -303,26 +333,7 @@ elif mode == "busy":
     timeout = float(os.environ["JAX_UB_TIMEOUT"])
     x, w, ref, f = ring_ag_case(512)
     check("busy_warm", f(x, w), ref, 1e-2)
-    dev = jax.local_devices()[0]
-    a = jax.device_put(jax.random.normal(jax.random.key(rank), (16384, 16384), jnp.float32), dev)
-
-    def burner(reps):  # reps chained full-fp32 GEMMs in one program: no host round trip inside
-        def burn(a):
-            for _ in range(reps):
-                a = jnp.tanh(jnp.matmul(a, a, precision=HP) * (1.0 / 128.0))
-            return a
-        return jax.jit(burn)
-
-    probe = burner(8)
-    jax.block_until_ready(probe(a))
-    ex.barrier("calibrate")
-    t0 = time.time()
-    jax.block_until_ready(probe(a))
-    per = (time.time() - t0) / 8
-    reps = max(8, int(3.0 * timeout / per) + 1)
-    burn = burner(reps)
-    jax.block_until_ready(burn(a))  # compiled and run once (every rank, so they stay in step)
-    ex.barrier("burn-compiled")
+    burn, a, reps, per = gpu_burner(3.0 * timeout)
     t0 = time.time()
     busy = burn(a)
     y = f(x, w)
@@ -413,22 +424,32 @@ elif mode == "mismatch":
     time.sleep(3.0 if rank == 0 else 0)
     os._exit(0)
 elif mode == "gaveup":
-    # Rank 1 is late for an op (its host sleeps past rank 0's timeout, then runs it). Rank 0 times
-    # out waiting for its buffer-free signal, and the released push then writes rank 0's shard
-    # into rank 1's buffer and signals it. Rank 1's op must still fail (rank 0 poisoned it before
-    # the release), naming rank 0, instead of completing on data written by a rank that gave up.
+    # Rank 1 is late for an op: its host sleeps past rank 0's timeout before it runs the op
+    # (JAX_UB_TEST_LATE=host), or its GPU has that much XLA work before the op (gpu). Rank 0 times
+    # out waiting for rank 1, and its released push then writes rank 0's shard into rank 1's
+    # buffer and signals it. Rank 1's op must still fail, naming rank 0 (which marked rank 1
+    # failed before the release), instead of completing on data written by a rank that gave up:
+    # before it begins, on the host (the CUDA context stays usable), where rank 1 learnt it
+    # between ops; at its end check, on the GPU, where the op was already enqueued.
+    late = os.environ["JAX_UB_TEST_LATE"]
     timeout = float(os.environ["JAX_UB_TIMEOUT"])
     x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
     check("gaveup_warm", f(x, w), xf.astype(np.float64) @ wf.astype(np.float64), 1e-2)
+    if late == "gpu":  # calibrated with both ranks on the GPU (maybe one shared): twice as long
+        burn, a, _, _ = gpu_burner(2 * (timeout + 8))
     ex.barrier("gaveup-warm")
-    if rank == 1:
+    if rank == 1 and late == "host":
         time.sleep(timeout + 8)
+    if rank == 1 and late == "gpu":
+        busy = burn(a)
     run_expecting_failure("gaveup_", f, x, w)
     time.sleep(1.0)  # the judge reads the check's report every 20 ms
     print(f"RESULT gaveup_comm_errors {list(jax_ub.comm.errors().values())!r}", flush=True)
+    if late == "host" and rank == 1:  # XLA work still runs on this rank's GPU
+        print(f"RESULT gaveup_context_ok {float(jnp.sum(jnp.ones(8)))}", flush=True)
     sys.stdout.flush()
     ex.barrier("gaveup-done")
     time.sleep(2.0 if rank == 0 else 0)
