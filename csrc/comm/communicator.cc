@@ -90,7 +90,8 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   c->poison_ = c->flags_ + n_flags;
   c->progress_ = c->flags_ + n_flags + 1;
   c->op_ids_ = c->flags_ + n_flags + 3;
-  JAX_UB_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->report_host_), kReportWords * sizeof(uint64_t),
+  JAX_UB_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->report_host_),
+                                   kReportWords * sizeof(uint64_t),
                                    cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(c->report_host_, 0, kReportWords * sizeof(uint64_t));
   JAX_UB_CUDA_RETURN(

@@ -21,7 +21,9 @@
 // copy (a check kernel before it would queue behind a GEMM that holds every SM), so the peers are
 // told instead: the release first writes the poison word of every peer too, then the flags. A
 // peer whose op is still in flight fails it at its End check (naming this rank), and a peer whose
-// check already passed had finished with both buffers before this rank's first late write.
+// check already passed had finished with both buffers before this rank's first late write. A peer
+// between ops sees the word in its watchdog's next read (JudgeGaveUp) and refuses its next op on
+// the host.
 
 #pragma once
 

@@ -18,7 +18,7 @@ constexpr uint64_t kTimeoutMark = uint64_t(1) << 40;
 Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream);
 
 // The poison word's value: 1 + the rank whose watchdog timed a wait out. That rank writes it into
-// its own word and, on the ipc transport, into every peer's (see Communicator::Judge).
+// its own word and, on the ipc transport, into every peer's (see comm/communicator.h).
 constexpr uint64_t PoisonValue(int rank) { return static_cast<uint64_t>(rank) + 1; }
 
 // LaunchCheckFlag's check, then the op-id check of the ipc transport: `ids[q]` holds what peer q
