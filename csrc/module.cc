@@ -160,7 +160,8 @@ std::vector<std::vector<int>> P2PMatrix() {
 // inside an overlapped op while peers wait on this device.
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
                     size_t workspace_bytes, int tune_candidates, bool accumulate,
-                    int reserve_sms, int64_t ld, int tune_reps) {
+                    int reserve_sms, int64_t ld, int tune_reps, bool unaligned_a,
+                    bool unaligned_c) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -188,10 +189,11 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       // ld > n: w, y and the addend are column blocks of wider matrices (the chain GEMM->RS's
       // column pieces): the plan key holds the row stride.
       const int64_t row = ld > n ? ld : n;
-      JAX_UB_CUDA_RETURN(alloc(&a, m * k * es));
+      // 16 bytes more than the operands: room to offset a pointer by one element (unaligned_*).
+      JAX_UB_CUDA_RETURN(alloc(&a, m * k * es + 16));
       JAX_UB_CUDA_RETURN(alloc(&b, k * row * es));
-      JAX_UB_CUDA_RETURN(alloc(&c, m * row * es));
-      if (accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * row * es));
+      JAX_UB_CUDA_RETURN(alloc(&c, m * row * es + 16));
+      if (accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * row * es + 16));
       if (workspace_bytes) JAX_UB_CUDA_RETURN(alloc(&ws, workspace_bytes));
       jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
       g.ldb = g.ldc = row;
@@ -208,12 +210,28 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       // Random values in [-1, 1): a GEMM's speed depends on its data (zeros or a constant
       // pattern run at higher clocks than real activations and rank the candidates otherwise:
       // scripts/chunk_algo_probe.cu, NOTES.md).
-      JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, a, m * k, 1u, s));
+      const int64_t pad = static_cast<int64_t>(16 / es);  // the extra elements
+      JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, a, m * k + pad, 1u, s));
       JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, b, k * row, 2u, s));
-      if (c_in) JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, c_in, m * row, 3u, s));
-      JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, g, s));
-      if (tune_candidates > 1) {
-        JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, g, tune_candidates, tune_reps > 0 ? tune_reps : 5, s, &tune));
+      if (c_in) JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchFillUniform(t, c_in, m * row + pad, 3u, s));
+      // Row offsets into operands whose rows are not a multiple of 16 bytes (the op's chunks,
+      // pieces and runs) give pointers of the element-size alignment class (cublaslt.cc): every
+      // class pair the op can meet gets its plan and kernel here. The result reported is the
+      // aligned pair's (the first).
+      for (int ua = 0; ua <= (unaligned_a ? 1 : 0); ++ua) {
+        for (int uc = 0; uc <= (unaligned_c ? 1 : 0); ++uc) {
+          jax_ub::GemmArgs v = g;
+          v.a = static_cast<char*>(a) + (ua ? es : 0);
+          v.c = static_cast<char*>(c) + (uc ? es : 0);
+          if (c_in) v.c_in = static_cast<char*>(c_in) + (uc ? es : 0);
+          JAX_UB_RETURN_IF_ERROR(jax_ub::Gemm(device, v, s));
+          if (tune_candidates > 1) {
+            jax_ub::GemmTuneResult r;
+            JAX_UB_RETURN_IF_ERROR(jax_ub::GemmTune(device, v, tune_candidates,
+                                                    tune_reps > 0 ? tune_reps : 5, s, &r));
+            if (ua == 0 && uc == 0) tune = r;
+          }
+        }
       }
       return jax_ub::Status::Ok();
     }();
@@ -324,10 +342,12 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("registry_size", &jax_ub::RegistrySize);
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
         arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false, arg("reserve_sms") = 0,
-        arg("ld") = 0, arg("tune_reps") = 5,
+        arg("ld") = 0, arg("tune_reps") = 5, arg("unaligned_a") = false,
+        arg("unaligned_c") = false,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
         "2 bf16; accumulate: with an addend, C = A @ B + C_in; ld > n: B and C are column blocks "
-        "with that row stride); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
+        "with that row stride; unaligned_a / unaligned_c: also the plans for A and/or C (and C_in) "
+        "at pointers short of 16-byte alignment); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest (each timed over tune_reps back-to-back runs). Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),

@@ -42,7 +42,7 @@ _warmed: dict[tuple, dict] = {}
 
 def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
          workspace_bytes: int | None = None, accumulate: bool = False,
-         reserve_sms: int = 0, ld: int = 0) -> list[dict]:
+         reserve_sms: int = 0, ld: int = 0, row_offsets: bool = True) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
     a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
@@ -52,6 +52,9 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     may differ from the plain one's. ``reserve_sms``: SMs the GEMM leaves free (the bulk
     reduce-scatter's ``JAX_UB_BULK_REDUCE_SMS``). ``ld`` > ``n``: ``w`` and ``y`` are column
     blocks of matrices with that row stride (the chain GEMM->RS's column pieces).
+    ``row_offsets``: the op runs this GEMM on row blocks of larger matrices (chunks, pieces), so
+    where a row of ``x`` (``k``) or of ``y`` (``ld`` or ``n``) is not a multiple of 16 bytes it also
+    meets pointers short of 16-byte alignment, whose plans (another kernel) are prepared too.
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
@@ -61,16 +64,20 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     tf32 = bool(_ffi.tf32_allowed(precision))
     ws = workspace_bytes if workspace_bytes is not None else _ffi.workspace_bytes()
     name = jnp.dtype(dtype).name
+    es = jnp.dtype(dtype).itemsize
+    unaligned_a = bool(row_offsets and (k * es) % 16)
+    unaligned_c = bool(row_offsets and (max(ld, n) * es) % 16)
     mod = _ext.extension()
     out = []
     for dev in devices:
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms), int(ld))
+               int(reserve_sms), int(ld), row_offsets)
         if key not in _warmed:
             r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                     tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
                                                     accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
-                                                    ld=int(ld)))
+                                                    ld=int(ld), unaligned_a=unaligned_a,
+                                                    unaligned_c=unaligned_c))
             if r["candidates"]:
                 _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
                            "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
@@ -104,7 +111,8 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
         for d in a.shape[:-1]:
             m *= int(d)
         if m > 0:
-            warm(_local_cuda_ordinals(), m, b.shape[1], a.shape[-1], a.dtype, precision)
+            warm(_local_cuda_ordinals(), m, b.shape[1], a.shape[-1], a.dtype, precision,
+                 row_offsets=False)  # whole XLA buffers
     call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a, b)))
     out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
                   tf32=bool(_ffi.tf32_allowed(precision)))

@@ -228,7 +228,7 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
     if method == "columns":  # one GEMM per column block over all M rows
         pm, pn, ld = M * inner, n // splits, n
-    if splits > 1:
+    if splits > 1 or method == "columns":  # columns: a GEMM over all M rows, even in one block
         _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, ld=ld)
     if method == "chain" and s.transport != "nccl":  # every step after the first adds an addend
         _warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)

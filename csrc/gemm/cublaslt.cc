@@ -129,6 +129,17 @@ int Alignment(const void* p) {
   return a;
 }
 
+// The alignment class of an operand: 16, or the element size for a pointer short of 16 bytes
+// (a row offset into a matrix whose rows are not a multiple of 16 bytes: odd K or N). Two classes
+// an operand, so the trace-time warm-up can build (and load the kernel of) every plan an op will
+// look up: a plan built here at execute time would load its kernel lazily inside the op, which can
+// synchronize the context while a peer waits on this GPU. A plan for the element size serves every
+// pointer at least that aligned.
+int AlignClass(const void* p, size_t elem) {
+  const int a = Alignment(p);
+  return a >= 16 ? 16 : std::min(a, static_cast<int>(elem));
+}
+
 #define JAX_UB_LT_RETURN(api, expr)                                                           \
   do {                                                                                        \
     lt::Status jax_ub_lt_ = (expr);                                                           \
@@ -226,9 +237,11 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
     return Status::Error(StrCat() << "GEMM sizes must be positive; got m=" << g.m << " n=" << g.n
                                   << " k=" << g.k);
   }
-  const int align_a = Alignment(g.a), align_b = Alignment(g.b);
-  const int align_c = g.accumulate && g.c_in != nullptr ? std::min(Alignment(g.c), Alignment(g.c_in))
-                                                        : Alignment(g.c);
+  const size_t es = DTypeSize(g.dtype);
+  const int align_a = AlignClass(g.a, es), align_b = AlignClass(g.b, es);
+  const int align_c = g.accumulate && g.c_in != nullptr
+                          ? std::min(AlignClass(g.c, es), AlignClass(g.c_in, es))
+                          : AlignClass(g.c, es);
   const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
                     static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
                     align_c, g.sm_count, g.accumulate};

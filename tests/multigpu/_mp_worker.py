@@ -140,6 +140,51 @@ def run_expecting_failure(tag, f, *args):
         print(f"RESULT {tag}error {type(e).__name__}: {str(e)[:400]!r}", flush=True)
 
 
+def unaligned_ops():
+    """Every op on operands whose rows are not a multiple of 16 bytes (K = 333, N = 123, 37 rows a
+    rank): the chunk, piece and run pointers into them fall short of 16-byte alignment, which
+    cuBLASLt plans apart. Results against float64, and no plan built at execute time (the trace-time
+    warm-up prepares them: a kernel loaded inside an op can stall the GPU's peers)."""
+    from jax_ub import _ext
+
+    m, k, n = 37, 333, 123
+    cases = []  # (name, jitted function, args, reference)
+    for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-5)):
+        name = jnp.dtype(dtype).name
+        x, xf = global_array(60, (tp * m, k), dtype, P("tp", None))
+        w, wf = global_array(61, (k, tp * n), dtype, P(None, "tp"))
+        x2, x2f = global_array(62, (tp * m, tp * k), dtype, P(None, "tp"))
+        w2, w2f = global_array(63, (tp * k, n), dtype, P("tp", None))
+        a, af = global_array(64, (300, k), dtype, P())
+        b, bf = global_array(65, (k, n), dtype, P())
+        ref = xf.astype(np.float64) @ wf.astype(np.float64)
+        ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
+        gref = af.astype(np.float64) @ bf.astype(np.float64)
+        ag_variants = ([("ring", {}), ("all_peer", {}), ("push", {}), ("push", dict(ag_push_pieces=2)),
+                        ("push", dict(ag_push_merge=True))] if cs.transport == "ipc" else [("ring", {})])
+        rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
+        for i, (method, over) in enumerate(ag_variants):
+            with jax_ub.config.override(**over):
+                f = smap(lambda x, w, m_=method: jax_ub.all_gather_matmul(x, w, "tp", method=m_, precision=HP),
+                         (P("tp", None), P(None, "tp")), P(None, "tp"))
+                cases.append((f"unaligned_ag_{method}{i}_{name}", f.lower(x, w).compile(), (x, w), ref, tol))
+        for method in rs_methods:
+            f = smap(lambda x, w, m_=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m_, precision=HP),
+                     (P(None, "tp"), P("tp", None)), P("tp", None))
+            cases.append((f"unaligned_rs_{method}_{name}", f.lower(x2, w2).compile(), (x2, w2), ref2, tol))
+        f = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP)[1],
+                 (P("tp", None), P(), P()), P())
+        cases.append((f"unaligned_bulk_ag_{name}", f.lower(x, a, b).compile(), (x, a, b), gref, tol))
+    before = _ext.extension().gemm_plan_cache_size()
+    outs = [jax.block_until_ready(c(*args)) for _, c, args, _, _ in cases]
+    built = _ext.extension().gemm_plan_cache_size() - before
+    for (name, _, _, want, tol), out in zip(cases, outs, strict=True):
+        check(name, out, want, tol)
+    print(f"RESULT unaligned_plans_built_at_execute {built}", flush=True)
+    if built:
+        sys.exit(5)
+
+
 cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
 print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
 print(f"RESULT hosts {','.join(cs.hosts)}", flush=True)
@@ -212,6 +257,7 @@ if mode == "exchange":
                 y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
                           (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
             check(f"gemm_rs_chain_cols_{name}", y2, ref2, tol)
+    unaligned_ops()
     finish()
 elif mode == "lifecycle":
     # 1. A jit function traced under one communicator set, called again after shutdown() (traced
