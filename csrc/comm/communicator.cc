@@ -34,6 +34,14 @@ std::string Where(const Communicator& c, const char* op) {
 }
 
 Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out) {
+  Status st = CreateMember(o, out);
+  if (st.ok()) return st;
+  return Status::Error(StrCat() << "jax_ub: cannot create the communicator of rank " << o.rank
+                                << " of " << o.world << " on device " << o.device << " (set "
+                                << o.set_id << ", group " << o.group << "): " << st.message());
+}
+
+Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator>* out) {
   if (o.world < 1 || o.world > kMaxWorld || o.rank < 0 || o.rank >= o.world) {
     return Status::Error(StrCat() << "communicator: need 1 <= world <= " << kMaxWorld
                                   << " and 0 <= rank < world; got rank " << o.rank << ", world "
@@ -44,6 +52,12 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
   std::unique_ptr<Communicator> c(new Communicator());
   c->o_ = o;
   c->o_.capacity = 0;
+  // Sized before anything can fail: Release() walks them for every rank.
+  c->peer_buffer_.assign(o.world, nullptr);
+  c->peer_flags_.assign(o.world, nullptr);
+  c->local_peer_.assign(o.world, nullptr);
+  c->ipc_buffer_.assign(o.world, false);
+  c->ipc_flags_.assign(o.world, false);
   // Every early return below frees what was created so far (a retry with a smaller buffer after
   // an out-of-memory failure must not leak streams, events and flags).
   struct ReleaseOnFailure {
@@ -100,11 +114,6 @@ Status Communicator::Create(const Options& o, std::unique_ptr<Communicator>* out
                                     (2 * n_flags + 4) * sizeof(uint64_t)));
   std::memset(c->host_flags_, 0, (2 * n_flags + 4) * sizeof(uint64_t));
   c->host_flags_[2 * n_flags] = PoisonValue(o.rank);
-  c->peer_buffer_.assign(o.world, nullptr);
-  c->peer_flags_.assign(o.world, nullptr);
-  c->local_peer_.assign(o.world, nullptr);
-  c->ipc_buffer_.assign(o.world, false);
-  c->ipc_flags_.assign(o.world, false);
   JAX_UB_RETURN_IF_ERROR(c->AllocBuffer(o.capacity));
   JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
   release_on_failure.c = nullptr;

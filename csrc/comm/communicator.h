@@ -71,6 +71,7 @@ class Communicator {
     bool abort_on_stall = true;
   };
 
+  // Errors name the member (set, group, rank, world, device) being created.
   static Status Create(const Options& o, std::unique_ptr<Communicator>* out);
   // Frees everything; safe to call twice (Drain first, on every rank). If the side streams do not
   // drain (a wait that cannot end with JAX_UB_ON_STALL=wait), the buffer, flags and streams are
@@ -198,6 +199,7 @@ class Communicator {
 
  private:
   Communicator() = default;
+  static Status CreateMember(const Options& o, std::unique_ptr<Communicator>* out);
   // Frees whatever Create got so far (null handles skipped); no drain. Create's failures and
   // Destroy after a successful drain.
   void Release();

@@ -5,6 +5,9 @@
 namespace jax_ub {
 
 cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  // Nothing to move (an empty collective). cudaMemcpyBatchAsync refuses a zero size, and its
+  // failure below would turn the batch path off for the whole process.
+  if (bytes == 0) return cudaSuccess;
 #if CUDART_VERSION >= 12080
   static std::atomic<bool> batch_ok{true};
   if (batch_ok.load(std::memory_order_relaxed)) {

@@ -143,6 +143,11 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
     }
   }
   if (a.m == 0 || a.k == 0) return ffi::Error::Success();
+  if (a.w != nullptr && a.n == 0) {
+    // x @ w with no output columns: only the gathered input is left to compute, if it is wanted.
+    if (a.xg == nullptr) return ffi::Error::Success();
+    a.w = nullptr;
+  }
   return Run(op, device, c, AgGemm(c, a, stream));
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/copy.h"
 
+#include <atomic>
 #include <cstdint>
 
 namespace jax_ub {
@@ -97,16 +98,43 @@ __global__ void __launch_bounds__(32) CopyTma(char* __restrict__ dst, const char
     }
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+  // An image for an earlier architecture (e.g. the compute_80 PTX that the driver compiles for a
+  // GPU this build has no binary for): HasTma() does not pick this kernel there, but should it
+  // run, it copies all the same, 16-byte vectors (the caller passes aligned whole vectors).
+  const size_t n = bytes / 16;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
 #endif
 }
 
+// Whether CopyTma runs its bulk-copy body on the current device: the device is Hopper or later
+// AND the image the driver loaded for it was compiled for sm_90 or later. A build without an sm_90
+// binary (JAX_UB_CUDA_ARCHS without 90a, or a newer GPU, which JIT-compiles the compute_80 PTX)
+// has the fallback body there. Asked once per device.
 bool HasTma() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
     return false;
   }
-  return major >= 9;
+  if (device >= 0 && device < kMaxDevices) {
+    const int k = known[device].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
+  }
+  int major = 0;
+  cudaFuncAttributes attr{};
+  const bool yes =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major >= 9 && cudaFuncGetAttributes(&attr, CopyTma) == cudaSuccess &&
+      attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  cudaGetLastError();
+  if (device >= 0 && device < kMaxDevices) known[device].store(yes ? 2 : 1);
+  return yes;
 }
 
 int Grid(size_t work, int max_blocks) {

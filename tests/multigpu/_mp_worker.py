@@ -431,6 +431,20 @@ elif mode == "checks":
     # Per shard: a reduction over the global array would need XLA's NCCL (refused on a shared GPU).
     biggest = max(float(np.abs(np.asarray(sh.data, np.float32)).max()) for sh in y0.addressable_shards)
     print(f"RESULT checks_empty_k_max {biggest:.3e}", flush=True)
+
+    def empty_n(x):  # x[m, k] @ w[k, 0] with the gathered x wanted, through the FFI target
+        w0 = jnp.zeros((x.shape[1], 0), x.dtype)
+        y_t = jax.ShapeDtypeStruct((tp * x.shape[0], 0), x.dtype)
+        xg_t = jax.ShapeDtypeStruct((tp * x.shape[0], x.shape[1]), x.dtype)
+        _, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x, w0)))(
+            x, w0, set_id=cs.set_id, algo=np.int32(0), tf32=False, pieces=np.int32(1), merge=False)
+        return xg
+
+    # No columns to compute: the gathered input still comes back, and the op leaves the
+    # communicator usable (the GEMM of zero columns used to fail after the op began).
+    _, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))  # ring_ag_case's x
+    check("checks_empty_n_gathered", smap(empty_n, P("tp", None), P())(x), xf, 0.0)
+    check("checks_after_empty_n", f(x, w), ref, 1e-2)
     # A jax.vmap axis named like the TP axis (no shard_map): `auto` must run XLA's collective over
     # the vmap axis on this device, not the CUDA path (one rank per mesh device: it would wait for
     # peers that never come).

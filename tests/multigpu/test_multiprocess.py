@@ -279,7 +279,7 @@ def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys):
 def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
     """Result types that do not match x (the FFI target called directly) are refused naming the
     shapes and dtypes, and leave the communicators usable; x[m, 0] @ w[0, n] gives zeros over
-    NaN-poisoned memory; a jax.vmap axis named like the TP axis runs XLA's collective (not the
+    NaN-poisoned memory; x @ w[k, 0] still returns the gathered x and leaves them usable; a jax.vmap axis named like the TP axis runs XLA's collective (not the
     CUDA path); a buffer growth that cannot be allocated fails, and so does the next op, naming the
     allocation (not a vague "not connected")."""
     results = _launch_two(capsys, "checks", ENV, 180, fail_fast_s=30)
@@ -288,6 +288,7 @@ def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
         for name in ("bad_dtype", "grow", "after_grow"):
             assert r.lines(f"RESULT checks_{name} ") == ["True"], (name, format_failures(results))
         assert r.lines("RESULT checks_empty_k_max ") == ["0.000e+00"], format_failures(results)
+        assert r.lines("RESULT checks_empty_n_gathered ") == ["0.000e+00"], format_failures(results)
         assert float(r.lines("RESULT checks_vmap_axis ")[0]) < 1e-5, format_failures(results)
         assert r.lines("RESULT checks_comm_errors ") == ["0"], format_failures(results)
 
