@@ -97,12 +97,15 @@ def cuda_path_available() -> tuple[bool, str]:
     """Whether jax_ub's CUDA kernels can run in this process, and if not, why."""
     if config.get().disable:
         return False, "JAX_UB_DISABLE=1 forces the pure-XLA reference path"
+    # No GPU first: on a CPU-only host, advice to rebuild the extension would change nothing.
+    if _gpu_backend() is None:
+        mod, reason = _load()
+        built = "" if mod is not None else f" (and the CUDA extension is not loaded: {reason})"
+        return False, (f"jax has no CUDA GPU (default backend: {jax.default_backend()!r}); "
+                       f"the pure-XLA reference path runs{built}")
     mod, reason = _load()
     if mod is None:
         return False, reason
-    if _gpu_backend() is None:
-        return False, (f"jax has no CUDA GPU (default backend: {jax.default_backend()!r}); "
-                       "the pure-XLA reference path runs")
     lt = mod.cublaslt_description()
     if not lt.startswith("cuBLASLt "):
         return False, lt

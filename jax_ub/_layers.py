@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import ops
+from jax_ub import _validate, ops
 
 __all__ = [
     "Placement",
@@ -269,6 +269,13 @@ def check_x(where: str, x: Array, layout: str, hidden: int | None, hidden_name: 
 # --------------------------------------------------------------------------------------------------
 
 
+def _check_call_options(where: str, method: Any, precision: Any) -> None:
+    """``method`` and ``precision`` checked at the layer, so that an error names it."""
+    if method is not None:
+        ops._requested(method, where)
+    _validate.check_precision(where, precision)
+
+
 def column_parallel_dense(
     x: Array,
     kernel: Array,
@@ -294,6 +301,7 @@ def column_parallel_dense(
     whole) → `[batch, seq, out/tp]`.
     """
     in_features = kernel.shape[0]
+    _check_call_options(where, method, precision)
     p = _require(where, axis_name, mesh)
     tp = p.tp
     assert tp is not None
@@ -349,6 +357,7 @@ def row_parallel_dense(
     ``in_features`` (global) is checked when given; it defaults to ``kernel.shape[0]`` in global
     mode and to ``x.shape[-1] * tp`` in local mode.
     """
+    _check_call_options(where, method, precision)
     p = _require(where, axis_name, mesh)
     tp = p.tp
     assert tp is not None

@@ -83,6 +83,7 @@ def bound_axis_size(fn: str, axis_name: Any) -> int:
         # An int would be taken by lax.axis_size as a positional axis and fail deep inside jax.
         raise TypeError(
             f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}")
+    check_axis_names(fn, axis_name)
     try:
         return int(lax.axis_size(axis_name))
     except NameError:
@@ -138,11 +139,45 @@ def check_divisible(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], axis_
         )
 
 
+def check_nonempty_axis(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], collective: str) -> None:
+    """XLA's verifier refuses an all-gather or reduce-scatter over a zero-size dimension (lax's
+    own ops included): said here, naming the call, rather than as an MLIR verifier error."""
+    if x_shape[axis] == 0:
+        raise ValueError(
+            f"{fn}: x.shape[{kw}={axis}] is 0 (x {shape_str(x_shape)}): XLA cannot {collective} "
+            f"over an empty dimension (its verifier refuses it, for lax's own collectives too); "
+            f"skip the call when that dimension is empty")
+
+
 def check_bool(fn: str, kw: str, value: Any) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{fn}: `{kw}` must be a bool; got {value!r}")
 
 
-def static_precision(precision: Any) -> Any:
-    """``precision`` in a hashable form (lists become tuples): a static argument of jit/custom_vjp."""
+def static_precision(precision: Any, fn: str | None = None) -> Any:
+    """``precision`` in a hashable form (lists become tuples): a static argument of jit/custom_vjp.
+    With ``fn``, a value jax would refuse is refused here, naming ``fn``."""
+    if fn is not None:
+        check_precision(fn, precision)
     return tuple(precision) if isinstance(precision, list) else precision
+
+
+def check_precision(fn: str, precision: Any) -> None:
+    """What ``lax.dot_general`` accepts: None, a ``lax.Precision`` or its name, a pair of those, or
+    a dot algorithm (preset). Checked with jax's own canonicalization where this jax has it."""
+    try:
+        from jax._src.lax.lax import canonicalize_precision
+    except ImportError:  # a jax without it: the GEMM itself reports a bad value
+        return
+    try:
+        canonicalize_precision(precision)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{fn}: `precision` must be None, a jax.lax.Precision or one of its names (e.g. "
+            f"'highest'), a pair of them, or a jax.lax.DotAlgorithmPreset; got {precision!r}") from e
+
+
+def check_axis_names(fn: str, axis_name: Any) -> None:
+    """A tuple of axis names names each axis once."""
+    if isinstance(axis_name, tuple) and len(set(axis_name)) != len(axis_name):
+        raise ValueError(f"{fn}: `axis_name` {axis_name!r} names an axis more than once")

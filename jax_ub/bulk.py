@@ -69,7 +69,8 @@ _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
-    precision = _validate.static_precision(precision)
+    precision = _validate.static_precision(precision, what)
+    method = None if method is None else ops._requested(method, what)
     for name, v in (("x", x), ("a", a), ("b", b)):
         _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
@@ -83,6 +84,8 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
             raise TypeError(f"{what}: `{name}` must have dtype {_validate.DTYPE_NAMES}; got "
                             f"{np.dtype(v.dtype).name}")
     axis = _validate.normalize_axis(what, "axis", axis, x.shape, last_ok=True)
+    _validate.check_nonempty_axis(what, "axis", axis, x.shape,
+                                  "all-gather" if kind == "ag" else "reduce-scatter")
     tp = _validate.bound_axis_size(what, axis_name)
     if kind == "rs":
         _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)

@@ -23,17 +23,20 @@ OUT_NAME = "jax_ub_matmul_out"
 
 
 def _check(x: jax.Array, w: jax.Array) -> None:
+    _validate.check_array("matmul", "x", x)
+    _validate.check_array("matmul", "w", w)
     if x.ndim < 2 or w.ndim != 2:
         raise ValueError(
-            f"matmul: x must be `[..., m, k]` (>= 2-D) and w `[k, n]` (2-D); got x {x.shape}, w {w.shape}")
+            f"matmul: x must be `[..., m, k]` (>= 2-D) and w `[k, n]` (2-D); got x "
+            f"{_validate.shape_str(x.shape)}, w {_validate.shape_str(w.shape)}")
     if x.dtype != w.dtype:
         raise TypeError(f"matmul: x and w must share a dtype; got x {x.dtype}, w {w.dtype}")
     if x.dtype not in [jnp.dtype(d) for d in _DTYPES]:
         raise TypeError(f"matmul: dtype must be bfloat16, float16 or float32; got {x.dtype}")
     if x.shape[-1] != w.shape[0]:
         raise ValueError(
-            f"matmul: contracting dims differ: x is {x.shape} (k={x.shape[-1]}), w is {w.shape} "
-            f"(k={w.shape[0]})")
+            f"matmul: contracting dims differ: x is {_validate.shape_str(x.shape)} (k={x.shape[-1]}), "
+            f"w is {_validate.shape_str(w.shape)} (k={w.shape[0]})")
 
 
 _DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -166,7 +169,7 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | N
     """
     _check(x, w)
     use_cuda = _use_cuda(method)
-    precision = _validate.static_precision(precision)
+    precision = _validate.static_precision(precision, "matmul")
     if not use_cuda:  # plain jnp.matmul: forward-mode autodiff works too (no custom_vjp)
         return checkpoint_name(_gemm(x, w, False, False, precision, False), OUT_NAME)
     return checkpoint_name(_matmul_vjp(x, w, precision, use_cuda), OUT_NAME)

@@ -93,12 +93,16 @@ def _cuda_unavailable_reason() -> str:
     return _cuda_status()[1] or "the CUDA path is available"
 
 
-def _requested(method: str | None) -> str:
-    """``method`` (``None``: the configured one), checked against the known names."""
+def _requested(method: str | None, fn: str | None = None) -> str:
+    """``method`` (``None``: the configured one), checked against the known names (any case, as
+    ``JAX_UB_METHOD`` is); ``fn`` names the caller in the error."""
     requested = config.get().method if method is None else method
-    if not isinstance(requested, str) or requested not in config.METHODS:
-        raise ValueError(f"method must be None or one of {config.METHODS}; got {requested!r}")
-    return requested
+    if isinstance(requested, str) and requested.strip().lower() in config.METHODS:
+        return requested.strip().lower()
+    if isinstance(requested, str) and any(name == requested for _, name in _IMPLS):
+        return requested  # an implementation registered by name (register_impl, tests)
+    where = f"{fn}: " if fn else ""
+    raise ValueError(f"{where}`method` must be None or one of {config.METHODS}; got {requested!r}")
 
 
 def _resolve_for_size(method: str | None, tp: int, *operands: Any) -> str:
@@ -229,6 +233,10 @@ def checkpoint_policy(base: Callable[..., bool] | None = None) -> Callable[..., 
 
         jax.checkpoint(layer, policy=jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable))
     """
+    if base is not None and not callable(base):
+        raise TypeError(
+            "checkpoint_policy: `base` must be a jax.checkpoint policy (a callable such as "
+            f"jax.checkpoint_policies.dots_saveable) or None; got {base!r}")
     names = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
     if base is None:
         return names
@@ -418,6 +426,8 @@ def all_gather_matmul(
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
+    _validate.check_nonempty_axis(fn, "gather_axis", axis, x.shape, "all-gather")
+    method = None if method is None else _requested(method, fn)
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_bool(fn, "return_gathered", return_gathered)
     if recompute_gathered is None:
@@ -428,7 +438,7 @@ def all_gather_matmul(
         _resolve_for_size(method, tp, x, w),
         axis_name,
         axis,
-        _static(precision),
+        _static(precision, fn),
         x,
         w,
         return_full=bool(return_gathered),
@@ -489,10 +499,12 @@ def matmul_reduce_scatter(
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
     axis = _validate.normalize_axis(fn, "scatter_axis", scatter_axis, x.shape)
+    _validate.check_nonempty_axis(fn, "scatter_axis", axis, x.shape, "reduce-scatter")
+    method = None if method is None else _requested(method, fn)
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
     call = _call_for(
-        RS, _resolve_for_size(method, tp, x, w), axis_name, axis, _static(precision), x, w, return_full=False
+        RS, _resolve_for_size(method, tp, x, w), axis_name, axis, _static(precision, fn), x, w, return_full=False
     )
     _note(call, tp, x, w)
     return _dispatch(call, x, w)

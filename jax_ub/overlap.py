@@ -133,6 +133,12 @@ def _set_for(axis_name: Any, what: str, method: str | None = None) -> comm.CommS
     axis = _validate.one_axis(axis_name)
     s = comm.get(axis)
     if s is None:
+        ok, why = _ext.cuda_path_available()
+        if not ok:
+            raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis!r}: the CUDA "
+                             f"path is unavailable here ({why}), so jax_ub.initialize created "
+                             f"none. The public ops (all_gather_matmul, ...) run XLA's reference "
+                             f"there; this transport-level call has none")
         raise ValueError(f"{what}: no jax_ub communicator for mesh axis {axis!r}: call "
                          f"jax_ub.initialize(mesh, axis={axis!r}) before tracing")
     if not _validate.bound_by_shard_map(axis):
@@ -326,17 +332,25 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "pu
     over ``axis_name`` after :func:`jax_ub.initialize`. On an axis of size 1 it returns ``x``
     (one shard is the whole; :func:`jax_ub.initialize` makes no communicator there).
     """
+    _validate.check_array("all_gather", "x", x)
+    axis = _validate.normalize_axis("all_gather", "axis", axis, x.shape, last_ok=True)
+    _check_algo("all_gather", method, AG_ALGOS)
     if _validate.bound_axis_size("all_gather", axis_name) == 1:  # nothing to gather
         return x
     _ext.ensure_registered()
     s = _set_for(axis_name, "all_gather")
-    x2 = _front(x, axis % x.ndim)
+    x2 = _front(x, axis)
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
     xg = _ffi.call("jax_ub_all_gather", xg_t)(_checked(x3, s, "all_gather"), set_id=s.set_id,
                                               algo=np.int32(AG_ALGOS[method]))
-    return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis % x.ndim)
+    return _back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis)
+
+
+def _check_algo(what: str, method: Any, algos: dict) -> None:
+    if not isinstance(method, str) or method not in algos:
+        raise ValueError(f"{what}: `method` must be one of {tuple(algos)}; got {method!r}")
 
 
 def rs_pieces(rows: int, row_bytes: int) -> int:
@@ -350,11 +364,16 @@ def rs_pieces(rows: int, row_bytes: int) -> int:
 def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "ring") -> jax.Array:
     """``lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)`` over jax_ub's
     transport, accumulating in float32. On an axis of size 1 it returns ``x``, as ``all_gather``."""
-    if _validate.bound_axis_size("reduce_scatter", axis_name) == 1:  # nothing to sum
+    _validate.check_array("reduce_scatter", "x", x)
+    axis = _validate.normalize_axis("reduce_scatter", "axis", axis, x.shape, last_ok=True)
+    _check_algo("reduce_scatter", method, RS_ALGOS)
+    tp = _validate.bound_axis_size("reduce_scatter", axis_name)
+    if tp == 1:  # nothing to sum
         return x
+    _validate.check_divisible("reduce_scatter", "axis", axis, x.shape, axis_name, tp)
     _ext.ensure_registered()
     s = _set_for(axis_name, "reduce_scatter")
-    x2 = _front(x, axis % x.ndim)
+    x2 = _front(x, axis)
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
@@ -362,7 +381,7 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str =
         _checked(x3, s, "reduce_scatter"), set_id=s.set_id, algo=np.int32(RS_ALGOS[method]),
         reduce_blocks=np.int32(REDUCE_BLOCKS),
         splits=np.int32(rs_pieces(x3.shape[0] // s.world, x3.shape[1] * jnp.dtype(x.dtype).itemsize)))
-    return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis % x.ndim)
+    return _back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis)
 
 
 def bulk_side(kind: int, x_bytes: int, m: int, k: int, n: int, dtype: Any) -> tuple[int, int]:

@@ -493,7 +493,7 @@ def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method
     g_ref = jax.grad(lambda x, w: jnp.sum(jnp.sin(c.fn(reference, mesh)(x, w))), argnums=(0, 1))(x, w)
     for a, b in zip(g, g_ref, strict=True):
         assert rel_err(a, b) <= RTOL[F32]
-    with pytest.raises(ValueError, match="method must be None or one of"):
+    with pytest.raises(ValueError, match="`method` must be None or one of"):
         c.fn(ops, mesh, method="no_such_method")(x, w)
 
 
@@ -663,7 +663,7 @@ def test_zero_size_operand_resolves_to_the_reference():
     x, w = jnp.zeros((0, 8)), jnp.zeros((8, 4))
     assert ops._resolve_for_size("ring", 2, x, w) == "xla"
     assert ops._resolve_for_size("pipeline", 2, jnp.zeros((8, 0)), jnp.zeros((0, 4))) == "xla"
-    with pytest.raises(ValueError, match="method must be None or one of"):
+    with pytest.raises(ValueError, match="`method` must be None or one of"):
         ops._resolve_for_size("bogus", 2, x, w)
     if not ops._cuda_status()[0]:
         with pytest.raises(ValueError, match="needs the CUDA overlap extension"):

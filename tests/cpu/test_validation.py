@@ -194,7 +194,7 @@ def test_unknown_method(fn, axis_kw, cpu_mesh):
     expect(
         ValueError,
         lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method="fast"),
-        "method must be None or one of",
+        f"{fn.__name__}: `method` must be None or one of",
         "'ring'",
         "got 'fast'",
     )
@@ -341,3 +341,106 @@ def test_bulk_valid_calls_still_run(cpu_mesh):
     x, a, b = arr((4, 8)), arr((3, 5)), arr((5, 2))
     assert call_bulk(cpu_mesh(2), bulk.bulk_all_gather, x, a, b, axis=-1).shape == ()
     assert call_bulk(cpu_mesh(2), bulk.bulk_reduce_scatter, x, a, b, axis=1).shape == ()
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_method_names_in_any_case(fn, axis_kw, cpu_mesh):
+    """method="XLA" is method="xla", as JAX_UB_METHOD=XLA is."""
+    got = call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method=" XLA")
+    assert got.shape == ()
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("precision", ["bogus", 3, ("highest", "nope")], ids=["str", "int", "pair"])
+def test_bad_precision(fn, axis_kw, precision, cpu_mesh):
+    expect(ValueError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), precision=precision),
+           f"{fn.__name__}: `precision` must be None, a jax.lax.Precision", f"got {precision!r}")
+
+
+@pytest.mark.parametrize("precision", [None, "highest", jax.lax.Precision.HIGH, ("high", "default"),
+                                       ["highest", "highest"], jax.lax.DotAlgorithmPreset.F32_F32_F32],
+                         ids=["none", "name", "enum", "pair", "list", "preset"])
+def test_good_precisions_pass(precision, cpu_mesh):
+    assert call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4)),
+                        precision=precision).shape == ()
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_repeated_axis_name(fn, axis_kw, cpu_mesh):
+    expect(ValueError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), axis_name=("tp", "tp")),
+           f"{fn.__name__}: `axis_name` ('tp', 'tp') names an axis more than once")
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+def test_empty_collective_axis(fn, axis_kw, cpu_mesh):
+    """XLA's verifier refuses a collective over an empty dimension: said in jax_ub's words."""
+    expect(ValueError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((0, 5)), arr((5, 4))),
+           f"{fn.__name__}: x.shape[{axis_kw}=0] is 0 (x [0, 5])", "over an empty dimension")
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_empty_collective_axis(fn, cpu_mesh):
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, arr((0, 5)), arr((3, 5)), arr((5, 2))),
+           f"{fn.__name__}: x.shape[axis=0] is 0 (x [0, 5])")
+
+
+@pytest.mark.parametrize("fn", BULK)
+def test_bulk_bad_method_and_precision(fn, cpu_mesh):
+    args = (arr((4, 5)), arr((3, 5)), arr((5, 2)))
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, *args, method="fast"),
+           f"{fn.__name__}: `method` must be None or one of", "got 'fast'")
+    expect(ValueError, lambda: call_bulk(cpu_mesh(2), fn, *args, precision="bogus"),
+           f"{fn.__name__}: `precision` must be None", "got 'bogus'")
+
+
+def test_matmul_arguments():
+    from jax_ub import gemm
+
+    expect(TypeError, lambda: gemm.matmul([[1.0]], [[1.0]]), "matmul: `x` must be a jax array", "got list")
+    expect(ValueError, lambda: gemm.matmul(arr((4, 5)), arr((6, 2))),
+           "matmul: contracting dims differ: x is [4, 5] (k=5), w is [6, 2] (k=6)")
+    expect(ValueError, lambda: gemm.matmul(arr((4, 5)), arr((5, 2)), precision="bogus"),
+           "matmul: `precision` must be None", "got 'bogus'")
+
+
+def test_checkpoint_policy_base_must_be_a_policy():
+    expect(TypeError, lambda: ops.checkpoint_policy("dots_saveable"),
+           "checkpoint_policy: `base` must be a jax.checkpoint policy", "got 'dots_saveable'")
+    assert callable(ops.checkpoint_policy(jax.checkpoint_policies.dots_saveable))
+
+
+@pytest.mark.parametrize("layer", ["column", "row"])
+def test_layer_names_itself_in_method_and_precision_errors(layer, cpu_mesh):
+    from jax_ub import _layers
+
+    mesh = cpu_mesh(2)
+    x, k = arr((2, 4, 8)), arr((8, 8))
+    fn = _layers.column_parallel_dense if layer == "column" else _layers.row_parallel_dense
+    where = "ColumnParallelDense" if layer == "column" else "RowParallelDense"
+    kw = dict(out_features=8) if layer == "column" else {}
+    expect(ValueError, lambda: fn(x, k, None, mesh=mesh, method="fast", **kw),
+           f"{where}: `method` must be None or one of", "got 'fast'")
+    expect(ValueError, lambda: fn(x, k, None, mesh=mesh, precision="bogus", **kw),
+           f"{where}: `precision` must be None", "got 'bogus'")
+
+
+def test_bare_collectives_check_their_arguments(cpu_mesh):
+    from jax_ub import overlap
+
+    mesh = cpu_mesh(2)
+
+    def run(f, x):
+        g = jax.shard_map(f, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+        return jax.eval_shape(jax.jit(g), x)
+
+    expect(ValueError, lambda: run(lambda x: overlap.all_gather(x, "tp", axis=2), arr((4, 8))),
+           "all_gather: `axis` must be an axis of x", "got 2")
+    expect(ValueError, lambda: run(lambda x: overlap.all_gather(x, "tp", method="fast"), arr((4, 8))),
+           "all_gather: `method` must be one of", "got 'fast'")
+    expect(ValueError, lambda: run(lambda x: overlap.reduce_scatter(x, "tp", method="fast"), arr((4, 8))),
+           "reduce_scatter: `method` must be one of", "got 'fast'")
+    expect(ValueError, lambda: run(lambda x: overlap.reduce_scatter(x, "tp"), arr((5, 8))),
+           "reduce_scatter: x.shape[axis=0] must be divisible")
+    if not ops._cuda_status()[0]:  # no communicator without the CUDA path: it says why
+        expect(ValueError, lambda: run(lambda x: overlap.all_gather(x, "tp"), arr((4, 8))),
+               "all_gather: no jax_ub communicator for mesh axis 'tp': the CUDA path is unavailable here (")
