@@ -91,7 +91,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process by hand)")
     p.add_argument("--num-processes", type=int, default=None)
     p.add_argument("--process-id", type=int, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name, low in LOWEST.items():  # before jax starts: --cpu-devices 0 would fail its backend
+        value = getattr(args, name)
+        if value is not None and value < low:
+            p.error(f"--{name.replace('_', '-')} must be >= {low}; got {value}")
+    return args
+
+
+# The lowest value of each int option that has one (None: the option is not set).
+LOWEST = {name: 1 for name in ("steps", "batch", "seq", "hidden", "heads", "ffn", "layers", "vocab",
+                                "motif", "dp", "tp", "log_every", "cpu_devices", "num_processes")}
+LOWEST["process_id"] = 0
 
 
 def prepare_environment(args: argparse.Namespace) -> None:
@@ -337,9 +348,11 @@ def _run(args: argparse.Namespace) -> int:
         if value % tp:
             print(f"error: {what} ({value}) must be divisible by tp ({tp})", file=sys.stderr)
             return 2
-    if args.hidden % args.heads or args.batch % args.dp:
-        print("error: --hidden must be divisible by --heads and --batch by --dp", file=sys.stderr)
-        return 2
+    for what, value, by, size in (("--hidden", args.hidden, "--heads", args.heads),
+                                  ("--batch", args.batch, "--dp", args.dp)):
+        if value % size:
+            print(f"error: {what} ({value}) must be divisible by {by} ({size})", file=sys.stderr)
+            return 2
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)
     _log(f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "

@@ -11,7 +11,7 @@ It gathers, section by section (each a function returning a plain dict, so tests
 4. the decision ``jax_ub.initialize`` takes here: bootstrap (``local`` / ``kv``), transport
    (``ipc`` when every GPU pair can access each other, else ``nccl``), multicast, and the
    environment variables that matter;
-5. a live ring test: ``jax_ub.overlap.all_gather`` over every local GPU, checked bit for bit and
+5. a live all-gather test: ``jax_ub.overlap.all_gather`` over every local GPU, checked bit for bit and
    timed (``--no-live`` skips it);
 6. a verdict: ``OK: overlap can run (...)`` (exit 0) or ``CANNOT RUN OVERLAP: <reasons>`` (exit 1).
 
@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -662,7 +663,7 @@ def render_text(r: dict[str, Any]) -> str:
         L.append(f"    {k:<32}{'(unset)' if val is None else val}")
     L.append("")
 
-    L.append("== Live ring test ==")
+    L.append("== Live all-gather test ==")
     if not live.get("ran"):
         L.append(f"  {live.get('skipped')}")
     elif live.get("ok"):
@@ -676,7 +677,22 @@ def render_text(r: dict[str, Any]) -> str:
     vd = r["verdict"]
     L.extend(f"note: {n}" for n in vd["notes"])
     L.append(vd["message"])
-    return "\n".join(L)
+    return "\n".join(_indent_continuations(line) for line in L)
+
+
+_LABEL = re.compile(r"^ *\S+(?: \S+)*?  +(?=\S)")  # "  jax / jaxlib  " of "  jax / jaxlib  0.10.2"
+
+
+def _indent_continuations(line: str) -> str:
+    """A report line whose value spans several lines (e.g. a library's load error listing what it
+    tried): its continuation lines indented to the value's column (under a label such as
+    ``  NCCL          ``), else two spaces deeper than the line itself."""
+    first, *rest = line.split("\n")
+    if not rest:
+        return line
+    m = _LABEL.match(first)
+    pad = " " * (m.end() if m else len(first) - len(first.lstrip(" ")) + 2)
+    return "\n".join([first, *(pad + r if r.strip() else r for r in rest)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,7 +39,13 @@ overlap): the collective and the GEMM alone, XLA's program, and ``jax_ub.bulk_al
 ``bulk_reduce_scatter`` (see :mod:`jax_ub.bench.bulk`).
 
 Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its pure-XLA reference
-("path: xla-reference"), which is how the harness is tested; CUDA-only impls are skipped.
+("path: xla-reference"), which is how the harness is tested; CUDA-only impls are skipped (and
+``tune``, which has no method to compare there, exits 2).
+
+Arguments are checked before anything runs (``M,K,N`` triples of positive integers, counts >= 1,
+one of ``DTYPES``): argparse's ``error:`` and exit 2. Runs that measure nothing write no file: exit 2
+when no case fits the devices (:func:`jax_ub.bench.harness.nothing_to_run`), exit 1 when no jax_ub
+impl gave a time in any case (:func:`jax_ub.bench.harness.nothing_measured`, which says why).
 
 Timing: every impl of a shape is built and warmed up, then ``reps`` interleaved repetitions (each
 times every impl once, in a shuffled order) of ``iters`` back-to-back dispatches closed by one
@@ -64,22 +70,67 @@ import datetime
 import importlib
 import os
 import sys
+from typing import Any
 
-MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing jax here
+MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing it here
+DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops take
+# The jax_ub_<method> impls of bench ag / rs (jax_ub.choice.METHODS less "xla"; see agrs.build).
+CUDA_METHODS = {"ag": ("push", "ring", "all_peer"), "rs": ("ring", "pipeline", "chain", "columns")}
+
+
+def at_least(low: float, kind: type = int) -> Any:
+    """An argparse ``type``: a number (``kind``) >= ``low``, else argparse's ``error:`` (exit 2)
+    saying what was expected and what was given."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} "
+                                             f">= {low:g}; got {text!r}") from None
+        if not value >= low:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}; got {text}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} >= {low:g}"
+    return parse
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    """An argparse ``type``: one global ``M,K,N`` triple of positive integers."""
+    want = "M,K,N: three positive integers separated by commas (e.g. 8192,8192,28672)"
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected {want}; got {text!r} ({len(parts)} value"
+                                         f"{'s' if len(parts) != 1 else ''})")
+    values = []
+    for part in parts:
+        try:
+            v = int(part)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"expected {want}; got {text!r} ({part.strip()!r} is not a "
+                                             f"positive integer)")
+        values.append(v)
+    return values[0], values[1], values[2]
+
+
+POSITIVE = at_least(1)
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dtype", default="bfloat16")
-    common.add_argument("--warmup", type=int, default=3)
-    common.add_argument("--iters", type=int, default=10)
-    common.add_argument("--reps", type=int, default=7)
-    common.add_argument("--settle-ms", type=float, default=25.0,
+    common.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    common.add_argument("--warmup", type=at_least(0), default=3)
+    common.add_argument("--iters", type=POSITIVE, default=10)
+    common.add_argument("--reps", type=POSITIVE, default=7)
+    common.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
                         help="untimed run of an impl before each of its timed bursts (0: none)")
     common.add_argument("--out", default="benchmarks/results")
     common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
     chained = argparse.ArgumentParser(add_help=False)
-    chained.add_argument("--chain", type=int, default=1,
+    chained.add_argument("--chain", type=POSITIVE, default=1,
                          help="ops per timed dispatch: each impl's program runs its op CHAIN times in a "
                               "row (one dispatch per CHAIN ops, as in a model step; a lone dispatch of "
                               "a small op is bound by the host); ms are per op")
@@ -88,25 +139,25 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="op", required=True)
     for op in ("ag", "rs"):
         p = sub.add_parser(op, parents=[common, chained], help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
-        p.add_argument("--tp", type=int, nargs="+", default=[4, 2])
-        p.add_argument("--shapes", nargs="+", default=None, help="global M,K,N triples")
+        p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4, 2])
+        p.add_argument("--shapes", type=shape, nargs="+", default=None, help="global M,K,N triples")
         p.add_argument("--timeline", action="store_true",
                        help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
-        p.add_argument("--timeline-method", default="auto",
+        p.add_argument("--timeline-method", default="auto", choices=("auto", *CUDA_METHODS[op]),
                        help="the method the --timeline call uses (default: auto, the jax_ub impl)")
     p = sub.add_parser("mlp", parents=[common], help="fwd+bwd step of ParallelMLP and the attention projections")
-    p.add_argument("--tp", type=int, default=4, help="mesh of the first TP devices")
-    p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--ffn", type=int, default=28672)
-    p.add_argument("--tokens", type=int, default=8192, help="batch 1 x seq TOKENS")
+    p.add_argument("--tp", type=POSITIVE, default=4, help="mesh of the first TP devices")
+    p.add_argument("--hidden", type=POSITIVE, default=8192)
+    p.add_argument("--ffn", type=POSITIVE, default=28672)
+    p.add_argument("--tokens", type=POSITIVE, default=8192, help="batch 1 x seq TOKENS")
     p.add_argument("--models", nargs="+", default=list(MLP_MODELS), choices=MLP_MODELS,
                    help="which steps to time (swiglu: the gated MLP, up = hidden -> 2*ffn)")
     p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
                    help="the forward under jax.checkpoint with this policy (jax_ub: "
                         "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")
     p = sub.add_parser("bulk", parents=[common, chained], help="AG / RS under an independent GEMM (backward pass)")
-    p.add_argument("--tp", type=int, nargs="+", default=[4])
-    p.add_argument("--shapes", nargs="+", default=None,
+    p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4])
+    p.add_argument("--shapes", type=shape, nargs="+", default=None,
                    help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
     p.add_argument("--timeline", action="store_true",
                    help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")

@@ -128,13 +128,14 @@ def run(a: argparse.Namespace) -> int:
     timeline_ok = h.timeline_wanted(a, cuda, path)
     op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
     records, rows, timelines = [], [], []
+    failures: list[tuple[str, str]] = []
     cases = list(h.cases(a, h.DEFAULT_SHAPES))
     if not cases:
         return h.nothing_to_run(a)
     for tp, M, K, N in cases:
         mesh = h.make_mesh(tp, cuda)
         impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
-        res = h.time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+        res = h.time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a, failures=failures)
         traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
         if timeline_ok and traced in res:
             tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
@@ -150,6 +151,9 @@ def run(a: argparse.Namespace) -> int:
                 r["method"] = auto  # what auto ran (jax_ub._measured ignores this key)
         records += case
         rows.append((tp, M, K, N, res, auto))
+    stop = h.nothing_measured(a, [row[4] for row in rows], failures)
+    if stop is not None:
+        return stop
     h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
     png = h.plot(records, stem + ".png", f"jax_ub {a.op} ({os.path.basename(stem)}, {a.dtype})", CHART,
                  lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")

@@ -124,6 +124,7 @@ def run(a: argparse.Namespace) -> int:
     if not cuda:
         h.progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
     records, rows, timelines = [], [], []
+    failures: list[tuple[str, str]] = []
     cases = list(h.cases(a, h.BULK_SHAPES))
     if not cases:
         return h.nothing_to_run(a)
@@ -131,7 +132,7 @@ def run(a: argparse.Namespace) -> int:
         mesh = h.make_mesh(tp, cuda)
         for kind in KINDS:
             impls = build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
-            res = h.time_impls(f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a)
+            res = h.time_impls(f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a, failures=failures)
             case = {"op": f"bulk_{kind}", "M": M, "K": K, "N": N, "tp": tp}
             if timeline_ok and "jax_ub" in res:
                 tl = h.traced_case(a, stem, case, impls["jax_ub"])
@@ -140,6 +141,9 @@ def run(a: argparse.Namespace) -> int:
             records += h.case_records({**case, "dtype": a.dtype}, res)
             rows.append((f"bulk_{kind}", tp, M, K, N, res))
         jax_ub.shutdown()
+    stop = h.nothing_measured(a, [row[-1] for row in rows], failures)
+    if stop is not None:
+        return stop
     h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
     png = h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {a.dtype})", CHART,
                  lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")

@@ -96,10 +96,11 @@ def chain_fn(fn: Any, n: int) -> Any | None:
 
 def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                probe: Callable[[Any], Any] | None = None, probes: dict[str, Any] | None = None,
-               ) -> dict[str, float]:
+               failures: list[tuple[str, str]] | None = None) -> dict[str, float]:
     """Median ms of each impl; an entry is ``(fn, args)`` or a thunk returning it (built here, so a
-    failure to build is reported like a failure to run: one progress line, no record). With
-    ``probe``, ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare).
+    failure to build is reported like a failure to run: one progress line, no record, and
+    ``(name, "<label>: <error>")`` appended to ``failures`` if given). With ``probe``,
+    ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare).
 
     Every impl is built and warmed up first; then the repetitions are interleaved: repetition r
     times each impl once, in an order shuffled by r (seeded), so a drift of clocks or power during
@@ -132,7 +133,7 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
             settle[name] = settle_calls(_burst(fn, args, 2), settle_ms, a.iters) if settle_ms > 0 else 0
             ready[name] = (fn, args)
         except Exception as e:
-            progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
+            _failed(label, name, e, failures)
     samples: dict[str, list[float]] = {name: [] for name in ready}
     host: dict[str, list[dict]] = {name: [] for name in ready}  # host_stats deltas of the bursts
     names = list(ready)
@@ -147,13 +148,20 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
                 samples[name].append(_burst(*ready[name], a.iters))
                 host[name].append(_host_delta(h0, _host_stats()))
             except Exception as e:
-                progress(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
+                _failed(label, name, e, failures)
                 del ready[name]
                 samples[name] = []
     line = host_line(host)
     if line:
         progress(f"  {line}")
     return {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
+
+
+def _failed(label: str, name: str, e: Exception, failures: list[tuple[str, str]] | None) -> None:
+    why = f"{type(e).__name__}: {str(e)[:300]}"
+    progress(f"  {name} failed: {why}")
+    if failures is not None:
+        failures.append((name, f"{label}: {why}"))
 
 
 def _host_stats() -> dict:
@@ -290,9 +298,11 @@ def ideal(*ms: float) -> float:
 
 
 def _shapes(a: argparse.Namespace, default: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``--shapes`` (M,K,N triples, parsed and checked by the command line), or ``default``."""
     if not a.shapes:
         return default
-    return [tuple(int(v) for v in s.split(",")) for s in a.shapes]  # type: ignore[misc]
+    return [tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(","))  # type: ignore[misc]
+            for s in a.shapes]
 
 
 def cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
@@ -319,6 +329,33 @@ def nothing_to_run(a: argparse.Namespace) -> int:
           f"device(s): each tp needs that many devices and shapes whose M, K and N it divides "
           f"(the skip lines above say which)", file=sys.stderr)
     return 2
+
+
+def ours(impl: str) -> bool:
+    """Whether ``impl`` is jax_ub's own (``jax_ub``, ``jax_ub_<method>``): what a bench is for."""
+    return impl == "jax_ub" or impl.startswith("jax_ub_")
+
+
+def nothing_measured(a: argparse.Namespace, results: Sequence[dict[str, float]],
+                     failures: Sequence[tuple[str, str]]) -> int | None:
+    """None where some case timed one of jax_ub's impls (:func:`ours`); else exit status 1 with a
+    message saying that nothing was measured and why (the first failures of jax_ub's impls, from
+    :func:`time_impls`'s ``failures``; the progress lines above have all of them). As with
+    :func:`nothing_to_run`, the caller writes no JSON: the bench measured nothing it is for, and
+    its baselines alone would only mislead a later merge."""
+    if any(ours(impl) for res in results for impl in res):
+        return None
+    print(f"error: nothing was measured: jax_ub's impls gave no time in any case of bench {a.op} "
+          f"(expected at least one; {failure_summary(failures) or 'none of them was timed'}); no file "
+          f"written", file=sys.stderr, flush=True)
+    return 1
+
+
+def failure_summary(failures: Sequence[tuple[str, str]], shown: int = 3) -> str:
+    """The first ``shown`` failures of jax_ub's impls, ``"<impl> at <label>: <error>; ..."``."""
+    whys = [f"{name} at {why}" for name, why in failures if ours(name)]
+    more = len(whys) - shown
+    return "; ".join(whys[:shown]) + (f"; and {more} more (the lines above)" if more > 0 else "")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -275,6 +275,7 @@ def run(a: argparse.Namespace) -> int:
         h.progress("xla_windowed: the windowed-einsum flags are GPU flags; off GPU this is plain SPMD")
     mesh = h.make_mesh(a.tp, cuda)
     records, rows = [], []
+    failures: list[tuple[str, str]] = []
     for model in a.models:
         ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
         label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
@@ -282,10 +283,12 @@ def run(a: argparse.Namespace) -> int:
             impls = build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
                               windowed_flags=h.WINDOWED_FLAGS, remat=a.remat)
         except Exception as e:
-            h.progress(f"{label}: building the model failed: {type(e).__name__}: {str(e)[:300]}")
+            why = f"{type(e).__name__}: {str(e)[:300]}"
+            h.progress(f"{label}: building the model failed: {why}")
+            failures.append(("jax_ub", f"{label}: building the model failed: {why}"))
             continue
         checks: dict[str, Any] = {}
-        res = h.time_impls(label, impls, a, probe=check, probes=checks)
+        res = h.time_impls(label, impls, a, probe=check, probes=checks, failures=failures)
         print(f"{model} check (loss, |dx|): "
               + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
         common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp, "dtype": a.dtype}
@@ -294,6 +297,9 @@ def run(a: argparse.Namespace) -> int:
         records += h.case_records(common, res)
         rows.append((model, ffn, res))
     jax_ub.shutdown()
+    stop = h.nothing_measured(a, [row[-1] for row in rows], failures)
+    if stop is not None:
+        return stop
     stem = h.out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
     h.write_json(a, stem, records, path=path.split(" ")[1])
     png = h.plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", CHART,

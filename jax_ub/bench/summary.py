@@ -13,7 +13,8 @@ speedup. The targets
 (AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too).
 
 Files are read in the order given; a later file's record of the same (op, tp, dtype, shape, impl)
-replaces an earlier one's. It reads JSON only and needs no GPU. README's performance table is this
+replaces an earlier one's. A file without ag/rs/bulk records, or a selection (``--tp``,
+``--dtype``) that leaves no case with every impl a row needs, is an error (stderr, exit 2). It reads JSON only and needs no GPU. README's performance table is this
 command's output over the committed tp=4 files (the command is written above the table, and a CPU
 test checks that the two agree).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,23 +40,40 @@ T_IDEAL_MAX = 1.10
 Key = tuple[str, int, str, int, int, int]  # op, tp, dtype, M, K, N
 
 
+def read(path: str) -> tuple[dict[Key, dict[str, float]], list[str]]:
+    """One file: ``{(op, tp, dtype, M, K, N): {impl: ms}}`` of its records of the ops in
+    :data:`TARGETS`, and the other ops its records are of (e.g. an ``mlp`` run's)."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise ValueError(f"{path}: not a bench result file (expected a JSON object with a "
+                         f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)")
+    cases: dict[Key, dict[str, float]] = {}
+    others: list[str] = []
+    for i, r in enumerate(doc["records"]):
+        op = r.get("op") if isinstance(r, dict) else None
+        if op not in TARGETS:
+            if str(op) not in others:
+                others.append(str(op))
+            continue
+        try:
+            key = (op, int(r["tp"]), r["dtype"], int(r["M"]), int(r["K"]), int(r["N"]))
+            cases.setdefault(key, {})[r["impl"]] = float(r["ms"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: record {i} ({op}) is not a bench record (expected op, tp, "
+                             f"dtype, M, K, N, impl and ms; {type(e).__name__}: {e})") from None
+    return cases, others
+
+
 def load(paths: Sequence[str]) -> dict[Key, dict[str, float]]:
     """{(op, tp, dtype, M, K, N): {impl: ms}} over the files, later files first."""
     cases: dict[Key, dict[str, float]] = {}
     for path in paths:
-        with open(path) as f:
-            try:
-                doc = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not JSON ({e})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-            raise ValueError(f"{path}: not a bench result file (expected a JSON object with a "
-                             f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)")
-        for r in doc["records"]:
-            if r.get("op") not in TARGETS:
-                continue
-            key = (r["op"], int(r["tp"]), r["dtype"], int(r["M"]), int(r["K"]), int(r["N"]))
-            cases.setdefault(key, {})[r["impl"]] = float(r["ms"])
+        for key, impls in read(path)[0].items():
+            cases.setdefault(key, {}).update(impls)
     return cases
 
 
@@ -101,13 +120,52 @@ def markdown(cases: dict[Key, dict[str, float]], *, tps: Sequence[int] | None = 
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
+NEEDED = ("xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub")  # the records a row is made of
+
+
+def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, dict[str, float]], list[str]]],
+            tps: Sequence[int] | None, dtype: str) -> str | None:
+    """Why the files (``per_file``: :func:`read` of each) give no table with this selection, or None."""
+    for path, (cases, others) in zip(files, per_file, strict=True):
+        if not cases:
+            return (f"{path}: no {', '.join(list(TARGETS)[:-1])} or {list(TARGETS)[-1]} records (expected a "
+                    f"file of python -m jax_ub.bench "
+                    f"ag|rs|bulk; got " + (f"records of {', '.join(others)})" if others else "no records)"))
+    cases = {k: v for c, _ in per_file for k, v in c.items()}
+    names = ", ".join(files)
+    have = "the file has" if len(files) == 1 else "the files have"
+    at_tp = [k for k in cases if not tps or k[1] in tps]
+    tp_text = f"tp={' or '.join(map(str, tps))}" if tps else ""
+
+    def listed(values: Any) -> str:
+        return ", ".join(map(str, sorted(set(values))))
+
+    if not at_tp:
+        return f"no records with {tp_text} in {names}; {have} tp {listed(k[1] for k in cases)}"
+    chosen = [k for k in at_tp if k[2] == dtype]
+    if not chosen:
+        return (f"no {dtype} records{' with ' + tp_text if tps else ''} in {names}; {have} dtype "
+                f"{listed(k[2] for k in at_tp)}{' there' if tps else ''} (--dtype chooses)")
+    if not any(set(NEEDED) <= cases[k].keys() for k in chosen):
+        k = chosen[0]
+        missing = [i for i in NEEDED if i not in cases[k]]
+        return (f"no {dtype} case{' with ' + tp_text if tps else ''} in {names} has the {', '.join(NEEDED)} "
+                f"records a row needs (e.g. {k[0]} tp={k[1]} {k[3]},{k[4]},{k[5]} has no "
+                f"{', '.join(missing)}; a run off the CUDA path times no comm_jax_ub)")
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
     try:
-        cases = load(a.files)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {e}")
+        per_file = [read(path) for path in a.files]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    print(markdown(cases, tps=a.tp, dtype=a.dtype), end="")
+    why = problem(a.files, per_file, a.tp, a.dtype)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    print(markdown(load(a.files), tps=a.tp, dtype=a.dtype), end="")
     return 0
 
 

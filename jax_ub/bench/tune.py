@@ -10,6 +10,11 @@ bound by the host, a model's step is not, and a host-bound time would choose wro
 Writes ``<out>/<machine>-<yyyymmdd>-tune.json`` in the bench record format, both ops in one file,
 and prints per shape what ``auto`` ran before, the fastest method, and what ``auto`` chooses with
 the new file. A shape seen both as a forward op and as another op's backward is measured once.
+
+It needs the CUDA path: off it (CPU, ``JAX_UB_DISABLE=1``) there is no method to compare, so it
+exits 2 before timing anything. A run whose times would not make a file ``JAX_UB_TUNING_FILE``
+accepts (no shape with two or more methods timed, e.g. every method failed) writes nothing and
+exits 1, saying why.
 """
 
 from __future__ import annotations
@@ -78,24 +83,40 @@ def run(a: argparse.Namespace) -> int:
         return 2
     cuda, path = h.path_info()
     print(path)
-    stem = h.out_stem(a, "tune")
-    records: list[dict[str, Any]] = []
-    rows: list[tuple[Case, dict[str, float], str]] = []
     ndev = len(jax.devices())
+    groups: dict[int, list[Case]] = {}
     for tp in sorted({c.shape.tp for c in todo}):
         group = [c for c in todo if c.shape.tp == tp]
         if tp > ndev or tp < 2:
             h.progress(f"skip {len(group)} shape(s) at tp={tp}: "
                        + (f"only {ndev} devices" if tp > ndev else "nothing to communicate"))
             continue
+        groups[tp] = group
+    if not groups:
+        print(f"error: no shape of {a.shapes_file!r} can be measured on these {ndev} device(s) "
+              f"(the skip lines above say why); run tune where the recorded tp fits", file=sys.stderr,
+              flush=True)
+        return 2
+    if not cuda:  # only xla_plain and jax_ub (auto runs the reference) could be timed: no choice
+        print(f"error: nothing to tune on this machine: a tuning file needs the times of the "
+              f"jax_ub_<method> impls, which need the CUDA path ({path}); run bench tune on the GPU "
+              f"machine the program runs on (recording the shapes, JAX_UB_RECORD_SHAPES, works "
+              f"anywhere); no file written", file=sys.stderr, flush=True)
+        return 2
+    stem = h.out_stem(a, "tune")
+    records: list[dict[str, Any]] = []
+    rows: list[tuple[Case, dict[str, float], str]] = []
+    failures: list[tuple[str, str]] = []
+    for tp, group in groups.items():
         mesh = h.make_mesh(tp, cuda)
         try:
             for c in group:
                 s = c.shape
                 impls = {k: v for k, v in agrs.build(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
                          if keep_impl(k, a.full)}
-                res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a)
-                before = agrs.auto_method(s.op, tp, s.M, s.K, s.N, s.dtype) if cuda else "xla"
+                res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a,
+                                   failures=failures)
+                before = agrs.auto_method(s.op, tp, s.M, s.K, s.N, s.dtype)
                 case = h.case_records({"op": choice.BENCH_OP[s.op], "M": s.M, "K": s.K, "N": s.N, "tp": tp,
                                        "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls}, res)
                 for r in case:
@@ -105,11 +126,13 @@ def run(a: argparse.Namespace) -> int:
                 rows.append((c, res, before))
         finally:
             jax_ub.shutdown()
-    if not records:
-        print(f"error: no shape of {a.shapes_file!r} can be measured on these {ndev} device(s) "
-              f"(the skip lines above say why); run tune where the recorded tp fits", file=sys.stderr,
-              flush=True)
-        return 2
+    if not choice.shapes_from_bench({"records": records}):  # what JAX_UB_TUNING_FILE would refuse
+        print("error: nothing usable was measured: a tuning file needs, at some shape, the times of "
+              "two or more methods (jax_ub_<method> or xla_plain); got "
+              + (f"times of {', '.join(sorted({r['impl'] for r in records}))} only" if records else "no time")
+              + (f" ({h.failure_summary(failures)})" if h.failure_summary(failures) else "")
+              + "; no file written", file=sys.stderr, flush=True)
+        return 1
     h.write_json(a, stem, records, path=path.split(" ")[1], shapes_file=os.path.abspath(a.shapes_file))
     print(f"\nwrote {stem}.json")
     return report(stem + ".json", rows, path, cuda)

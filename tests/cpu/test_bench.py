@@ -493,3 +493,156 @@ def test_table_prints_split_floor_and_merged_push(capsys):
     agrs._table("ag", [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "variant_push_merge"},
                         "push")], "path: cuda")
     assert "merged" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# the command line: arguments checked before anything runs, runs that measure nothing fail
+
+
+SMALL = ["--shapes", "64,32,64"]  # were a check missing, the run would stay short
+MLP_SMALL = ["--hidden", "64", "--ffn", "128", "--tokens", "64"]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["ag", "--tp", "2", "--shapes", "64,64"],
+     "argument --shapes: expected M,K,N: three positive integers separated by commas (e.g. "
+     "8192,8192,28672); got '64,64' (2 values)"),
+    (["ag", "--tp", "2", "--shapes", "64,64,64", "64,64,abc"], "got '64,64,abc' ('abc' is not a positive integer)"),
+    (["bulk", "--shapes", "64,0,64"], "got '64,0,64' ('0' is not a positive integer)"),
+    (["rs", "--shapes", "64,32,64,8"], "got '64,32,64,8' (4 values)"),
+    # a tp no device count here allows: the malformed shape is still reported, not skipped
+    (["ag", "--tp", "16", "--shapes", "64,64"], "argument --shapes: expected M,K,N"),
+    (["ag", "--tp", "0", *SMALL], "argument --tp: must be >= 1; got 0"),
+    (["bulk", "--tp", "4", "-2", *SMALL], "argument --tp: must be >= 1; got -2"),
+    (["mlp", "--tp", "0", *MLP_SMALL], "argument --tp: must be >= 1; got 0"),
+    (["mlp", *MLP_SMALL, "--tokens", "0"], "argument --tokens: must be >= 1; got 0"),
+    (["rs", *SMALL, "--iters", "0"], "argument --iters: must be >= 1; got 0"),
+    (["ag", *SMALL, "--iters", "many"], "argument --iters: expected an integer >= 1; got 'many'"),
+    (["ag", *SMALL, "--reps", "0"], "argument --reps: must be >= 1; got 0"),
+    (["bulk", *SMALL, "--chain", "0"], "argument --chain: must be >= 1; got 0"),
+    (["tune", "shapes.json", "--chain", "0"], "argument --chain: must be >= 1; got 0"),
+    (["ag", *SMALL, "--warmup", "-1"], "argument --warmup: must be >= 0; got -1"),
+    (["rs", *SMALL, "--settle-ms", "-5"], "argument --settle-ms: must be >= 0; got -5"),
+    (["ag", *SMALL, "--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from 'bfloat16', "
+                                        "'float16', 'float32')"),
+    (["mlp", *MLP_SMALL, "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+    (["rs", *SMALL, "--timeline-method", "push"], "argument --timeline-method: invalid choice: 'push'"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_arguments_are_argparse_errors(argv, fragment, tmp_path, capsys):
+    """A malformed shape, a count below its minimum or an unsupported dtype: argparse's `error:`
+    (exit 2, stderr) naming the argument, what it expects and what it got; nothing runs."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([argv[0], *FAST, *argv[1:], "--out", str(tmp_path)])  # argv's own values win
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and fragment in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shapes_are_parsed_once_and_the_timeline_methods_are_the_cuda_ones():
+    a = cli._parser().parse_args(["ag", "--shapes", "64,32,64", " 8, 16,24"])
+    assert a.shapes == [(64, 32, 64), (8, 16, 24)]
+    assert harness._shapes(a, []) == [(64, 32, 64), (8, 16, 24)]
+    from jax_ub import choice
+
+    for op in ("ag", "rs"):  # bench ag|rs time a jax_ub_<method> impl for each of them
+        assert cli.CUDA_METHODS[op] == tuple(m for m in choice.METHODS[op] if m != "xla")
+
+
+def _broken(*args, **kwargs):
+    raise RuntimeError("broken on purpose")
+
+
+@pytest.mark.parametrize(("op", "patch"), [
+    ("ag", ["all_gather_matmul"]),
+    ("rs", ["matmul_reduce_scatter"]),
+    pytest.param("bulk", ["bulk_all_gather", "bulk_reduce_scatter"], marks=needs_bulk),
+])
+def test_a_run_whose_jax_ub_impls_all_failed_fails_and_writes_nothing(op, patch, tmp_path, capsys,
+                                                                      monkeypatch):
+    """Every time of jax_ub's own impls failed (NaN in every jax_ub column): not exit 0 with a
+    table of NaN, but exit 1 saying nothing was measured and why, and no JSON."""
+    for name in patch:
+        monkeypatch.setattr(jax_ub, name, _broken)
+    rc = cli.main([op, "--tp", "2", "--shapes", "64,32,64", *FAST, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "error: nothing was measured: jax_ub's impls gave no time in any case of bench " + op in err, err
+    label = {"ag": "ag tp=2 64x32x64 bfloat16", "rs": "rs tp=2 64x32x64 bfloat16",
+             "bulk": "bulk_ag tp=2 64x32x64 bfloat16"}[op]
+    assert f"jax_ub at {label}: RuntimeError: broken on purpose" in err, err
+    assert "no file written" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_mlp_run_whose_models_all_failed_fails_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(mlp_bench, "build", _broken)
+    rc = cli.main(["mlp", "--tp", "2", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--models",
+                   "mlp", *FAST, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "error: nothing was measured" in err and "building the model failed: RuntimeError" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nothing_measured_only_when_no_case_timed_jax_ub(capsys):
+    import argparse
+
+    a = argparse.Namespace(op="ag")
+    assert harness.nothing_measured(a, [{"xla_plain": 1.0}, {"jax_ub_ring": 2.0}], []) is None
+    fails = [("xla_windowed", "c1: E: x")] + [("jax_ub", f"c{i}: E: y") for i in range(5)]
+    assert harness.nothing_measured(a, [{"xla_plain": 1.0}], fails) == 1
+    err = capsys.readouterr().err
+    assert "(expected at least one; jax_ub at c0: E: y; jax_ub at c1: E: y; jax_ub at c2: E: y; and 2 " \
+           "more (the lines above)); no file written" in err, err
+    assert "xla_windowed" not in err
+    assert harness.nothing_measured(a, [], []) == 1
+    assert "none of them was timed" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# tune: no file that JAX_UB_TUNING_FILE would refuse
+
+
+def _shapes_file(tmp_path: Path) -> Path:
+    from jax_ub import tuning
+
+    rec = tuning.Recording()
+    rec.note(tuning.OpShape("ag", 2, "float32", 64, 32, 96), "forward")
+    path = tmp_path / "shapes.json"
+    rec.save(str(path))
+    return path
+
+
+def test_tune_off_the_cuda_path_fails_before_timing(tmp_path, capsys, monkeypatch):
+    """On CPU only xla_plain and jax_ub (the reference) could be timed: no method to choose, so no
+    file (the doctor would refuse it), exit 2 before anything is timed, saying why."""
+    monkeypatch.setattr(harness, "time_impls", _broken)
+    rc = cli.main(["tune", str(_shapes_file(tmp_path)), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "error: nothing to tune on this machine: a tuning file needs the times of the " \
+           "jax_ub_<method> impls, which need the CUDA path (path: xla-reference (" in err, err
+    assert "no file written" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_tune_with_nothing_usable_measured_fails_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """On the CUDA path (stubbed), every jax_ub_<method> failed: one method per shape is no
+    choice, so no tuning file; exit 1 naming the failures."""
+    def fake_time(label, impls, a, failures=None, **kw):
+        failures.extend((n, f"{label}: RuntimeError: no GPU") for n in impls if n.startswith("jax_ub_"))
+        return {"xla_plain": 1.0, "jax_ub": 1.1}
+
+    monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
+    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
+    monkeypatch.setattr(harness, "time_impls", fake_time)
+    monkeypatch.setattr(agrs, "auto_method", lambda *a: "push")
+    rc = cli.main(["tune", str(_shapes_file(tmp_path)), "--out", str(tmp_path / "o"), "--machine", "box"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "error: nothing usable was measured: a tuning file needs, at some shape, the times of two or " \
+           "more methods (jax_ub_<method> or xla_plain); got times of jax_ub, xla_plain only (jax_ub_push " \
+           "at tune ag tp2 float32 64x32x96 (forward, 1 calls): RuntimeError: no GPU" in err, err
+    assert "no file written" in err
+    assert not list((tmp_path / "o").glob("*.json"))

@@ -95,12 +95,74 @@ def test_cli_and_its_errors(tmp_path):
     ok = run(ag, "--tp", "4")
     assert ok.returncode == 0, ok.stderr
     assert "| ag_gemm | 4 | 8192,8192,8192 |" in ok.stdout
-    r = run(str(bad))
-    assert r.returncode == 2 and f"{bad}: not JSON" in r.stdout
+    r = run(str(bad))  # errors go to stderr, nothing to stdout
+    assert r.returncode == 2 and f"error: {bad}: not JSON" in r.stderr and r.stdout == ""
     r = run(str(wrong))
-    assert r.returncode == 2 and "not a bench result file" in r.stdout
+    assert r.returncode == 2 and "not a bench result file" in r.stderr and r.stdout == ""
     r = run(str(tmp_path / "missing.json"))
-    assert r.returncode == 2 and "missing.json" in r.stdout
+    assert r.returncode == 2 and "missing.json" in r.stderr and r.stdout == ""
+    r = run(ag, "--tp", "3")
+    assert r.returncode == 2 and f"error: no records with tp=3 in {ag}; the file has tp 4" in r.stderr
+    assert r.stdout == ""
+
+
+def _cli(capsys, *args):
+    from jax_ub.bench import __main__ as cli
+
+    rc = cli.main(["summary", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_a_selection_that_leaves_nothing_says_so_and_fails(tmp_path, capsys):
+    """--tp / --dtype that no record has: an error naming the filter, the files and what they do
+    have (stderr, exit 2), not the claim that no case had every impl."""
+    ag = _write(tmp_path / "ag.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
+    rs = _write(tmp_path / "rs.json", "gemm_rs", {(8192, 8192, 8192): _impls(3.0, 2.0, 1.0, 1.9)}, tp=2)
+    rc, out, err = _cli(capsys, "--tp", "3", ag, rs)
+    assert rc == 2 and out == ""
+    assert err.strip() == f"error: no records with tp=3 in {ag}, {rs}; the files have tp 2, 4"
+    rc, out, err = _cli(capsys, "--tp", "3", "--tp", "5", ag)
+    assert rc == 2 and f"error: no records with tp=3 or 5 in {ag}; the file has tp 4" in err
+    rc, out, err = _cli(capsys, "--dtype", "float16", ag)
+    assert rc == 2 and out == ""
+    assert f"error: no float16 records in {ag}; the file has dtype bfloat16 (--dtype chooses)" in err
+    rc, out, err = _cli(capsys, "--tp", "2", "--dtype", "float16", ag, rs)
+    assert f"error: no float16 records with tp=2 in {ag}, {rs}; the files have dtype bfloat16 there" in err
+    rc, out, _ = _cli(capsys, "--tp", "2", ag, rs)  # a selection with something in it
+    assert rc == 0 and "| gemm_rs | 2 | 8192,8192,8192 |" in out and "| ag_gemm" not in out
+
+
+def test_a_file_without_ag_rs_records_says_so_and_fails(tmp_path, capsys):
+    """An mlp record file (or one with no records at all) given to summary: said plainly, exit 2."""
+    mlp = tmp_path / "mlp.json"
+    mlp.write_text(json.dumps({"machine": "m", "date": "d", "records": [
+        {"op": "mlp", "tp": 4, "dtype": "bfloat16", "impl": "jax_ub", "ms": 1.0},
+        {"op": "swiglu", "tp": 4, "dtype": "bfloat16", "impl": "jax_ub", "ms": 1.0}]}))
+    ag = _write(tmp_path / "ag.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
+    rc, out, err = _cli(capsys, ag, str(mlp))
+    assert rc == 2 and out == ""
+    assert err.strip() == (f"error: {mlp}: no ag_gemm, gemm_rs, bulk_ag or bulk_rs records (expected a "
+                           f"file of python -m jax_ub.bench ag|rs|bulk; got records of mlp, swiglu)")
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"records": []}))
+    rc, _, err = _cli(capsys, str(empty))
+    assert rc == 2 and "got no records)" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"records": [{"op": "ag_gemm", "tp": 4}]}))
+    rc, _, err = _cli(capsys, str(broken))
+    assert rc == 2 and f"error: {broken}: record 0 (ag_gemm) is not a bench record" in err, err
+
+
+def test_a_cpu_run_has_no_row_and_fails(tmp_path, capsys):
+    """Records without comm_jax_ub (a run off the CUDA path): no row can be made; said, exit 2."""
+    cpu_like = _write(tmp_path / "ag.json", "ag_gemm", {(64, 64, 64): {"xla_plain": 1.0, "jax_ub": 1.0,
+                                                                       "gemm_alone": 0.5}})
+    rc, out, err = _cli(capsys, cpu_like)
+    assert rc == 2 and out == ""
+    assert (f"error: no bfloat16 case in {cpu_like} has the xla_plain, jax_ub, gemm_alone, comm_jax_ub "
+            f"records a row needs (e.g. ag_gemm tp=4 64,64,64 has no comm_jax_ub; a run off the CUDA "
+            f"path times no comm_jax_ub)") in err, err
 
 
 def test_readme_performance_table_is_the_summary_of_the_committed_records():

@@ -39,7 +39,7 @@ def test_text_report_on_this_machine(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert rc == 1
     for section in ("== Versions ==", "== GPUs ==", "== P2P and topology ==", "== Decision",
-                    "== Live ring test =="):
+                    "== Live all-gather test =="):
         assert section in out
     assert f"jax / jaxlib  {jax.__version__} / " in out
     assert f"jax_ub        {jax_ub.__version__}" in out
@@ -449,7 +449,8 @@ def test_live_test_reports_the_op_error_and_shuts_down(monkeypatch):
     r = doctor.run_live_test([0, 1], platform="cpu")
     assert r["ran"] is True and r["ok"] is False
     assert any(why in r["error"] for why in ("jax_ub CUDA extension unavailable",  # not built
-                                             "no jax_ub communicator for mesh axis 'tp'")), r["error"]
+                                             "no jax_ub communicator for mesh axis 'tp'",
+                                             "created no communicator for mesh axis 'tp'")), r["error"]
     assert calls == [()]
 
 
@@ -488,3 +489,36 @@ def test_live_test_shutdown_failure_fails_the_test(monkeypatch):
     monkeypatch.setattr(jax_ub, "shutdown", bad_shutdown)
     r = doctor.run_live_test([0, 1], platform="cpu", repeats=1, warmup=1)
     assert r["ok"] is False and r["error"] == "shutdown: RuntimeError: drain timed out"
+
+
+def test_multi_line_reasons_are_indented_under_their_value(machine, capsys):
+    """A library's load error lists what it tried on lines of its own: those lines stay inside the
+    field (indented to the value's column), not flush with the section's labels."""
+    v = _versions()
+    v["cublaslt"] = {"paths": [], "description": "could not load cuBLASLt (libcublasLt.so); tried:\n"
+                     "  libcublasLt.so.13: cannot open shared object file\n(install jax with its CUDA extra)"}
+    v["nccl"] = {"path": None, "paths": [], "code": None, "version": None,
+                 "error": "not found; tried:\n  libnccl.so.2: cannot open",
+                 "extension_view": {"version": None, "library": None,
+                                    "load_error": "could not load NCCL; tried:\n  libnccl.so.2: nope"}}
+    machine(4, versions=v)
+    _, out, _ = _run(capsys, "--no-live")
+    lines = out.splitlines()
+    i = lines.index("  cuBLASLt      could not load cuBLASLt (libcublasLt.so); tried:")
+    assert lines[i + 1:i + 3] == ["                  libcublasLt.so.13: cannot open shared object file",
+                                  "                (install jax with its CUDA extra)"], lines[i:i + 3]
+    i = lines.index("  NCCL          unavailable: not found; tried:")
+    assert lines[i + 1:i + 4] == ["                  libnccl.so.2: cannot open",
+                                  "                the extension cannot load NCCL: could not load NCCL; tried:",
+                                  "                    libnccl.so.2: nope"], lines[i:i + 4]
+    assert doctor._indent_continuations("CANNOT RUN OVERLAP: a\nb") == "CANNOT RUN OVERLAP: a\n  b"
+    assert doctor._indent_continuations("  one line") == "  one line"
+
+
+def test_the_live_test_is_called_as_the_readme_calls_it(machine, capsys):
+    """README calls it "the live all-gather test" (``--no-live``); the report's section says so."""
+    readme = (REPO / "README.md").read_text()
+    assert "live all-gather test" in readme
+    machine(4)
+    _, out, _ = _run(capsys)
+    assert "== Live all-gather test ==" in out and "ring test" not in out.lower()

@@ -107,6 +107,64 @@ def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, _describe(proc)
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--batch", "--seq", "--motif", "--cpu-devices", "--hidden",
+                                  "--heads", "--ffn", "--layers", "--vocab", "--dp", "--tp", "--log-every",
+                                  "--num-processes"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_a_count_below_one_is_a_configuration_error(flag, value):
+    """Zero or negative sizes, steps or device counts: `error: --X must be >= 1; got N`, exit 2,
+    before jax starts (they used to end in a ZeroDivisionError, an IndexError or a backend error)."""
+    proc = _run([sys.executable, str(SCRIPT), flag, value], timeout=60)
+    assert proc.returncode == 2, _describe(proc)
+    assert f"error: {flag} must be >= 1; got {value}" in proc.stderr, _describe(proc)
+    assert "Traceback" not in proc.stderr and proc.stdout == "", _describe(proc)
+
+
+def test_a_negative_process_id_is_a_configuration_error():
+    proc = _run([sys.executable, str(SCRIPT), "--process-id", "-1"], timeout=60)
+    assert proc.returncode == 2 and "error: --process-id must be >= 0; got -1" in proc.stderr, _describe(proc)
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--hidden", "30"], "error: --hidden (30) must be divisible by --heads (4)"),
+    (["--batch", "3", "--dp", "2"], "error: --batch (3) must be divisible by --dp (2)"),
+], ids=["hidden-heads", "batch-dp"])
+def test_divisibility_errors_name_the_condition_and_the_values(argv, line):
+    """Each of the two conditions has its own message with the values (it was one message for both)."""
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "3", *argv], timeout=90)
+    assert proc.returncode == 2, _describe(proc)
+    assert proc.stderr.strip().splitlines()[-1] == line, _describe(proc)
+
+
+def test_a_venv_in_the_checkout_is_ignored_by_git():
+    """README's install from a checkout may create venv/ in it: git status stays clean of it."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("venv/bin/python", ".venv/bin/python"):
+        proc = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, check=False)
+        assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+def test_tuning_section_records_with_the_gpu_runs_flags():
+    """examples/README.md's tuning steps: recording on a CPU machine must use the GPU run's model
+    flags (dtype, sizes, device count), or the shapes are those of the CPU defaults."""
+    text = (REPO / "examples" / "README.md").read_text()
+    section = text[text.index("### Tuning `method=\"auto\"` for this model"):]
+    cmd = re.search(r"JAX_UB_RECORD_SHAPES=shapes\.json JAX_PLATFORMS=cpu python examples/train_tp_block\.py"
+                    r"(?:[^\n]*\\\n)*[^\n]*", section)
+    assert cmd, section
+    argv = cmd.group(0).replace("\\\n", " ").split()
+    defaults = {"--dtype": "bfloat16", "--hidden": "1024", "--heads": "16", "--seq": "1024", "--batch": "16",
+                "--layers": "2"}  # the script's GPU defaults (main())
+    for flag, value in defaults.items():
+        assert argv[argv.index(flag) + 1] == value, (flag, argv)
+    assert "--cpu-devices" in argv
+    script = (REPO / "examples" / "train_tp_block.py").read_text()
+    assert ("defaults = dict(steps=(300, 100), lr=(3e-3, 1e-2), batch=(16, 8), seq=(1024, 32), "
+            "hidden=(1024, 64),\n                    heads=(16, 4), layers=(2, 1), dtype=(\"bfloat16\", "
+            "\"float32\"))") in script, "the GPU defaults changed: update examples/README.md's tuning command"
+
+
 def _gloo_reason() -> str | None:
     if shutil.which("timeout") is None:
         return "coreutils `timeout` is not installed"
