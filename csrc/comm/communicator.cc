@@ -435,7 +435,7 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
     op_texts_[e % kOpTexts] = {e, std::string(op) + " " + what};
   }
   // This GPU is inside op e from here (the watchdog times its waits only while it is).
-  if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
+  JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
   for (int i = 0; i < o_.world; ++i) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(comm_[i], start_, 0));
   for (auto s : compute_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, start_, 0));
@@ -535,13 +535,13 @@ Status Communicator::Join(cudaStream_t xla) {
 
 Status Communicator::End(cudaStream_t xla) {
   JAX_UB_RETURN_IF_ERROR(Join(xla));
-  if (o_.nccl) JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
+  JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
   if (o_.nccl) {
+    JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
     // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
     // there would queue behind a running GEMM that holds every SM).
     return LaunchCheckFlag(poison_, xla);
   }
-  JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
   return LaunchCheckOp(poison_, op_ids_, o_.world, o_.rank, (epoch_ << 32) | op_hash_, report_dev_,
                        xla);
 }

@@ -314,6 +314,8 @@ class Communicator {
   // Transport nccl: ops enqueued but not yet complete, oldest first (event recorded at End).
   struct PendingOp {
     cudaEvent_t done;
+    // The host's Begin, or the latest read showing this GPU not yet inside the op (the judge
+    // times the op only once its GPU has reached it).
     std::chrono::steady_clock::time_point since;
     const char* op;
     uint64_t epoch;
@@ -330,12 +332,16 @@ class Communicator {
   Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream
   Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
   void PollNcclGpu();                     // reader side of the nccl transport
+  // Reader: the progress words (and the flags and poison word) from the GPU, while a wait or op is
+  // pending, or `idle_read`.
+  void ReadProgress(bool with_flags, bool idle_read);
   void JudgeNccl(std::chrono::steady_clock::time_point now);  // with mu_ held
   void JudgeStall(std::chrono::steady_clock::time_point now);  // with mu_ held
   // Prints and records a timeout and asks the reader for a release (poison word); with mu_ held.
   void ReportTimeout(const std::string& msg, const char* op,
                      std::chrono::steady_clock::time_point now);
   std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
+  std::string ProgressRead(std::chrono::steady_clock::time_point now) const;  // nccl; mu_ held
   std::string GpuState();  // reader: CUDA queries, then mu_ for the rest
   std::atomic<bool> any_pending_{false};
   std::atomic<uint64_t> host_ops_{0}, host_total_ns_{0}, host_meet_ns_{0};

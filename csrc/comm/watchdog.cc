@@ -181,6 +181,7 @@ void Communicator::PollGpu() {
   }
   if (o_.nccl) {
     PollNcclGpu();
+    ReadProgress(/*with_flags=*/false, /*idle_read=*/false);
     if (abort_nccl && nccl_poisoning_) {
       // Abort once the poison word is on the GPU (the op's check kernel then fails the XLA call
       // when NCCL's kernels return), or after 2 s regardless.
@@ -208,22 +209,7 @@ void Communicator::PollGpu() {
     }
   }
   // 2. The flag read: check the one in flight, issue the next.
-  bool fresh = false;
-  if (reading_) {  // written by this thread only (with mu_ held, for the judge)
-    const cudaError_t q = cudaEventQuery(read_done_);
-    cudaGetLastError();
-    if (q != cudaErrorNotReady) {
-      fresh = q == cudaSuccess;
-      std::lock_guard<std::mutex> lock(mu_);
-      reading_ = false;
-      if (fresh) {
-        std::copy(host_flags_, host_flags_ + n, snapshot_);
-        poison_snapshot_ = host_flags_[2 * n + 1];
-        std::copy(host_flags_ + 2 * n + 2, host_flags_ + 2 * n + 4, progress_snapshot_);
-        last_fresh_ = Clock::now();
-      }
-    }
-  }
+  ReadProgress(/*with_flags=*/true, idle_read);
   // 3. A snapshot of how far this GPU got, for the timeout message: while a wait is at least half
   //    way to its timeout, at most every 200 ms.
   bool want_state = false;
@@ -244,18 +230,42 @@ void Communicator::PollGpu() {
     gpu_state_ = std::move(state);
     gpu_state_at_ = Clock::now();
   }
-  if (!reading_ && !fresh && (any_pending_.load(std::memory_order_acquire) || idle_read)) {
-    if (cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                        watch_) == cudaSuccess &&
-        cudaMemcpyAsync(host_flags_ + 2 * n + 1, poison_, 3 * sizeof(uint64_t),
-                        cudaMemcpyDeviceToHost, watch_) == cudaSuccess &&
-        cudaEventRecord(read_done_, watch_) == cudaSuccess) {
-      std::lock_guard<std::mutex> lock(mu_);
-      reading_ = true;
-      read_issued_ = Clock::now();
-    }
+}
+
+void Communicator::ReadProgress(bool with_flags, bool idle_read) {
+  // Checks the read in flight; when it has landed, issues the next one (one poll later, so a
+  // judge between the two sees the fresh values), while a wait or op is pending, or when an idle
+  // read is due. The progress words come with every read; the peers' flags and the poison word
+  // where there are any (not with the nccl transport).
+  const int n = kNumFlagSlots * o_.world;
+  if (reading_) {  // written by this thread only (with mu_ held, for the judge)
+    const cudaError_t q = cudaEventQuery(read_done_);
     cudaGetLastError();
+    if (q == cudaErrorNotReady) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = false;
+    if (q != cudaSuccess) return;
+    if (with_flags) {
+      std::copy(host_flags_, host_flags_ + n, snapshot_);
+      poison_snapshot_ = host_flags_[2 * n + 1];
+    }
+    std::copy(host_flags_ + 2 * n + 2, host_flags_ + 2 * n + 4, progress_snapshot_);
+    last_fresh_ = Clock::now();
+    return;
   }
+  if (!any_pending_.load(std::memory_order_acquire) && !idle_read) return;
+  // poison_ and progress_ are adjacent: with the flags, the poison word comes in the same copy.
+  if ((!with_flags || cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, watch_) == cudaSuccess) &&
+      cudaMemcpyAsync(host_flags_ + 2 * n + (with_flags ? 1 : 2), with_flags ? poison_ : progress_,
+                      (with_flags ? 3 : 2) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                      watch_) == cudaSuccess &&
+      cudaEventRecord(read_done_, watch_) == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = true;
+    read_issued_ = Clock::now();
+  }
+  cudaGetLastError();
 }
 
 void Communicator::PollNcclGpu() {
@@ -307,6 +317,21 @@ std::string Communicator::GpuState() {
 }
 
 // ----------------------------------------------------------------------------- judge
+
+std::string Communicator::ProgressRead(Clock::time_point now) const {
+  StrCat out;
+  out << " [watchdog: this rank's GPU ";
+  if (last_fresh_ == Clock::time_point{}) {
+    out << "never read";
+  } else {
+    out << "as read " << Seconds(now - last_fresh_) << " s ago: entered op epoch "
+        << progress_snapshot_[0] << ", finished " << progress_snapshot_[1];
+  }
+  const std::string blocked = ReaderBlocked();
+  if (!blocked.empty()) out << "; " << blocked << " (a stalled hardware queue)";
+  out << "]";
+  return out;
+}
 
 std::string Communicator::FlagReadAge(Clock::time_point now) const {
   StrCat out;
@@ -475,7 +500,14 @@ void Communicator::JudgeNccl(Clock::time_point now) {
     any_pending_.store(!nccl_pending_.empty() && !nccl_aborted_, std::memory_order_release);
     return;
   }
-  const PendingOp& p = nccl_pending_.front();
+  PendingOp& p = nccl_pending_.front();
+  // As of a recent read, this GPU had not entered the op yet (XLA's work before it is still
+  // running): its clock starts later. Without a recent read (a stalled reader) it runs from the
+  // host's enqueue, so a stall still times out.
+  if (last_fresh_ != Clock::time_point{} && Seconds(now - last_fresh_) < kProgressFreshS &&
+      progress_snapshot_[0] < p.epoch) {
+    p.since = now;
+  }
   const double waited = Seconds(now - p.since);
   if (waited < o_.timeout_s) return;
   std::string peers;
@@ -487,7 +519,8 @@ void Communicator::JudgeNccl(Clock::time_point now) {
                     << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
                     << "); NCCL cannot say which peer is missing. Is every process alive, and "
                        "does every rank run the same sequence of jax_ub ops? The NCCL "
-                       "communicator was aborted (timeout: JAX_UB_TIMEOUT)";
+                       "communicator was aborted (timeout: JAX_UB_TIMEOUT)"
+                    << ProgressRead(now);
   // error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
   ReportTimeout(msg, p.op, now);
   // Poison first (the op's check kernel then fails the XLA call), then abort NCCL: its blocked

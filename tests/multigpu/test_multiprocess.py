@@ -259,13 +259,14 @@ def _launch_two(capsys, mode, env, timeout_s, width=900, **kw):
     return results
 
 
-def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys):
+@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
+def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys, transport):
     """The host enqueues an op while its GPU still has 3x JAX_UB_TIMEOUT of XLA work before it
-    (async dispatch), on every rank: the watchdog times a wait only while the GPU is inside a
-    jax_ub op, so the op completes, right, with no error."""
+    (async dispatch), on every rank: the watchdog times a wait (ipc) or an op (nccl) only once the
+    GPU has reached the jax_ub op, so the op completes, right, with no error."""
     timeout = 5
-    results = _launch_two(capsys, "busy", dict(ENV, JAX_UB_TIMEOUT=str(timeout)), 240, 700,
-                          fail_fast_s=30)
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
+    results = _launch_two(capsys, "busy", env, 240, 700, fail_fast_s=30)
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
         assert not r.lines("RESULT busy_failed "), format_failures(results)
