@@ -10,6 +10,11 @@
 # - the 5 tests of test_overlap.py after the zero-size one, which the crash kept from running.
 # The steps after the control run on its build (reset disabled); none of them waits behind a busy
 # GPU, so that does not change them. Afterwards the checkout is restored (not the installed build).
+# Ran on nvidia-h200-x2 in the thirty-first session (rebased on that main), without the probe and the
+# overlap tail: busy on both transports, different ops and abandoned 5 passed; the control 1 failed
+# (as it must); test_zero_size_operands_give_xla_results[bulk_ag] crashed XLA again (SIGSEGV in
+# backend_compile_and_load), and is now skipped on GPUs. The branch landed. Still owed: the probe and
+# the overlap tail (the last two steps).
 # Rebased on main in the thirtieth session (ReadProgress now also reads the poison word, and an idle
 # read each second); its ipc side passed on one H200 there: -k "gave_up or busy or abandoned or
 # missing or stall": 9 passed, 4 skipped (nccl).

@@ -721,3 +721,20 @@ def test_a_tuple_of_one_axis_reaches_the_implementation_as_its_name(monkeypatch,
     jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, ("tp",)), mesh=cpu_mesh(2),
                           in_specs=(P("tp", None), P()), out_specs=P(), check_vma=False))(x, w)
     assert seen == ["tp"], seen
+
+
+def test_bulk_gather_beside_an_empty_gemm(cpu_mesh):
+    """The bulk all-gather whose independent GEMM is empty (x[0, K] @ w[K, 0]): the gather is whole
+    and the GEMM's result has its zero size (the case XLA crashes compiling on two GPUs, see
+    tests/multigpu/test_overlap.py::test_zero_size_operands_give_xla_results)."""
+    from jax_ub import bulk
+
+    mesh = cpu_mesh(2)
+    a = jax.random.normal(jax.random.key(53), (16, 4), jnp.float32)
+    x, w = jnp.ones((0, 6)), jnp.ones((6, 0))
+    f = jax.jit(jax.shard_map(lambda a, x, w: bulk.bulk_all_gather(a, x, w, "tp", method="ring"),
+                              mesh=mesh, in_specs=(P("tp", None), P(), P()), out_specs=(P(), P()),
+                              check_vma=False))
+    gathered, y = f(a, x, w)
+    np.testing.assert_array_equal(np.asarray(gathered), np.asarray(a))
+    assert y.shape == (0, 0)

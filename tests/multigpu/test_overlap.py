@@ -588,7 +588,15 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
     assert ub.comm.errors() == {}
 
 
-@pytest.mark.parametrize("op", ["ag", "rs", "bulk_ag"])
+# XLA itself (jax 0.11.2) dies with SIGSEGV compiling the bulk_ag case's program on two H200s, in
+# backend_compile_and_load: an all-gather beside an empty dot, with no jax_ub custom call in it (the
+# test checks the lowered text first). It took the rest of the test session with it (2026-11-24,
+# twice); the same case passes on CPU (tests/cpu/test_ops.py::test_bulk_gather_beside_an_empty_gemm).
+_XLA_ZERO_SIZE_CRASH = pytest.mark.skip(reason="XLA segfaults compiling this pure-XLA program on "
+                                        "2 GPUs (jax 0.11.2); see the comment above the test")
+
+
+@pytest.mark.parametrize("op", ["ag", "rs", pytest.param("bulk_ag", marks=_XLA_ZERO_SIZE_CRASH)])
 def test_zero_size_operands_give_xla_results(ub, op):
     """An operand with a zero-size dimension leaves nothing to overlap: a CUDA method runs the
     reference instead of a custom call. The cases JAX lowers in shard_map: an output of width 0,
