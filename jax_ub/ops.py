@@ -339,6 +339,11 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     and its reverse mode is the computation of :func:`_overlap_bwd` with the reference dual op (the
     same numbers; with leading batch dims the wgrad contraction may round differently in the last
     bit). Everything else goes through the custom_vjp (reverse mode only)."""
+    if call.method in ("xla", "auto") and not _validate.bound_by_shard_map(call.axis_name):
+        # A jax.vmap (or pmap) axis named like the TP axis: XLA's collectives over it, which JAX
+        # differentiates itself. The custom_vjp's backward (auto's, or recompute's re-gather) needs
+        # an axis bound by a shard_map, and the memory that recompute saves does not apply here.
+        call = dataclasses.replace(call, method="xla", recompute_gathered=False)
     if call.method != "xla" or call.recompute_gathered:
         return _overlap(call, x, w)
     if call.op == AG:

@@ -738,3 +738,36 @@ def test_bulk_gather_beside_an_empty_gemm(cpu_mesh):
     gathered, y = f(a, x, w)
     np.testing.assert_array_equal(np.asarray(gathered), np.asarray(a))
     assert y.shape == (0, 0)
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["reference", "cuda_auto"])
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_gradient_over_a_vmap_axis_named_like_the_tp_axis(monkeypatch, op, recompute, cuda):
+    """A jax.vmap axis named "tp" (no shard_map) runs XLA's collectives over it, and reverse mode
+    works there too: with recompute_gathered (its re-gather needs a shard_map axis) and where the
+    CUDA path is available (`auto`'s custom_vjp; here the CUDA path is only reported available)."""
+    if cuda:
+        monkeypatch.setattr(ops, "_cuda_status", lambda: (True, ""))
+    xs = jax.random.normal(jax.random.key(7), (4, 8, 5), jnp.float32)
+    w = jax.random.normal(jax.random.key(8), (5, 3), jnp.float32)
+    if op == "ag":
+        def f(x, w):
+            return ops.all_gather_matmul(x, w, "tp", recompute_gathered=recompute)
+
+        def ref(x, w):
+            return lax.all_gather(x, "tp", axis=0, tiled=True) @ w
+    else:
+        def f(x, w):
+            return ops.matmul_reduce_scatter(x, w, "tp")
+
+        def ref(x, w):
+            return lax.psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True)
+
+    def loss(fn):
+        return lambda xs, w: jnp.sum(jnp.sin(jax.vmap(fn, in_axes=(0, None), axis_name="tp")(xs, w)))
+
+    got = jax.grad(loss(f), argnums=(0, 1))(xs, w)
+    want = jax.grad(loss(ref), argnums=(0, 1))(xs, w)
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-6)
