@@ -14,17 +14,7 @@ import textwrap
 
 import pytest
 
-jax = pytest.importorskip("jax")
-
-
-def _gpus() -> list:
-    try:
-        return jax.devices("cuda")
-    except RuntimeError:
-        return []
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 CHILD = textwrap.dedent("""
     import jax_ub
