@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -334,8 +335,8 @@ _overlap.defvjp(_overlap_fwd, _overlap_bwd)
 
 
 def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
-    """The reference path (method ``"xla"``, no recompute) is :mod:`jax_ub.reference` itself, with no
-    custom_vjp: JAX derives both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work),
+    """The reference path (method ``"xla"``, no recompute) is :mod:`jax_ub.reference`'s expressions
+    (AG's gathered x and each output carry their checkpoint names), with no custom_vjp: JAX derives both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work),
     and its reverse mode is the computation of :func:`_overlap_bwd` with the reference dual op (the
     same numbers; with leading batch dims the wgrad contraction may round differently in the last
     bit). Everything else goes through the custom_vjp (reverse mode only)."""
@@ -347,9 +348,12 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     if call.method != "xla" or call.recompute_gathered:
         return _overlap(call, x, w)
     if call.op == AG:
-        y, x_full = reference.all_gather_matmul(x, w, call.axis_name, gather_axis=call.axis,
-                                                return_gathered=True, precision=call.precision)
-        y, x_full = _named(AG, y, x_full if call.return_full else None)
+        # reference.all_gather_matmul's two steps, with the gathered x named before its dot uses it:
+        # a policy that keeps "jax_ub_gathered" then keeps the dot's input, and the backward's wgrad
+        # does not gather x again.
+        x_full = checkpoint_name(
+            lax.all_gather(x, call.axis_name, axis=call.axis, tiled=True), GATHERED_NAME)
+        y = checkpoint_name(jnp.matmul(x_full, w, precision=call.precision), OUT_NAMES[AG])
         return (y, x_full) if call.return_full else y
     y = reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
                                         precision=call.precision)

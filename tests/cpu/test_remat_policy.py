@@ -90,10 +90,34 @@ def test_policy_decides_whether_the_backward_recomputes_the_op(opaque_ops, cpu_m
 def test_outputs_carry_their_names_on_every_path(opaque_ops, cpu_mesh, method):
     text = str(jax.make_jaxpr(_model(cpu_mesh, method, None))(*_operands()))
     assert "name=jax_ub_ag_out" in text and "name=jax_ub_rs_out" in text
-    if method != "xla":  # the custom_vjp's residual; the reference gathers inside XLA's own ops
-        assert "name=jax_ub_gathered" in text
+    assert "name=jax_ub_gathered" in text
     assert set(jax_ub.CHECKPOINT_NAMES) == {"jax_ub_ag_out", "jax_ub_rs_out", "jax_ub_gathered",
                                             "jax_ub_matmul_out"}
+
+
+def _gathers(fn, args) -> int:
+    return str(jax.make_jaxpr(fn)(*args)).count("all_gather[")
+
+
+@pytest.mark.parametrize("policy,regathers", [
+    (CP.nothing_saveable, True),
+    (CP.dots_saveable, True),  # keeps the dot's output, not its gathered input
+    (jax_ub.checkpoint_policy(CP.dots_saveable), False),
+    (jax_ub.checkpoint_policy(), False),
+], ids=["nothing", "dots", "ub(dots)", "ub"])
+def test_reference_path_keeps_the_gathered_x_under_the_policy(cpu_mesh, policy, regathers):
+    """On the reference path (XLA's own all-gather and dot) the gathered x is named before the dot
+    uses it: a policy that keeps "jax_ub_gathered" spares the backward a second all-gather of x."""
+    args = _operands()
+    base = _gathers(_model(cpu_mesh, "xla", None), args)  # x's gather, and dy's for the RS's dgrad
+    got = _gathers(_model(cpu_mesh, "xla", policy), args)
+    assert base == 2, base
+    assert (got > base) == regathers, (got, base)
+    (v, g), (v_ref, g_ref) = (_model(cpu_mesh, "xla", policy)(*args),
+                              _model(cpu_mesh, "xla", None)(*args))
+    np.testing.assert_allclose(v, v_ref, rtol=1e-6)
+    for a, b in zip(g, g_ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)  # remat may fuse differently
 
 
 @pytest.fixture
