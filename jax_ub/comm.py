@@ -209,6 +209,7 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                       "capacity": capacity, "transport": transport, "bootstrap": bootstrap,
                       "timeout_s": timeout_s, "version": _version()}
             _bootstrap.agree(exchange, fields)
+        failure: BaseException | None = None
         try:
             for dev, gi, r in local:
                 # One process: cuMem buffers mapped for the peers only (no context-wide peer
@@ -219,16 +220,66 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
             if transport == "nccl" or (bootstrap == "nccl" and exchange is not None):
                 _create_nccl(s, bootstrap_only=transport != "nccl")
             _connect(s, tag="connect")
-        except BaseException:
-            mod.comm_destroy_set(set_id)
-            _nccl.destroy_comm(_BOOTSTRAP_KEY + set_id)
-            _nccl.destroy_comm(set_id)
+        except Exception as err:
+            failure = err
+        except BaseException:  # KeyboardInterrupt and the like: no collective verdict, just free
+            _destroy_quietly(s)
             raise
+        if exchange is not None:
+            # A step can succeed on some processes and fail on others (an NCCL init that timed
+            # out on one process just before its last peer joined): every process learns every
+            # failure, so all of them fail, naming the cause, instead of some returning a set
+            # whose first op times out.
+            failure = _agree_on_outcome(exchange, failure)
+        if failure is not None:
+            _destroy_quietly(s)
+            raise failure
         _sets[axis] = s
         log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
                  "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
                  capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
         return s
+
+
+def _agree_on_outcome(exchange: _bootstrap.KVExchange,
+                      failure: BaseException | None) -> BaseException | None:
+    """Every process's outcome of :func:`initialize`'s setup, all-gathered: ``failure`` itself
+    where this process failed, else an error naming the processes that failed and why (None where
+    all succeeded). A process that never reports (dead, or still blocked) is named by the
+    exchange's own timeout error."""
+    text = "" if failure is None else f"{type(failure).__name__}: {failure}"
+    try:
+        reports = exchange.all_gather("outcome", text.encode())
+    except _bootstrap.PeerTimeoutError as err:
+        if failure is not None:
+            log.error("jax_ub.initialize: %s", err)
+            return failure
+        return err
+    if failure is not None:
+        return failure
+    failed = [(p, r.decode(errors="replace")) for p, r in enumerate(reports) if r]
+    if not failed:
+        return None
+    detail = "; ".join(f"process {p}: {why}" for p, why in failed)
+    return RuntimeError(
+        f"jax_ub.initialize: process {exchange.rank} set up its communicators, but "
+        f"{'process' if len(failed) == 1 else 'processes'} {', '.join(str(p) for p, _ in failed)} "
+        f"failed, so no process keeps them: {detail}")
+
+
+def _destroy_quietly(s: CommSet) -> None:
+    """Frees whatever :func:`initialize` created for ``s``; a failure here is logged, so the error
+    that made initialize() give up is the one raised."""
+    mod = _ext.extension()
+    for what, free in (("the communicators", lambda: mod.comm_destroy_set(s.set_id)),
+                       ("the NCCL bootstrap communicators",
+                        lambda: _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
+                       ("the NCCL communicators", lambda: _nccl.destroy_comm(s.set_id))):
+        try:
+            free()
+        except Exception as err:  # logged: the original failure is the one raised
+            log.error("jax_ub.initialize: freeing %s of set %d after a failure also failed: %s",
+                      what, s.set_id, err)
 
 
 def _survey(exchange: _bootstrap.KVExchange | None,
@@ -482,7 +533,19 @@ def shutdown(axis: str | None = None) -> None:
                 except RuntimeError as e:
                     error = e
                 if s.exchange is not None:
-                    s.exchange.barrier("shutdown")
+                    try:
+                        s.exchange.barrier("shutdown")
+                    except _bootstrap.PeerTimeoutError as err:
+                        # A peer may still be inside an op that writes into this process's
+                        # buffers: freeing them could corrupt whatever reuses the memory. Keep
+                        # them (leaked on purpose, named in _abandoned) and say so.
+                        _abandoned.append(s)
+                        raise RuntimeError(
+                            f"jax_ub.shutdown(axis={a!r}): {err}. The communicators of set "
+                            f"{s.set_id} stay allocated (a peer that did not arrive may still "
+                            "write into their buffers); they are freed when the process exits."
+                            + (f" Draining this process's ops had failed first: {error}"
+                               if error is not None else "")) from err
                 mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
                 _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
                 if error is not None:
@@ -490,6 +553,10 @@ def shutdown(axis: str | None = None) -> None:
     finally:
         if freed:
             jax.clear_caches()
+
+
+# Sets whose shutdown() could not confirm that every peer was done with them: never freed.
+_abandoned: list[CommSet] = []
 
 
 def errors() -> dict[tuple[str, int], str]:

@@ -7,13 +7,15 @@ it freed a set, so the function is traced anew (here faked: CPU has no communica
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import _ext, _nccl, _validate, comm
+from jax_ub import _bootstrap, _ext, _nccl, _validate, comm
 
 
 class FakeCommExtension:
@@ -91,6 +93,98 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
     assert ("destroy", 7) in fake.calls and comm._sets == {}
     f(jnp.ones(3))
     assert len(traces) == 2
+
+
+def _exchanges(world: int, timeout_s: float = 5.0):
+    store = _bootstrap.LocalStore()
+    return [_bootstrap.KVExchange("jax_ub/test/outcome", p, world, timeout_s, client=store,
+                                  peer_names=[f"process {q}" for q in range(world)])
+            for p in range(world)]
+
+
+def _in_threads(fns):
+    out = [None] * len(fns)
+
+    def run(i):
+        out[i] = fns[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def test_initialize_fails_on_every_process_when_one_process_failed():
+    """An NCCL init that timed out on process 1 just before its last peer joined succeeds on the
+    others: they must fail too, naming process 1 and its error, not return a set whose first op
+    times out."""
+    ex = _exchanges(3)
+    own = RuntimeError("ncclCommInitRank timed out after 5 s on rank 1")
+    got = _in_threads([lambda: comm._agree_on_outcome(ex[0], None),
+                       lambda: comm._agree_on_outcome(ex[1], own),
+                       lambda: comm._agree_on_outcome(ex[2], None)])
+    assert got[1] is own
+    for p in (0, 2):
+        assert isinstance(got[p], RuntimeError), got[p]
+        msg = str(got[p])
+        assert f"process {p} set up its communicators" in msg, msg
+        assert "process 1 failed" in msg and "ncclCommInitRank timed out after 5 s on rank 1" in msg
+
+
+def test_initialize_succeeds_where_every_process_did():
+    ex = _exchanges(2)
+    assert _in_threads([lambda e=e: comm._agree_on_outcome(e, None) for e in ex]) == [None, None]
+
+
+def test_initialize_outcome_names_a_process_that_never_reports():
+    ex = _exchanges(2, timeout_s=0.3)
+    got = comm._agree_on_outcome(ex[0], None)  # process 1 never gets there
+    assert isinstance(got, _bootstrap.PeerTimeoutError)
+    assert "rank 1 (process 1)" in str(got) and "'outcome'" in str(got), got
+    own = ValueError("bad buffer size")  # its own failure wins over the timeout
+    assert comm._agree_on_outcome(_exchanges(2, timeout_s=0.3)[0], own) is own
+
+
+def test_a_failed_cleanup_does_not_hide_why_initialize_gave_up(monkeypatch, caplog):
+    fake = FakeCommExtension()
+
+    def destroy_set(set_id):
+        raise RuntimeError("cudaFree failed")
+
+    fake.comm_destroy_set = destroy_set
+    monkeypatch.setattr(_ext, "extension", lambda: fake)
+    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    with caplog.at_level("ERROR", logger="jax_ub"):
+        comm._destroy_quietly(_fake_set(9, "tp"))
+    assert "freeing the communicators of set 9 after a failure also failed: cudaFree failed" in caplog.text
+    # the NCCL communicators are still freed after the failed destroy
+    assert ("nccl_destroy", comm._BOOTSTRAP_KEY + 9) in fake.calls and ("nccl_destroy", 9) in fake.calls
+
+
+def test_shutdown_keeps_buffers_a_missing_peer_may_still_write(monkeypatch):
+    """shutdown()'s barrier timed out: a peer may still be inside an op writing into this
+    process's buffers, so they are not freed, and the error says so (and keeps the drain error)."""
+    fake = FakeCommExtension()
+
+    def drain(set_id):
+        raise RuntimeError(f"jax_ub: set {set_id} has a sticky error")
+
+    fake.comm_drain = drain
+    monkeypatch.setattr(_ext, "extension", lambda: fake)
+    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    s = _fake_set(5, "tp")
+    s.exchange = _exchanges(2, timeout_s=0.3)[0]  # process 1 never arrives
+    monkeypatch.setattr(comm, "_sets", {"tp": s})
+    monkeypatch.setattr(comm, "_abandoned", [])
+    with pytest.raises(RuntimeError) as info:
+        comm.shutdown("tp")
+    msg = str(info.value)
+    assert "jax_ub.shutdown(axis='tp')" in msg and "rank 1 (process 1)" in msg, msg
+    assert "set 5 stay allocated" in msg and "set 5 has a sticky error" in msg, msg
+    assert ("destroy", 5) not in fake.calls and comm._abandoned == [s] and comm._sets == {}
 
 
 def test_one_axis_names_the_communicators_axis():
