@@ -26,6 +26,7 @@ the standard library; jax is looked up when a :class:`KVExchange` first needs it
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
@@ -38,6 +39,7 @@ __all__ = [
     "AgreementError",
     "KVExchange",
     "LocalStore",
+    "PeerFailedError",
     "PeerTimeoutError",
     "agree",
     "group_namespace",
@@ -46,6 +48,11 @@ __all__ = [
 
 class PeerTimeoutError(RuntimeError):
     """A peer did not publish its part of a bootstrap step within ``timeout_s``."""
+
+
+class PeerFailedError(RuntimeError):
+    """A peer announced (:meth:`KVExchange.announce_failure`) that its part of the bootstrap
+    failed; the message carries its error."""
 
 
 class AgreementError(RuntimeError):
@@ -204,6 +211,9 @@ def _default_client() -> Any:
 # ------------------------------------------------------------------------------------------------
 # The exchange
 
+_FAILED_TAG = "failed"  # announce_failure's key: {namespace}/failed/{rank}
+_FAILURE_POLL_S = 0.25  # how often a wait looks for an announced failure
+
 
 def _plural(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
@@ -267,8 +277,9 @@ class KVExchange:
         return f"{self.namespace}/{tag}/{rank}"
 
     def _claim(self, tag: str) -> None:
-        if not tag or "/" in tag:
-            raise ValueError(f"tag must be non-empty and contain no '/'; got {tag!r}")
+        if not tag or "/" in tag or tag == _FAILED_TAG:
+            raise ValueError(f"tag must be non-empty, contain no '/' and not be {_FAILED_TAG!r} "
+                             f"(reserved for announce_failure); got {tag!r}")
         if tag in self._used_tags:
             raise ValueError(f"jax_ub bootstrap ({self.namespace}): tag {tag!r} was already used on "
                              "this exchange; every operation needs its own tag")
@@ -277,19 +288,20 @@ class KVExchange:
     def _who(self, rank: int) -> str:
         return f"rank {rank} ({self.peer_names[rank]})" if self.peer_names else f"rank {rank}"
 
-    def _timeout_error(self, op: str, tag: str, missing: Sequence[int]) -> PeerTimeoutError:
+    def _timeout_error(self, op: str, tag: str, missing: Sequence[int],
+                       reached: str = "call jax_ub.initialize()") -> PeerTimeoutError:
         if self.peer_names:
             ranks = ", ".join(f"{r} ({self.peer_names[r]})" for r in missing)
             holders = list(dict.fromkeys(self.peer_names[r] for r in missing))
             one = len(holders) == 1
             question = (f"{'is' if one else 'are'} {' and '.join(holders)} running and did "
-                        f"{'it' if one else 'they'} call jax_ub.initialize()?")
+                        f"{'it' if one else 'they'} {reached}?")
         else:
             ranks = ", ".join(map(str, missing))
             one = len(missing) == 1
             question = (f"{'is the process' if one else 'are the processes'} holding "
                         f"{'rank' if one else 'ranks'} {ranks} running and did "
-                        f"{'it' if one else 'they'} call jax_ub.initialize()?")
+                        f"{'it' if one else 'they'} {reached}?")
         return PeerTimeoutError(
             f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} waited "
             f"{self.timeout_s:g} s for {'rank' if len(missing) == 1 else 'ranks'} {ranks} of "
@@ -302,23 +314,57 @@ class KVExchange:
         except Exception as err:
             raise RuntimeError(
                 f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
-                f"publish key {key!r}: {err} (a namespace must be used by one exchange per rank: "
-                "call next_init_id() once per initialize())") from err
+                f"publish key {key!r}: {err}. Either jax.distributed's service is gone "
+                "(jax.distributed.shutdown() ran already: call jax_ub.shutdown() before it) or "
+                "the key exists (a namespace is used by one exchange per rank: next_init_id() "
+                "once per initialize())") from err
 
-    def _read(self, op: str, tag: str, ranks: Sequence[int], deadline: float) -> dict[int, bytes]:
-        """Read the keys of ``ranks`` under ``tag``, all by ``deadline`` (time.monotonic())."""
+    def announce_failure(self, message: str) -> None:
+        """Tell the other ranks that this rank's part failed (``message``: why): their waits on this
+        exchange for this rank then raise :class:`PeerFailedError` with it at once, instead of
+        waiting ``timeout_s`` for a rank that will never publish. Best effort, at most once."""
+        if _FAILED_TAG in self._used_tags:
+            return
+        self._used_tags.add(_FAILED_TAG)
+        # The store itself may be what failed: the peers' timeout remains then.
+        with contextlib.suppress(Exception):
+            self._store.set(self._key(_FAILED_TAG, self.rank), message.encode(errors="replace"))
+
+    def _failed_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerFailedError | None:
+        for r in ranks:
+            try:
+                why = self._store.try_get(self._key(_FAILED_TAG, r))
+            except Exception:  # a failed probe: keep waiting (the deadline still bounds it)
+                continue
+            if why is not None:
+                return PeerFailedError(
+                    f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): {self._who(r)} failed and "
+                    f"will not take part: {why.decode(errors='replace')}")
+        return None
+
+    def _read(self, op: str, tag: str, ranks: Sequence[int], deadline: float,
+              reached: str = "call jax_ub.initialize()") -> dict[int, bytes]:
+        """Read the keys of ``ranks`` under ``tag``, all by ``deadline`` (time.monotonic()). Waits
+        in slices of at most ``_FAILURE_POLL_S``, checking between them whether a pending rank
+        announced a failure."""
         got: dict[int, bytes] = {}
         pending = list(ranks)
         while pending:
             r = pending[0]
+            left = deadline - time.monotonic()
             try:
-                value = self._store.wait(self._key(tag, r), deadline - time.monotonic())
+                value = self._store.wait(self._key(tag, r), min(left, _FAILURE_POLL_S))
             except Exception as err:
                 raise RuntimeError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
                     f"read {self._who(r)}'s key {self._key(tag, r)!r}: {err}") from err
             if value is None:
-                break
+                failed = self._failed_peer(op, tag, pending)
+                if failed is not None:
+                    raise failed
+                if left <= _FAILURE_POLL_S:
+                    break
+                continue
             got[r] = value
             pending.pop(0)
         if pending:
@@ -334,7 +380,7 @@ class KVExchange:
                 else:
                     got[r] = value
             if missing:
-                raise self._timeout_error(op, tag, missing)
+                raise self._timeout_error(op, tag, missing, reached)
         return got
 
     # -- operations ------------------------------------------------------------------------------
@@ -344,10 +390,12 @@ class KVExchange:
 
         Raises:
           PeerTimeoutError: some rank did not publish within ``timeout_s``; names every such rank.
+          PeerFailedError: a rank that has not published announced a failure.
         """
         return self._all_gather("all_gather", tag, payload)
 
-    def _all_gather(self, op: str, tag: str, payload: bytes) -> list[bytes]:
+    def _all_gather(self, op: str, tag: str, payload: bytes,
+                    reached: str = "call jax_ub.initialize()") -> list[bytes]:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes; got {type(payload).__name__}")
         self._claim(tag)
@@ -355,7 +403,7 @@ class KVExchange:
         payload = bytes(payload)
         self._publish(op, tag, payload)
         peers = [r for r in range(self.world) if r != self.rank]
-        got = self._read(op, tag, peers, deadline)
+        got = self._read(op, tag, peers, deadline, reached)
         got[self.rank] = payload
         return [got[r] for r in range(self.world)]
 
@@ -377,13 +425,17 @@ class KVExchange:
         deadline = time.monotonic() + self.timeout_s
         return self._read("broadcast", tag, [root], deadline)[root]
 
-    def barrier(self, tag: str) -> None:
+    def barrier(self, tag: str, *, reached: str = "call jax_ub.initialize()") -> None:
         """Return once every rank has reached ``barrier(tag)``.
+
+        ``reached`` completes the timeout error's question "... running and did it {reached}?",
+        naming the call that should have brought the missing ranks here.
 
         Raises:
           PeerTimeoutError: some rank did not arrive within ``timeout_s``; names every such rank.
+          PeerFailedError: a rank that has not arrived announced a failure.
         """
-        self._all_gather("barrier", tag, b"")
+        self._all_gather("barrier", tag, b"", reached)
 
 
 # ------------------------------------------------------------------------------------------------

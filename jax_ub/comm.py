@@ -157,6 +157,7 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                         f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
                         f"axes, build the mesh with one axis for that group")
     groups = _tp_groups(mesh, axis)
+    devices_key = tuple(tuple(d.id for d in g) for g in groups)
     ok, why = _ext.cuda_path_available()
     if not ok:
         # On GPUs (and not disabled on purpose) this is most likely a missing build: say it loudly.
@@ -164,53 +165,67 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         (log.warning if on_gpu else log.info)(
             "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
             "run the pure-XLA reference", axis, why)
+        _agree_without_communicators(axis, devices_key, timeout_s, "reference path")
         return None
     if len(groups[0]) == 1:
         # Nothing to gather or scatter: the ops run a plain dot on such an axis (ops.py), so no
         # registered buffer is worth its memory. A set from an earlier, larger mesh goes away.
         shutdown(axis)
+        _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1")
         log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
                  "ops run a plain GEMM without communication", axis)
         return None
+    capacity = max(buffer_mib, 1) * _MIB
     with _lock:
         existing = _sets.get(axis)
-        if existing is not None:
-            if (existing.devices_key == tuple(tuple(d.id for d in g) for g in groups)
-                    and transport in ("auto", existing.transport)
-                    and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)):
-                return existing
-            shutdown(axis)
-        mod = _ext.extension()
-        for g in groups:
-            if any(d.platform != "gpu" for d in g):
-                raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")
+        keep = (existing is not None and existing.devices_key == devices_key
+                and transport in ("auto", existing.transport)
+                and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)
+                and existing.timeout_s == timeout_s and existing.capacity >= capacity)
         init_id = _bootstrap.next_init_id()
+        exchange = _process_exchange(init_id, timeout_s)
+        mod = _ext.extension()
         set_id = _next_set_id
-        _next_set_id += 1
         world = len(groups[0])
         me = jax.process_index()
         local = [(_ordinal(d), gi, r) for gi, g in enumerate(groups) for r, d in enumerate(g)
                  if d.process_index == me]
-        capacity = max(buffer_mib, 1) * _MIB
-        exchange = _process_exchange(init_id, timeout_s)
-        hosts, bad_pairs = _survey(exchange, groups)
-        transport, reason = _choose_transport(transport, groups, hosts, bad_pairs)
-        if bootstrap == "auto":
-            bootstrap = "kv"
-        if transport == "nccl" or bootstrap == "nccl":
-            err = _nccl.load_error()
-            if err:
-                raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
-                                   f"bootstrap={bootstrap!r} need NCCL, which cannot be loaded: {err}")
-        s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
-                    exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
-        if exchange is not None:
-            fields = {"axis": axis, "groups": [list(k) for k in s.devices_key],
-                      "capacity": capacity, "transport": transport, "bootstrap": bootstrap,
-                      "timeout_s": timeout_s, "version": _version()}
-            _bootstrap.agree(exchange, fields)
-        failure: BaseException | None = None
+        s: CommSet | None = None
         try:
+            if exchange is not None:
+                # Whether to keep the existing set is decided by each process from its own state:
+                # every process must decide alike (a process that keeps its set while its peers
+                # replace theirs would wait for them forever).
+                _bootstrap.agree(exchange, _first_fields(
+                    axis, devices_key, "communicators",
+                    f"keeps set {existing.set_id}" if keep else
+                    f"replaces set {existing.set_id} (other arguments)"
+                    if existing is not None else "none"), tag="keep")
+            if keep:
+                return existing
+            if existing is not None:
+                shutdown(axis)
+            for g in groups:
+                if any(d.platform != "gpu" for d in g):
+                    raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")
+            _next_set_id += 1
+            hosts, bad_pairs = _survey(exchange, groups)
+            transport, reason = _choose_transport(transport, groups, hosts, bad_pairs)
+            if bootstrap == "auto":
+                bootstrap = "kv"
+            if transport == "nccl" or bootstrap == "nccl":
+                err = _nccl.load_error()
+                if err:
+                    raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
+                                       f"bootstrap={bootstrap!r} need NCCL, which cannot be "
+                                       f"loaded: {err}")
+            if exchange is not None:
+                fields = {"axis": axis, "groups": [list(k) for k in devices_key],
+                          "capacity": capacity, "transport": transport, "bootstrap": bootstrap,
+                          "timeout_s": timeout_s, "version": _version(), "schedule": _schedule(cfg)}
+                _bootstrap.agree(exchange, fields)
+            s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
+                        exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
             for dev, gi, r in local:
                 # One process: cuMem buffers mapped for the peers only (no context-wide peer
                 # access, which let XLA's module loading on one GPU wait on a busy peer).
@@ -220,20 +235,23 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
             if transport == "nccl" or (bootstrap == "nccl" and exchange is not None):
                 _create_nccl(s, bootstrap_only=transport != "nccl")
             _connect(s, tag="connect")
-        except Exception as err:
-            failure = err
-        except BaseException:  # KeyboardInterrupt and the like: no collective verdict, just free
-            _destroy_quietly(s)
+        except BaseException as err:
+            # The peers' waits on this exchange end at once with this error instead of timing out.
+            if exchange is not None:
+                exchange.announce_failure(f"{type(err).__name__}: {err}")
+            if s is not None:
+                _destroy_quietly(s)
             raise
         if exchange is not None:
             # A step can succeed on some processes and fail on others (an NCCL init that timed
-            # out on one process just before its last peer joined): every process learns every
-            # failure, so all of them fail, naming the cause, instead of some returning a set
-            # whose first op times out.
-            failure = _agree_on_outcome(exchange, failure)
-        if failure is not None:
-            _destroy_quietly(s)
-            raise failure
+            # out on one process just before its last peer joined): no process keeps a set that
+            # one of its peers gave up on, and each says which and why.
+            try:
+                exchange.barrier("outcome", reached="finish jax_ub.initialize()")
+            except Exception as err:
+                _destroy_quietly(s)
+                raise RuntimeError(f"jax_ub.initialize: process {me} set up its communicators for "
+                                   f"axis {axis!r}, but a peer did not: {err}") from err
         _sets[axis] = s
         log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
                  "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
@@ -241,30 +259,44 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         return s
 
 
-def _agree_on_outcome(exchange: _bootstrap.KVExchange,
-                      failure: BaseException | None) -> BaseException | None:
-    """Every process's outcome of :func:`initialize`'s setup, all-gathered: ``failure`` itself
-    where this process failed, else an error naming the processes that failed and why (None where
-    all succeeded). A process that never reports (dead, or still blocked) is named by the
-    exchange's own timeout error."""
-    text = "" if failure is None else f"{type(failure).__name__}: {failure}"
-    try:
-        reports = exchange.all_gather("outcome", text.encode())
-    except _bootstrap.PeerTimeoutError as err:
-        if failure is not None:
-            log.error("jax_ub.initialize: %s", err)
-            return failure
-        return err
-    if failure is not None:
-        return failure
-    failed = [(p, r.decode(errors="replace")) for p, r in enumerate(reports) if r]
-    if not failed:
-        return None
-    detail = "; ".join(f"process {p}: {why}" for p, why in failed)
-    return RuntimeError(
-        f"jax_ub.initialize: process {exchange.rank} set up its communicators, but "
-        f"{'process' if len(failed) == 1 else 'processes'} {', '.join(str(p) for p, _ in failed)} "
-        f"failed, so no process keeps them: {detail}")
+def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float, path: str) -> None:
+    """Several processes, no communicators (the reference path, or an axis of size 1): they still
+    check that they got the same mesh and axis, so a process launched with another layout fails
+    here, naming the difference, instead of hanging in XLA's first collective."""
+    if jax.process_count() == 1:
+        return
+    exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
+    existing = _sets.get(axis)
+    _bootstrap.agree(exchange, _first_fields(
+        axis, devices_key, path, "none" if existing is None else f"frees set {existing.set_id}"),
+        tag="keep")
+
+
+def _first_fields(axis: str, devices_key: tuple, path: str, existing: str) -> dict[str, Any]:
+    """What every process's initialize() first agrees on, on every path (``path``: with or without
+    communicators, and why), so processes that took different paths fail naming the difference."""
+    return {"axis": axis, "groups": devices_key, "path": path, "existing_set": existing,
+            "version": _version(), "schedule": _schedule(config.get())}
+
+
+def _schedule(cfg: config.Config) -> dict[str, Any]:
+    """The settings that decide which jax_ub ops and communication schedules a program runs: every
+    process of a launch needs the same (the transport nccl cannot detect a mismatch; it would
+    time out, or pair unrelated transfers)."""
+    import hashlib
+
+    tuning = ""
+    if cfg.tuning_file:
+        try:
+            with open(cfg.tuning_file, "rb") as f:
+                tuning = hashlib.sha256(f.read()).hexdigest()[:16]
+        except OSError as err:
+            tuning = f"unreadable ({err.strerror})"
+    return {"method": cfg.method, "disable": cfg.disable,
+            "recompute_gathered": cfg.recompute_gathered, "rs_chain_pieces": cfg.rs_chain_pieces,
+            "rs_chain_split": cfg.rs_chain_split, "rs_column_pieces": cfg.rs_column_pieces,
+            "rs_pieces": cfg.rs_pieces, "ag_push_pieces": cfg.ag_push_pieces,
+            "ag_push_merge": cfg.ag_push_merge, "tuning_file_sha256": tuning}
 
 
 def _destroy_quietly(s: CommSet) -> None:
@@ -473,7 +505,11 @@ def ensure_capacity(s: CommSet, nbytes: int) -> None:
         mod.comm_drain(s.set_id)
         s.grow_count += 1
         if s.exchange is not None:
-            s.exchange.barrier(f"grow{s.grow_count}-drained")
+            s.exchange.barrier(
+                f"grow{s.grow_count}-drained",
+                reached=f"trace the same program (buffers of axis {s.axis!r} grow to {new // _MIB} MiB "
+                        "when an op this large is traced: every process must trace the same jax_ub "
+                        "ops with the same shapes, in the same order)")
         for dev, _, _ in s.local:
             mod.comm_grow(s.set_id, dev, new)
         s.capacity = new
@@ -534,8 +570,8 @@ def shutdown(axis: str | None = None) -> None:
                     error = e
                 if s.exchange is not None:
                     try:
-                        s.exchange.barrier("shutdown")
-                    except _bootstrap.PeerTimeoutError as err:
+                        s.exchange.barrier("shutdown", reached="call jax_ub.shutdown()")
+                    except Exception as err:
                         # A peer may still be inside an op that writes into this process's
                         # buffers: freeing them could corrupt whatever reuses the memory. Keep
                         # them (leaked on purpose, named in _abandoned) and say so.

@@ -127,6 +127,42 @@ def test_namespaces_do_not_collide():
     assert out[0] == out[1] == ([b"a0", b"a1"], [b"b0", b"b1"])
 
 
+def test_an_announced_failure_ends_the_peers_waits_at_once():
+    """Rank 2 fails before the all-gather and says so: the other ranks raise PeerFailedError with
+    its message long before their timeout; the barrier after it names rank 2 too."""
+    world, timeout, store = 3, 20.0, bs.LocalStore()
+
+    def rank_fn(r: int):
+        ex = bs.KVExchange("jax_ub/init7/group0", r, world, timeout_s=timeout, client=store,
+                           peer_names=[f"process {q}" for q in range(world)])
+        if r == 2:
+            time.sleep(0.3)
+            ex.announce_failure("RuntimeError: out of memory")
+            ex.announce_failure("a second announcement is ignored")
+            return None
+        t0 = time.monotonic()
+        with pytest.raises(bs.PeerFailedError) as info:
+            ex.all_gather("handles", b"%d" % r)
+        return str(info.value), time.monotonic() - t0
+
+    out = run_ranks(world, rank_fn)
+    for r in (0, 1):
+        msg, waited = out[r]
+        assert waited < 3, waited
+        assert msg == ("jax_ub bootstrap all_gather 'handles' (jax_ub/init7/group0): rank 2 "
+                       "(process 2) failed and will not take part: RuntimeError: out of memory"), msg
+    with pytest.raises(ValueError, match="reserved for announce_failure"):
+        bs.KVExchange("jax_ub/init7/group1", 0, 1, timeout_s=1, client=store).barrier("failed")
+
+
+def test_a_barrier_timeout_asks_about_the_call_that_should_have_come():
+    ex = bs.KVExchange("jax_ub/init8/group0", 0, 2, timeout_s=0.2, client=bs.LocalStore(),
+                       peer_names=["process 0", "process 1"])
+    with pytest.raises(bs.PeerTimeoutError, match=r"is process 1 running and did it call "
+                                                  r"jax_ub\.shutdown\(\)\?"):
+        ex.barrier("shutdown", reached="call jax_ub.shutdown()")
+
+
 def test_local_timeout_names_every_missing_rank_and_is_bounded():
     world, timeout, store = 4, 0.4, bs.LocalStore()
 

@@ -1,0 +1,125 @@
+"""One process of the multi-process ``jax_ub.initialize`` tests (started by ``tests/launcher.py``).
+
+It runs ``comm.py``'s multi-process logic (agreements, peer failures, the outcome barrier,
+shutdown's barrier) over a real ``jax.distributed`` service on the CPU backend. The CUDA extension
+is a stand-in whose calls are recorded (and one of which can be made to fail on one rank), and
+the mesh holds stand-in GPU devices: two per process, each TP group spanning the processes.
+
+Usage: ``python _init_worker.py SCENARIO``. Environment: ``FAIL_ON`` (an extension function that
+raises on rank ``FAIL_RANK``, default 1), ``T`` (jax_ub's timeout, s). Results are printed as
+``RESULT <json>`` lines: one per step, ``{"step", "ok", "dt", "err" | "set"}``, and ``calls``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+rank = int(os.environ["JAX_UB_TEST_RANK"])
+nprocs = int(os.environ["JAX_UB_TEST_NPROCS"])
+scenario = sys.argv[1]
+T = float(os.environ.get("T", "20"))
+
+if scenario == "schedule_mismatch" and rank == 1:
+    os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
+
+import jax  # noqa: E402
+
+wanted = {"initialization_timeout": 30, "heartbeat_timeout_seconds": 30,
+          "shutdown_timeout_seconds": 10}
+accepted = inspect.signature(jax.distributed.initialize).parameters
+jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
+                           **{k: v for k, v in wanted.items() if k in accepted})
+
+import jax_ub  # noqa: E402
+from jax_ub import _ext  # noqa: E402
+
+CALLS: list[str] = []
+
+
+class FakeExtension:
+    """Every comm_* call succeeds (and is recorded), except ``FAIL_ON`` on ``FAIL_RANK``."""
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            CALLS.append(name)
+            if name == os.environ.get("FAIL_ON") and rank == int(os.environ.get("FAIL_RANK", "1")):
+                raise RuntimeError(f"injected {name} failure on process {rank}")
+            if name == "p2p_matrix":
+                return [[1] * 8 for _ in range(8)]
+            if name == "comm_export_ipc":
+                return b"handle-%d-%d" % (args[0], args[1])
+            if name == "nccl_comm_destroy":
+                return 0  # communicators destroyed
+            if name == "nccl_load_error":
+                return ""
+            return None
+
+        return call
+
+
+class FakeGpu:
+    platform = "gpu"
+
+    def __init__(self, i: int) -> None:
+        self.id, self.process_index, self.local_hardware_id = i, i // 2, i % 2
+
+    def __repr__(self) -> str:
+        return f"gpu:{self.id}"
+
+
+no_cuda = scenario == "path_mismatch" and rank == 1
+_ext.extension = lambda: FakeExtension()
+_ext.cuda_path_available = lambda: (False, "stand-in: no GPU") if no_cuda else (True, "")
+GPUS = [FakeGpu(i) for i in range(2 * nprocs)]
+
+
+def mesh():
+    """[[0, 1], [2, 3], ...] as ("tp", "dp"): each TP group spans the processes (IPC handles)."""
+    devices = np.array(GPUS, dtype=object).reshape(nprocs, 2)
+    return jax.sharding.Mesh(devices, ("tp", "dp"))
+
+
+def step(name, fn):
+    t0 = time.monotonic()
+    try:
+        s = fn()
+        out = {"ok": True, "set": None if s is None else s.set_id}
+    except Exception as err:  # reported to the test
+        out = {"ok": False, "err": f"{type(err).__name__}: {err}"}
+    print("RESULT " + json.dumps({"step": name, "dt": round(time.monotonic() - t0, 2), **out}),
+          flush=True)
+
+
+if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch"):
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    step("shutdown", jax_ub.shutdown)
+elif scenario == "reinit":
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    step("same", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    step("bigger", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T, buffer_mib=64))
+    step("transport", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T,
+                                                transport="nccl" if rank == 0 else None))
+elif scenario == "shutdown_one":
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    if rank == 0:
+        step("shutdown", jax_ub.shutdown)
+    else:
+        time.sleep(T + 2)
+elif scenario == "distributed_first":
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    jax.distributed.shutdown()
+    CALLS.clear()
+    step("shutdown", jax_ub.shutdown)
+    print("RESULT " + json.dumps({"calls": CALLS}), flush=True)
+    os._exit(0)
+else:
+    raise SystemExit(f"unknown scenario {scenario!r}")
+print("RESULT " + json.dumps({"calls": CALLS}), flush=True)
+sys.stdout.flush()
+jax.distributed.shutdown()
