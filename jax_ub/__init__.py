@@ -23,7 +23,7 @@ from jax_ub import (
     reference,
     tuning,
 )
-from jax_ub._bootstrap import AgreementError, PeerTimeoutError
+from jax_ub._bootstrap import AgreementError, PeerFailedError, PeerTimeoutError
 from jax_ub._ext import build_info
 from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
@@ -35,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CHECKPOINT_NAMES",
     "AgreementError",
+    "PeerFailedError",
     "PeerTimeoutError",
     "__version__",
     "all_gather_matmul",
