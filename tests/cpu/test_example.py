@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_tp_block.py"
 LAUNCH = REPO / "examples" / "launch.sh"
+FAILFAST = REPO / "examples" / "failfast.py"
 TINY = ["--hidden", "32", "--heads", "4", "--ffn", "64", "--seq", "16", "--batch", "4",
         "--motif", "4", "--vocab", "32"]
 LOSS = re.compile(r"step\s+(\d+)\s+loss\s+(\S+)")
@@ -197,6 +201,97 @@ def test_launch_sh_two_processes():
     assert "[rank 1] step" not in out and "[rank 1] OK" not in out  # only process 0 reports
     losses = _losses(out)
     assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+def _launch_bounded(argv: list[str], limit: float, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Runs launch.sh; past `limit` seconds it gets SIGTERM (its trap stops its processes: each
+    runs under timeout(1), in a process group of its own), then its process group SIGKILL. Returns
+    the result (returncode None: it ran past the limit) and the seconds it took."""
+    env.setdefault("LAUNCH_TIMEOUT", "90")  # the processes' own bound, should all else fail
+    t0 = time.monotonic()
+    with subprocess.Popen(["bash", str(LAUNCH), *argv], cwd=REPO, env=_env(**env), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=limit)
+            code = child.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+            child.terminate()
+            try:
+                out, err = child.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                out, err = child.communicate()
+    return subprocess.CompletedProcess(child.args, code, out, err), time.monotonic() - t0
+
+
+# jax's limit on the failed process's exit-time jax.distributed.shutdown() barrier is 300 s.
+FAIL_FAST_LIMIT = 25.0
+
+
+_RAISE_ON_ONE = """import os, time
+import jax
+jax.distributed.initialize(os.environ["LAUNCH_COORDINATOR_ADDRESS"], int(os.environ["LAUNCH_NUM_PROCESSES"]),
+                           int(os.environ["LAUNCH_PROCESS_ID"]))
+if jax.process_index() == 1:
+    raise RuntimeError("process 1 failed")
+time.sleep(120)
+"""
+
+
+def test_launch_sh_stops_a_plain_script_that_raises_on_one_rank(tmp_path):
+    """A user's script that raises after jax.distributed.initialize() (no os._exit of its own):
+    launch.sh runs it through examples/failfast.py, so the failure ends the process and its peer
+    is stopped; without that, the failed process waited in jax's shutdown barrier until its peer's
+    120 s sleep ended."""
+    if shutil.which("timeout") is None:
+        pytest.skip("coreutils `timeout` is not installed")
+    script = tmp_path / "raise_on_one.py"
+    script.write_text(_RAISE_ON_ONE)
+    proc, took = _launch_bounded(["2", str(script)], FAIL_FAST_LIMIT, LAUNCH_GRACE="1", LAUNCH_KILL_AFTER="1")
+    assert proc.returncode == 1, f"{took:.1f} s\n{_describe(proc)}"
+    assert "[rank 1] RuntimeError: process 1 failed" in proc.stderr, _describe(proc)
+    assert "failfast.py" not in proc.stderr, _describe(proc)  # the traceback is the script's own
+
+
+def test_launch_sh_returns_when_its_processes_have_ended():
+    """After a failure, the grace timer's sleep used to keep launch.sh's stdout/stderr open, so a
+    caller reading them waited the whole grace period after every process had ended."""
+    if shutil.which("timeout") is None:
+        pytest.skip("coreutils `timeout` is not installed")
+    code = "import os, sys, time\nsys.exit(3) if os.environ['LAUNCH_PROCESS_ID'] == '1' else time.sleep(0.5)"
+    t0 = time.monotonic()
+    proc = _run(["bash", str(LAUNCH), "2", "-c", code], timeout=60, LAUNCH_GRACE="30")
+    took = time.monotonic() - t0
+    assert proc.returncode == 3, _describe(proc)
+    assert took < 15, f"{took:.1f} s: waited for the {30} s grace timer"
+
+
+@pytest.mark.parametrize("mode,status,atexit_ran", [
+    ("ok", 0, True), ("exit0", 0, True), ("exit3", 3, False), ("raise", 1, False), ("message", 1, False)])
+def test_failfast_wrapper_exit_status_and_atexit(tmp_path, mode, status, atexit_ran):
+    """examples/failfast.py runs a script as `python script.py` would (argv, sys.path[0], __main__),
+    and skips the atexit handlers (jax's jax.distributed.shutdown() barrier among them) only when
+    the script fails."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "print(__name__, sys.argv[1:], sys.path[0] == os.path.dirname(os.path.realpath(__file__)))\n"
+        "mode = sys.argv[1]\n"
+        "if mode == 'exit0': sys.exit(0)\n"
+        "if mode == 'exit3': sys.exit(3)\n"
+        "if mode == 'raise': raise ValueError('bad')\n"
+        "if mode == 'message': sys.exit('a message')\n")
+    proc = _run([sys.executable, str(FAILFAST), str(script), mode, "x"], timeout=60)
+    assert proc.returncode == status, _describe(proc)
+    assert proc.stdout.startswith(f"__main__ ['{mode}', 'x'] True\n"), _describe(proc)
+    assert ("atexit ran" in proc.stdout) == atexit_ran, _describe(proc)
+    if mode == "raise":
+        assert proc.stderr.endswith("ValueError: bad\n") and "failfast.py" not in proc.stderr, proc.stderr
+    if mode == "message":
+        assert proc.stderr == "a message\n", proc.stderr
 
 
 def test_readme_usage_snippet_runs_on_cpu(tmp_path):
