@@ -24,6 +24,11 @@ Runs:
 * under mpirun / srun: add ``--distributed`` (``jax.distributed.initialize()`` detects the cluster);
 * by hand on several hosts: ``--coordinator HOST:PORT --num-processes N --process-id I``.
 
+In a multi-process run a process that fails (an exception, or a non-zero status such as a bad
+configuration) prints why and leaves with ``os._exit(status)``: a plain exit would first run jax's
+atexit ``jax.distributed.shutdown()``, whose barrier waits for every other process (up to 300 s)
+while they wait for this one in a collective, so no launcher would see the failure.
+
 It prints the path that ran, the loss every ``--log-every`` steps and tokens/s; ``--compare`` trains
 with ``method="xla"`` and with the chosen method from the same seed and prints the largest loss
 difference and the speedup. The exit status is 1 when the loss is NaN or does not decrease.
@@ -38,7 +43,8 @@ import math
 import os
 import sys
 import time
-from typing import Any
+import traceback
+from typing import Any, NoReturn
 
 _FORCE_DEVICES = "--xla_force_host_platform_device_count"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,22 +93,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-devices", type=int, default=4,
                    help="simulated CPU devices per process when XLA_FLAGS does not set them")
     p.add_argument("--distributed", action="store_true",
-                   help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun)")
-    p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process by hand)")
-    p.add_argument("--num-processes", type=int, default=None)
-    p.add_argument("--process-id", type=int, default=None)
+                   help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun); "
+                        "--coordinator/--num-processes/--process-id, where given, override what it detects")
+    p.add_argument("--coordinator", default=None,
+                   help="HOST:PORT of process 0 (multi-process by hand: with --num-processes and --process-id)")
+    p.add_argument("--num-processes", type=int, default=None, help="process count (multi-process by hand)")
+    p.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (multi-process by hand)")
+    p.add_argument("--init-timeout", type=int, default=None,
+                   help="seconds jax.distributed.initialize waits for every process to connect "
+                        "(default: jax's, 300)")
+    p.add_argument("--heartbeat-timeout", type=int, default=None,
+                   help="seconds without a heartbeat after which jax.distributed declares a process dead "
+                        "and aborts the others (default: jax's, 100)")
     args = p.parse_args(argv)
     for name, low in LOWEST.items():  # before jax starts: --cpu-devices 0 would fail its backend
         value = getattr(args, name)
         if value is not None and value < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}; got {value}")
+    try:
+        args.distributed_kw = distributed_kwargs(args, os.environ)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
 # The lowest value of each int option that has one (None: the option is not set).
 LOWEST = {name: 1 for name in ("steps", "batch", "seq", "hidden", "heads", "ffn", "layers", "vocab",
-                                "motif", "dp", "tp", "log_every", "cpu_devices", "num_processes")}
+                                "motif", "dp", "tp", "log_every", "cpu_devices", "num_processes",
+                                "init_timeout", "heartbeat_timeout")}
 LOWEST["process_id"] = 0
+
+BY_HAND = {"--coordinator": "coordinator", "--num-processes": "num_processes", "--process-id": "process_id"}
+LAUNCH_VARS = ("LAUNCH_COORDINATOR_ADDRESS", "LAUNCH_NUM_PROCESSES", "LAUNCH_PROCESS_ID")
+
+
+def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | None:
+    """The arguments of ``jax.distributed.initialize``, or None for one process; a ValueError (an
+    argparse error) where the flags or launch.sh's variables are incomplete.
+
+    From the first that applies: the by-hand flags (all three, or any with ``--distributed``, which
+    detects the others); examples/launch.sh's ``LAUNCH_*`` variables; ``--distributed`` alone."""
+    given = [flag for flag, name in BY_HAND.items() if getattr(args, name) is not None]
+    kw: dict[str, Any] | None
+    if given:
+        missing = [flag for flag in BY_HAND if flag not in given]
+        if missing and not args.distributed:
+            raise ValueError(
+                f"{' and '.join(given)} without {' and '.join(missing)}: a multi-process run by hand "
+                f"needs all of --coordinator, --num-processes and --process-id (or add --distributed "
+                f"to detect the others from mpirun or srun)")
+        kw = {{"coordinator": "coordinator_address"}.get(name, name): getattr(args, name)
+              for name in BY_HAND.values() if getattr(args, name) is not None}
+    elif "LAUNCH_COORDINATOR_ADDRESS" in env:  # examples/launch.sh
+        kw = {}
+        for var, name in zip(LAUNCH_VARS, ("coordinator_address", "num_processes", "process_id"),
+                             strict=True):
+            if not env.get(var):
+                raise ValueError(f"LAUNCH_COORDINATOR_ADDRESS is set but {var} is not: start the processes "
+                                 f"with examples/launch.sh, or unset the LAUNCH_* variables")
+            try:
+                kw[name] = env[var] if name == "coordinator_address" else int(env[var])
+            except ValueError:
+                raise ValueError(f"{var} must be an integer; got {env[var]!r}") from None
+        if env.get("LAUNCH_LOCAL_RANK", "").isdigit():  # one GPU per process, by local rank
+            kw["local_device_ids"] = [int(env["LAUNCH_LOCAL_RANK"])]
+    elif args.distributed:
+        kw = {}  # mpirun / srun / another cluster jax detects
+    else:
+        kw = None
+    timeouts = {"--init-timeout": ("initialization_timeout", args.init_timeout),
+                "--heartbeat-timeout": ("heartbeat_timeout_seconds", args.heartbeat_timeout)}
+    if kw is None:
+        if set_ := [flag for flag, (_, value) in timeouts.items() if value is not None]:
+            raise ValueError(f"{' and '.join(set_)} only appl{'y' if len(set_) > 1 else 'ies'} to a "
+                             f"multi-process run (--distributed, --coordinator ..., or examples/launch.sh)")
+        return None
+    num, pid = kw.get("num_processes"), kw.get("process_id")
+    if num is not None and pid is not None and not pid < num:
+        raise ValueError(f"--process-id ({pid}) must be below --num-processes ({num})")
+    kw.update({name: value for name, value in timeouts.values() if value is not None})
+    return kw
 
 
 def prepare_environment(args: argparse.Namespace) -> None:
@@ -112,48 +182,66 @@ def prepare_environment(args: argparse.Namespace) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {_FORCE_DEVICES}={args.cpu_devices}".strip()
 
 
-def maybe_initialize_distributed(args: argparse.Namespace) -> bool:
-    """jax.distributed.initialize from flags, from examples/launch.sh's variables, or auto-detected."""
+def initialize_distributed(kw: dict[str, Any]) -> None:
+    """jax.distributed.initialize(**kw): from the flags, from examples/launch.sh's variables, or
+    auto-detected (see distributed_kwargs)."""
     import jax
 
-    env = os.environ
-    coordinator = args.coordinator or env.get("LAUNCH_COORDINATOR_ADDRESS")
-    if coordinator is None and not args.distributed:
-        return False  # one process
     # Multi-process CPU runs need a collectives implementation (the option is harmless on GPU, and
     # may be gone in a future jax).
     with contextlib.suppress(Exception):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator is None:
-        jax.distributed.initialize()  # mpirun / srun / other detected cluster
-        return True
-    num = args.num_processes if args.num_processes is not None else int(env["LAUNCH_NUM_PROCESSES"])
-    pid = args.process_id if args.process_id is not None else int(env["LAUNCH_PROCESS_ID"])
-    kw: dict[str, Any] = {}
-    if "LAUNCH_LOCAL_RANK" in env:  # one GPU per process, by local rank
-        kw["local_device_ids"] = [int(env["LAUNCH_LOCAL_RANK"])]
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid, **kw)
-    return True
+    jax.distributed.initialize(**kw)
 
 
-def finish_distributed(status: int) -> int:
-    """jax.distributed.shutdown(), whose barrier keeps every process, process 0 (the coordinator's
-    host) included, until all have arrived. No device barrier before it: on CPU that one is a Gloo
+def finish_distributed() -> None:
+    """After a successful run, in the documented order: jax_ub.shutdown() (the end of _run; it is
+    collective over jax.distributed's key-value store, so it comes first), then
+    jax.distributed.shutdown(), whose barrier keeps every process, process 0 (the coordinator's host)
+    included, until all have arrived. No device barrier before it: on CPU that one is a Gloo
     collective, and starting its connections at exit hung about one launch in ten on a loaded
-    2-core machine."""
+    2-core machine. A failed run never gets here (see leave_now)."""
     import jax
 
-    if status != 0:  # no shutdown: its barrier could wait for a peer that is gone
-        return status
     jax.distributed.shutdown()
-    return status
+
+
+def leave_now(status: int) -> NoReturn:
+    """Ends a failed multi-process run at once with ``status``: flushes stdout and stderr, then
+    ``os._exit``. Not ``sys.exit``: that runs the atexit handlers, and jax's calls
+    ``jax.distributed.shutdown()``, whose barrier waits for every other process (up to its
+    ``shutdown_timeout_seconds``, 300 s) while they wait for this one in a collective; the process
+    would stay alive, so no launcher (launch.sh, srun --kill-on-bad-exit) would see the failure."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     prepare_environment(args)
-    distributed = maybe_initialize_distributed(args)
+    if args.distributed_kw is None:  # one process
+        return _configure_and_run(args)
+    try:
+        initialize_distributed(args.distributed_kw)
+        status = _configure_and_run(args)
+    except SystemExit as e:  # sys.exit() below main(): its status, as Python would exit with
+        code = e.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        status = code if isinstance(code, int) else int(code is not None)
+    except BaseException as e:  # any other failure, KeyboardInterrupt included, ends it too
+        traceback.print_exc()
+        leave_now(130 if isinstance(e, KeyboardInterrupt) else 1)
+    if status != 0:  # _run printed why
+        leave_now(status)
+    finish_distributed()
+    return 0
 
+
+def _configure_and_run(args: argparse.Namespace) -> int:
+    """The GPU/CPU defaults (the backend must be known), then the run; its exit status."""
     import jax
 
     on_gpu = jax.default_backend() == "gpu"
@@ -164,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, gpu if on_gpu else cpu)
     args.ffn = args.ffn or 4 * args.hidden
     args.log_every = args.log_every or max(1, args.steps // 10)
-
-    status = _run(args)
-    return finish_distributed(status) if distributed else status
+    return _run(args)
 
 
 def _log(*parts: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import shutil
@@ -113,7 +114,7 @@ def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
 
 @pytest.mark.parametrize("flag", ["--steps", "--batch", "--seq", "--motif", "--cpu-devices", "--hidden",
                                   "--heads", "--ffn", "--layers", "--vocab", "--dp", "--tp", "--log-every",
-                                  "--num-processes"])
+                                  "--num-processes", "--init-timeout", "--heartbeat-timeout"])
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_a_count_below_one_is_a_configuration_error(flag, value):
     """Zero or negative sizes, steps or device counts: `error: --X must be >= 1; got N`, exit 2,
@@ -127,6 +128,68 @@ def test_a_count_below_one_is_a_configuration_error(flag, value):
 def test_a_negative_process_id_is_a_configuration_error():
     proc = _run([sys.executable, str(SCRIPT), "--process-id", "-1"], timeout=60)
     assert proc.returncode == 2 and "error: --process-id must be >= 0; got -1" in proc.stderr, _describe(proc)
+
+
+_BY_HAND = "a multi-process run by hand needs all of --coordinator, --num-processes and --process-id"
+
+
+@pytest.mark.parametrize("argv,env,fragment", [
+    (["--coordinator", "localhost:1234"], {}, f"error: --coordinator without --num-processes and --process-id: {_BY_HAND}"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2"], {},
+     f"error: --coordinator and --num-processes without --process-id: {_BY_HAND}"),
+    (["--num-processes", "2", "--process-id", "1"], {},
+     f"error: --num-processes and --process-id without --coordinator: {_BY_HAND}"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"], {},
+     "error: --process-id (2) must be below --num-processes (2)"),
+    (["--init-timeout", "5"], {}, "error: --init-timeout only applies to a multi-process run"),
+    (["--init-timeout", "5", "--heartbeat-timeout", "5"], {},
+     "error: --init-timeout and --heartbeat-timeout only apply to a multi-process run"),
+    ([], {"LAUNCH_COORDINATOR_ADDRESS": "127.0.0.1:1234"},
+     "error: LAUNCH_COORDINATOR_ADDRESS is set but LAUNCH_NUM_PROCESSES is not"),
+], ids=["coordinator-alone", "no-process-id", "no-coordinator", "process-id-too-big", "timeout-one-process",
+        "timeouts-one-process", "launch-env-incomplete"])
+def test_incomplete_multi_process_flags_are_argparse_errors(argv, env, fragment):
+    """--coordinator without the others used to end in a KeyError, --num-processes/--process-id
+    without --coordinator trained one process silently: now an argparse error (exit 2, before jax
+    starts) naming the flags."""
+    proc = _run([sys.executable, str(SCRIPT), *argv], timeout=60, **env)
+    assert proc.returncode == 2, _describe(proc)
+    assert fragment in proc.stderr, _describe(proc)
+    assert "Traceback" not in proc.stderr and proc.stdout == "", _describe(proc)
+
+
+def _example_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tp_block", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_distributed_kwargs_from_flags_and_launch_env(monkeypatch):
+    """What the example passes to jax.distributed.initialize, and that jax takes those names."""
+    import jax
+
+    mod = _example_module()
+    for var in ("LAUNCH_COORDINATOR_ADDRESS", "LAUNCH_NUM_PROCESSES", "LAUNCH_PROCESS_ID", "LAUNCH_LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert mod.parse_args([]).distributed_kw is None
+    by_hand = mod.parse_args(["--coordinator", "h:1", "--num-processes", "2", "--process-id", "1",
+                              "--init-timeout", "7", "--heartbeat-timeout", "9"]).distributed_kw
+    assert by_hand == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1,
+                       "initialization_timeout": 7, "heartbeat_timeout_seconds": 9}
+    assert mod.parse_args(["--distributed"]).distributed_kw == {}  # jax detects the cluster
+    assert mod.parse_args(["--distributed", "--coordinator", "h:2"]).distributed_kw == {"coordinator_address": "h:2"}
+    monkeypatch.setenv("LAUNCH_COORDINATOR_ADDRESS", "127.0.0.1:5")
+    monkeypatch.setenv("LAUNCH_NUM_PROCESSES", "4")
+    monkeypatch.setenv("LAUNCH_PROCESS_ID", "3")
+    monkeypatch.setenv("LAUNCH_LOCAL_RANK", "3")
+    assert mod.parse_args(["--init-timeout", "30"]).distributed_kw == {
+        "coordinator_address": "127.0.0.1:5", "num_processes": 4, "process_id": 3, "local_device_ids": [3],
+        "initialization_timeout": 30}
+    params = inspect.signature(jax.distributed.initialize).parameters
+    assert set(by_hand) <= set(params) and "local_device_ids" in params, sorted(params)
 
 
 @pytest.mark.parametrize("argv,line", [
@@ -226,8 +289,47 @@ def _launch_bounded(argv: list[str], limit: float, **env: str) -> tuple[subproce
     return subprocess.CompletedProcess(child.args, code, out, err), time.monotonic() - t0
 
 
-# jax's limit on the failed process's exit-time jax.distributed.shutdown() barrier is 300 s.
+# Process 1 of train_tp_block.py fails: a configuration error (exit status 2) or an exception.
+_FAIL_ON_ONE = """import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("train_tp_block", {script!r})
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+run = mod._run
+def failing_run(args):
+    if os.environ["LAUNCH_PROCESS_ID"] == "1":
+        if {how!r} == "raise":
+            raise RuntimeError("injected failure on process 1")
+        args.tp = 3  # dp * tp != the 4 devices
+    return run(args)
+mod._run = failing_run
+sys.exit(mod.main())
+"""
+
+# jax's limit on the failed process's exit-time jax.distributed.shutdown() barrier is 300 s; before
+# the fix, the failed rank stayed in it until its peer gave up (about 40 s on CPU) or ended.
 FAIL_FAST_LIMIT = 25.0
+
+
+@pytest.mark.parametrize("how,status,line", [
+    ("status", 2, "[rank 1] error: dp (1) * tp (3) must equal the device count (4)"),
+    ("raise", 1, "[rank 1] RuntimeError: injected failure on process 1"),
+])
+def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, line):
+    """A failed process of the example leaves with os._exit (not through jax's atexit shutdown
+    barrier), so launch.sh sees the failure and stops the other process within its grace period.
+    LAUNCH_FAIL_FAST=0: the example's own handling, not launch.sh's failfast.py wrapper."""
+    reason = _gloo_reason()
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "fail_on_one.py"
+    script.write_text(_FAIL_ON_ONE.format(script=str(SCRIPT), how=how))
+    proc, took = _launch_bounded(["2", str(script), "--cpu-devices", "2", "--steps", "20", *TINY],
+                                 FAIL_FAST_LIMIT, LAUNCH_FAIL_FAST="0", LAUNCH_GRACE="1",
+                                 LAUNCH_KILL_AFTER="1")
+    assert proc.returncode == status, f"{took:.1f} s\n{_describe(proc)}"
+    assert took < FAIL_FAST_LIMIT
+    assert line in proc.stderr, _describe(proc)
+    assert "launch.sh: rank 1 (pid " in proc.stderr and f"exited with status {status}" in proc.stderr
 
 
 _RAISE_ON_ONE = """import os, time
