@@ -212,6 +212,18 @@ def test_a_venv_in_the_checkout_is_ignored_by_git():
         assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
 
 
+def test_srun_commands_in_the_docs_do_not_bind_gpus_per_task():
+    """jax's Slurm detection gives task i of a node GPU i of those it sees: with --gpus-per-task=1
+    each task sees one GPU, so local ranks >= 1 fail (jax-ml/jax#23452), and CUDA IPC between tasks
+    is blocked. The documented srun lines ask for GPUs per node, and kill the step on a failure."""
+    for doc, required in ((REPO / "examples" / "README.md", True), (REPO / "README.md", False)):
+        commands = re.findall(r"^srun .*$", doc.read_text(), re.M)
+        assert commands or not required, f"{doc}: no srun command"
+        for cmd in commands:
+            assert "--gpus-per-task" not in cmd and "--gpus-per-node=" in cmd, (doc, cmd)
+            assert "--kill-on-bad-exit=1" in cmd, (doc, cmd)
+
+
 def test_tuning_section_records_with_the_gpu_runs_flags():
     """examples/README.md's tuning steps: recording on a CPU machine must use the GPU run's model
     flags (dtype, sizes, device count), or the shapes are those of the CPU defaults."""
