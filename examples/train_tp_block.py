@@ -453,8 +453,9 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if jax_ub.build_info()["cuda_path"]:
-        jax_ub.initialize(mesh, "tp")  # Userbuffers communicators for the TP groups
+    # Userbuffers communicators for the TP groups. Without the CUDA path it creates none, but with
+    # several processes it still checks that every process got the same mesh and settings.
+    jax_ub.initialize(mesh, "tp")
     results = {}
     for label, method in runs:
         _log(f"[{label}] path: {paths[label]}")
