@@ -35,7 +35,9 @@ from jax.sharding import PartitionSpec as P
 from jax_ub import _validate, ops
 
 __all__ = [
+    "NORMS",
     "Placement",
+    "check_norm",
     "column_parallel_dense",
     "column_partitioning",
     "glu",
@@ -43,6 +45,7 @@ __all__ = [
     "local_initializer",
     "pack_gated",
     "placement",
+    "rms_norm",
     "row_parallel_dense",
     "row_partitioning",
     "unpack_gated",
@@ -105,6 +108,21 @@ def _require(where: str, axis_name: str, mesh: Any) -> Placement:
             f"`jax.set_mesh(mesh)` or give it `mesh=` (global arrays), or call it inside "
             f"`jax.shard_map` over {axis_name!r} (local shards).")
     return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Options shared by the layers
+# --------------------------------------------------------------------------------------------------
+
+NORMS = ("layernorm", "rmsnorm", None)
+
+
+def check_norm(where: str, norm: Any) -> str | None:
+    """``norm`` of a :class:`ParallelMLP`: ``"layernorm"``, ``"rmsnorm"`` or ``None``."""
+    if norm not in NORMS or isinstance(norm, bool):
+        raise ValueError(f"{where}: `norm` must be 'layernorm', 'rmsnorm' or None (no norm); "
+                         f"got {norm!r}.")
+    return norm
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,6 +427,23 @@ def layer_norm(x: Array, scale: Array | None, bias: Array | None, *, epsilon: fl
         y = y * scale.astype(jnp.float32)
     if bias is not None:
         y = y + bias.astype(jnp.float32)
+    return y.astype(out_dtype)
+
+
+def rms_norm(x: Array, scale: Array | None, *, epsilon: float = 1e-6, dtype: Any = None) -> Array:
+    """RMSNorm over the last dim (Llama, Mistral): ``x / sqrt(mean(x**2) + epsilon) * scale``, no
+    mean subtraction and no bias, statistics in float32; token-local, so no communication.
+
+    x `[..., features]`, scale `[features]` (replicated) → `[..., features]` in ``dtype`` (default:
+    the promoted dtype of x and scale). The scale multiplies in float32 before the cast (Hugging
+    Face's ``LlamaRMSNorm`` casts first, then scales: the same in float32, within rounding below).
+    """
+    out_dtype = jnp.result_type(*(a for a in (x, scale) if a is not None)) \
+        if dtype is None else dtype
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + epsilon)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
     return y.astype(out_dtype)
 
 

@@ -4,7 +4,8 @@
   `[batch, seq, features/tp]` per device.
 * :class:`RowParallelDense` — TP→SP (GEMM + reduce-scatter), `[batch, seq, in/tp]` →
   `[batch, seq/tp, features]` per device; bias added once after the reduce-scatter.
-* :class:`ParallelMLP` — LayerNorm → column → activation → row (``gated=True``: the GLU family).
+* :class:`ParallelMLP` — norm (``"layernorm"``, ``"rmsnorm"`` or ``None``) → column → activation
+  → row (``gated=True``: the GLU family).
 
 Modes are those of :mod:`jax_ub.nn` (global arrays under ``jax.set_mesh`` / ``mesh=``, or local
 shards inside the user's ``jax.shard_map`` over ``axis_name``; see :mod:`jax_ub._layers`). The
@@ -171,12 +172,34 @@ class LayerNorm(nn.Module):
         return _layers.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype)
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim (Llama, Mistral) with a replicated `[features]` scale, no bias."""
+
+    _: dataclasses.KW_ONLY
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    axis_name: str = "tp"
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = _param(self, "scale", nn.initializers.ones_init(), (x.shape[-1],),
+                       self.param_dtype, (None,), self.axis_name, self.mesh)
+        return _layers.rms_norm(x, scale, epsilon=self.epsilon, dtype=self.dtype)
+
+
+_NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, None: None}
+
+
 class ParallelMLP(nn.Module):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (see :class:`jax_ub.nn.ParallelMLP`).
 
     x `[batch, seq, features]` → same shape, the sequence split over ``axis_name`` on both sides;
     the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
-    ``recompute_gathered`` applies to ``up``. ``gated=True``: ``down(activation(gate) * linear)``
+    ``norm``: ``"layernorm"`` (default), ``"rmsnorm"`` (scale only, Llama/Mistral) or ``None`` (no
+    ``norm`` submodule); ``recompute_gathered`` applies to ``up``. ``gated=True``:
+    ``down(activation(gate) * linear)``
     from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with ``activation=jax.nn.silu``;
     layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
     """
@@ -194,19 +217,22 @@ class ParallelMLP(nn.Module):
     epsilon: float = 1e-6
     recompute_gathered: bool | None = None
     gated: bool = False
+    norm: str | None = "layernorm"
     axis_name: str = "tp"
     mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        norm_cls = _NORMS[_layers.check_norm(type(self).__name__, self.norm)]
         if self.gated:
             _layers.check_gated(type(self).__name__, self.ffn_features, self.axis_name, self.mesh)
         common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                       kernel_init=self.kernel_init, bias_init=self.bias_init,
                       precision=self.precision, method=self.method, axis_name=self.axis_name,
                       mesh=self.mesh)
-        h = LayerNorm(epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
-                      axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
+        h = x if norm_cls is None else norm_cls(
+            epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
+            axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
         h = ColumnParallelDense(2 * self.ffn_features if self.gated else self.ffn_features,
                                 name="up", recompute_gathered=self.recompute_gathered, **common)(h)
         h = _layers.glu(h, self.activation) if self.gated else self.activation(h)

@@ -4,8 +4,9 @@
   `[batch, seq, out/tp]`.
 * :class:`RowParallelDense` — TP→SP: `[batch, seq, in/tp]` → GEMM + reduce-scatter →
   `[batch, seq/tp, out]`.
-* :class:`ParallelMLP` — LayerNorm → column → activation → row, `[batch, seq/tp, features]` in and
-  out; ``gated=True`` for the GLU family (SwiGLU with ``activation=jax.nn.silu``), whose ``up``
+* :class:`ParallelMLP` — norm → column → activation → row, `[batch, seq/tp, features]` in and
+  out; ``norm="layernorm"`` (default), ``"rmsnorm"`` (Llama, Mistral) or ``None``;
+  ``gated=True`` for the GLU family (SwiGLU with ``activation=jax.nn.silu``), whose ``up``
   parameters :func:`pack_gated` builds from separate gate and linear halves.
 
 Shapes above are per device. A layer works in one of two modes, chosen at each call: on *global*
@@ -180,6 +181,24 @@ class LayerNorm(nnx.Module):
                                   dtype=self.dtype)
 
 
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last dim (Llama, Mistral) with a replicated `[features]` scale, no bias."""
+
+    def __init__(self, features: int, *, epsilon: float = 1e-6, dtype: Any = None,
+                 param_dtype: Any = jnp.float32, axis_name: str = "tp", mesh: Any = None,
+                 rngs: nnx.Rngs):
+        self.epsilon = epsilon
+        self.dtype = dtype
+        self.scale = _param("RMSNorm", nnx.initializers.ones_init(), rngs.params(), (features,),
+                            param_dtype, (None,), axis_name, mesh)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layers.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype)
+
+
+_NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, None: None}
+
+
 class ParallelMLP(nnx.Module):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (no residual); gated:
     ``down(activation(gate) * linear)`` with ``gate``, ``linear`` from one ``up`` projection.
@@ -189,12 +208,16 @@ class ParallelMLP(nnx.Module):
     :class:`ColumnParallelDense` ``features → ffn_features``, ``down`` a :class:`RowParallelDense`
     ``ffn_features → features``; ``ffn_features`` must be divisible by ``tp``.
 
-    Args: ``activation`` (default :func:`jax.nn.gelu`), ``epsilon`` of the LayerNorm,
-    ``recompute_gathered`` for ``up`` (the only all-gather), the rest as
+    Args: ``activation`` (default :func:`jax.nn.gelu`); ``norm``: ``"layernorm"`` (default: scale
+    and bias, mean subtracted), ``"rmsnorm"`` (Llama, Mistral: a scale only, no mean subtraction)
+    or ``None`` (no norm and no norm parameters, for an input normalised already); ``epsilon`` of
+    the norm; ``recompute_gathered`` for ``up`` (the only all-gather), the rest as
     :class:`ColumnParallelDense`.
 
-    ``gated=True``: the GLU family, e.g. SwiGLU (Llama, Mistral) with ``activation=jax.nn.silu``
-    and ``use_bias=False``, GeGLU with the default gelu. ``up`` is then one
+    ``gated=True``: the GLU family, e.g. SwiGLU with ``activation=jax.nn.silu`` and
+    ``use_bias=False``, GeGLU with the default gelu. Llama's and Mistral's MLP is that SwiGLU with
+    ``norm="rmsnorm"`` and ``epsilon`` = the model's ``rms_norm_eps`` (the norm's scale is the
+    checkpoint's ``post_attention_layernorm.weight``). ``up`` is then one
     ``features → 2 * ffn_features`` layer, so one all-gather feeds both halves; its features are
     interleaved (unit j's gate at column 2j, its linear part at 2j + 1), so every device holds whole
     pairs. :func:`pack_gated` builds that kernel (and bias) from the two `[features, ffn]` halves
@@ -208,7 +231,9 @@ class ParallelMLP(nnx.Module):
                  bias_init: Callable[..., jax.Array] = default_bias_init,
                  precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
                  recompute_gathered: bool | None = None, gated: bool = False,
-                 axis_name: str = "tp", mesh: Any = None, rngs: nnx.Rngs):
+                 norm: str | None = "layernorm", axis_name: str = "tp", mesh: Any = None,
+                 rngs: nnx.Rngs):
+        norm_cls = _NORMS[_layers.check_norm(type(self).__name__, norm)]
         if gated:
             _layers.check_gated(type(self).__name__, ffn_features, axis_name, mesh)
         self.activation = activation
@@ -216,8 +241,9 @@ class ParallelMLP(nnx.Module):
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init, bias_init=bias_init, precision=precision,
                       method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
-        self.norm = LayerNorm(features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
-                              axis_name=axis_name, mesh=mesh, rngs=rngs)
+        self.norm = None if norm_cls is None else norm_cls(
+            features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name,
+            mesh=mesh, rngs=rngs)
         self.up = ColumnParallelDense(features, 2 * ffn_features if gated else ffn_features,
                                       recompute_gathered=recompute_gathered, **common)
         self.down = RowParallelDense(ffn_features, features, **common)
@@ -226,7 +252,7 @@ class ParallelMLP(nnx.Module):
         # Here, not in the norm: its broadcasting error would not say which layer or dim.
         _layers.check_x(type(self).__name__, x, "[batch, seq, features]", self.up.in_features,
                         "features")
-        h = self.up(self.norm(x))
+        h = self.up(x if self.norm is None else self.norm(x))
         if self.gated:
             _layers.check_gated(type(self).__name__, self.down.in_features, self.up.axis_name,
                                 self.up.mesh)
