@@ -1,23 +1,40 @@
 """Shared core of the tensor-/sequence-parallel dense layers (:mod:`jax_ub.nn`, :mod:`jax_ub.linen`).
 
 Everything here is a plain function of arrays; the NNX and linen modules only own parameters and
-call these. Activations are `[batch, seq, features]`; the sequence is axis 1.
+call these. Activations are `[..., features]`: any number (>= 1) of leading dims before the
+features, one of which is the sequence, ``seq_axis`` (default ``-2``: `[batch, seq, features]`,
+`[tokens, features]`). With ``sequence_parallel=True`` (the default) the sequence is what is
+all-gathered (column layer) and reduce-scattered (row layer), so it must divide by ``tp``; with
+``sequence_parallel=False`` activations are replicated over the TP axis (Megatron's TP without
+SP, e.g. for decode steps of one token): the column layer is a local GEMM, the row layer a GEMM and
+an all-reduce (``lax.psum``), and the sequence may have any length.
 
 Two ways to call a layer (the *mode* is chosen per call, automatically):
 
 * **global** — the mesh axis ``axis_name`` is *not* bound by an enclosing :func:`jax.shard_map`.
-  Arrays are global; the layer finds a mesh (its ``mesh`` argument, else the one set with
-  :func:`jax.set_mesh`) and applies :func:`jax.shard_map` itself, over every mesh axis not already
-  manual. Parameters are split along ``axis_name`` as their partitioning metadata says; the batch
-  dim is split over all the *other* free mesh axes (e.g. ``"dp"``) when the batch divides by their
-  product, else kept whole on each of them.
+  Arrays are global; the layer finds a mesh and applies :func:`jax.shard_map` itself, over every
+  mesh axis not already manual. The mesh is the layer's ``mesh`` argument, else the one set with
+  :func:`jax.set_mesh`, else the mesh of the kernel's own ``NamedSharding`` (a concrete array,
+  i.e. a call outside ``jax.jit``), else (NNX) the concrete mesh the layer was built under.
+  Parameters are split along ``axis_name`` as their partitioning metadata says; the batch (the
+  first leading dim other than the sequence; `[tokens, features]` has none) is split over all the
+  *other* free mesh axes (e.g. ``"dp"``) when it divides by their product, else kept whole on each
+  of them.
 * **local** — ``axis_name`` is bound (the call runs inside the user's own ``shard_map`` over it):
   arrays are this device's shards and the layer calls the primitives directly. Parameters may be
   local shards (the usual case: passed through ``shard_map`` with ``in_specs`` from their
-  partitioning) or whole arrays (closed over); whole ones are sliced to this device's shard.
+  partitioning) or whole arrays (closed over, or passed replicated); whole ones are sliced to this
+  device's shard. Both frameworks accept both (linen: at ``apply``; ``init`` inside ``shard_map``
+  creates the local shards).
 
 Detection uses :func:`jax.lax.axis_size`, which raises ``NameError`` for an unbound axis name, so an
 enclosing ``shard_map`` over ``axis_name`` always wins over a ``mesh`` argument.
+
+Partitioning: the layers name the TP dim of each parameter themselves. An initializer that already
+returns a box (``nnx.with_partitioning``, ``nn.with_partitioning``) may name mesh axes on the dims
+the layer keeps whole over ``axis_name`` (e.g. ``("fsdp", "tp")`` for a column kernel: FSDP on its
+input dim); those names are merged into the layer's (:func:`merge_partitioning`). Naming another
+axis on the TP dim, or ``axis_name`` on another dim, or logical axis names, is refused.
 """
 
 from __future__ import annotations
@@ -30,19 +47,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import _validate, ops
+from jax_ub import _validate, gemm, ops
 
 __all__ = [
     "NORMS",
     "Placement",
     "check_norm",
+    "check_seq_axis",
     "column_parallel_dense",
     "column_partitioning",
     "glu",
+    "init_param",
     "layer_norm",
     "local_initializer",
+    "merge_partitioning",
     "pack_gated",
     "placement",
     "rms_norm",
@@ -75,6 +96,47 @@ def _context_mesh(mesh: Any) -> Any:
     return None if abstract is None or abstract.empty else abstract
 
 
+def array_mesh(a: Any) -> Any:
+    """The concrete mesh of ``a``'s ``NamedSharding`` (a committed array outside jit), else None."""
+    if a is None or isinstance(a, jax.core.Tracer) or not isinstance(a, jax.Array):
+        return None
+    sharding = getattr(a, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
+
+
+def concrete_mesh(mesh: Any = None) -> Any:
+    """``mesh`` if it is a concrete ``Mesh``, else the one set with ``jax.set_mesh``, else None.
+
+    An NNX layer keeps this from its construction, to run when called with no mesh in context.
+    """
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    if mesh is not None:  # an AbstractMesh given on purpose: nothing concrete to keep
+        return None
+    try:
+        m = jax.sharding.get_mesh()
+    except ValueError:  # inside a trace (nnx.jit / nnx.eval_shape): jax's public call refuses
+        try:
+            from jax._src import mesh as mesh_lib  # the same thread-local, read without the guard
+
+            m = mesh_lib.get_concrete_mesh()
+        except Exception:  # a private API: any change just loses the fallback
+            return None
+    return m if isinstance(m, jax.sharding.Mesh) and not m.empty else None
+
+
+def _legacy_mesh() -> Any:
+    """The mesh of a legacy ``with mesh:`` block (which these layers do not read), if any."""
+    try:
+        from jax._src import mesh as mesh_lib
+
+        m = mesh_lib.thread_resources.env.physical_mesh
+    except Exception:  # a private API: without it the message just says less
+        return None
+    return None if m is None or m.empty else m
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where a layer runs: ``local`` (inside the user's shard_map) or on global arrays over ``mesh``.
@@ -88,25 +150,49 @@ class Placement:
     mesh: Any = None
 
 
-def placement(axis_name: str, mesh: Any = None) -> Placement:
-    """The mode a layer is in right now (see the module docstring); never raises."""
+def placement(axis_name: str, mesh: Any = None, fallbacks: Sequence[Any] = ()) -> Placement:
+    """The mode a layer is in right now (see the module docstring); never raises.
+
+    ``fallbacks``: meshes to use, in order, when neither ``mesh`` nor a context mesh is set.
+    """
     size = bound_axis_size(axis_name)
     if size is not None:
         return Placement(local=True, tp=size)
     m = _context_mesh(mesh)
+    if m is None:
+        m = next((f for f in fallbacks if f is not None), None)
     if m is not None and axis_name in m.axis_names:
         return Placement(local=False, tp=int(m.shape[axis_name]), mesh=m)
     return Placement(local=False, tp=None, mesh=m)
 
 
-def _require(where: str, axis_name: str, mesh: Any) -> Placement:
-    p = placement(axis_name, mesh)
+def check_axis_in_mesh(where: str, axis_name: str, p: Placement) -> None:
+    """A known mesh without ``axis_name`` is an error where the layer is built, not at its call."""
+    if not p.local and p.tp is None and p.mesh is not None:
+        raise ValueError(
+            f"{where}: mesh axis {axis_name!r} (the layer's `axis_name`) is not an axis of the mesh "
+            f"(axes {tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
+            f"or use a mesh with an axis {axis_name!r}.")
+
+
+def _require(where: str, axis_name: str, mesh: Any, fallbacks: Sequence[Any] = ()) -> Placement:
+    p = placement(axis_name, mesh, fallbacks)
     if p.tp is None:
-        found = "no mesh" if p.mesh is None else f"a mesh with axes {tuple(p.mesh.axis_names)}"
+        if p.mesh is not None:
+            raise ValueError(
+                f"{where}: mesh axis {axis_name!r} is unknown here (a mesh with axes "
+                f"{tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
+                f"or call the layer inside `jax.shard_map` over {axis_name!r} (local shards).")
+        legacy = _legacy_mesh()
+        found = "no mesh" if legacy is None else (
+            f"no mesh set with `jax.set_mesh`; the legacy `with mesh:` context holds a mesh with "
+            f"axes {tuple(legacy.axis_names)}, which these layers do not read: use "
+            f"`with jax.set_mesh(mesh):` instead")
         raise ValueError(
             f"{where}: mesh axis {axis_name!r} is unknown here ({found}). Call the layer under "
-            f"`jax.set_mesh(mesh)` or give it `mesh=` (global arrays), or call it inside "
-            f"`jax.shard_map` over {axis_name!r} (local shards).")
+            f"`jax.set_mesh(mesh)` or give it `mesh=` (global arrays; outside `jax.jit`, parameters "
+            f"sharded on a mesh are enough), or call it inside `jax.shard_map` over {axis_name!r} "
+            f"(local shards).")
     return p
 
 
@@ -123,6 +209,17 @@ def check_norm(where: str, norm: Any) -> str | None:
         raise ValueError(f"{where}: `norm` must be 'layernorm', 'rmsnorm' or None (no norm); "
                          f"got {norm!r}.")
     return norm
+
+
+def check_seq_axis(where: str, seq_axis: Any) -> int:
+    """``seq_axis`` is an int and, counted from the end, not the last (features) axis."""
+    if isinstance(seq_axis, bool) or not isinstance(seq_axis, int):
+        raise TypeError(f"{where}: `seq_axis` must be an int (the sequence axis of x); "
+                        f"got {seq_axis!r}.")
+    if seq_axis == -1:
+        raise ValueError(f"{where}: `seq_axis` must not be the last axis of x (-1: the features); "
+                         f"got {seq_axis}.")
+    return seq_axis
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,14 +248,18 @@ def local_initializer(init: Initializer, global_shape: Sequence[int], names: Seq
 
     def init_local(key: Array, shape: Any = None, dtype: Any = jnp.float32) -> Array:
         del shape  # the local shape; the global one is what the initializer must see
-        value = init(key, global_shape, dtype)
-        for dim, name in enumerate(names):
-            if name == axis_name:
-                n = global_shape[dim] // tp
-                value = lax.dynamic_slice_in_dim(value, lax.axis_index(axis_name) * n, n, axis=dim)
-        return value
+        return _slice_tp(init(key, global_shape, dtype), names, axis_name, tp)
 
     return init_local
+
+
+def _slice_tp(value: Array, names: Sequence[Any], axis_name: str, tp: int) -> Array:
+    """This device's shard of a whole ``value`` along the dims ``names`` split over ``axis_name``."""
+    for dim, name in enumerate(names):
+        if name == axis_name:
+            n = value.shape[dim] // tp
+            value = lax.dynamic_slice_in_dim(value, lax.axis_index(axis_name) * n, n, axis=dim)
+    return value
 
 
 def local_shape(global_shape: Sequence[int], names: Sequence[Any], axis_name: str,
@@ -167,10 +268,133 @@ def local_shape(global_shape: Sequence[int], names: Sequence[Any], axis_name: st
     return tuple(d // tp if n == axis_name else d for d, n in zip(global_shape, names, strict=True))
 
 
-def check_divisible(where: str, what: str, value: int, tp: int | None, axis_name: str) -> None:
+def check_divisible(where: str, what: str, value: int, tp: int | None, axis_name: str,
+                    hint: str = "") -> None:
     if tp is not None and value % tp:
         raise ValueError(f"{where}: {what} must be divisible by the size of mesh axis "
-                         f"{axis_name!r} ({tp}); got {value}.")
+                         f"{axis_name!r} ({tp}); got {value}.{hint}")
+
+
+def check_param_divisible(where: str, param: str, shape: Sequence[int], names: Sequence[Any],
+                          dim_names: Sequence[str] | None, tp: int | None, axis_name: str) -> None:
+    """Each dim of ``shape`` split over ``axis_name`` divides by ``tp``; the error names the dim
+    by ``dim_names`` (e.g. ``out_features``) where given."""
+    for dim, name in enumerate(names):
+        if name == axis_name:
+            what = (dim_names[dim] if dim_names is not None
+                    else f"parameter `{param}` dim {dim} of {list(shape)}")
+            check_divisible(where, what, shape[dim], tp, axis_name)
+
+
+def _entries(names: Any) -> tuple[Any, ...]:
+    """Partitioning names as a tuple (a ``PartitionSpec`` or a sequence of names)."""
+    if isinstance(names, str):
+        return (names,)
+    return tuple(tuple(e) if isinstance(e, list) else e for e in names)
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def merge_partitioning(where: str, param: str, layer_names: Sequence[Any], user_names: Any,
+                       axis_name: str) -> tuple[Any, ...]:
+    """The layer's partitioning names with the user's on the dims the layer keeps whole over
+    ``axis_name``: ``(None, "tp")`` and ``("fsdp", "tp")`` give ``("fsdp", "tp")``.
+
+    The TP dims are the layer's to name: the user may leave them ``None`` or name ``axis_name``
+    there too, and may not name ``axis_name`` anywhere else.
+    """
+    layer_names = tuple(layer_names)
+    user = _entries(user_names)
+    if len(user) > len(layer_names):
+        raise ValueError(
+            f"{where}: {param}_init's partitioning {user} has {len(user)} entries, but `{param}` "
+            f"has {len(layer_names)} dims (the layer names it {layer_names}).")
+    user = user + (None,) * (len(layer_names) - len(user))
+    merged = []
+    for dim, (mine, theirs) in enumerate(zip(layer_names, user, strict=True)):
+        if mine == axis_name:
+            if theirs not in (None, axis_name) and _axes_of(theirs) != (axis_name,):
+                raise ValueError(
+                    f"{where}: {param}_init's partitioning {user} names {theirs!r} on dim {dim} of "
+                    f"`{param}`, which the layer splits over {axis_name!r} itself (it sets "
+                    f"{layer_names}). Leave that dim None; other mesh axes (e.g. FSDP) may go on "
+                    f"the dims the layer keeps whole.")
+            merged.append(mine)
+        else:
+            if axis_name in _axes_of(theirs):
+                raise ValueError(
+                    f"{where}: {param}_init's partitioning {user} names the tensor-parallel axis "
+                    f"{axis_name!r} on dim {dim} of `{param}`, which the layer keeps whole over it "
+                    f"(it sets {layer_names}). The layer places {axis_name!r} itself: leave it out.")
+            merged.append(theirs)
+    return tuple(merged)
+
+
+_LOGICAL = ("logical axis names (`nn.with_logical_partitioning`, `sharding_rules`) are not "
+            "supported: the layer names the tensor-parallel dim with the mesh axis itself; give mesh "
+            "axis names for the other dims instead (e.g. `with_partitioning(init, ('fsdp', None))`)")
+
+
+def unbox_init(where: str, param: str, value: Any) -> tuple[Array, Any, Any]:
+    """``(array, user's partitioning names or None, the box or None)`` of an initializer's output.
+
+    Knows Flax's boxes: NNX ``VariableMetadata`` (``nnx.with_partitioning``/``with_metadata``) and
+    linen ``Partitioned`` (``nn.with_partitioning``); refuses logical names and unknown boxes.
+    """
+    if isinstance(value, jax.Array) or not hasattr(value, "__dict__"):
+        return value, None, None
+    from flax.core import meta  # here: the ops do not need flax, only its layers do
+    from flax.nnx import variablelib
+
+    if isinstance(value, variablelib.VariableMetadata):
+        md = value.metadata
+        if md.get("sharding_rules"):
+            raise TypeError(f"{where}: {param}_init: {_LOGICAL}.")
+        names = next((md[k] for k in ("out_sharding", "sharding_names", "sharding")
+                      if md.get(k) is not None), None)
+        if isinstance(names, jax.sharding.NamedSharding):
+            names = names.spec
+        return value.raw_value, names, value
+    if type(value).__name__ == "LogicallyPartitioned":  # flax.linen.spmd, a Partitioned subclass
+        raise TypeError(f"{where}: {param}_init: {_LOGICAL}.")
+    if isinstance(value, meta.Partitioned):
+        return value.value, value.names, value
+    if isinstance(value, meta.AxisMetadata):
+        raise TypeError(
+            f"{where}: {param}_init returned a {type(value).__name__} box, which the layer cannot "
+            f"read. The layer sets the tensor-parallel partitioning of `{param}` itself: give a "
+            f"plain initializer, or one wrapped in `with_partitioning` (mesh axis names).")
+    return value, None, None
+
+
+def init_param(where: str, param: str, init: Initializer, key: Array, global_shape: Sequence[int],
+               dtype: Any, layer_names: Sequence[Any], axis_name: str, p: Placement, *,
+               slice_local: bool = True) -> tuple[Array, tuple[Any, ...], Any]:
+    """Runs ``init`` at the parameter's global shape: ``(value, names, user's box or None)``.
+
+    ``names`` are the layer's partitioning merged with the one the initializer's box carries
+    (:func:`merge_partitioning`). In local mode (``p.local``) with ``slice_local``, ``value`` is
+    this device's shard of the whole initialisation (so local-mode init equals global-mode's).
+    """
+    layer_names = tuple(layer_names)
+    raw, user_names, box = unbox_init(where, param, init(key, tuple(global_shape), dtype))
+    names = layer_names if user_names is None else merge_partitioning(
+        where, param, layer_names, user_names, axis_name)
+    if p.local:
+        if names != layer_names:
+            raise ValueError(
+                f"{where}: {param}_init's partitioning names {names} put mesh axes other than "
+                f"{axis_name!r} on `{param}`; inside `jax.shard_map` over {axis_name!r} (local "
+                f"mode) parameters are whole on the dims not split over {axis_name!r}. Build the "
+                f"layer outside shard_map (global mode) to keep those names.")
+        if slice_local:
+            assert p.tp is not None
+            raw = _slice_tp(raw, names, axis_name, p.tp)
+    return raw, names, box
 
 
 # --------------------------------------------------------------------------------------------------
@@ -207,8 +431,10 @@ def _free_axes(mesh: Any) -> tuple[str, ...]:
     return tuple(a for a in mesh.axis_names if a not in manual)
 
 
-def _batch_axes(mesh: Any, axis_name: str, batch: int) -> Any:
-    """Mesh axes the batch is split over in global mode (None: kept whole)."""
+def _batch_axes(mesh: Any, axis_name: str, batch: int | None) -> Any:
+    """Mesh axes the batch is split over in global mode (None: kept whole, or no batch dim)."""
+    if batch is None:
+        return None
     axes = tuple(a for a in _free_axes(mesh) if a != axis_name and mesh.shape[a] > 1)
     if not axes or batch % math.prod(mesh.shape[a] for a in axes):
         return None
@@ -273,13 +499,107 @@ def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | Non
     return mapped(*(_to_spec(args[i], in_specs[i], explicit, mesh) for i in present))
 
 
-def check_x(where: str, x: Array, layout: str, hidden: int | None, hidden_name: str) -> None:
-    if x.ndim != 3:
-        raise ValueError(f"{where}: x must be `{layout}` (3 dims, sequence on axis 1); "
+def _layout(features: str, seq_axis: int, sequence_parallel: bool, seq: str = "seq") -> str:
+    if not sequence_parallel:
+        return f"[..., {features}]"
+    if seq_axis == -2:
+        return f"[..., {seq}, {features}]"
+    return f"[..., {features}] with the sequence ({seq}) on axis {seq_axis}"
+
+
+def check_x(where: str, x: Array, hidden: int | None, hidden_name: str, *, seq_axis: int = -2,
+            sequence_parallel: bool = True, seq: str = "seq") -> int | None:
+    """``x`` is `[..., hidden]` with its sequence on ``seq_axis`` (not the last axis); returns that
+    axis, non-negative (``None`` without sequence parallelism where x has no such axis)."""
+    layout = _layout(hidden_name, seq_axis, sequence_parallel, seq)
+    ndim = x.ndim
+    axis = seq_axis + ndim if seq_axis < 0 else seq_axis
+    if sequence_parallel and (ndim < 2 or not 0 <= axis < ndim - 1):
+        raise ValueError(
+            f"{where}: x must be `{layout}`: at least 2 dims, the sequence on axis "
+            f"seq_axis={seq_axis} and the features last; got x.shape={_fmt(x.shape)}.")
+    if ndim < 1:
+        raise ValueError(f"{where}: x must be `{layout}` (at least 1 dim: the features); "
                          f"got x.shape={_fmt(x.shape)}.")
     if hidden is not None and x.shape[-1] != hidden:
         raise ValueError(f"{where}: x must be `{layout}` with {hidden_name} == {hidden}; "
                          f"got x.shape={_fmt(x.shape)}.")
+    return axis if 0 <= axis < ndim - 1 else None
+
+
+def _check_seq_divisible(where: str, x: Array, axis: int, tp: int, axis_name: str) -> None:
+    check_divisible(
+        where, f"the sequence length (x.shape={_fmt(x.shape)}, axis {axis})", x.shape[axis], tp,
+        axis_name,
+        hint=(f" For a sequence that does not split over {axis_name!r} (a decode step, a prompt of "
+              f"any length), build the layer with `sequence_parallel=False`: activations "
+              f"replicated over {axis_name!r}, no all-gather in the column layer and an all-reduce "
+              f"instead of the reduce-scatter in the row layer."))
+
+
+def _batch_dim(ndim: int, seq: int | None) -> int | None:
+    """The batch dim of global mode: the first leading dim that is not the sequence."""
+    return next((d for d in range(ndim - 1) if d != seq), None)
+
+
+def _spec(ndim: int, entries: dict[int | None, Any]) -> P:
+    return P(*(entries.get(d) for d in range(ndim)))
+
+
+def _local_dot(x: Array, kernel: Array, precision: Any) -> Array:
+    """The GEMM of a layer without sequence parallelism: a plain XLA dot (nothing to overlap).
+
+    Named like :func:`jax_ub.matmul`'s output, so that :func:`jax_ub.checkpoint_policy` and
+    ``save_only_these_names(*jax_ub.CHECKPOINT_NAMES)`` keep it as they keep the overlapped ops'.
+    """
+    return checkpoint_name(jnp.matmul(x, kernel, precision=_validate.static_precision(precision)),
+                           gemm.OUT_NAME)
+
+
+def _shape_error(where: str, name: str, expected: str, got: Sequence[int], hint: str = "") -> None:
+    raise ValueError(f"{where}: {name} must be {expected}; got {name}.shape={_fmt(got)}.{hint}")
+
+
+def _transposed_hint(kernel: Array, in_features: int, out_features: int) -> str:
+    if in_features != out_features and tuple(kernel.shape) == (out_features, in_features):
+        return (" It is [out_features, in_features] (PyTorch's layout for a Linear weight): "
+                "transpose it.")
+    return ""
+
+
+def _check_kernel_2d(where: str, kernel: Array) -> None:
+    if kernel.ndim != 2:
+        _shape_error(where, "kernel", "`[in_features, out_features]` (2 dims)", kernel.shape)
+
+
+def _check_kernel(where: str, kernel: Array, in_features: int, out_features: int, tp: int,
+                  split_dim: int, local: bool) -> None:
+    """``kernel`` is `[in_features, out_features]`; in local mode its ``split_dim`` may also be the
+    local shard (``/ tp``)."""
+    whole = (in_features, out_features)
+    shard = tuple(d // tp if i == split_dim else d for i, d in enumerate(whole))
+    ok = kernel.ndim == 2 and (tuple(kernel.shape) == whole or (local and tuple(kernel.shape) == shard))
+    if ok:
+        return
+    expected = f"`[in_features, out_features]` = {_fmt(whole)}"
+    if local and tp > 1:
+        expected += f" (whole) or this device's shard {_fmt(shard)}"
+    _shape_error(where, "kernel", expected, kernel.shape,
+                 _transposed_hint(kernel, in_features, out_features))
+
+
+def _check_bias(where: str, bias: Array | None, out_features: int, tp: int, split: bool,
+                local: bool) -> None:
+    if bias is None:
+        return
+    ok = bias.ndim == 1 and (bias.shape[0] == out_features
+                             or (local and split and bias.shape[0] == out_features // tp))
+    if ok:
+        return
+    expected = f"`[out_features]` = [{out_features}]"
+    if local and split and tp > 1:
+        expected += f" (whole) or this device's shard [{out_features // tp}]"
+    _shape_error(where, "bias", expected, bias.shape)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,12 +620,16 @@ def column_parallel_dense(
     bias: Array | None,
     *,
     out_features: int,
+    in_features: int | None = None,
     axis_name: str = "tp",
     mesh: Any = None,
     dtype: Any = None,
     precision: Any = None,
     method: str | None = None,
     recompute_gathered: bool | None = None,
+    seq_axis: int = -2,
+    sequence_parallel: bool = True,
+    default_mesh: Any = None,
     where: str = "ColumnParallelDense",
 ) -> Array:
     """Column-parallel dense (SP→TP): all-gather the sequence, multiply by this shard's columns.
@@ -313,41 +637,58 @@ def column_parallel_dense(
     ``recompute_gathered`` goes to :func:`jax_ub.all_gather_matmul` (``None``: the configured
     default): keep only the local x for the backward and re-gather it there.
 
-    Global mode: x `[batch, seq, in]` (sequence split over ``axis_name``), kernel `[in, out]`, bias
-    `[out]` → `[batch, seq, out]` split over ``axis_name`` on the last dim.
-    Local mode: x `[batch, seq/tp, in]`, kernel `[in, out/tp]` (or whole), bias `[out/tp]` (or
-    whole) → `[batch, seq, out/tp]`.
+    Global mode: x `[..., seq, ..., in]` (sequence on ``seq_axis``, split over ``axis_name``),
+    kernel `[in, out]`, bias `[out]` → `[..., seq, ..., out]` split over ``axis_name`` on the last
+    dim. Local mode: x `[..., seq/tp, ..., in]`, kernel `[in, out/tp]` (or whole), bias `[out/tp]`
+    (or whole) → `[..., seq, ..., out/tp]`.
+
+    ``sequence_parallel=False``: x `[..., in]` replicated over ``axis_name`` (whole in local mode
+    too), a local GEMM without all-gather (``method`` and ``recompute_gathered`` do not apply).
+
+    ``in_features`` (global) is checked against the kernel when given (default
+    ``kernel.shape[0]``). ``default_mesh``: the mesh of global mode when neither ``mesh``, a
+    context mesh nor the kernel's own sharding names one.
     """
-    in_features = kernel.shape[0]
     _check_call_options(where, method, precision)
-    p = _require(where, axis_name, mesh)
+    check_seq_axis(where, seq_axis)
+    _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+    p = _require(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
     tp = p.tp
     assert tp is not None
     check_divisible(where, "out_features", out_features, tp, axis_name)
+    _check_kernel_2d(where, kernel)
+    if in_features is None:
+        in_features = kernel.shape[0]
+    # The kernel first: a wrong kernel (e.g. transposed) must not be reported as a wrong x.
+    _check_kernel(where, kernel, in_features, out_features, tp, 1, p.local)
+    _check_bias(where, bias, out_features, tp, True, p.local)
+    seq_label = "seq/tp" if p.local else "seq"
+    seq = check_x(where, x, in_features, "in_features", seq_axis=seq_axis,
+                  sequence_parallel=sequence_parallel, seq=seq_label)
     x, kernel, bias = _promote(dtype, x, kernel, bias)
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
-        y = ops.all_gather_matmul(x, kernel, axis_name, gather_axis=1, method=method,
-                                  precision=precision, recompute_gathered=recompute_gathered)
+        if sequence_parallel:
+            y = ops.all_gather_matmul(x, kernel, axis_name, gather_axis=seq, method=method,
+                                      precision=precision, recompute_gathered=recompute_gathered)
+        else:
+            y = _local_dot(x, kernel, precision)
         return y if bias is None else y + bias
 
     if p.local:
-        check_x(where, x, "[batch, seq/tp, in_features]", in_features, "in_features")
         kernel = _local_slice(where, "kernel", kernel, 1, out_features, tp, axis_name)
         if bias is not None:
             bias = _local_slice(where, "bias", bias, 0, out_features, tp, axis_name)
         return body(x, kernel, bias)
 
-    check_x(where, x, "[batch, seq, in_features]", in_features, "in_features")
-    check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)", x.shape[1],
-                    tp, axis_name)
-    if kernel.shape[1] != out_features:
-        raise ValueError(f"{where}: kernel must be `[in_features, out_features]` = "
-                         f"[{in_features}, {out_features}]; got {_fmt(kernel.shape)}.")
-    b = _batch_axes(p.mesh, axis_name, x.shape[0])
+    if sequence_parallel:
+        _check_seq_divisible(where, x, seq, tp, axis_name)
+    bdim = _batch_dim(x.ndim, seq)
+    b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
+    x_spec = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
     return _shard_map(body, p.mesh, (x, kernel, bias),
-                      (P(b, axis_name, None), P(None, axis_name), P(axis_name)),
-                      P(b, None, axis_name))
+                      (_spec(x.ndim, x_spec), P(None, axis_name), P(axis_name)),
+                      _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}))
 
 
 def row_parallel_dense(
@@ -356,58 +697,75 @@ def row_parallel_dense(
     bias: Array | None,
     *,
     in_features: int | None = None,
+    out_features: int | None = None,
     axis_name: str = "tp",
     mesh: Any = None,
     dtype: Any = None,
     precision: Any = None,
     method: str | None = None,
+    seq_axis: int = -2,
+    sequence_parallel: bool = True,
+    default_mesh: Any = None,
     where: str = "RowParallelDense",
 ) -> Array:
     """Row-parallel dense (TP→SP): multiply by this shard's rows, reduce-scatter over the sequence.
 
     The bias is added once, after the reduce-scatter.
 
-    Global mode: x `[batch, seq, in]` (split over ``axis_name`` on the last dim), kernel
-    `[in, out]`, bias `[out]` → `[batch, seq, out]` with the sequence split over ``axis_name``.
-    Local mode: x `[batch, seq, in/tp]`, kernel `[in/tp, out]` (or whole), bias `[out]` →
-    `[batch, seq/tp, out]`.
+    Global mode: x `[..., seq, ..., in]` (split over ``axis_name`` on the last dim), kernel
+    `[in, out]`, bias `[out]` → `[..., seq, ..., out]` with the sequence (``seq_axis``) split over
+    ``axis_name``. Local mode: x `[..., seq, ..., in/tp]`, kernel `[in/tp, out]` (or whole), bias
+    `[out]` → `[..., seq/tp, ..., out]`.
 
-    ``in_features`` (global) is checked when given; it defaults to ``kernel.shape[0]`` in global
-    mode and to ``x.shape[-1] * tp`` in local mode.
+    ``sequence_parallel=False``: the partial products are summed with an all-reduce
+    (``lax.psum``, in the compute dtype) instead: `[..., out]` replicated over ``axis_name``, any
+    sequence length (``method`` does not apply).
+
+    ``in_features`` and ``out_features`` (global) are checked when given; they default to the
+    kernel's in global mode, and to ``x.shape[-1] * tp`` and ``kernel.shape[1]`` in local mode.
     """
     _check_call_options(where, method, precision)
-    p = _require(where, axis_name, mesh)
+    check_seq_axis(where, seq_axis)
+    _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+    p = _require(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
     tp = p.tp
     assert tp is not None
+    _check_kernel_2d(where, kernel)
+    if in_features is None:
+        in_features = x.shape[-1] * tp if p.local and x.ndim else kernel.shape[0]
+    check_divisible(where, "in_features", in_features, tp, axis_name)
+    if out_features is None:
+        out_features = kernel.shape[1]
+    _check_kernel(where, kernel, in_features, out_features, tp, 0, p.local)
+    _check_bias(where, bias, out_features, tp, False, p.local)
+    if p.local:
+        seq = check_x(where, x, in_features // tp, "in_features/tp", seq_axis=seq_axis,
+                      sequence_parallel=sequence_parallel)
+    else:
+        seq = check_x(where, x, in_features, "in_features", seq_axis=seq_axis,
+                      sequence_parallel=sequence_parallel)
+    if sequence_parallel:
+        _check_seq_divisible(where, x, seq, tp, axis_name)
     x, kernel, bias = _promote(dtype, x, kernel, bias)
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
-        y = ops.matmul_reduce_scatter(x, kernel, axis_name, scatter_axis=1, method=method,
-                                      precision=precision)
+        if sequence_parallel:
+            y = ops.matmul_reduce_scatter(x, kernel, axis_name, scatter_axis=seq, method=method,
+                                          precision=precision)
+        else:
+            y = lax.psum(_local_dot(x, kernel, precision), axis_name)
         return y if bias is None else y + bias
 
     if p.local:
-        check_x(where, x, "[batch, seq, in_features/tp]", None, "")
-        full_in = x.shape[-1] * tp if in_features is None else in_features
-        check_divisible(where, "in_features", full_in, tp, axis_name)
-        check_x(where, x, "[batch, seq, in_features/tp]", full_in // tp, "in_features/tp")
-        check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)",
-                        x.shape[1], tp, axis_name)
-        kernel = _local_slice(where, "kernel", kernel, 0, full_in, tp, axis_name)
+        kernel = _local_slice(where, "kernel", kernel, 0, in_features, tp, axis_name)
         return body(x, kernel, bias)
 
-    full_in = kernel.shape[0] if in_features is None else in_features
-    check_divisible(where, "in_features", full_in, tp, axis_name)
-    check_x(where, x, "[batch, seq, in_features]", full_in, "in_features")
-    check_divisible(where, f"the sequence length (x.shape={_fmt(x.shape)}, axis 1)", x.shape[1],
-                    tp, axis_name)
-    if kernel.shape[0] != full_in:
-        raise ValueError(f"{where}: kernel must be `[in_features, out_features]` with "
-                         f"in_features == {full_in}; got {_fmt(kernel.shape)}.")
-    b = _batch_axes(p.mesh, axis_name, x.shape[0])
+    bdim = _batch_dim(x.ndim, seq)
+    b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
+    out = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
     return _shard_map(body, p.mesh, (x, kernel, bias),
-                      (P(b, None, axis_name), P(axis_name, None), P(None)),
-                      P(b, axis_name, None))
+                      (_spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}), P(axis_name, None), P(None)),
+                      _spec(x.ndim, out))
 
 
 def layer_norm(x: Array, scale: Array | None, bias: Array | None, *, epsilon: float = 1e-6,
@@ -490,7 +848,8 @@ def glu(h: Array, activation: Callable[[Array], Array]) -> Array:
     return activation(gate) * linear
 
 
-def check_gated(where: str, ffn_features: int, axis_name: str, mesh: Any) -> None:
+def check_gated(where: str, ffn_features: int, axis_name: str, mesh: Any,
+                fallbacks: Sequence[Any] = ()) -> None:
     """A gated MLP's ``ffn_features`` must split into whole gate/linear pairs per device."""
     check_divisible(where, "ffn_features (gated: each device holds whole gate/linear pairs)",
-                    ffn_features, placement(axis_name, mesh).tp, axis_name)
+                    ffn_features, placement(axis_name, mesh, fallbacks).tp, axis_name)

@@ -7,13 +7,15 @@
 * :class:`ParallelMLP` — norm (``"layernorm"``, ``"rmsnorm"`` or ``None``) → column → activation
   → row (``gated=True``: the GLU family).
 
-Modes are those of :mod:`jax_ub.nn` (global arrays under ``jax.set_mesh`` / ``mesh=``, or local
-shards inside the user's ``jax.shard_map`` over ``axis_name``; see :mod:`jax_ub._layers`). The
-input size is taken from ``x`` as usual in linen. Parameters are boxed with
-``nn.with_partitioning`` (column kernel ``(None, axis_name)``, bias ``(axis_name,)``; row kernel
-``(axis_name, None)``, bias ``(None,)``). In local mode the parameters have their local shapes (the
-ones ``shard_map`` hands to the body), and ``init`` builds each device's shard of the same global
-initialisation.
+Layouts (``seq_axis``, ``sequence_parallel=False``) and modes are those of :mod:`jax_ub.nn`
+(global arrays under ``jax.set_mesh`` / ``mesh=``, or local shards inside the user's
+``jax.shard_map`` over ``axis_name``; see :mod:`jax_ub._layers`). The input size is taken from
+``x`` as usual in linen. Parameters are boxed with ``nn.with_partitioning`` (column kernel
+``(None, axis_name)``, bias ``(axis_name,)``; row kernel ``(axis_name, None)``, bias ``(None,)``),
+in one box with the names of an initializer that is itself wrapped in ``nn.with_partitioning``
+(e.g. ``("fsdp", None)``). In local mode ``init`` creates the local shapes (the ones
+``shard_map`` hands to the body), each device's shard of the same global initialisation, and
+``apply`` takes either those shards or the whole parameters (which it slices).
 
 Example (4 host devices)::
 
@@ -31,12 +33,13 @@ Example (4 host devices)::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_ub import _layers
 from jax_ub._layers import pack_gated, unpack_gated
@@ -47,31 +50,39 @@ default_kernel_init = nn.initializers.lecun_normal()
 default_bias_init = nn.initializers.zeros_init()
 
 
-def _with_placement(init: Callable[..., jax.Array], names: tuple[Any, ...],
-                    mesh: Any) -> Callable[..., jax.Array]:
-    def placed(*args: Any) -> jax.Array:
-        return _layers.place(init(*args), names, mesh)
+def _box_mesh(box: Any) -> Any:
+    """The mesh a user's box names (linen ``Partitioned.mesh``, NNX metadata ``mesh``), if any."""
+    if isinstance(box, nn.Partitioned):
+        return box.mesh
+    return getattr(box, "metadata", {}).get("mesh") if box is not None else None
 
-    return placed
 
-
-def _param(module: nn.Module, name: str, init: Callable[..., jax.Array], shape: tuple[int, ...],
-           dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any) -> jax.Array:
+def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[int, ...],
+           dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
+           dim_names: Sequence[str] | None = None) -> jax.Array:
     where = type(module).__name__
     p = _layers.placement(axis_name, mesh)
-    for dim, n in enumerate(names):
-        if n == axis_name:
-            _layers.check_divisible(where, f"parameter `{name}` dim {dim} of {list(shape)}",
-                                    shape[dim], p.tp, axis_name)
-    if p.local:
-        assert p.tp is not None
-        init = _layers.local_initializer(init, shape, names, axis_name, p.tp)
-        shape = _layers.local_shape(shape, names, axis_name, p.tp)
-    elif p.tp is not None:  # global mode: born sharded (needed on Explicit meshes)
-        init = _with_placement(init, names, p.mesh)
+    _layers.check_axis_in_mesh(where, axis_name, p)
+    shape = tuple(shape)
+    _layers.check_param_divisible(where, name, shape, names, dim_names, p.tp, axis_name)
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
-    value = module.param(name, nn.with_partitioning(init, names, mesh=concrete), shape, dtype,
-                         unbox=False)
+    # Local mode: `apply` may be given this device's shards (what `init` makes there) or the whole
+    # parameters (e.g. replicated through shard_map's in_specs); the layer slices whole ones.
+    whole = (p.local and module.has_variable("params", name)
+             and np.shape(_raw(module.get_variable("params", name))) == shape)
+
+    def init_boxed(key: jax.Array, *_: Any) -> nn.Partitioned:
+        raw, merged, box = _layers.init_param(where, name, init, key, shape, dtype, names,
+                                              axis_name, p, slice_local=not whole)
+        if not p.local and p.tp is not None:  # global mode: born sharded (needed on Explicit meshes)
+            raw = _layers.place(raw, merged, p.mesh)
+        return nn.Partitioned(raw, merged, mesh=concrete if concrete is not None else _box_mesh(box))
+
+    requested = shape
+    if p.local and not whole:
+        assert p.tp is not None
+        requested = _layers.local_shape(shape, names, axis_name, p.tp)
+    value = module.param(name, init_boxed, requested, dtype, unbox=False)
     # Flax would constrain the value to its spec, which is illegal on the manual axes of local mode,
     # and on the Explicit axes of a `mesh=` given outside a mesh context (there the value was born
     # with its sharding).
@@ -84,12 +95,19 @@ def _raw(value: Any) -> jax.Array:
     return value.unbox(apply_constraint=False) if isinstance(value, nn.Partitioned) else value
 
 
+_DIMS = ("in_features (x.shape[-1])", "features")
+
+
 class ColumnParallelDense(nn.Module):
     """Column-parallel dense layer: AG→GEMM (see :class:`jax_ub.nn.ColumnParallelDense`).
 
-    Global mode: x `[batch, seq, in]` → `[batch, seq, features]` (features split over
-    ``axis_name``); local mode: x `[batch, seq/tp, in]` → `[batch, seq, features/tp]`.
-    ``recompute_gathered``: keep only the local x for the backward (``None``: configured default).
+    Global mode: x `[..., seq, in]` → `[..., seq, features]` (features split over
+    ``axis_name``); local mode: x `[..., seq/tp, in]` → `[..., seq, features/tp]`. The sequence is
+    ``seq_axis`` (default ``-2``). ``recompute_gathered``: keep only the local x for the backward
+    (``None``: configured default). ``sequence_parallel=False``: x replicated over ``axis_name``,
+    a local GEMM, any sequence length. ``kernel_init``/``bias_init`` may be wrapped in
+    ``nn.with_partitioning`` naming mesh axes on the dims the layer keeps whole (e.g.
+    ``("fsdp", None)``): merged with the layer's own names.
     """
 
     features: int
@@ -97,32 +115,41 @@ class ColumnParallelDense(nn.Module):
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., jax.Array] = default_kernel_init
-    bias_init: Callable[..., jax.Array] = default_bias_init
+    kernel_init: Callable[..., Any] = default_kernel_init
+    bias_init: Callable[..., Any] = default_bias_init
     precision: Any = None
     method: str | None = None
     recompute_gathered: bool | None = None
+    seq_axis: int = -2
+    sequence_parallel: bool = True
     axis_name: str = "tp"
     mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        where = type(self).__name__
+        _layers.check_seq_axis(where, self.seq_axis)
         kernel_names, bias_names = _layers.column_partitioning(self.axis_name)
-        kernel = _param(self, "kernel", self.kernel_init, (x.shape[-1], self.features),
-                        self.param_dtype, kernel_names, self.axis_name, self.mesh)
+        in_features = x.shape[-1] if x.ndim else 0
+        kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
+                        self.param_dtype, kernel_names, self.axis_name, self.mesh, _DIMS)
         bias = (_param(self, "bias", self.bias_init, (self.features,), self.param_dtype,
-                       bias_names, self.axis_name, self.mesh) if self.use_bias else None)
+                       bias_names, self.axis_name, self.mesh, _DIMS[1:])
+                if self.use_bias else None)
         return _layers.column_parallel_dense(
             x, kernel, bias, out_features=self.features, axis_name=self.axis_name, mesh=self.mesh,
             dtype=self.dtype, precision=self.precision, method=self.method,
-            recompute_gathered=self.recompute_gathered, where=type(self).__name__)
+            recompute_gathered=self.recompute_gathered, seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel, where=where)
 
 
 class RowParallelDense(nn.Module):
     """Row-parallel dense layer: GEMM→RS, bias once after (see :class:`jax_ub.nn.RowParallelDense`).
 
-    Global mode: x `[batch, seq, in]` (in split over ``axis_name``) → `[batch, seq, features]`
-    (seq split); local mode: x `[batch, seq, in/tp]` → `[batch, seq/tp, features]`.
+    Global mode: x `[..., seq, in]` (in split over ``axis_name``) → `[..., seq, features]`
+    (seq split); local mode: x `[..., seq, in/tp]` → `[..., seq/tp, features]`. The sequence is
+    ``seq_axis`` (default ``-2``). ``sequence_parallel=False``: an all-reduce instead of the
+    reduce-scatter, output replicated over ``axis_name``, any sequence length.
     """
 
     features: int
@@ -130,26 +157,33 @@ class RowParallelDense(nn.Module):
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., jax.Array] = default_kernel_init
-    bias_init: Callable[..., jax.Array] = default_bias_init
+    kernel_init: Callable[..., Any] = default_kernel_init
+    bias_init: Callable[..., Any] = default_bias_init
     precision: Any = None
     method: str | None = None
+    seq_axis: int = -2
+    sequence_parallel: bool = True
     axis_name: str = "tp"
     mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        where = type(self).__name__
+        _layers.check_seq_axis(where, self.seq_axis)
         kernel_names, bias_names = _layers.row_partitioning(self.axis_name)
         p = _layers.placement(self.axis_name, self.mesh)
-        in_features = x.shape[-1] * p.tp if p.local and p.tp else x.shape[-1]
+        x_in = x.shape[-1] if x.ndim else 0
+        in_features = x_in * p.tp if p.local and p.tp else x_in
         kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
-                        self.param_dtype, kernel_names, self.axis_name, self.mesh)
+                        self.param_dtype, kernel_names, self.axis_name, self.mesh, _DIMS)
         bias = (_param(self, "bias", self.bias_init, (self.features,), self.param_dtype,
-                       bias_names, self.axis_name, self.mesh) if self.use_bias else None)
+                       bias_names, self.axis_name, self.mesh, _DIMS[1:])
+                if self.use_bias else None)
         return _layers.row_parallel_dense(
-            x, kernel, bias, in_features=in_features, axis_name=self.axis_name, mesh=self.mesh,
-            dtype=self.dtype, precision=self.precision, method=self.method,
-            where=type(self).__name__)
+            x, kernel, bias, in_features=in_features, out_features=self.features,
+            axis_name=self.axis_name, mesh=self.mesh, dtype=self.dtype, precision=self.precision,
+            method=self.method, seq_axis=self.seq_axis, sequence_parallel=self.sequence_parallel,
+            where=where)
 
 
 class LayerNorm(nn.Module):
@@ -195,13 +229,13 @@ _NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, Non
 class ParallelMLP(nn.Module):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (see :class:`jax_ub.nn.ParallelMLP`).
 
-    x `[batch, seq, features]` → same shape, the sequence split over ``axis_name`` on both sides;
-    the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
+    x `[..., seq, features]` → same shape, the sequence (``seq_axis``) split over ``axis_name`` on
+    both sides; the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
     ``norm``: ``"layernorm"`` (default), ``"rmsnorm"`` (scale only, Llama/Mistral) or ``None`` (no
-    ``norm`` submodule); ``recompute_gathered`` applies to ``up``. ``gated=True``:
-    ``down(activation(gate) * linear)``
-    from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with ``activation=jax.nn.silu``;
-    layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
+    ``norm`` submodule); ``recompute_gathered`` applies to ``up``; ``sequence_parallel=False``:
+    replicated activations, any sequence length. ``gated=True``: ``down(activation(gate) *
+    linear)`` from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with
+    ``activation=jax.nn.silu``; layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
     """
 
     ffn_features: int
@@ -210,25 +244,34 @@ class ParallelMLP(nn.Module):
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., jax.Array] = default_kernel_init
-    bias_init: Callable[..., jax.Array] = default_bias_init
+    kernel_init: Callable[..., Any] = default_kernel_init
+    bias_init: Callable[..., Any] = default_bias_init
     precision: Any = None
     method: str | None = None
     epsilon: float = 1e-6
     recompute_gathered: bool | None = None
     gated: bool = False
     norm: str | None = "layernorm"
+    seq_axis: int = -2
+    sequence_parallel: bool = True
     axis_name: str = "tp"
     mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        norm_cls = _NORMS[_layers.check_norm(type(self).__name__, self.norm)]
+        where = type(self).__name__
+        norm_cls = _NORMS[_layers.check_norm(where, self.norm)]
+        _layers.check_axis_in_mesh(where, self.axis_name,
+                                   _layers.placement(self.axis_name, self.mesh))
+        _layers.check_seq_axis(where, self.seq_axis)
+        _layers.check_x(where, x, None, "features", seq_axis=self.seq_axis,
+                        sequence_parallel=self.sequence_parallel)
         if self.gated:
-            _layers.check_gated(type(self).__name__, self.ffn_features, self.axis_name, self.mesh)
+            _layers.check_gated(where, self.ffn_features, self.axis_name, self.mesh)
         common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                       kernel_init=self.kernel_init, bias_init=self.bias_init,
-                      precision=self.precision, method=self.method, axis_name=self.axis_name,
+                      precision=self.precision, method=self.method, seq_axis=self.seq_axis,
+                      sequence_parallel=self.sequence_parallel, axis_name=self.axis_name,
                       mesh=self.mesh)
         h = x if norm_cls is None else norm_cls(
             epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,

@@ -9,12 +9,20 @@
   ``gated=True`` for the GLU family (SwiGLU with ``activation=jax.nn.silu``), whose ``up``
   parameters :func:`pack_gated` builds from separate gate and linear halves.
 
-Shapes above are per device. A layer works in one of two modes, chosen at each call: on *global*
-arrays under ``jax.set_mesh(mesh)`` (or with ``mesh=``), where it applies ``jax.shard_map`` itself,
-or on *local* shards inside the user's ``jax.shard_map`` over ``axis_name``. See
-:mod:`jax_ub._layers` for the rules. Parameters carry partitioning metadata (``nnx.get_partition_spec``):
-column kernel ``(None, axis_name)`` and bias ``(axis_name,)``; row kernel ``(axis_name, None)`` and
-bias ``(None,)``. Under a mesh with ``axis_name`` they are created sharded (Flax eager sharding).
+Shapes above are per device, for the default layout. Activations may have any number (>= 1) of
+leading dims; ``seq_axis`` (default ``-2``) is the sequence, the axis all-gathered and
+reduce-scattered (``seq_axis=0`` for `[seq, batch, hidden]`). ``sequence_parallel=False`` is TP
+without SP, for sequences that do not split over ``tp`` (decode steps): activations replicated over
+``axis_name``, a local GEMM in the column layer, a GEMM and an all-reduce in the row layer.
+
+A layer works in one of two modes, chosen at each call: on *global* arrays under
+``jax.set_mesh(mesh)`` (or with ``mesh=``; with neither, the mesh of its parameters' sharding or
+the one it was built under), where it applies ``jax.shard_map`` itself, or on *local* shards inside
+the user's ``jax.shard_map`` over ``axis_name``. See :mod:`jax_ub._layers` for the rules.
+Parameters carry partitioning metadata (``nnx.get_partition_spec``): column kernel
+``(None, axis_name)`` and bias ``(axis_name,)``; row kernel ``(axis_name, None)`` and bias
+``(None,)``; an initializer wrapped in ``nnx.with_partitioning`` adds its names on the other dims
+(e.g. FSDP). Under a mesh with ``axis_name`` they are created sharded (Flax eager sharding).
 
 Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
@@ -31,14 +39,16 @@ Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import variablelib
 
-from jax_ub import _layers
+from jax_ub import _layers, _validate
 from jax_ub._layers import pack_gated, unpack_gated
 
 __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
@@ -46,28 +56,39 @@ __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated
 default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
 
+# Sharding keys of a user's VariableMetadata, replaced by the merged names (see _param).
+_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding", "eager_sharding")
 
-def _param(where: str, init: Callable[..., jax.Array], key: jax.Array, shape: Sequence[int],
-           dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any) -> nnx.Param:
+
+def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
+           shape: Sequence[int], dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
+           dim_names: Sequence[str] | None = None) -> nnx.Param:
     """A parameter of global ``shape`` split over ``axis_name`` as ``names`` says.
 
     Inside a shard_map over ``axis_name`` it is created as this device's shard; under a mesh with
     ``axis_name`` it is created sharded; otherwise as a plain array. Metadata is always attached.
+    ``init`` may return a box (``nnx.with_partitioning``, ``nnx.with_metadata``): its names go on
+    the dims the layer keeps whole over ``axis_name`` and its other metadata is kept.
     """
     p = _layers.placement(axis_name, mesh)
+    _layers.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
-    for dim, name in enumerate(names):
-        if name == axis_name:
-            _layers.check_divisible(where, f"parameter dim {dim} of {list(shape)}", shape[dim],
-                                    p.tp, axis_name)
-    if p.local:
-        assert p.tp is not None
-        init = _layers.local_initializer(init, shape, names, axis_name, p.tp)
-        shape = _layers.local_shape(shape, names, axis_name, p.tp)
+    _layers.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
+    raw, names, box = _layers.init_param(where, param, init, key, shape, dtype, names, axis_name, p)
     eager = not p.local and p.tp is not None
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
-    boxed = nnx.with_partitioning(init, names, mesh=concrete)
-    return nnx.Param(boxed(key, shape, dtype), eager_sharding=eager)
+    if isinstance(box, variablelib.VariableMetadata):
+        metadata = {k: v for k, v in box.metadata.items() if k not in _SHARDING_KEYS}
+    else:  # none, or a linen Partitioned: its mesh is all it has beside the names
+        metadata = {"mesh": getattr(box, "mesh", None)}
+    if concrete is not None or "mesh" not in metadata:
+        metadata["mesh"] = concrete
+    metadata["out_sharding"] = names
+    if isinstance(box, variablelib.VariableMetadata):
+        boxed = dataclasses.replace(box, raw_value=raw, metadata=metadata)
+    else:
+        boxed = variablelib.VariableMetadata(raw, metadata=metadata)
+    return nnx.Param(boxed, eager_sharding=eager)
 
 
 class _ParallelDense(nnx.Module):
@@ -77,10 +98,14 @@ class _ParallelDense(nnx.Module):
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                  dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
-                 bias_init: Callable[..., jax.Array] = default_bias_init,
-                 precision: Any = None, method: str | None = None, axis_name: str = "tp",
-                 mesh: Any = None, rngs: nnx.Rngs):
+                 kernel_init: Callable[..., Any] = default_kernel_init,
+                 bias_init: Callable[..., Any] = default_bias_init,
+                 precision: Any = None, method: str | None = None, seq_axis: int = -2,
+                 sequence_parallel: bool = True, axis_name: str = "tp", mesh: Any = None,
+                 rngs: nnx.Rngs):
+        where = type(self).__name__
+        _layers.check_seq_axis(where, seq_axis)
+        _validate.check_bool(where, "sequence_parallel", sequence_parallel)
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias
@@ -88,22 +113,36 @@ class _ParallelDense(nnx.Module):
         self.param_dtype = param_dtype
         self.precision = precision
         self.method = method
+        self.seq_axis = seq_axis
+        self.sequence_parallel = sequence_parallel
         self.axis_name = axis_name
         self.mesh = mesh
+        # The concrete mesh this layer is built under: its mesh when called with none in context.
+        self._mesh_at_build = _layers.concrete_mesh(mesh)
         kernel_names, bias_names = type(self)._partitioning(axis_name)
-        self.kernel = _param(type(self).__name__, kernel_init, rngs.params(),
+        dims = ("in_features", "out_features")
+        self.kernel = _param(where, "kernel", kernel_init, rngs.params(),
                              (in_features, out_features), param_dtype, kernel_names, axis_name,
-                             mesh)
-        self.bias = (_param(type(self).__name__, bias_init, rngs.params(), (out_features,),
-                            param_dtype, bias_names, axis_name, mesh) if use_bias else None)
+                             mesh, dims)
+        self.bias = (_param(where, "bias", bias_init, rngs.params(), (out_features,),
+                            param_dtype, bias_names, axis_name, mesh, dims[1:])
+                     if use_bias else None)
+
+    def _options(self) -> dict[str, Any]:
+        return dict(axis_name=self.axis_name, mesh=self.mesh, dtype=self.dtype,
+                    precision=self.precision, method=self.method, seq_axis=self.seq_axis,
+                    sequence_parallel=self.sequence_parallel, default_mesh=self._mesh_at_build,
+                    where=type(self).__name__)
 
 
 class ColumnParallelDense(_ParallelDense):
     """Column-parallel dense layer (sequence-parallel in, tensor-parallel out): AG→GEMM.
 
-    Global mode: x `[batch, seq, in_features]` with seq split over ``axis_name`` →
-    `[batch, seq, out_features]` with the features split over ``axis_name``. Local mode (inside
-    ``shard_map``): x `[batch, seq/tp, in_features]` → `[batch, seq, out_features/tp]`.
+    Global mode: x `[..., seq, in_features]` with seq split over ``axis_name`` →
+    `[..., seq, out_features]` with the features split over ``axis_name``. Local mode (inside
+    ``shard_map``): x `[..., seq/tp, in_features]` → `[..., seq, out_features/tp]`. Any number
+    (>= 1) of leading dims; the sequence is ``seq_axis`` (e.g. `[batch, seq, in]`,
+    `[tokens, in]`, or `[seq, batch, in]` with ``seq_axis=0``).
 
     Args:
       in_features: input size (the hidden size; not split).
@@ -111,15 +150,23 @@ class ColumnParallelDense(_ParallelDense):
       use_bias: add a bias `[out_features]` (split over ``axis_name``).
       dtype: compute dtype (default: promoted from input and parameters).
       param_dtype: parameter dtype.
-      kernel_init, bias_init: initializers, called with the global shapes.
+      kernel_init, bias_init: initializers, called with the global shapes. One wrapped in
+        ``nnx.with_partitioning`` may name mesh axes on the dim the layer keeps whole (e.g.
+        ``("fsdp", None)`` or ``("fsdp", "tp")`` for the kernel: FSDP on its input dim); the layer
+        names the ``axis_name`` dim itself and refuses another axis there.
       precision: passed to the GEMM.
       method: overlap algorithm for :func:`jax_ub.all_gather_matmul` (``None``: configured default;
         ``"xla"``: pure-XLA reference).
       recompute_gathered: keep only the local (sequence-sharded) x for the backward instead of the
         gathered one, ``tp``× smaller, and re-gather it there under the dgrad GEMM (``None``: the
         configured default, ``JAX_UB_RECOMPUTE_GATHERED``); see :func:`jax_ub.all_gather_matmul`.
+      seq_axis: the sequence axis of x (default ``-2``), the one all-gathered; not the last.
+      sequence_parallel: ``False``: x `[..., in_features]` replicated over ``axis_name``, any
+        sequence length (e.g. decode steps), a local GEMM with no all-gather (Megatron's TP without
+        SP; ``method`` and ``recompute_gathered`` do not apply). The output is the same.
       axis_name: the tensor-parallel mesh axis.
-      mesh: mesh for global mode (default: the one set with ``jax.set_mesh``).
+      mesh: mesh for global mode (default: the one set with ``jax.set_mesh``, else the kernel's
+        own sharding's, else the concrete mesh the layer was built under).
       rngs: random streams; ``rngs.params`` initialises the parameters.
     """
 
@@ -133,22 +180,24 @@ class ColumnParallelDense(_ParallelDense):
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.column_parallel_dense(
             x, self.kernel[...], None if self.bias is None else self.bias[...],
-            out_features=self.out_features, axis_name=self.axis_name, mesh=self.mesh,
-            dtype=self.dtype, precision=self.precision, method=self.method,
-            recompute_gathered=self.recompute_gathered, where=type(self).__name__)
+            out_features=self.out_features, in_features=self.in_features,
+            recompute_gathered=self.recompute_gathered, **self._options())
 
 
 class RowParallelDense(_ParallelDense):
     """Row-parallel dense layer (tensor-parallel in, sequence-parallel out): GEMM→RS.
 
-    Global mode: x `[batch, seq, in_features]` with the features split over ``axis_name`` →
-    `[batch, seq, out_features]` with seq split over ``axis_name``. Local mode: x
-    `[batch, seq, in_features/tp]` → `[batch, seq/tp, out_features]`. The bias `[out_features]`
+    Global mode: x `[..., seq, in_features]` with the features split over ``axis_name`` →
+    `[..., seq, out_features]` with seq split over ``axis_name``. Local mode: x
+    `[..., seq, in_features/tp]` → `[..., seq/tp, out_features]`. The bias `[out_features]`
     (replicated) is added once, after the reduce-scatter.
 
     Args: as :class:`ColumnParallelDense` except ``recompute_gathered``, which this layer does not
     accept (there is no gathered input to keep or recompute), with ``in_features`` (global)
-    divisible by ``tp``; ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`.
+    divisible by ``tp``; ``method`` goes to :func:`jax_ub.matmul_reduce_scatter`; ``seq_axis`` is
+    the axis reduce-scattered. ``sequence_parallel=False``: the partial products are summed with
+    an all-reduce (``lax.psum``) instead, and the output `[..., out_features]` is replicated over
+    ``axis_name``, for any sequence length.
     """
 
     _partitioning = staticmethod(_layers.row_partitioning)
@@ -156,9 +205,7 @@ class RowParallelDense(_ParallelDense):
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.row_parallel_dense(
             x, self.kernel[...], None if self.bias is None else self.bias[...],
-            in_features=self.in_features, axis_name=self.axis_name, mesh=self.mesh,
-            dtype=self.dtype, precision=self.precision, method=self.method,
-            where=type(self).__name__)
+            in_features=self.in_features, out_features=self.out_features, **self._options())
 
 
 class LayerNorm(nnx.Module):
@@ -171,10 +218,10 @@ class LayerNorm(nnx.Module):
         self.dtype = dtype
         ones = nnx.initializers.ones_init()
         zeros = nnx.initializers.zeros_init()
-        self.scale = _param("LayerNorm", ones, rngs.params(), (features,), param_dtype, (None,),
-                            axis_name, mesh)
-        self.bias = _param("LayerNorm", zeros, rngs.params(), (features,), param_dtype, (None,),
-                           axis_name, mesh)
+        self.scale = _param("LayerNorm", "scale", ones, rngs.params(), (features,), param_dtype,
+                            (None,), axis_name, mesh)
+        self.bias = _param("LayerNorm", "bias", zeros, rngs.params(), (features,), param_dtype,
+                           (None,), axis_name, mesh)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon,
@@ -189,8 +236,8 @@ class RMSNorm(nnx.Module):
                  rngs: nnx.Rngs):
         self.epsilon = epsilon
         self.dtype = dtype
-        self.scale = _param("RMSNorm", nnx.initializers.ones_init(), rngs.params(), (features,),
-                            param_dtype, (None,), axis_name, mesh)
+        self.scale = _param("RMSNorm", "scale", nnx.initializers.ones_init(), rngs.params(),
+                            (features,), param_dtype, (None,), axis_name, mesh)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype)
@@ -203,16 +250,17 @@ class ParallelMLP(nnx.Module):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (no residual); gated:
     ``down(activation(gate) * linear)`` with ``gate``, ``linear`` from one ``up`` projection.
 
-    x `[batch, seq, features]` → `[batch, seq, features]`, the sequence split over ``axis_name`` on
-    both sides (global mode; local mode sees `[batch, seq/tp, features]`). ``up`` is a
+    x `[..., seq, features]` → `[..., seq, features]`, the sequence split over ``axis_name`` on
+    both sides (global mode; local mode sees `[..., seq/tp, features]`). ``up`` is a
     :class:`ColumnParallelDense` ``features → ffn_features``, ``down`` a :class:`RowParallelDense`
     ``ffn_features → features``; ``ffn_features`` must be divisible by ``tp``.
 
     Args: ``activation`` (default :func:`jax.nn.gelu`); ``norm``: ``"layernorm"`` (default: scale
     and bias, mean subtracted), ``"rmsnorm"`` (Llama, Mistral: a scale only, no mean subtraction)
     or ``None`` (no norm and no norm parameters, for an input normalised already); ``epsilon`` of
-    the norm; ``recompute_gathered`` for ``up`` (the only all-gather), the rest as
-    :class:`ColumnParallelDense`.
+    the norm; ``recompute_gathered`` for ``up`` (the only all-gather); ``seq_axis`` and
+    ``sequence_parallel`` (``False``: replicated activations, any sequence length) for both
+    layers; the rest as :class:`ColumnParallelDense` (``kernel_init`` and ``bias_init`` for both).
 
     ``gated=True``: the GLU family, e.g. SwiGLU with ``activation=jax.nn.silu`` and
     ``use_bias=False``, GeGLU with the default gelu. Llama's and Mistral's MLP is that SwiGLU with
@@ -227,20 +275,25 @@ class ParallelMLP(nnx.Module):
     def __init__(self, features: int, ffn_features: int, *,
                  activation: Callable[[jax.Array], jax.Array] = jax.nn.gelu,
                  use_bias: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., jax.Array] = default_kernel_init,
-                 bias_init: Callable[..., jax.Array] = default_bias_init,
+                 kernel_init: Callable[..., Any] = default_kernel_init,
+                 bias_init: Callable[..., Any] = default_bias_init,
                  precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
                  recompute_gathered: bool | None = None, gated: bool = False,
-                 norm: str | None = "layernorm", axis_name: str = "tp", mesh: Any = None,
+                 norm: str | None = "layernorm", seq_axis: int = -2,
+                 sequence_parallel: bool = True, axis_name: str = "tp", mesh: Any = None,
                  rngs: nnx.Rngs):
-        norm_cls = _NORMS[_layers.check_norm(type(self).__name__, norm)]
+        where = type(self).__name__
+        norm = _layers.check_norm(where, norm)
+        _layers.check_axis_in_mesh(where, axis_name, _layers.placement(axis_name, mesh))
         if gated:
-            _layers.check_gated(type(self).__name__, ffn_features, axis_name, mesh)
+            _layers.check_gated(where, ffn_features, axis_name, mesh)
         self.activation = activation
         self.gated = gated
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init, bias_init=bias_init, precision=precision,
-                      method=method, axis_name=axis_name, mesh=mesh, rngs=rngs)
+                      method=method, seq_axis=seq_axis, sequence_parallel=sequence_parallel,
+                      axis_name=axis_name, mesh=mesh, rngs=rngs)
+        norm_cls = _NORMS[norm]
         self.norm = None if norm_cls is None else norm_cls(
             features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name,
             mesh=mesh, rngs=rngs)
@@ -250,12 +303,13 @@ class ParallelMLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # Here, not in the norm: its broadcasting error would not say which layer or dim.
-        _layers.check_x(type(self).__name__, x, "[batch, seq, features]", self.up.in_features,
-                        "features")
+        up = self.up
+        _layers.check_x(type(self).__name__, x, up.in_features, "features", seq_axis=up.seq_axis,
+                        sequence_parallel=up.sequence_parallel)
         h = self.up(x if self.norm is None else self.norm(x))
         if self.gated:
-            _layers.check_gated(type(self).__name__, self.down.in_features, self.up.axis_name,
-                                self.up.mesh)
+            _layers.check_gated(type(self).__name__, self.down.in_features, up.axis_name, up.mesh,
+                                (_layers.array_mesh(up.kernel[...]), up._mesh_at_build))
             h = _layers.glu(h, self.activation)
         else:
             h = self.activation(h)

@@ -358,8 +358,10 @@ def test_error_wrong_hidden_size(cpu_mesh):
         row = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
         with pytest.raises(ValueError, match=r"in_features == 32; got x.shape=\[4, 8, 16\]"):
             row(data(B, S, 16))
-        with pytest.raises(ValueError, match=r"x must be `\[batch, seq, in_features\]` \(3 dims"):
-            col(data(S, H))
+        # [tokens, features] is fine (seq_axis=-2 is the tokens); a lone feature vector is not
+        with pytest.raises(ValueError, match=r"x must be `\[\.\.\., seq, in_features\]`: at least 2 "
+                                             r"dims, the sequence on axis seq_axis=-2"):
+            col(data(H))
 
 
 def test_error_wrong_local_hidden_size_in_shard_map(cpu_mesh):

@@ -1,0 +1,298 @@
+"""CPU tier: parameters of the TP layers (NNX and linen) as a user hands them over.
+
+* initializers that carry their own partitioning (``with_partitioning``): names on the dims the
+  layer keeps whole are merged into the layer's (FSDP), conflicts are refused;
+* shape checks that blame the parameter that is wrong (a kernel in PyTorch's `[out, in]` layout, a
+  bias of the wrong length) and name the layer;
+* linen in local mode accepts whole parameters as NNX does.
+
+Numbers are checked against the plain unsharded float32 computation.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jax_ub import linen as ubl
+from jax_ub import nn as ubnn
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+B, S, H, F = 4, 8, 16, 32
+HIGHEST = jax.lax.Precision.HIGHEST
+TOL = dict(rtol=2e-5, atol=2e-5)
+LECUN = nnx.initializers.lecun_normal()
+NORMAL = nnx.initializers.normal(1.0)
+
+
+def data(*shape, seed=1):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def plain_dense(p, x):
+    return jnp.dot(x, p["kernel"], precision=HIGHEST) + p["bias"]
+
+
+def plain_mlp(p, x, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
+    h = h * p["norm"]["scale"] + p["norm"]["bias"]
+    return plain_dense(p["down"], jax.nn.gelu(plain_dense(p["up"], h)))
+
+
+def pure(module):
+    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+
+
+def specs(module):
+    return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
+
+
+def nnx_fn(module):
+    graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
+    return lambda params, x: nnx.merge(graphdef, params, rest)(x)
+
+
+def value_and_grads(fn, params, x, ct):
+    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
+    return jax.jit(fn)(params, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+
+
+def assert_close(a, b, **tol):
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
+                 a, b)
+
+
+def fsdp_mesh(cpu_mesh, explicit=False):
+    """A ("fsdp", "tp") mesh of 2 x 2 (the conftest mesh, renamed)."""
+    mesh = cpu_mesh(2, dp=2, explicit=explicit)
+    return jax.sharding.Mesh(mesh.devices, ("fsdp", "tp"), axis_types=mesh.axis_types)
+
+
+# ------------------------------------------------------------------------------------------------
+# User partitioning merged on the dims the layer keeps whole (FSDP).
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_nnx_fsdp_names_are_merged(cpu_mesh, explicit):
+    mesh = fsdp_mesh(cpu_mesh, explicit)
+    x, ct = data(B, S, H), data(B, S, H, seed=2)
+    with jax.set_mesh(mesh):
+        col = ubnn.ColumnParallelDense(
+            H, F, precision=HIGHEST, kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None), note="mine"),
+            bias_init=nnx.with_partitioning(NORMAL, (None,)), rngs=nnx.Rngs(0))
+        row = ubnn.RowParallelDense(
+            F, H, precision=HIGHEST, kernel_init=nnx.with_partitioning(LECUN, P(None, "fsdp")),
+            bias_init=nnx.with_partitioning(NORMAL, ("fsdp",)), rngs=nnx.Rngs(1))
+        assert specs(col) == {"kernel": P("fsdp", "tp"), "bias": P("tp")}
+        assert specs(row) == {"kernel": P("tp", "fsdp"), "bias": P("fsdp")}
+        # created sharded over both axes, and the user's other metadata kept
+        assert col.kernel[...].sharding.spec == P("fsdp", "tp")
+        assert row.kernel[...].sharding.spec == P("tp", "fsdp")
+        assert col.kernel.get_metadata()["note"] == "mine"
+        params = {"col": pure(col), "row": pure(row)}
+        f = lambda p, x: nnx_fn(row)(p["row"], nnx_fn(col)(p["col"], x))  # noqa: E731
+        got, got_g = value_and_grads(f, params, x, ct)
+    plain = lambda p, x: plain_dense(p["row"], plain_dense(p["col"], x))  # noqa: E731
+    want, want_g = value_and_grads(plain, jax.device_get(params), x, ct)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
+
+
+def test_linen_fsdp_names_are_merged_in_one_box(cpu_mesh):
+    mesh = fsdp_mesh(cpu_mesh)
+    x, ct = data(B, S, H), data(B, S, F, seed=2)
+    model = ubl.ColumnParallelDense(F, precision=HIGHEST,
+                                    kernel_init=nn.with_partitioning(LECUN, ("fsdp", "tp")),
+                                    bias_init=nn.with_partitioning(NORMAL, ("tp",)))
+    with jax.set_mesh(mesh):
+        variables = jax.jit(model.init)(jax.random.key(0), x)
+        kernel = variables["params"]["kernel"]
+        assert isinstance(kernel, nn.Partitioned) and not isinstance(kernel.value, nn.Partitioned)
+        assert nn.get_partition_spec(variables)["params"] == {"kernel": P("fsdp", "tp"),
+                                                               "bias": P("tp")}
+        # the linen recipe: init again with out_shardings from those specs
+        shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
+                                 nn.get_partition_spec(variables))
+        variables = jax.jit(model.init, out_shardings=shardings)(jax.random.key(0), x)
+        assert variables["params"]["kernel"].value.sharding.spec == P("fsdp", "tp")
+        params = nn.unbox(variables)["params"]
+        got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
+    want, want_g = value_and_grads(plain_dense, jax.device_get(params), x, ct)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
+
+
+CONFLICTS = {
+    "other-axis-on-tp-dim": (("dp", "fsdp"), r"names 'fsdp' on dim 1 of `kernel`, which the layer "
+                                             r"splits over 'tp' itself"),
+    "tp-on-whole-dim": (("tp", None), r"names the tensor-parallel axis 'tp' on dim 0 of `kernel`"),
+    "too-many-entries": (("fsdp", None, None), r"has 3 entries, but `kernel` has 2 dims"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFLICTS), ids=list(CONFLICTS))
+def test_conflicting_partitioning_is_refused_by_both(cpu_mesh, case):
+    names, msg = CONFLICTS[case]
+    x = data(B, S, H)
+    with jax.set_mesh(fsdp_mesh(cpu_mesh)):
+        with pytest.raises(ValueError, match=r"ColumnParallelDense: kernel_init's partitioning .*" + msg):
+            ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, names),
+                                     rngs=nnx.Rngs(0))
+        with pytest.raises(ValueError, match=r"ColumnParallelDense: kernel_init's partitioning .*" + msg):
+            ubl.ColumnParallelDense(F, kernel_init=nn.with_partitioning(LECUN, names)).init(
+                jax.random.key(0), x)
+
+
+def test_logical_names_are_refused_by_both(cpu_mesh):
+    x = data(B, S, H)
+    msg = r"RowParallelDense: kernel_init: logical axis names .* are not supported"
+    with jax.set_mesh(fsdp_mesh(cpu_mesh)):
+        with pytest.raises(TypeError, match=msg):
+            ubl.RowParallelDense(H, kernel_init=nn.with_logical_partitioning(LECUN, ("mlp", "embed"))
+                                 ).init(jax.random.key(0), data(B, S, F))
+        with pytest.raises(TypeError, match=msg):
+            ubnn.RowParallelDense(F, H, kernel_init=nnx.with_partitioning(
+                LECUN, ("mlp", "embed"), sharding_rules=(("embed", "fsdp"),)), rngs=nnx.Rngs(0))
+    del x
+
+
+def test_extra_names_inside_shard_map_are_refused(cpu_mesh):
+    mesh = fsdp_mesh(cpu_mesh)
+
+    def build(x):
+        ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None)),
+                                 rngs=nnx.Rngs(0))
+        return x
+
+    with pytest.raises(ValueError, match=r"ColumnParallelDense: kernel_init's partitioning names "
+                                         r"\('fsdp', 'tp'\) .*inside `jax.shard_map` over 'tp'"):
+        jax.shard_map(build, mesh=mesh, in_specs=P(), out_specs=P())(data(2))
+
+
+def test_boxed_init_names_only_the_tp_axis_is_accepted(cpu_mesh):
+    """A box that repeats the layer's own names (or none) changes nothing."""
+    with jax.set_mesh(cpu_mesh(2)):
+        a = ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, (None, "tp")),
+                                     rngs=nnx.Rngs(0))
+        b = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
+        assert specs(a) == specs(b) == {"kernel": P(None, "tp"), "bias": P("tp")}
+    assert_close(pure(a), pure(b), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shape checks blame the parameter and name the layer.
+
+
+@pytest.mark.parametrize("mode", ["global", "shard_map"])
+def test_kernel_in_pytorch_layout_is_blamed(cpu_mesh, mode):
+    mesh = cpu_mesh(4)
+    hint = r"It is \[out_features, in_features\] \(PyTorch's layout"
+    col = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
+    col.kernel.set_value(data(F, H))
+    row = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
+    row.kernel.set_value(data(H, F))
+    cases = [(col, data(B, S, H), P(None, "tp"), P(None, None, "tp"),
+              r"ColumnParallelDense: kernel must be `\[in_features, out_features\]` = \[16, 32\]"),
+             (row, data(B, S, F), P(None, None, "tp"), P(None, "tp"),
+              r"RowParallelDense: kernel must be `\[in_features, out_features\]` = \[32, 16\]")]
+    for layer, x, x_spec, out_spec, msg in cases:
+        if mode == "global":
+            call = lambda layer=layer, x=x: layer(x)  # noqa: E731
+        else:
+            call = lambda layer=layer, x=x, a=x_spec, b=out_spec: jax.shard_map(  # noqa: E731
+                lambda x: layer(x), mesh=mesh, in_specs=a, out_specs=b)(x)
+        with jax.set_mesh(mesh), pytest.raises(ValueError, match=msg + r".*got kernel.shape=.*" + hint):
+            call()
+
+
+def test_kernel_is_checked_before_x(cpu_mesh):
+    col = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
+    col.kernel.set_value(data(F, H))
+    with jax.set_mesh(cpu_mesh(2)), pytest.raises(ValueError, match=r"ColumnParallelDense: kernel "
+                                                                      r"must be .*\[16, 32\]"):
+        col(data(B, S, 12))  # x is wrong too, but against the layer's in_features, not the kernel
+
+
+@pytest.mark.parametrize("mode", ["global", "shard_map"])
+def test_bias_of_the_wrong_length_is_named(cpu_mesh, mode):
+    mesh = cpu_mesh(4)
+    col = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
+    col.bias.set_value(jnp.ones(H))
+    row = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
+    row.bias.set_value(jnp.ones(F))
+    cases = [(col, data(B, S, H), P(None, "tp"), P(None, None, "tp"),
+              r"ColumnParallelDense: bias must be `\[out_features\]` = \[32\].*got bias.shape=\[16\]"),
+             (row, data(B, S, F), P(None, None, "tp"), P(None, "tp"),
+              r"RowParallelDense: bias must be `\[out_features\]` = \[16\]; got bias.shape=\[32\]")]
+    for layer, x, x_spec, out_spec, msg in cases:
+        if mode == "global":
+            call = lambda layer=layer, x=x: layer(x)  # noqa: E731
+        else:
+            call = lambda layer=layer, x=x, a=x_spec, b=out_spec: jax.shard_map(  # noqa: E731
+                lambda x: layer(x), mesh=mesh, in_specs=a, out_specs=b)(x)
+        with jax.set_mesh(mesh), pytest.raises(ValueError, match=msg):
+            call()
+
+
+def test_construction_divisibility_names_the_feature_count(cpu_mesh):
+    with jax.set_mesh(cpu_mesh(4)):
+        with pytest.raises(ValueError, match=r"ColumnParallelDense: out_features must be divisible by "
+                                             r"the size of mesh axis 'tp' \(4\); got 30"):
+            ubnn.ColumnParallelDense(H, 30, rngs=nnx.Rngs(0))
+        with pytest.raises(ValueError, match=r"RowParallelDense: in_features must be divisible .*got 30"):
+            ubnn.RowParallelDense(30, H, rngs=nnx.Rngs(0))
+        with pytest.raises(ValueError, match=r"ColumnParallelDense: features must be divisible .*got 30"):
+            ubl.ColumnParallelDense(30).init(jax.random.key(0), data(B, S, H))
+        with pytest.raises(ValueError, match=r"RowParallelDense: in_features \(x.shape\[-1\]\) must be "
+                                             r"divisible .*got 30"):
+            ubl.RowParallelDense(H).init(jax.random.key(0), data(B, S, 30))
+
+
+# ------------------------------------------------------------------------------------------------
+# linen in local mode: whole parameters, as NNX.
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["gelu", "swiglu"])
+def test_linen_whole_params_inside_user_shard_map(cpu_mesh, gated):
+    mesh = cpu_mesh(4, dp=2)
+    kw = dict(gated=True, activation=jax.nn.silu) if gated else {}
+    model = ubl.ParallelMLP(F, precision=HIGHEST, bias_init=NORMAL, **kw)
+    x, ct = data(B, S, H), data(B, S, H, seed=2)
+    with jax.set_mesh(mesh):
+        params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
+    params = jax.device_get(params)  # whole, replicated on every device
+    fn = jax.shard_map(lambda p, x: model.apply({"params": p}, x), mesh=mesh,
+                       in_specs=(P(), P("dp", "tp")), out_specs=P("dp", "tp"))
+    got, got_g = value_and_grads(fn, params, x, ct)
+    if gated:
+        def plain(p, x):
+            mean = x.mean(-1, keepdims=True)
+            h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-6)
+            h = plain_dense(p["up"], h * p["norm"]["scale"] + p["norm"]["bias"])
+            return plain_dense(p["down"], jax.nn.silu(h[..., 0::2]) * h[..., 1::2])
+    else:
+        plain = plain_mlp
+    want, want_g = value_and_grads(plain, params, x, ct)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
+
+
+def test_linen_local_params_of_another_size_are_refused(cpu_mesh):
+    model = ubl.ColumnParallelDense(F)
+    params = {"kernel": jnp.ones((H, 8)), "bias": jnp.ones(8)}  # neither F/tp = 16 nor F = 32
+    fn = jax.shard_map(lambda p, x: model.apply({"params": p}, x), mesh=cpu_mesh(2),
+                       in_specs=(P(), P(None, "tp")), out_specs=P(None, None, "tp"))
+    with pytest.raises(Exception, match=r"kernel"):
+        fn(params, data(B, S, H))
