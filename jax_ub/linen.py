@@ -186,40 +186,45 @@ class RowParallelDense(nn.Module):
             where=where)
 
 
-class LayerNorm(nn.Module):
+class _Norm(nn.Module):
+    """The fields of :class:`LayerNorm` and :class:`RMSNorm`, which differ only in their
+    ``__call__``. Each subclass repeats ``_: dataclasses.KW_ONLY``, which keeps Flax's ``parent``
+    and ``name`` keyword-only there too (all arguments keyword-only, as before the base class)."""
+
+    _: dataclasses.KW_ONLY
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    axis_name: str = "tp"
+    mesh: Any = None
+
+
+def _norm_param(module: _Norm, name: str, init: Callable[..., Any], x: jax.Array) -> jax.Array:
+    """A norm's replicated `[features]` parameter (``x.shape[-1]`` features)."""
+    return _param(module, name, init, (x.shape[-1],), module.param_dtype, (None,), module.axis_name,
+                  module.mesh)
+
+
+class LayerNorm(_Norm):
     """LayerNorm over the last dim with replicated `[features]` scale and bias (token-local)."""
 
     _: dataclasses.KW_ONLY
-    epsilon: float = 1e-6
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        f = (x.shape[-1],)
-        scale = _param(self, "scale", nn.initializers.ones_init(), f, self.param_dtype, (None,),
-                       self.axis_name, self.mesh)
-        bias = _param(self, "bias", nn.initializers.zeros_init(), f, self.param_dtype, (None,),
-                      self.axis_name, self.mesh)
+        scale = _norm_param(self, "scale", nn.initializers.ones_init(), x)
+        bias = _norm_param(self, "bias", nn.initializers.zeros_init(), x)
         return _layers.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_Norm):
     """RMSNorm over the last dim (Llama, Mistral) with a replicated `[features]` scale, no bias."""
 
     _: dataclasses.KW_ONLY
-    epsilon: float = 1e-6
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = _param(self, "scale", nn.initializers.ones_init(), (x.shape[-1],),
-                       self.param_dtype, (None,), self.axis_name, self.mesh)
+        scale = _norm_param(self, "scale", nn.initializers.ones_init(), x)
         return _layers.rms_norm(x, scale, epsilon=self.epsilon, dtype=self.dtype)
 
 

@@ -7,11 +7,23 @@ checkpoint stores them; :func:`jax_ub.nn.unpack_gated` maps the layer's interlea
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _layer_helpers import (
+    HIGHEST,
+    assert_close,
+    data,
+    nnx_fn,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    param_specs,
+    pure,
+    value_and_grads,
+)
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -19,20 +31,9 @@ from jax.sharding import PartitionSpec as P
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
 
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
 B, S, H, F = 2, 8, 16, 24  # F = 24: 48 packed columns, whole pairs for tp 1, 2, 4 (and 8)
-HIGHEST = jax.lax.Precision.HIGHEST
-TOL = dict(rtol=3e-5, atol=3e-5)
-
-
-def data(*shape, seed=1):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+# this file's tolerance (the shared default is 2e-5)
+assert_close = functools.partial(assert_close, rtol=3e-5, atol=3e-5)
 
 
 def plain_swiglu(p, x, act=jax.nn.silu, eps=1e-6):
@@ -48,24 +49,6 @@ def plain_swiglu(p, x, act=jax.nn.silu, eps=1e-6):
         gate, lin = gate + bg, lin + bl
     y = jnp.dot(act(gate) * lin, p["down"]["kernel"], precision=HIGHEST)
     return y + p["down"].get("bias", 0.0)
-
-
-def pure(module):
-    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
-
-
-def nnx_fn(module):
-    graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
-    return lambda params, x: nnx.merge(graphdef, params, rest)(x)
-
-
-def value_and_grads(fn, params, x, ct):
-    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
-    return jax.jit(fn)(params, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-
-
-def assert_close(a, b):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **TOL), a, b)
 
 
 def test_pack_and_unpack():
@@ -145,7 +128,7 @@ def test_nnx_gated_inside_user_shard_map(cpu_mesh):
     mlp = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, precision=HIGHEST,
                            rngs=nnx.Rngs(0))  # built without a mesh: whole arrays
     params = pure(mlp)
-    specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(mlp, nnx.Param)))
+    specs = param_specs(mlp)
     fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")),
                        out_specs=P(None, "tp"))
     x, ct = data(B, S, H), data(B, S, H, seed=2)

@@ -10,93 +10,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _layer_helpers import (
+    HIGHEST,
+    IN,
+    OUT,
+    PLAIN,
+    TOL,
+    B,
+    F,
+    H,
+    S,
+    assert_close,
+    data,
+    linen_matches,
+    nnx_fn,
+    nnx_layer,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    param_specs,
+    plain_dense,
+    plain_mlp,
+    pure,
+    value_and_grads,
+)
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
-
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    """Fresh arrays live on the CPU devices the meshes are made of (matters on a GPU host)."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-B, S, H, F = 4, 8, 16, 32  # batch, sequence, hidden, ffn
-TOL = dict(rtol=2e-5, atol=2e-5)
-HIGHEST = jax.lax.Precision.HIGHEST
-
-
-# ------------------------------------------------------------------------------------------------
-# Plain (unsharded) models: the oracle.
-
-
-def _dot(x, k):
-    return jnp.dot(x, k, precision=HIGHEST)
-
-
-def plain_dense(p, x):
-    return _dot(x, p["kernel"]) + p.get("bias", 0.0)
-
-
-def plain_mlp(p, x, eps=1e-6, gated=False):
-    """``gated``: SwiGLU, ``up``'s columns interleaved as (gate, linear) pairs."""
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    h = (x - mean) / jnp.sqrt(var + eps) * p["norm"]["scale"] + p["norm"]["bias"]
-    h = plain_dense(p["up"], h)
-    h = jax.nn.silu(h[..., 0::2]) * h[..., 1::2] if gated else jax.nn.gelu(h)
-    return plain_dense(p["down"], h)
-
-
-def pure(module: nnx.Module) -> dict:
-    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
-
-
-def data(*shape, seed=1):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def value_and_grads(fn, params, x, ct):
-    """jit(grad) of sum(fn(params, x) * ct) w.r.t. params and x, plus fn's output."""
-    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
-    out = jax.jit(fn)(params, x)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-    return out, grads
-
-
-def assert_trees_close(a, b, **tol):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
-                 a, b)
-
-
-def nnx_fn(module: nnx.Module):
-    graphdef = nnx.graphdef(module)
-    rest = nnx.state(module, nnx.Not(nnx.Param))
-
-    def fn(params, x):
-        m = nnx.merge(graphdef, params, rest)
-        return m(x)
-
-    return fn
-
-
-def make_nnx(kind: str, tp_mesh=None, **kw):
-    rngs = nnx.Rngs(0)
-    if kind == "column":
-        return ubnn.ColumnParallelDense(H, F, rngs=rngs, **kw)
-    if kind == "row":
-        return ubnn.RowParallelDense(F, H, rngs=rngs, **kw)
-    return ubnn.ParallelMLP(H, F, rngs=rngs, **kw)
-
-
-PLAIN = {"column": plain_dense, "row": plain_dense, "mlp": plain_mlp}
-IN = {"column": H, "row": F, "mlp": H}
-OUT = {"column": F, "row": H, "mlp": H}
-
 
 # ------------------------------------------------------------------------------------------------
 # Parameters and metadata.
@@ -110,7 +51,7 @@ def test_nnx_param_shapes_and_partitioning(cpu_mesh):
     assert shapes == {"norm": {"scale": (H,), "bias": (H,)},
                       "up": {"kernel": (H, F), "bias": (F,)},
                       "down": {"kernel": (F, H), "bias": (H,)}}
-    specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(mlp, nnx.Param)))
+    specs = param_specs(mlp)
     assert specs == {"norm": {"scale": P(None), "bias": P(None)},
                      "up": {"kernel": P(None, "tp"), "bias": P("tp")},
                      "down": {"kernel": P("tp", None), "bias": P(None)}}
@@ -155,13 +96,13 @@ def test_linen_param_shapes_and_partitioning(cpu_mesh):
 def test_nnx_global_mode_matches_plain(cpu_mesh, kind, tp):
     mesh = cpu_mesh(tp)
     with jax.set_mesh(mesh):
-        module = make_nnx(kind, precision=HIGHEST)
+        module = nnx_layer(kind, precision=HIGHEST)
         params = pure(module)
         x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
         got, got_g = value_and_grads(nnx_fn(module), params, x, ct)
     want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
-    assert_trees_close(got, want)
-    assert_trees_close(got_g, want_g)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
     out_spec = {"column": P(None, None, "tp"), "row": P(None, "tp"), "mlp": P(None, "tp")}[kind]
     assert got.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 3)
 
@@ -173,12 +114,7 @@ def test_linen_global_mode_matches_plain(cpu_mesh, kind):
            "mlp": lambda: ubl.ParallelMLP(F, precision=HIGHEST)}[kind]
     model = cls()
     x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
-    with jax.set_mesh(cpu_mesh(2)):
-        params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
-        got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
-    want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
-    assert_trees_close(got, want)
-    assert_trees_close(got_g, want_g)
+    linen_matches(cpu_mesh(2), model, PLAIN[kind], x, ct)
 
 
 def test_nnx_and_linen_agree_on_same_params(cpu_mesh):
@@ -207,8 +143,8 @@ def test_dp_tp_mesh(cpu_mesh, explicit, gated):
         got, got_g = value_and_grads(nnx_fn(mlp), params, xs, ct)
     want, want_g = value_and_grads(lambda p, x: plain_mlp(p, x, gated=gated), jax.device_get(params),
                                    x, ct)
-    assert_trees_close(got, want)
-    assert_trees_close(got_g, want_g)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
     # batch split over dp, sequence over tp: no device holds the whole activation
     assert got.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), 3)
 
@@ -256,17 +192,17 @@ def test_method_is_passed_to_the_primitives(cpu_mesh):
 @pytest.mark.parametrize("kind", ["column", "row", "mlp"])
 def test_nnx_inside_user_shard_map(cpu_mesh, kind):
     mesh = cpu_mesh(4)
-    module = make_nnx(kind, precision=HIGHEST)  # built without a mesh: plain arrays
+    module = nnx_layer(kind, precision=HIGHEST)  # built without a mesh: plain arrays
     params = pure(module)
-    specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
+    specs = param_specs(module)
     x_spec = P(None, None, "tp") if kind == "row" else P(None, "tp")
     out_spec = P(None, None, "tp") if kind == "column" else P(None, "tp")
     fn = jax.shard_map(nnx_fn(module), mesh=mesh, in_specs=(specs, x_spec), out_specs=out_spec)
     x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
     got, got_g = value_and_grads(fn, params, x, ct)
     want, want_g = value_and_grads(PLAIN[kind], params, x, ct)
-    assert_trees_close(got, want)
-    assert_trees_close(got_g, want_g)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
 
 
 def test_whole_params_closed_over_in_shard_map_are_sliced(cpu_mesh):
@@ -289,8 +225,8 @@ def test_linen_inside_user_shard_map(cpu_mesh):
                        in_specs=(specs, P("dp", "tp")), out_specs=P("dp", "tp"))
     got, got_g = value_and_grads(fn, params, x, ct)
     want, want_g = value_and_grads(plain_mlp, jax.device_get(params), x, ct)
-    assert_trees_close(got, want)
-    assert_trees_close(got_g, want_g)
+    assert_close(got, want)
+    assert_close(got_g, want_g)
 
 
 def test_init_inside_shard_map_gives_local_shards_of_the_global_init(cpu_mesh):
@@ -307,7 +243,7 @@ def test_init_inside_shard_map_gives_local_shards_of_the_global_init(cpu_mesh):
                             is_leaf=lambda v: isinstance(v, nn.Partitioned))
 
     init = jax.shard_map(local_init, mesh=mesh, in_specs=P(None, "tp"), out_specs=specs)
-    assert_trees_close(jax.jit(init)(x), global_params, rtol=0, atol=0)
+    assert_close(jax.jit(init)(x), global_params, rtol=0, atol=0)
 
     # NNX built inside shard_map: local shapes, same values.
     def build(x):
@@ -316,7 +252,7 @@ def test_init_inside_shard_map_gives_local_shards_of_the_global_init(cpu_mesh):
         return pure(m)
 
     local = jax.jit(jax.shard_map(build, mesh=mesh, in_specs=P(None, "tp"), out_specs=specs))(x)
-    assert_trees_close(local, pure(ubnn.ParallelMLP(H, F, rngs=nnx.Rngs(0))), rtol=0, atol=0)
+    assert_close(local, pure(ubnn.ParallelMLP(H, F, rngs=nnx.Rngs(0))), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------------------

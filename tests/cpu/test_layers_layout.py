@@ -9,90 +9,41 @@ bit against the primitives it is made of, written out with ``jax.shard_map`` by 
 
 from __future__ import annotations
 
-import flax.linen as nn
+import functools
+
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from flax import nnx
+from _layer_helpers import (
+    HIGHEST,
+    IN,
+    NORMAL,
+    OUT,
+    PLAIN,
+    B,
+    F,
+    H,
+    assert_close,
+    data,
+    linen_layer,
+    linen_matches,
+    nnx_fn,
+    nnx_layer,
+    nnx_matches,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    param_specs,
+    plain_mlp,
+    pure,
+    value_and_grads,
+)
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
 from jax_ub import _layers
-from jax_ub import linen as ubl
-from jax_ub import nn as ubnn
 
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-B, H, F = 4, 16, 32
-HIGHEST = jax.lax.Precision.HIGHEST
-TOL = dict(rtol=2e-5, atol=2e-5)
-NORMAL = nnx.initializers.normal(1.0)  # non-zero biases, so a bias added twice or not at all shows
-
-
-def data(*shape, seed=1):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def dot(a, b):
-    return jnp.dot(a, b, precision=HIGHEST)
-
-
-def plain_dense(p, x):
-    return dot(x, p["kernel"]) + p["bias"]
-
-
-def plain_mlp(p, x, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
-    h = h * p["norm"]["scale"] + p["norm"]["bias"]
-    return plain_dense(p["down"], jax.nn.gelu(plain_dense(p["up"], h)))
-
-
-PLAIN = {"column": plain_dense, "row": plain_dense, "mlp": plain_mlp}
-IN = {"column": H, "row": F, "mlp": H}
-OUT = {"column": F, "row": H, "mlp": H}
-
-
-def make_nnx(kind, **kw):
-    kw = dict(precision=HIGHEST, bias_init=NORMAL, rngs=nnx.Rngs(0), **kw)
-    if kind == "column":
-        return ubnn.ColumnParallelDense(H, F, **kw)
-    if kind == "row":
-        return ubnn.RowParallelDense(F, H, **kw)
-    return ubnn.ParallelMLP(H, F, **kw)
-
-
-def make_linen(kind, **kw):
-    kw = dict(precision=HIGHEST, bias_init=NORMAL, **kw)
-    return {"column": lambda: ubl.ColumnParallelDense(F, **kw),
-            "row": lambda: ubl.RowParallelDense(H, **kw),
-            "mlp": lambda: ubl.ParallelMLP(F, **kw)}[kind]()
-
-
-def pure(module):
-    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
-
-
-def nnx_fn(module):
-    graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
-    return lambda params, x: nnx.merge(graphdef, params, rest)(x)
-
-
-def value_and_grads(fn, params, x, ct):
-    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
-    return jax.jit(fn)(params, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-
-
-def assert_close(a, b, **tol):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
-                 a, b)
+# the builders with the oracle's precision and non-zero biases
+make_nnx = functools.partial(nnx_layer, precision=HIGHEST, bias_init=NORMAL)
+make_linen = functools.partial(linen_layer, precision=HIGHEST, bias_init=NORMAL)
 
 
 def spec_of(a, mesh):
@@ -116,13 +67,7 @@ def test_nnx_no_sequence_parallel_matches_plain(cpu_mesh, kind, shape):
     mesh = cpu_mesh(2, dp=2)
     lead = SHAPES[shape]
     x, ct = data(*lead, IN[kind]), data(*lead, OUT[kind], seed=2)
-    with jax.set_mesh(mesh):
-        module = make_nnx(kind, sequence_parallel=False)
-        params = pure(module)
-        got, got_g = value_and_grads(nnx_fn(module), params, x, ct)
-    want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
-    assert_close(got, want)
-    assert_close(got_g, want_g)
+    got = nnx_matches(mesh, lambda: make_nnx(kind, sequence_parallel=False), PLAIN[kind], x, ct)
     # column: features split over tp; row and MLP: replicated over tp (batch over dp when it divides)
     b = "dp" if len(lead) == 2 else None
     if kind == "column":
@@ -135,12 +80,7 @@ def test_nnx_no_sequence_parallel_matches_plain(cpu_mesh, kind, shape):
 def test_linen_no_sequence_parallel_matches_plain(cpu_mesh, kind):
     model = make_linen(kind, sequence_parallel=False)
     x, ct = data(B, 3, IN[kind]), data(B, 3, OUT[kind], seed=2)
-    with jax.set_mesh(cpu_mesh(4)):
-        params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
-        got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
-    want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
-    assert_close(got, want)
-    assert_close(got_g, want_g)
+    linen_matches(cpu_mesh(4), model, PLAIN[kind], x, ct)
 
 
 @pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "no-vma"])
@@ -150,7 +90,7 @@ def test_nnx_no_sequence_parallel_inside_user_shard_map(cpu_mesh, kind, check_vm
     mesh = cpu_mesh(4)
     module = make_nnx(kind, sequence_parallel=False)  # built without a mesh: whole arrays
     params = pure(module)
-    specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
+    specs = param_specs(module)
     x_spec = P(None, None, "tp") if kind == "row" else P()
     out_spec = P(None, None, "tp") if kind == "column" else P()
     fn = jax.shard_map(nnx_fn(module), mesh=mesh, in_specs=(specs, x_spec), out_specs=out_spec,
@@ -211,13 +151,7 @@ def test_nnx_seq_axis_and_leading_dims(cpu_mesh, kind, layout):
     mesh = cpu_mesh(4)
     lead, seq_axis, seq = LAYOUTS[layout]
     x, ct = data(*lead, IN[kind]), data(*lead, OUT[kind], seed=2)
-    with jax.set_mesh(mesh):
-        module = make_nnx(kind, seq_axis=seq_axis)
-        params = pure(module)
-        got, got_g = value_and_grads(nnx_fn(module), params, x, ct)
-    want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
-    assert_close(got, want)
-    assert_close(got_g, want_g)
+    got = nnx_matches(mesh, lambda: make_nnx(kind, seq_axis=seq_axis), PLAIN[kind], x, ct)
     # the sequence, not another leading dim, is what comes out split over tp
     spec = [None] * (len(lead) + 1)
     if kind == "column":
@@ -231,12 +165,7 @@ def test_linen_seq_first_layout(cpu_mesh):
     mesh = cpu_mesh(2, dp=2)
     model = make_linen("mlp", seq_axis=0)
     x, ct = data(8, B, H), data(8, B, H, seed=2)  # [seq, batch, hidden]
-    with jax.set_mesh(mesh):
-        params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
-        got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
-    want, want_g = value_and_grads(plain_mlp, jax.device_get(params), x, ct)
-    assert_close(got, want)
-    assert_close(got_g, want_g)
+    got = linen_matches(mesh, model, plain_mlp, x, ct)
     assert got.sharding.is_equivalent_to(NamedSharding(mesh, P("tp", "dp")), 3), got.sharding
 
 

@@ -11,50 +11,26 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
+from _layer_helpers import (
+    HIGHEST,
+    B,
+    F,
+    H,
+    S,
+    assert_close,
+    data,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    plain_dense,
+    plain_mlp,
+    pure,
+)
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
-
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-B, S, H, F = 4, 8, 16, 32
-HIGHEST = jax.lax.Precision.HIGHEST
-TOL = dict(rtol=2e-5, atol=2e-5)
-
-
-def data(*shape, seed=1):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def plain_dense(p, x):
-    return jnp.dot(x, p["kernel"], precision=HIGHEST) + p["bias"]
-
-
-def plain_mlp(p, x, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
-    h = h * p["norm"]["scale"] + p["norm"]["bias"]
-    return plain_dense(p["down"], jax.nn.gelu(plain_dense(p["up"], h)))
-
-
-def pure(module):
-    return jax.device_get(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
-
-
-def close(a, b):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
-
 
 # ------------------------------------------------------------------------------------------------
 # axis_name missing from the mesh.
@@ -105,8 +81,8 @@ def test_nnx_built_under_set_mesh_runs_outside_it(cpu_mesh, call):
         inside = nnx.jit(lambda m, x: m(x))(mlp, x)
     assert jax.sharding.get_abstract_mesh().empty
     y = mlp(x) if call == "eager" else nnx.jit(lambda m, x: m(x))(mlp, x)
-    close(y, plain_mlp(pure(mlp), x))
-    close(y, inside)
+    assert_close(y, plain_mlp(jax.device_get(pure(mlp)), x))
+    assert_close(y, inside)
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), 3)
 
 
@@ -118,7 +94,7 @@ def test_nnx_params_placed_on_a_mesh_by_hand_run_eagerly(cpu_mesh):
     layer.kernel.set_value(jax.device_put(layer.kernel[...], NamedSharding(mesh, P("tp", None))))
     x = data(B, S, F)
     y = layer(x)
-    close(y, plain_dense(pure(layer), x))
+    assert_close(y, plain_dense(jax.device_get(pure(layer)), x))
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tp")), 3)
 
 
@@ -132,7 +108,7 @@ def test_linen_apply_outside_the_mesh_with_sharded_params(cpu_mesh):
     params = jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), nn.unbox(variables),
                           specs)
     y = model.apply(params, x)  # no mesh in context, no jit: the kernels' mesh
-    close(y, plain_mlp(jax.device_get(params)["params"], x))
+    assert_close(y, plain_mlp(jax.device_get(params)["params"], x))
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), 3)
 
 

@@ -8,36 +8,35 @@ checkpoint stores them; the layer gets them through :func:`jax_ub.nn.pack_gated`
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _layer_helpers import (
+    HIGHEST,
+    assert_close,
+    data,
+    dot,
+    layer_norm,
+    nnx_fn,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    param_specs,
+    pure,
+    value_and_grads,
+)
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
 
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
 B, S, H, F = 2, 8, 16, 24
 EPS = 1e-5  # Llama's rms_norm_eps; not the layer's default, so a dropped epsilon shows
-HIGHEST = jax.lax.Precision.HIGHEST
-TOL = dict(rtol=3e-5, atol=3e-5)
-
-
-def data(*shape, seed=1, mean=0.0):
-    return mean + jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def dot(a, b):
-    return jnp.dot(a, b, precision=HIGHEST)
+# this file's tolerance (the shared default is 2e-5); a call may still pass its own
+assert_close = functools.partial(assert_close, rtol=3e-5, atol=3e-5)
 
 
 def rms_norm(x, w, eps=EPS):
@@ -68,25 +67,6 @@ def from_layer_grads(g):
     return {"gate": gate, "up": up, "down": g["down"]["kernel"], "rms": g["norm"]["scale"]}
 
 
-def pure(module):
-    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
-
-
-def nnx_fn(module):
-    graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
-    return lambda params, x: nnx.merge(graphdef, params, rest)(x)
-
-
-def value_and_grads(fn, params, x, ct):
-    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
-    return jax.jit(fn)(params, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-
-
-def assert_close(a, b, **tol):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
-                 a, b)
-
-
 def llama_nnx(**kw):
     return ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, use_bias=False, norm="rmsnorm",
                             epsilon=EPS, precision=HIGHEST, rngs=nnx.Rngs(0), **kw)
@@ -113,7 +93,7 @@ def test_nnx_llama_mlp_matches_hand_written_oracle(cpu_mesh, tp, mode):
             fn = nnx_fn(mlp)
     else:
         mlp = llama_nnx()  # whole parameters, split by the shard_map below
-        specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(mlp, nnx.Param)))
+        specs = param_specs(mlp)
         fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")),
                            out_specs=P(None, "tp"))
     assert jax.tree.map(jnp.shape, pure(mlp)) == {"norm": {"scale": (H,)}, "up": {"kernel": (H, 2 * F)},
@@ -203,11 +183,6 @@ def test_no_norm_nnx_and_linen(cpu_mesh):
 
 # ------------------------------------------------------------------------------------------------
 # The default is the LayerNorm of before, with the same parameters.
-
-
-def layer_norm(x, scale, bias, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * scale + bias
 
 
 def test_layernorm_is_the_default_with_the_same_params(cpu_mesh):

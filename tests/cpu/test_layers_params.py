@@ -14,64 +14,31 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from _layer_helpers import (
+    HIGHEST,
+    NORMAL,
+    B,
+    F,
+    H,
+    S,
+    assert_close,
+    data,
+    nnx_fn,
+    on_cpu,  # noqa: F401  (autouse fixture)
+    param_specs,
+    plain_dense,
+    plain_mlp,
+    pure,
+    value_and_grads,
+)
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
 
-
-@pytest.fixture(autouse=True)
-def _on_cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-B, S, H, F = 4, 8, 16, 32
-HIGHEST = jax.lax.Precision.HIGHEST
-TOL = dict(rtol=2e-5, atol=2e-5)
 LECUN = nnx.initializers.lecun_normal()
-NORMAL = nnx.initializers.normal(1.0)
-
-
-def data(*shape, seed=1):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def plain_dense(p, x):
-    return jnp.dot(x, p["kernel"], precision=HIGHEST) + p["bias"]
-
-
-def plain_mlp(p, x, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
-    h = h * p["norm"]["scale"] + p["norm"]["bias"]
-    return plain_dense(p["down"], jax.nn.gelu(plain_dense(p["up"], h)))
-
-
-def pure(module):
-    return nnx.to_pure_dict(nnx.state(module, nnx.Param))
-
-
-def specs(module):
-    return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
-
-
-def nnx_fn(module):
-    graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
-    return lambda params, x: nnx.merge(graphdef, params, rest)(x)
-
-
-def value_and_grads(fn, params, x, ct):
-    loss = lambda p, x: jnp.sum(fn(p, x) * ct)  # noqa: E731
-    return jax.jit(fn)(params, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-
-
-def assert_close(a, b, **tol):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
-                 a, b)
 
 
 def fsdp_mesh(cpu_mesh, explicit=False):
@@ -95,8 +62,8 @@ def test_nnx_fsdp_names_are_merged(cpu_mesh, explicit):
         row = ubnn.RowParallelDense(
             F, H, precision=HIGHEST, kernel_init=nnx.with_partitioning(LECUN, P(None, "fsdp")),
             bias_init=nnx.with_partitioning(NORMAL, ("fsdp",)), rngs=nnx.Rngs(1))
-        assert specs(col) == {"kernel": P("fsdp", "tp"), "bias": P("tp")}
-        assert specs(row) == {"kernel": P("tp", "fsdp"), "bias": P("fsdp")}
+        assert param_specs(col) == {"kernel": P("fsdp", "tp"), "bias": P("tp")}
+        assert param_specs(row) == {"kernel": P("tp", "fsdp"), "bias": P("fsdp")}
         # created sharded over both axes, and the user's other metadata kept
         assert col.kernel[...].sharding.spec == P("fsdp", "tp")
         assert row.kernel[...].sharding.spec == P("tp", "fsdp")
@@ -187,12 +154,28 @@ def test_boxed_init_names_only_the_tp_axis_is_accepted(cpu_mesh):
         a = ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, (None, "tp")),
                                      rngs=nnx.Rngs(0))
         b = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
-        assert specs(a) == specs(b) == {"kernel": P(None, "tp"), "bias": P("tp")}
+        assert param_specs(a) == param_specs(b) == {"kernel": P(None, "tp"), "bias": P("tp")}
     assert_close(pure(a), pure(b), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------------------
 # Shape checks blame the parameter and name the layer.
+
+
+def assert_both_refused(mesh, mode, col, row, col_msg, row_msg):
+    """``col`` called on x `[B, S, H]` and ``row`` on `[B, S, F]`, on global arrays under ``mesh``
+    (``mode="global"``) or on local shards inside a ``jax.shard_map`` over it, each raise the
+    ValueError its message matches."""
+    cases = [(col, data(B, S, H), P(None, "tp"), P(None, None, "tp"), col_msg),
+             (row, data(B, S, F), P(None, None, "tp"), P(None, "tp"), row_msg)]
+    for layer, x, x_spec, out_spec, msg in cases:
+        if mode == "global":
+            call = lambda layer=layer, x=x: layer(x)  # noqa: E731
+        else:
+            call = lambda layer=layer, x=x, a=x_spec, b=out_spec: jax.shard_map(  # noqa: E731
+                lambda x: layer(x), mesh=mesh, in_specs=a, out_specs=b)(x)
+        with jax.set_mesh(mesh), pytest.raises(ValueError, match=msg):
+            call()
 
 
 @pytest.mark.parametrize("mode", ["global", "shard_map"])
@@ -203,18 +186,11 @@ def test_kernel_in_pytorch_layout_is_blamed(cpu_mesh, mode):
     col.kernel.set_value(data(F, H))
     row = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
     row.kernel.set_value(data(H, F))
-    cases = [(col, data(B, S, H), P(None, "tp"), P(None, None, "tp"),
-              r"ColumnParallelDense: kernel must be `\[in_features, out_features\]` = \[16, 32\]"),
-             (row, data(B, S, F), P(None, None, "tp"), P(None, "tp"),
-              r"RowParallelDense: kernel must be `\[in_features, out_features\]` = \[32, 16\]")]
-    for layer, x, x_spec, out_spec, msg in cases:
-        if mode == "global":
-            call = lambda layer=layer, x=x: layer(x)  # noqa: E731
-        else:
-            call = lambda layer=layer, x=x, a=x_spec, b=out_spec: jax.shard_map(  # noqa: E731
-                lambda x: layer(x), mesh=mesh, in_specs=a, out_specs=b)(x)
-        with jax.set_mesh(mesh), pytest.raises(ValueError, match=msg + r".*got kernel.shape=.*" + hint):
-            call()
+    got = r".*got kernel.shape=.*" + hint
+    assert_both_refused(
+        mesh, mode, col, row,
+        r"ColumnParallelDense: kernel must be `\[in_features, out_features\]` = \[16, 32\]" + got,
+        r"RowParallelDense: kernel must be `\[in_features, out_features\]` = \[32, 16\]" + got)
 
 
 def test_kernel_is_checked_before_x(cpu_mesh):
@@ -232,18 +208,10 @@ def test_bias_of_the_wrong_length_is_named(cpu_mesh, mode):
     col.bias.set_value(jnp.ones(H))
     row = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
     row.bias.set_value(jnp.ones(F))
-    cases = [(col, data(B, S, H), P(None, "tp"), P(None, None, "tp"),
-              r"ColumnParallelDense: bias must be `\[out_features\]` = \[32\].*got bias.shape=\[16\]"),
-             (row, data(B, S, F), P(None, None, "tp"), P(None, "tp"),
-              r"RowParallelDense: bias must be `\[out_features\]` = \[16\]; got bias.shape=\[32\]")]
-    for layer, x, x_spec, out_spec, msg in cases:
-        if mode == "global":
-            call = lambda layer=layer, x=x: layer(x)  # noqa: E731
-        else:
-            call = lambda layer=layer, x=x, a=x_spec, b=out_spec: jax.shard_map(  # noqa: E731
-                lambda x: layer(x), mesh=mesh, in_specs=a, out_specs=b)(x)
-        with jax.set_mesh(mesh), pytest.raises(ValueError, match=msg):
-            call()
+    assert_both_refused(
+        mesh, mode, col, row,
+        r"ColumnParallelDense: bias must be `\[out_features\]` = \[32\].*got bias.shape=\[16\]",
+        r"RowParallelDense: bias must be `\[out_features\]` = \[16\]; got bias.shape=\[32\]")
 
 
 def test_construction_divisibility_names_the_feature_count(cpu_mesh):
@@ -276,15 +244,7 @@ def test_linen_whole_params_inside_user_shard_map(cpu_mesh, gated):
     fn = jax.shard_map(lambda p, x: model.apply({"params": p}, x), mesh=mesh,
                        in_specs=(P(), P("dp", "tp")), out_specs=P("dp", "tp"))
     got, got_g = value_and_grads(fn, params, x, ct)
-    if gated:
-        def plain(p, x):
-            mean = x.mean(-1, keepdims=True)
-            h = (x - mean) / jnp.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-6)
-            h = plain_dense(p["up"], h * p["norm"]["scale"] + p["norm"]["bias"])
-            return plain_dense(p["down"], jax.nn.silu(h[..., 0::2]) * h[..., 1::2])
-    else:
-        plain = plain_mlp
-    want, want_g = value_and_grads(plain, params, x, ct)
+    want, want_g = value_and_grads(lambda p, x: plain_mlp(p, x, gated=gated), params, x, ct)
     assert_close(got, want)
     assert_close(got_g, want_g)
 
