@@ -68,7 +68,8 @@ def test_shutdown_retraces_programs_only_where_it_freed_a_set(monkeypatch):
     assert len(traces) == 3, traces
 
 
-def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
+def _install_failing_drain(monkeypatch) -> FakeCommExtension:
+    """The stand-in extension, its comm_drain failing as after a peer timeout."""
     fake = FakeCommExtension()
 
     def drain(set_id):
@@ -77,6 +78,11 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
     fake.comm_drain = drain
     monkeypatch.setattr(_ext, "extension", lambda: fake)
     monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    return fake
+
+
+def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
+    fake = _install_failing_drain(monkeypatch)
     monkeypatch.setattr(comm, "_sets", {"tp": _fake_set(7, "tp")})
     traces = []
 
@@ -119,14 +125,7 @@ def test_a_failed_cleanup_does_not_hide_why_initialize_gave_up(monkeypatch, capl
 def test_shutdown_keeps_buffers_a_missing_peer_may_still_write(monkeypatch):
     """shutdown()'s barrier timed out: a peer may still be inside an op writing into this
     process's buffers, so they are not freed, and the error says so (and keeps the drain error)."""
-    fake = FakeCommExtension()
-
-    def drain(set_id):
-        raise RuntimeError(f"jax_ub: set {set_id} has a sticky error")
-
-    fake.comm_drain = drain
-    monkeypatch.setattr(_ext, "extension", lambda: fake)
-    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    fake = _install_failing_drain(monkeypatch)
     s = _fake_set(5, "tp")
     s.exchange = _exchanges(2, timeout_s=0.3)[0]  # process 1 never arrives
     monkeypatch.setattr(comm, "_sets", {"tp": s})
