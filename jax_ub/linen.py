@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _layers
+from jax_ub import _layer_mesh, _layer_params, _layers
 from jax_ub._layers import pack_gated, unpack_gated
 
 __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
@@ -61,10 +61,10 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
            dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
            dim_names: Sequence[str] | None = None) -> jax.Array:
     where = type(module).__name__
-    p = _layers.placement(axis_name, mesh)
-    _layers.check_axis_in_mesh(where, axis_name, p)
+    p = _layer_mesh.placement(axis_name, mesh)
+    _layer_mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
-    _layers.check_param_divisible(where, name, shape, names, dim_names, p.tp, axis_name)
+    _layer_params.check_param_divisible(where, name, shape, names, dim_names, p.tp, axis_name)
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     # Local mode: `apply` may be given this device's shards (what `init` makes there) or the whole
     # parameters (e.g. replicated through shard_map's in_specs); the layer slices whole ones.
@@ -72,7 +72,7 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
              and np.shape(_raw(module.get_variable("params", name))) == shape)
 
     def init_boxed(key: jax.Array, *_: Any) -> nn.Partitioned:
-        raw, merged, box = _layers.init_param(where, name, init, key, shape, dtype, names,
+        raw, merged, box = _layer_params.init_param(where, name, init, key, shape, dtype, names,
                                               axis_name, p, slice_local=not whole)
         if not p.local and p.tp is not None:  # global mode: born sharded (needed on Explicit meshes)
             raw = _layers.place(raw, merged, p.mesh)
@@ -81,7 +81,7 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
     requested = shape
     if p.local and not whole:
         assert p.tp is not None
-        requested = _layers.local_shape(shape, names, axis_name, p.tp)
+        requested = _layer_params.local_shape(shape, names, axis_name, p.tp)
     value = module.param(name, init_boxed, requested, dtype, unbox=False)
     # Flax would constrain the value to its spec, which is illegal on the manual axes of local mode,
     # and on the Explicit axes of a `mesh=` given outside a mesh context (there the value was born
@@ -129,7 +129,7 @@ class ColumnParallelDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         _layers.check_seq_axis(where, self.seq_axis)
-        kernel_names, bias_names = _layers.column_partitioning(self.axis_name)
+        kernel_names, bias_names = _layer_params.column_partitioning(self.axis_name)
         in_features = x.shape[-1] if x.ndim else 0
         kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
                         self.param_dtype, kernel_names, self.axis_name, self.mesh, _DIMS)
@@ -170,8 +170,8 @@ class RowParallelDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         _layers.check_seq_axis(where, self.seq_axis)
-        kernel_names, bias_names = _layers.row_partitioning(self.axis_name)
-        p = _layers.placement(self.axis_name, self.mesh)
+        kernel_names, bias_names = _layer_params.row_partitioning(self.axis_name)
+        p = _layer_mesh.placement(self.axis_name, self.mesh)
         x_in = x.shape[-1] if x.ndim else 0
         in_features = x_in * p.tp if p.local and p.tp else x_in
         kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
@@ -266,8 +266,8 @@ class ParallelMLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         norm_cls = _NORMS[_layers.check_norm(where, self.norm)]
-        _layers.check_axis_in_mesh(where, self.axis_name,
-                                   _layers.placement(self.axis_name, self.mesh))
+        _layer_mesh.check_axis_in_mesh(where, self.axis_name,
+                                   _layer_mesh.placement(self.axis_name, self.mesh))
         _layers.check_seq_axis(where, self.seq_axis)
         _layers.check_x(where, x, None, "features", seq_axis=self.seq_axis,
                         sequence_parallel=self.sequence_parallel)

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx import variablelib
 
-from jax_ub import _layers, _validate
+from jax_ub import _layer_mesh, _layer_params, _layers, _validate
 from jax_ub._layers import pack_gated, unpack_gated
 
 __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
@@ -70,11 +70,11 @@ def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
     ``init`` may return a box (``nnx.with_partitioning``, ``nnx.with_metadata``): its names go on
     the dims the layer keeps whole over ``axis_name`` and its other metadata is kept.
     """
-    p = _layers.placement(axis_name, mesh)
-    _layers.check_axis_in_mesh(where, axis_name, p)
+    p = _layer_mesh.placement(axis_name, mesh)
+    _layer_mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
-    _layers.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
-    raw, names, box = _layers.init_param(where, param, init, key, shape, dtype, names, axis_name, p)
+    _layer_params.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
+    raw, names, box = _layer_params.init_param(where, param, init, key, shape, dtype, names, axis_name, p)
     eager = not p.local and p.tp is not None
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     if isinstance(box, variablelib.VariableMetadata):
@@ -118,7 +118,7 @@ class _ParallelDense(nnx.Module):
         self.axis_name = axis_name
         self.mesh = mesh
         # The concrete mesh this layer is built under: its mesh when called with none in context.
-        self._mesh_at_build = _layers.concrete_mesh(mesh)
+        self._mesh_at_build = _layer_mesh.concrete_mesh(mesh)
         kernel_names, bias_names = type(self)._partitioning(axis_name)
         dims = ("in_features", "out_features")
         self.kernel = _param(where, "kernel", kernel_init, rngs.params(),
@@ -170,7 +170,7 @@ class ColumnParallelDense(_ParallelDense):
       rngs: random streams; ``rngs.params`` initialises the parameters.
     """
 
-    _partitioning = staticmethod(_layers.column_partitioning)
+    _partitioning = staticmethod(_layer_params.column_partitioning)
 
     def __init__(self, in_features: int, out_features: int, *,
                  recompute_gathered: bool | None = None, **kwargs: Any):
@@ -200,7 +200,7 @@ class RowParallelDense(_ParallelDense):
     ``axis_name``, for any sequence length.
     """
 
-    _partitioning = staticmethod(_layers.row_partitioning)
+    _partitioning = staticmethod(_layer_params.row_partitioning)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.row_parallel_dense(
@@ -284,7 +284,7 @@ class ParallelMLP(nnx.Module):
                  rngs: nnx.Rngs):
         where = type(self).__name__
         norm = _layers.check_norm(where, norm)
-        _layers.check_axis_in_mesh(where, axis_name, _layers.placement(axis_name, mesh))
+        _layer_mesh.check_axis_in_mesh(where, axis_name, _layer_mesh.placement(axis_name, mesh))
         if gated:
             _layers.check_gated(where, ffn_features, axis_name, mesh)
         self.activation = activation
@@ -309,7 +309,7 @@ class ParallelMLP(nnx.Module):
         h = self.up(x if self.norm is None else self.norm(x))
         if self.gated:
             _layers.check_gated(type(self).__name__, self.down.in_features, up.axis_name, up.mesh,
-                                (_layers.array_mesh(up.kernel[...]), up._mesh_at_build))
+                                (_layer_mesh.array_mesh(up.kernel[...]), up._mesh_at_build))
             h = _layers.glu(h, self.activation)
         else:
             h = self.activation(h)

@@ -1,0 +1,137 @@
+"""Where a TP/SP layer runs (:mod:`jax_ub._layers`): inside the user's ``shard_map`` over its axis
+(local mode) or not (global mode), and which mesh a global call uses (the ``mesh`` argument,
+:func:`jax.set_mesh`'s, the kernel's own ``NamedSharding``, or the one a layer was built under).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import lax
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+# --------------------------------------------------------------------------------------------------
+# Mode selection
+# --------------------------------------------------------------------------------------------------
+
+
+def bound_axis_size(axis_name: str) -> int | None:
+    """Size of mesh axis ``axis_name`` if an enclosing ``shard_map`` binds it, else ``None``."""
+    try:
+        return int(lax.axis_size(axis_name))
+    except NameError:
+        return None
+
+
+def _context_mesh(mesh: Any) -> Any:
+    if mesh is not None:
+        return mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    return None if abstract is None or abstract.empty else abstract
+
+
+def array_mesh(a: Any) -> Any:
+    """The concrete mesh of ``a``'s ``NamedSharding`` (a committed array outside jit), else None."""
+    if a is None or isinstance(a, jax.core.Tracer) or not isinstance(a, jax.Array):
+        return None
+    sharding = getattr(a, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return mesh if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty else None
+
+
+def concrete_mesh(mesh: Any = None) -> Any:
+    """``mesh`` if it is a concrete ``Mesh``, else the one set with ``jax.set_mesh``, else None.
+
+    An NNX layer keeps this from its construction, to run when called with no mesh in context.
+    """
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    if mesh is not None:  # an AbstractMesh given on purpose: nothing concrete to keep
+        return None
+    try:
+        m = jax.sharding.get_mesh()
+    except ValueError:  # inside a trace (nnx.jit / nnx.eval_shape): jax's public call refuses
+        try:
+            from jax._src import mesh as mesh_lib  # the same thread-local, read without the guard
+
+            m = mesh_lib.get_concrete_mesh()
+        except Exception:  # a private API: any change just loses the fallback
+            return None
+    return m if isinstance(m, jax.sharding.Mesh) and not m.empty else None
+
+
+def _legacy_mesh() -> Any:
+    """The mesh of a legacy ``with mesh:`` block (which these layers do not read), if any."""
+    try:
+        from jax._src import mesh as mesh_lib
+
+        m = mesh_lib.thread_resources.env.physical_mesh
+    except Exception:  # a private API: without it the message just says less
+        return None
+    return None if m is None or m.empty else m
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a layer runs: ``local`` (inside the user's shard_map) or on global arrays over ``mesh``.
+
+    ``tp`` is the size of the tensor-parallel axis, or ``None`` when neither a bound axis nor a mesh
+    with that axis is known (only possible at construction time).
+    """
+
+    local: bool
+    tp: int | None
+    mesh: Any = None
+
+
+def placement(axis_name: str, mesh: Any = None, fallbacks: Sequence[Any] = ()) -> Placement:
+    """The mode a layer is in right now (see the module docstring); never raises.
+
+    ``fallbacks``: meshes to use, in order, when neither ``mesh`` nor a context mesh is set.
+    """
+    size = bound_axis_size(axis_name)
+    if size is not None:
+        return Placement(local=True, tp=size)
+    m = _context_mesh(mesh)
+    if m is None:
+        m = next((f for f in fallbacks if f is not None), None)
+    if m is not None and axis_name in m.axis_names:
+        return Placement(local=False, tp=int(m.shape[axis_name]), mesh=m)
+    return Placement(local=False, tp=None, mesh=m)
+
+
+def check_axis_in_mesh(where: str, axis_name: str, p: Placement) -> None:
+    """A known mesh without ``axis_name`` is an error where the layer is built, not at its call."""
+    if not p.local and p.tp is None and p.mesh is not None:
+        raise ValueError(
+            f"{where}: mesh axis {axis_name!r} (the layer's `axis_name`) is not an axis of the mesh "
+            f"(axes {tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
+            f"or use a mesh with an axis {axis_name!r}.")
+
+
+def require_placement(where: str, axis_name: str, mesh: Any, fallbacks: Sequence[Any] = ()) -> Placement:
+    p = placement(axis_name, mesh, fallbacks)
+    if p.tp is None:
+        if p.mesh is not None:
+            raise ValueError(
+                f"{where}: mesh axis {axis_name!r} is unknown here (a mesh with axes "
+                f"{tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
+                f"or call the layer inside `jax.shard_map` over {axis_name!r} (local shards).")
+        legacy = _legacy_mesh()
+        found = "no mesh" if legacy is None else (
+            f"no mesh set with `jax.set_mesh`; the legacy `with mesh:` context holds a mesh with "
+            f"axes {tuple(legacy.axis_names)}, which these layers do not read: use "
+            f"`with jax.set_mesh(mesh):` instead")
+        raise ValueError(
+            f"{where}: mesh axis {axis_name!r} is unknown here ({found}). Call the layer under "
+            f"`jax.set_mesh(mesh)` or give it `mesh=` (global arrays; outside `jax.jit`, parameters "
+            f"sharded on a mesh are enough), or call it inside `jax.shard_map` over {axis_name!r} "
+            f"(local shards).")
+    return p
+
+
