@@ -11,6 +11,7 @@
 
 #include <nanobind/stl/pair.h>
 
+#include <cctype>
 #include <memory>
 #include <stdexcept>
 
@@ -136,6 +137,28 @@ nb::bytes CommExportIpc(int set_id, int device) {
 
 void CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
   Raise(Get(set_id, device)->ConnectIpc(peer, std::string(blob.c_str(), blob.size())));
+}
+
+// PCI bus id ("0000:18:00.0", lower case) of every visible device; "" where CUDA cannot say. Lets
+// processes that see different devices (CUDA_VISIBLE_DEVICES) name the same GPU alike.
+std::vector<std::string> PciBusIds() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  std::vector<std::string> out(n);
+  for (int i = 0; i < n; ++i) {
+    char buf[32] = {0};
+    if (cudaDeviceGetPCIBusId(buf, sizeof(buf), i) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    std::string id(buf);
+    for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out[i] = id;
+  }
+  return out;
 }
 
 // (can_access[i][j]) for every pair of visible devices.
@@ -350,6 +373,8 @@ NB_MODULE(_jax_ub_cuda, m) {
         "at pointers short of 16-byte alignment); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest (each timed over tune_reps back-to-back runs). Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
+  m.def("pci_bus_ids", &PciBusIds, nogil,
+        "PCI bus id of every visible device ('' where CUDA cannot say).");
   m.def("trace_enable", &jax_ub::TraceEnable, arg("on"),
         "Record CUDA-event timelines of the overlap ops (bench --timeline).");
   m.def("trace_collect", [] {

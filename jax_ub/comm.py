@@ -8,7 +8,8 @@ devices that differ only along ``axis``) for every local device, and wires each 
   key-value store (no MPI, no files), one process-wide exchange per ``initialize()``, or, with
   ``bootstrap="nccl"``, through an NCCL all-gather (unique id via the key-value store);
 * transport ``nccl`` (chosen when a group spans hosts or two of its GPUs cannot map each other's
-  memory, or when asked for): ncclSend/ncclRecv, no peer mapping at all.
+  memory, or cannot be checked, or when asked for): ncclSend/ncclRecv, no peer mapping at all.
+  Which pairs can map each other is surveyed across processes by PCI bus id (``_p2p``).
 
 Every process calls ``initialize``/``shutdown`` collectively with the same mesh. All ranks first
 agree on (group layout, buffer size, transport, version); any difference fails every rank with the
@@ -20,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import socket
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _bootstrap, _ext, _nccl, _validate, config
+from jax_ub import _bootstrap, _ext, _nccl, _p2p, _validate, config
 
 log = logging.getLogger("jax_ub")
 
@@ -56,7 +56,7 @@ class CommSet:
     exchange: _bootstrap.KVExchange | None  # process-wide, None in single-process mode
     bootstrap: str = "kv"  # how IPC handles travel between processes: "kv" or "nccl"
     transport_reason: str = ""
-    hosts: list[str] = dataclasses.field(default_factory=list)  # host of each process
+    hosts: list[str] = dataclasses.field(default_factory=list)  # host id of each process (_p2p)
     grow_count: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -209,8 +209,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                 if any(d.platform != "gpu" for d in g):
                     raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")
             _next_set_id += 1
-            hosts, bad_pairs = _survey(exchange, groups)
-            transport, reason = _choose_transport(transport, groups, hosts, bad_pairs)
+            hosts, bad_pairs, unverified = _survey(exchange, groups)
+            transport, reason = _choose_transport(transport, groups, hosts, bad_pairs, unverified)
             if bootstrap == "auto":
                 bootstrap = "kv"
             if transport == "nccl" or bootstrap == "nccl":
@@ -314,52 +314,43 @@ def _destroy_quietly(s: CommSet) -> None:
                       what, s.set_id, err)
 
 
-def _survey(exchange: _bootstrap.KVExchange | None,
-            groups: list[list[Any]]) -> tuple[list[str], list[tuple[int, int]]]:
-    """(host name of every process, pairs of GPUs of one group that cannot map each other).
-
-    Every process reports its host and the P2P verdict on the group pairs it can see, so the
-    transport choice below is the same on every process.
-    """
+def _survey(exchange: _bootstrap.KVExchange | None, groups: list[list[Any]]
+            ) -> tuple[list[str], list[tuple[Any, Any]], list[tuple[Any, Any, str]]]:
+    """(host id of every process, pairs of devices of one group that cannot map each other, pairs
+    nobody could check and why): every process reports what it can check (:mod:`jax_ub._p2p`) and
+    all read the same reports, so the transport choice below is the same on every process."""
     import json
 
-    mod = _ext.extension()
-    try:
-        can = [[bool(v) for v in row] for row in mod.p2p_matrix()]
-    except Exception:
-        can = None
-    bad: set[tuple[int, int]] = set()
     me = jax.process_index()
-    for g in groups:
-        mine = [_ordinal(d) for d in g if d.process_index == me]
-        if can is None:
-            continue
-        for a in mine:
-            for b in mine:
-                if a != b and a < len(can) and b < len(can[a]) and not can[a][b]:
-                    bad.add((min(a, b), max(a, b)))
-    host = socket.gethostname()
+    members = {str(d.id): _ordinal(d) for g in groups for d in g if d.process_index == me}
+    report = _p2p.local_report(_ext.extension(), members, use_nvml=exchange is not None)
     if exchange is None:
-        return [host], sorted(bad)
-    reports = exchange.all_gather("survey", json.dumps({"host": host, "bad": sorted(bad)}).encode())
-    hosts, all_bad = [], set()
-    for blob in reports:
-        info = json.loads(blob.decode())
-        hosts.append(info["host"])
-        all_bad.update(tuple(p) for p in info["bad"])
-    return hosts, sorted(all_bad)
+        return _p2p.judge([report], groups)
+    blobs = exchange.all_gather("survey", json.dumps(report).encode())
+    return _p2p.judge([json.loads(b.decode()) for b in blobs], groups)
+
+
+def _gpu(d: Any, several_processes: bool) -> str:
+    return f"GPU {d.id} (process {d.process_index})" if several_processes else f"GPU {d.id}"
 
 
 def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
-                      bad_pairs: list[tuple[int, int]]) -> tuple[str, str]:
-    """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``)."""
+                      bad_pairs: list[tuple[Any, Any]],
+                      unverified: list[tuple[Any, Any, str]] = ()) -> tuple[str, str]:
+    """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``). ``hosts``:
+    the host id of every process; ``bad_pairs``/``unverified``: from :func:`_survey`."""
+    label = _p2p.host_labels(hosts)
+    several = len(hosts) > 1
     spans = []
     for gi, g in enumerate(groups):
         gh = sorted({hosts[d.process_index] if d.process_index < len(hosts) else hosts[0]
                      for d in g})
         if len(gh) > 1:
-            spans.append(f"group {gi} spans hosts {', '.join(gh)}")
-    blockers = spans + [f"GPU {a} and GPU {b} cannot access each other" for a, b in bad_pairs]
+            spans.append(f"group {gi} spans hosts {', '.join(label[h] for h in gh)}")
+    blockers = spans + [f"{_gpu(a, several)} and {_gpu(b, several)} cannot access each other"
+                        for a, b in bad_pairs]
+    unknown = [f"no process could check whether {_gpu(a, several)} and {_gpu(b, several)} can "
+               f"access each other ({why})" for a, b, why in unverified]
     if requested == "nccl":
         return "nccl", "requested"
     if requested == "ipc":
@@ -367,9 +358,12 @@ def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
             raise ValueError(f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
                              f"each other's memory, but {'; '.join(blockers)}: use transport='nccl' "
                              "or 'auto'")
+        if unknown:
+            log.warning("jax_ub.initialize: transport='ipc' as requested, although %s",
+                        "; ".join(unknown))
         return "ipc", "requested"
-    if blockers:
-        return "nccl", "; ".join(blockers)
+    if blockers or unknown:
+        return "nccl", "; ".join(blockers + unknown)
     return "ipc", "every pair of GPUs of each group can map each other's memory"
 
 
@@ -452,7 +446,7 @@ def _connect(s: CommSet, tag: str) -> None:
     if s.transport == "nccl":
         return
     mod = _ext.extension()
-    host = socket.gethostname()
+    host = _p2p.host_identity()
     if s.exchange is not None and s.bootstrap == "nccl":
         by_member = _nccl_blobs(s)
         proc_of = {(gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)}
@@ -485,8 +479,10 @@ def _connect(s: CommSet, tag: str) -> None:
                 raise RuntimeError(f"jax_ub.initialize: no handles received for group {gi} rank {q}")
             peer_host, blob = entry
             if peer_host != host:
+                label = _p2p.host_labels([host, peer_host])
                 raise ValueError(
-                    f"jax_ub.initialize: group {gi} spans hosts {host!r} and {peer_host!r}, which "
+                    f"jax_ub.initialize: group {gi} spans hosts {label[host]!r} and "
+                    f"{label[peer_host]!r}, which "
                     "transport ipc cannot reach: use transport='nccl' or 'auto'")
             mod.comm_connect_ipc(s.set_id, dev, q, blob)
 

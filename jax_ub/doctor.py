@@ -57,7 +57,7 @@ ENV_VARS = (
 REQUIRED_EXT_FUNCTIONS = (
     "registrations", "runtime_info", "cublaslt_description", "set_library_candidates",
     "comm_create", "comm_connect_local", "comm_export_ipc", "comm_connect_ipc", "comm_grow",
-    "comm_drain", "comm_destroy_set", "comm_error", "gemm_warmup", "p2p_matrix",
+    "comm_drain", "comm_destroy_set", "comm_error", "gemm_warmup", "p2p_matrix", "pci_bus_ids",
 )
 
 LIVE_ROWS_PER_GPU = 256

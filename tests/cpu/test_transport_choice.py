@@ -36,8 +36,34 @@ def test_group_across_hosts_is_nccl_and_names_the_hosts():
 
 
 def test_pair_without_p2p_is_nccl_and_names_the_pair():
-    t, why = comm._choose_transport("auto", _groups([[0, 0, 0, 0]]), ["h0"], [(0, 2)])
+    g = _groups([[0, 0, 0, 0]])
+    t, why = comm._choose_transport("auto", g, ["h0"], [(g[0][0], g[0][2])])
     assert (t, why) == ("nccl", "GPU 0 and GPU 2 cannot access each other")
+
+
+def test_pair_across_processes_names_the_processes():
+    g = _groups([[0, 1]])
+    t, why = comm._choose_transport("auto", g, ["h", "h"], [(g[0][0], g[0][1])])
+    assert (t, why) == ("nccl", "GPU 0 (process 0) and GPU 1 (process 1) cannot access each other")
+
+
+def test_unverified_pair_is_nccl_for_auto_and_a_warning_for_ipc(caplog):
+    g = _groups([[0, 1]])
+    unverified = [(g[0][0], g[0][1], "NVML cannot be loaded")]
+    t, why = comm._choose_transport("auto", g, ["h", "h"], [], unverified)
+    assert t == "nccl"
+    assert why == ("no process could check whether GPU 0 (process 0) and GPU 1 (process 1) can "
+                   "access each other (NVML cannot be loaded)")
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        assert comm._choose_transport("ipc", g, ["h", "h"], [], unverified) == ("ipc", "requested")
+    assert "transport='ipc' as requested, although no process could check" in caplog.text
+
+
+def test_hosts_with_one_name_but_two_boot_ids_are_two_hosts():
+    t, why = comm._choose_transport("auto", _groups([[0, 1]]), ["localhost#aa", "localhost#bb"], [])
+    assert (t, why) == ("nccl", "group 0 spans hosts localhost#aa, localhost#bb")
+    t, why = comm._choose_transport("auto", _groups([[0, 1]]), ["n1#aa", "n2#bb"], [])
+    assert why == "group 0 spans hosts n1, n2"
 
 
 def test_forced_ipc_with_a_blocker_says_why():

@@ -27,7 +27,8 @@ jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
                            heartbeat_timeout_seconds=120)
 if os.environ.get("JAX_UB_TEST_HOSTS"):
     # Pretend each process runs on the host named for its rank (a multi-host launch on one
-    # machine): jax_ub learns hosts from socket.gethostname() only.
+    # machine): jax_ub tells hosts apart by socket.gethostname() and the boot id, and the
+    # boot id is the same for every process here.
     import socket
 
     _host = os.environ["JAX_UB_TEST_HOSTS"].split(",")[rank]
