@@ -188,7 +188,7 @@ def unaligned_ops():
 
 cs = jax_ub.initialize(mesh, "tp", timeout_s=float(os.environ.get("JAX_UB_TIMEOUT", "60")))
 print(f"RESULT transport {cs.transport} bootstrap {cs.bootstrap}", flush=True)
-print(f"RESULT hosts {','.join(cs.hosts)}", flush=True)
+print(f"RESULT hosts {','.join(h.split('#')[0] for h in cs.hosts)}", flush=True)  # name#bootid
 ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
 
 if mode == "exchange":
