@@ -65,6 +65,9 @@ nb::dict BuildInfo() {
 #ifdef JAX_UB_NVCC_VERSION
   d["nvcc_version"] = std::string(JAX_UB_NVCC_VERSION);
 #endif
+#ifdef JAX_UB_SOURCE_HASH
+  d["source_hash"] = std::string(JAX_UB_SOURCE_HASH);  // of csrc/ (cmake/source_hash.cmake)
+#endif
   return d;
 }
 

@@ -8,7 +8,8 @@ Public API:
   (backward-pass bulk overlap).
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
 * :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
-* :func:`build_info` — which path is active and why.
+* :func:`build_info` — which path is active and why; :func:`explain` — what a call runs
+  (``method="auto"``'s choice, or the method asked for) and why.
 * :func:`checkpoint_policy` — a ``jax.checkpoint`` policy that also keeps jax_ub's op outputs
   (named :data:`CHECKPOINT_NAMES`), which dot-based policies do not see on the CUDA path.
 * :mod:`jax_ub.tuning` — record the shapes a program's ops run at, for ``python -m jax_ub.bench
@@ -29,6 +30,7 @@ from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
+from jax_ub.overlap import explain
 
 __version__ = "0.1.0"
 
@@ -44,6 +46,7 @@ __all__ = [
     "bulk_reduce_scatter",
     "checkpoint_policy",
     "config",
+    "explain",
     "initialize",
     "matmul",
     "matmul_reduce_scatter",

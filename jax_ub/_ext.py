@@ -9,8 +9,10 @@ from a source checkout, where ``./jax_ub`` shadows the installed package, still 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import hashlib
 import importlib
 import logging
 import os
@@ -45,12 +47,63 @@ def _build_facts() -> dict[str, Any]:
                 "reason": "jax_ub is not installed (no _jax_ub_build module): run `pip install .` "
                           "from the jax_ub checkout"}
     return {"cuda_built": bool(mod.CUDA_BUILT), "reason": mod.REASON, "nvcc": mod.NVCC,
-            "nvcc_version": mod.NVCC_VERSION, "cuda_archs": mod.CUDA_ARCHS}
+            "nvcc_version": mod.NVCC_VERSION, "cuda_archs": mod.CUDA_ARCHS,
+            "source_hash": getattr(mod, "SOURCE_HASH", None) or None}
+
+
+# The files of csrc/ the extension's fingerprint covers (cmake/source_hash.cmake: keep in sync).
+SOURCE_SUFFIXES = (".cc", ".cu", ".h", ".cuh", ".cpp", ".hpp")
+
+
+def source_hash(csrc: str) -> str:
+    r"""sha256 over ``"<path>\n<sha256 of the file>\n"`` of every C++/CUDA file under ``csrc``
+    (paths relative to it, '/'-separated, sorted): what CMake records in the extension."""
+    files = []
+    for root, _, names in os.walk(csrc):
+        files += [os.path.relpath(os.path.join(root, n), csrc).replace(os.sep, "/")
+                  for n in names if n.endswith(SOURCE_SUFFIXES)]
+    manifest = []
+    for rel in sorted(files):
+        with open(os.path.join(csrc, rel), "rb") as f:
+            manifest.append(f"{rel}\n{hashlib.sha256(f.read()).hexdigest()}\n")
+    return hashlib.sha256("".join(manifest).encode()).hexdigest()
+
+
+def checkout_csrc(package_dir: str | None = None) -> str | None:
+    """``csrc/`` of the source checkout jax_ub runs from (editable install, or a checkout on
+    ``sys.path``), or None where there is none (an installed wheel)."""
+    pkg = package_dir or os.path.dirname(os.path.abspath(__file__))
+    csrc = os.path.join(os.path.dirname(pkg), "csrc")
+    return csrc if os.path.isfile(os.path.join(csrc, "_jax_ub_build.py.in")) else None
+
+
+def source_mismatch(mod: Any, csrc: str | None = None) -> str | None:
+    """Why the extension ``mod`` was not built from this checkout's ``csrc/``, or None where it
+    was, or where there is no checkout to compare with (an installed wheel)."""
+    csrc = csrc or checkout_csrc()
+    if csrc is None:
+        return None
+    try:
+        built = dict(mod.build_info()).get("source_hash")
+    except Exception as e:  # a broken build_info: say so rather than fail the load
+        built, why = None, f"its build_info() raised {type(e).__name__}: {e}"
+    else:
+        why = "it records no source hash: it was built before jax_ub recorded one"
+    have = source_hash(csrc)
+    if built == have:
+        return None
+    got = f"built from sources {built[:12]}" if built else why
+    root = os.path.dirname(csrc)
+    return (f"the CUDA extension {getattr(mod, '__file__', '_jax_ub_cuda')} was not built from this "
+            f"checkout's {csrc} (expected sources {have[:12]}; {got}): the Python side may call "
+            f"kernels, functions or FFI attributes it lacks. Rebuild it: `pip install .` in {root} "
+            "(an editable install: `pip install --no-build-isolation -e .`)")
 
 
 @functools.cache
 def _load() -> tuple[Any | None, str]:
-    """Returns (extension module or None, reason it is unavailable)."""
+    """Returns (extension module or None, reason it is unavailable). Warns (once) when the
+    extension was built from other sources than the checkout jax_ub runs from."""
     facts = _build_facts()
     if not facts["cuda_built"]:
         return None, facts["reason"]
@@ -60,6 +113,13 @@ def _load() -> tuple[Any | None, str]:
         return None, f"the CUDA extension was built but cannot be imported: {e}"
     for lib, paths in find_libraries().items():
         mod.set_library_candidates(lib, paths)
+    try:
+        stale = source_mismatch(mod)
+    except OSError as e:  # the checkout's csrc/ cannot be read: nothing to compare with
+        log.debug("jax_ub: cannot hash the checkout's csrc/: %s", e)
+        stale = None
+    if stale:
+        log.warning("jax_ub: %s", stale)
     return mod, ""
 
 
@@ -153,6 +213,10 @@ def build_info() -> dict[str, Any]:
         info["cuda_archs"] = facts["cuda_archs"]
     if mod is not None:
         info.update({f"ext_{k}": v for k, v in mod.build_info().items()})
+        with contextlib.suppress(OSError):
+            stale = source_mismatch(mod)
+            if stale:
+                info["extension_stale"] = stale
         info.update({f"runtime_{k}": v for k, v in mod.runtime_info().items()})
         info["cublaslt"] = mod.cublaslt_description()
         info["libraries"] = find_libraries()

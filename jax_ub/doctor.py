@@ -12,7 +12,9 @@ It gathers, section by section (each a function returning a plain dict, so tests
    (``ipc`` when every GPU pair can access each other, else ``nccl``), multicast, and the
    environment variables that matter;
 5. a live all-gather test: ``jax_ub.overlap.all_gather`` over every local GPU, checked bit for bit and
-   timed (``--no-live`` skips it);
+   timed (``--no-live`` skips it), in a child process bounded in time (``LIVE_TIMEOUT_S`` per wait,
+   ``LIVE_WALL_S`` in all), so that a stall (``JAX_UB_ON_STALL=abort``) or a hang becomes a failed
+   test in the report instead of ending or blocking the doctor;
 6. a verdict: ``OK: overlap can run (...)`` (exit 0) or ``CANNOT RUN OVERLAP: <reasons>`` (exit 1).
 
 ``--json`` prints one JSON object with the same facts instead of the text report. Nothing here
@@ -25,11 +27,13 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import difflib
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,6 +68,11 @@ LIVE_ROWS_PER_GPU = 256
 LIVE_COLS = 1024
 LIVE_WARMUP = 2
 LIVE_REPEATS = 5
+# The live test's process waits at most this long for a peer (JAX_UB_TIMEOUT, if that is longer),
+# and is killed after LIVE_WALL_S in all (jax's start and compilation included).
+LIVE_TIMEOUT_S = 30.0
+LIVE_WALL_S = 240.0
+LIVE_RESULT_MARK = "jax_ub-doctor-live-result: "  # the child's result line (JSON follows)
 TOPO_TIMEOUT_S = 10
 
 
@@ -135,6 +144,7 @@ def gather_versions() -> dict[str, Any]:
         "file": getattr(mod, "__file__", None),
         "build_info": None,
         "missing_functions": [],
+        "source": None,
     }
     cuda: dict[str, Any] = {"driver_version": None, "driver": None, "device_count": None, "error": None}
     libs = _ext.find_libraries()
@@ -145,6 +155,7 @@ def gather_versions() -> dict[str, Any]:
             ext["build_info"] = dict(mod.build_info())
         except Exception as e:
             ext["build_info"] = {"error": _err(e)}
+        ext["source"] = gather_source(mod)
         try:
             rt = dict(mod.runtime_info())
             cuda["driver_version"] = rt.get("driver_version") or None
@@ -159,6 +170,7 @@ def gather_versions() -> dict[str, Any]:
             cublaslt["description"] = _err(e)
     else:
         cuda["error"] = "unknown: the extension (which asks the CUDA runtime) is not loaded"
+    cuda["libcuda_error"] = libcuda_error()
     nccl_paths = libs.get("nccl", [])
     nccl = nccl_version(nccl_paths[0] if nccl_paths else None)
     nccl["paths"] = nccl_paths
@@ -183,6 +195,32 @@ def gather_versions() -> dict[str, Any]:
         "cublaslt": cublaslt,
         "nccl": nccl,
     }
+
+
+def gather_source(mod: Any) -> dict[str, Any]:
+    """Which sources the loaded extension was built from, against the checkout's ``csrc/`` (none
+    for an installed wheel): ``stale`` says why they differ, else None."""
+    out: dict[str, Any] = {"extension_hash": None, "checkout": _ext.checkout_csrc(), "checkout_hash": None,
+                           "stale": None}
+    with contextlib.suppress(Exception):
+        out["extension_hash"] = dict(mod.build_info()).get("source_hash")
+    if out["checkout"] is None:
+        return out
+    try:
+        out["checkout_hash"] = _ext.source_hash(out["checkout"])
+        out["stale"] = _ext.source_mismatch(mod, out["checkout"])
+    except OSError as e:
+        out["error"] = f"cannot hash {out['checkout']}: {_err(e)}"
+    return out
+
+
+def libcuda_error() -> str | None:
+    """None when the NVIDIA driver's ``libcuda.so.1`` loads, else why not."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return str(e)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,7 +333,8 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(os.environ if environ is None else environ)
     out: dict[str, Any] = {"config": None, "error": None,
                            "env": {k: env.get(k) for k in ENV_VARS},
-                           "jax_ub_env": {k: v for k, v in sorted(env.items()) if k.startswith("JAX_UB_")}}
+                           "jax_ub_env": {k: v for k, v in sorted(env.items()) if k.startswith("JAX_UB_")},
+                           "unknown_variables": unknown_variables(env)}
     try:
         cfg = config.Config.from_env(env)
         out["config"] = dataclasses.asdict(cfg)
@@ -319,6 +358,22 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
                   "multicast path (initialize logs a warning)")
     out["multicast"] = {"requested": requested and not skipped, "enabled": False, "reason": reason}
     return out
+
+
+def unknown_variables(env: dict[str, str]) -> list[dict[str, Any]]:
+    """The ``JAX_UB_*`` variables of ``env`` that jax_ub ignores (no knob has that name), each with
+    the knob it most likely misspells (``did_you_mean``, or None)."""
+    out = []
+    for name in config.unknown_variables(env):
+        close = difflib.get_close_matches(name, config.KNOB_VARIABLES + config.OTHER_VARIABLES, n=1,
+                                          cutoff=0.75)
+        out.append({"name": name, "value": env[name], "did_you_mean": close[0] if close else None})
+    return out
+
+
+def _unknown_sentence(u: dict[str, Any]) -> str:
+    hint = f" (did you mean {u['did_you_mean']}?)" if u["did_you_mean"] else ""
+    return f"{u['name']}={u['value']} is not a jax_ub setting: it is ignored{hint}"
 
 
 def tuning_file_status(path: str) -> dict[str, Any] | None:
@@ -374,6 +429,14 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
     if want_t != "auto":
         out["transport"] = want_t
         out["transport_reason"] = f"forced by JAX_UB_TRANSPORT={want_t}"
+        bad = (no_p2p_pairs(p2p["matrix"], ordinals)
+               if want_t == "ipc" and len(local) >= 2 and p2p.get("matrix") is not None else [])
+        out["no_p2p_pairs"] = [list(b) for b in bad]
+        if bad:  # jax_ub.initialize raises this (comm._choose_transport)
+            pairs = "; ".join(f"GPU {i} and GPU {j} cannot access each other" for i, j in bad)
+            out["blocking"] = (f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
+                               f"each other's memory, but {pairs}: use transport='nccl' or 'auto' "
+                               "(JAX_UB_TRANSPORT=ipc forces ipc: unset it)")
     elif len(local) < 2:
         out["transport"] = None
         out["transport_reason"] = f"none needed: {len(local)} local CUDA GPU(s)"
@@ -421,6 +484,8 @@ def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: in
     import jax_ub
 
     out: dict[str, Any] = {"ran": True, "ok": False, "devices": list(device_ids), "error": None}
+    with contextlib.suppress(ValueError):  # an invalid configuration fails initialize below
+        out["timeout_s"] = config.get().timeout_s
     started = False
     try:
         by_id = {d.id: d for d in jax.devices(platform)}
@@ -470,6 +535,64 @@ def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: in
     return out
 
 
+def _live_child_command(device_ids: Sequence[int], platform: str) -> list[str]:
+    """The command of the live test's process: this jax_ub's :func:`run_live_test`, whose result
+    it prints as one ``LIVE_RESULT_MARK`` line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"import sys; sys.path.insert(0, {root!r}); from jax_ub import doctor; "
+            f"doctor._live_child({list(device_ids)!r}, {platform!r})")
+    return [sys.executable, "-c", code]
+
+
+def _live_child(device_ids: list[int], platform: str) -> None:
+    r = run_live_test(device_ids, platform=platform)
+    print(LIVE_RESULT_MARK + json.dumps(r, default=str), flush=True)
+
+
+def _tail(text: str | bytes | None, lines: int = 12) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    kept = (text or "").strip().splitlines()[-lines:]
+    return ("; its last output:\n" + "\n".join(kept)) if kept else ""
+
+
+def run_live_test_bounded(device_ids: Sequence[int], timeout_s: float, platform: str = "cuda",
+                          wall_s: float = LIVE_WALL_S) -> dict[str, Any]:
+    """:func:`run_live_test` in a child process whose waits for a peer are bounded by
+    ``min(timeout_s, LIVE_TIMEOUT_S)`` (``JAX_UB_TIMEOUT``) and which is killed after ``wall_s``:
+    a stall that aborts it (``JAX_UB_ON_STALL=abort``) or a hang is a failed test, reported with
+    the end of its output. Never raises."""
+    t = min(float(timeout_s), LIVE_TIMEOUT_S)
+    out: dict[str, Any] = {"ran": True, "ok": False, "devices": list(device_ids), "error": None,
+                           "timeout_s": t, "wall_s": wall_s}
+    env = dict(os.environ, JAX_UB_TIMEOUT=f"{t:g}",
+               # this process's jax holds its share of every GPU already; the test needs little
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        r = subprocess.run(_live_child_command(device_ids, platform), capture_output=True, text=True,
+                           timeout=wall_s, env=env, check=False)
+    except subprocess.TimeoutExpired as e:
+        out["error"] = (f"the live test's process did not finish within {wall_s:g} s (waits for a peer "
+                        f"bounded at {t:g} s) and was killed{_tail(e.stderr)}")
+        return out
+    except OSError as e:
+        out["error"] = f"cannot start the live test's process: {_err(e)}"
+        return out
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith(LIVE_RESULT_MARK):
+            try:
+                res = json.loads(line[len(LIVE_RESULT_MARK):])
+            except ValueError as e:
+                out["error"] = f"the live test's process printed an unreadable result: {_err(e)}"
+                return out
+            return {**out, **res, "wall_s": wall_s}
+    rc = r.returncode
+    how = f"was ended by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() \
+        else f"exited with {rc}"
+    out["error"] = f"the live test's process {how} before reporting a result{_tail(r.stderr or r.stdout)}"
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. report, verdict, text
 
@@ -486,6 +609,8 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
     elif ext["missing_functions"]:
         reasons.append(f"the installed CUDA extension ({ext['file']}) is older than this jax_ub: it lacks "
                        f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`")
+    elif (ext.get("source") or {}).get("stale"):
+        reasons.append(ext["source"]["stale"])
     if c.get("error"):
         reasons.append(f"invalid jax_ub configuration: {c['error']}")
     elif (c.get("tuning") or {}).get("ok") is False:
@@ -494,8 +619,7 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
         reasons.append("JAX_UB_DISABLE=1 forces the pure-XLA reference path")
     n = len(g["devices"])
     if n == 0:
-        extra = f"; CUDA runtime: {v['cuda']['error']}" if ext["loaded"] and v["cuda"].get("error") else ""
-        reasons.append(f"no CUDA GPU (jax backend: {g.get('backend')}{extra})")
+        reasons.append(_no_gpu_reason(v, g))
     else:
         lt = v["cublaslt"].get("description")
         if ext["loaded"] and lt is not None and not lt.startswith("cuBLASLt "):
@@ -508,6 +632,32 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
     if live.get("ran") and not live.get("ok"):
         reasons.append(f"live test failed: {live.get('error')}")
     return reasons
+
+
+def _cuda_extra(driver_version: int | None) -> str:
+    """The jax extra that matches a driver (``cudaDriverGetVersion``: 12040 is CUDA 12.4)."""
+    return "cuda13" if (driver_version or 0) >= 13000 else "cuda12"
+
+
+def _no_gpu_reason(v: dict[str, Any], g: dict[str, Any]) -> str:
+    """Why jax has no CUDA GPU here, with what to do: jax without its CUDA backend on a machine
+    whose CUDA runtime counts GPUs, no NVIDIA driver, or what the CUDA runtime said."""
+    cuda, ext = v["cuda"], v["extension"]
+    backend = g.get("backend")
+    count = cuda.get("device_count") or 0
+    if count > 0:
+        extra = _cuda_extra(cuda.get("driver_version"))
+        seen = f": {g['error']}" if g.get("error") else ""
+        return (f"no CUDA GPU (jax backend: {backend}): jax has no CUDA backend{seen}, but the CUDA "
+                f"runtime counts {count} GPU(s) (driver {cuda.get('driver') or '?'}): install jax with "
+                f"its CUDA extra, `pip install -U \"jax[{extra}]\"` (or jax_ub's `\".[{extra}]\"`)")
+    err = cuda.get("error") or ""
+    if cuda.get("libcuda_error") and (not ext["loaded"] or "InsufficientDriver" in err
+                                      or "NoDevice" in err):
+        return (f"no CUDA GPU (jax backend: {backend}): no NVIDIA driver found (libcuda.so.1 cannot be "
+                f"loaded: {cuda['libcuda_error']}); the CUDA path needs NVIDIA GPUs and their driver")
+    extra = f"; CUDA runtime: {err}" if ext["loaded"] and err else ""
+    return f"no CUDA GPU (jax backend: {backend}{extra})"
 
 
 def _live_plan(r: dict[str, Any], no_live: bool) -> tuple[list[int] | None, str]:
@@ -537,6 +687,7 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
         notes.append(d["transport_reason"])
     if d.get("note"):
         notes.append(d["note"])
+    notes.extend(_unknown_sentence(u) for u in r["config"].get("unknown_variables") or [])
     live = r.get("live") or {}
     if live.get("ran") and live.get("ok") and len(live.get("devices", [])) < d["local_gpus"]:
         notes.append(f"the live test ran on GPUs {live['devices']} only")
@@ -559,7 +710,9 @@ def collect(no_live: bool = False) -> dict[str, Any]:
     }
     r["decision"] = decide(r["gpus"], r["p2p"], r["config"])
     ids, why = _live_plan(r, no_live)
-    r["live"] = run_live_test(ids) if ids is not None else {"ran": False, "ok": None, "skipped": why}
+    timeout_s = (r["config"].get("config") or {}).get("timeout_s", LIVE_TIMEOUT_S)
+    r["live"] = (run_live_test_bounded(ids, timeout_s) if ids is not None
+                 else {"ran": False, "ok": None, "skipped": why})
     r["verdict"] = verdict(r)
     return r
 
@@ -600,6 +753,16 @@ def render_text(r: dict[str, Any]) -> str:
             L.append(f"  extension     {built}, CUDA runtime {rt}; loaded from {ext['file']}")
             if ext["missing_functions"]:
                 L.append(f"                older build: lacks {', '.join(ext['missing_functions'])}")
+            src = ext.get("source") or {}
+            built = (src.get("extension_hash") or "")[:12] or "unrecorded"
+            if src.get("stale"):
+                L.append(f"  sources       OTHER THAN THIS CHECKOUT'S: {src['stale']}")
+            elif src.get("checkout_hash"):
+                L.append(f"  sources       {built}: those of this checkout ({src['checkout']})")
+            elif src.get("error"):
+                L.append(f"  sources       {built}; not compared: {src['error']}")
+            else:
+                L.append(f"  sources       {built} (no checkout to compare with: an installed package)")
     driver = cuda.get("driver") or "unavailable"
     count = cuda.get("device_count")
     L.append(f"  CUDA driver   {driver}; devices: {'?' if count is None else count}"
@@ -619,6 +782,8 @@ def render_text(r: dict[str, Any]) -> str:
     L.append("== GPUs ==")
     if not g["devices"]:
         L.append(f"  no CUDA GPU (backend: {g.get('backend')})")
+    if g.get("error"):
+        L.append(f"  jax: {g['error']}")
     for e in g["devices"]:
         mem = (f", {_gib(e['memory_free'])} free of {_gib(e['memory_total'])}"
                if "memory_total" in e else "")
@@ -659,8 +824,13 @@ def render_text(r: dict[str, Any]) -> str:
                                                    "auto chooses from them first" if tf["ok"]
                                                    else f"UNUSABLE: {tf['error']}"))
     L.append("  environment:")
+    unknown = {u["name"]: u for u in c.get("unknown_variables") or []}
     for k, val in [*c["env"].items(), *c["jax_ub_env"].items()]:
-        L.append(f"    {k:<32}{'(unset)' if val is None else val}")
+        flag = ""
+        if k in unknown:
+            hint = unknown[k]["did_you_mean"]
+            flag = "   <- not a jax_ub setting: ignored" + (f" (did you mean {hint}?)" if hint else "")
+        L.append(f"    {k:<32}{'(unset)' if val is None else val}{flag}")
     L.append("")
 
     L.append("== Live all-gather test ==")

@@ -216,6 +216,8 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     """(y, x) of ``reduce_scatter(x @ w, axis)`` through the CUDA overlap kernel."""
     _ext.ensure_registered()
     s = _set_for(axis_name, "matmul_reduce_scatter", method)
+    if s.transport == "nccl":  # RsBodyNccl runs whatever is named: no staging or GEMM pieces of ipc's
+        method = "nccl"
     x2 = _front(x, axis)
     es = jnp.dtype(x.dtype).itemsize
     M, n = x2.shape[0], w.shape[1]
@@ -247,7 +249,10 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
 def rs_splits(method: str, rows: int, n: int, itemsize: int, k: int = 0) -> int:
     """Pieces per partial of a GEMM->RS whose output has ``rows`` x ``n`` per rank and whose local
     inner dimension is ``k`` (chain: row or column pieces per step; columns: column blocks of the
-    whole GEMM; ring/pipeline: 1 or 2, see RS_SPLIT_BYTES; ``k`` 0 skips the copy/GEMM test)."""
+    whole GEMM; ring/pipeline: 1 or 2, see RS_SPLIT_BYTES; ``k`` 0 skips the copy/GEMM test;
+    nccl: 1, RsBodyNccl runs whole partials)."""
+    if method == "nccl":
+        return 1
     if method == "chain":
         want = config.get().rs_chain_pieces or RS_CHAIN_PIECES
         return next(p for p in range(want, 0, -1) if rows % p == 0)
@@ -466,8 +471,9 @@ def trace_collect() -> list[dict]:
 
 def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
            axis_name: Any) -> str:
-    """The algorithm ``method="auto"`` uses for one call: a CUDA one, or ``"xla"`` when the axis
-    has no communicator. See :func:`explain` and :mod:`jax_ub.choice`."""
+    """The algorithm ``method="auto"`` uses for one call: a CUDA one (``"nccl"`` on an axis with
+    transport nccl), or ``"xla"`` when the axis has no communicator. See :func:`explain` and
+    :mod:`jax_ub.choice`."""
     c = _choice(op, x_shape, w_shape, dtype, axis_name)
     return "xla" if c is None else c.method
 
@@ -476,35 +482,89 @@ def _choice(op, x_shape, w_shape, dtype, axis_name) -> choice.Choice | None:
     s = comm.get(axis_name)
     if s is None:
         return None
+    if s.transport == "nccl":  # AgBodyNccl/RsBodyNccl run whatever algorithm is named
+        return choice.Choice("nccl", _NCCL_WHY.format(axis=axis_name))
     tp = max(s.world, 1)
     M, K, N = choice.global_shape(op, tp, x_shape, w_shape)
     return choice.choose(op, tp, jnp.dtype(dtype).name, M, K, N, config.get().tuning_file)
 
 
-def explain(op: str, x: Any, w: Any, axis_name: Any = "tp") -> str:
-    """Says which implementation ``method="auto"`` picks for ``op`` ("ag"/"rs") and why.
+_NCCL_WHY = ("the NCCL schedule runs: axis {axis!r} has transport nccl (not every GPU pair of a group "
+             "can map each other's memory, or transport='nccl' was asked for), on which every method "
+             "runs it; no measurement compares it with xla")
+
+
+def _algorithm(op: str, method: str) -> str:
+    """The algorithm a CUDA method name runs for ``op`` on transport ipc: the first name of
+    ``AG_ALGOS``/``RS_ALGOS`` with the same kernel algorithm (AG ``chain`` runs ``push``)."""
+    algos = AG_ALGOS if op == ops.AG else RS_ALGOS
+    if method not in algos:  # an implementation registered by name (ops.register_impl)
+        return method
+    return next(m for m, a in algos.items() if a == algos[method])
+
+
+def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
+            method: str | None = None) -> str:
+    """Says what a call of ``op`` ("ag": :func:`jax_ub.all_gather_matmul`, "rs":
+    :func:`jax_ub.matmul_reduce_scatter`) on these operands runs, and why: ``"<what runs>: <why>;
+    global MxKxN, tp=T (call x ... @ w ...)"``.
 
     ``x`` and ``w`` are one device's shards, as the op sees them inside ``shard_map`` (arrays or
     ``jax.ShapeDtypeStruct``): AG x `[..., m, k]` @ w `[k, n_local]`, RS x `[..., M, k_local]` @ w
-    `[k_local, n]`. It answers for ``"auto"`` whatever ``JAX_UB_METHOD`` says.
+    `[k_local, n]`; ``axis`` is the op's ``gather_axis``/``scatter_axis``. ``method`` is the call's
+    (``None``: ``JAX_UB_METHOD``, as a call without ``method=`` does). It checks the operands as the
+    op does and raises the op's error where the call would fail.
     """
     if op not in (ops.AG, ops.RS):
         raise ValueError(f"explain: op must be {ops.AG!r} (all_gather_matmul) or {ops.RS!r} "
                          f"(matmul_reduce_scatter); got {op!r}")
+    fn = f"explain({op!r})"
     layouts = {ops.AG: ("[..., m, k]", "[k, n_local]"), ops.RS: ("[..., M, k_local]", "[k_local, n]")}
-    _validate.check_operands(f"explain({op!r})", x, w, *layouts[op])
-    ok, why = _ext.cuda_path_available()
-    if not ok:
-        return f"xla: {why}"
+    _validate.check_operands(fn, x, w, *layouts[op])
+    kw, coll = ("gather_axis", "all-gather") if op == ops.AG else ("scatter_axis", "reduce-scatter")
+    axis = _validate.normalize_axis(fn, kw, axis, tuple(x.shape))
+    _validate.check_nonempty_axis(fn, kw, axis, tuple(x.shape), coll)
+    requested = ops._requested(method, fn)
+    asked = f"method={method!r}" if method is not None else f"JAX_UB_METHOD={requested}"
+    s = comm.get(axis_name)
+    call = f"(call x {_validate.shape_str(tuple(x.shape))} @ w {_validate.shape_str(tuple(w.shape))})"
+    if s is not None:
+        tp = max(s.world, 1)
+        if op == ops.RS:
+            _validate.check_divisible(fn, kw, axis, tuple(x.shape), axis_name, tp)
+        M, K, N = choice.global_shape(op, tp, tuple(x.shape), tuple(w.shape))
+        call = f"; global {M}x{K}x{N}, tp={tp} {call}"
+    else:
+        call = " " + call
+    empty = [_validate.shape_str(tuple(a.shape)) for a in (x, w) if 0 in a.shape]
+    if empty:
+        return f"xla: zero-size operand {', '.join(empty)} (nothing to overlap: the reference runs){call}"
+    name = ops._resolve_method(requested)  # raises as the op does (a CUDA method without the CUDA path)
+    if name == "xla":
+        why = ("JAX_UB_DISABLE=1 forces the pure-XLA reference path" if config.get().disable
+               else f"requested ({asked})" if requested == "xla" else _ext.cuda_path_available()[1])
+        return f"xla: {why}{call}"
+    if s is None:
+        many = _validate.one_axis(axis_name) is None
+        if many:
+            why = f"axis_name {axis_name!r} names several mesh axes, and a jax_ub communicator spans one"
+        else:
+            why = (f"no jax_ub communicator for axis {axis_name!r} (call jax_ub.initialize(mesh, "
+                   f"axis={axis_name!r}); an axis of size 1 gets none: nothing to communicate)")
+        if name == "auto":
+            return f"xla: {why}{call}"
+        raise ValueError(f"{fn}: {asked} needs a jax_ub communicator, and the call would fail: {why}")
     c = _choice(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
-    if c is None and _validate.one_axis(axis_name) is None:
-        return (f"xla: axis_name {axis_name!r} names several mesh axes, and a jax_ub "
-                "communicator spans one")
-    if c is None:
-        return (f"xla: no jax_ub communicator for axis {axis_name!r} (call "
-                f"jax_ub.initialize(mesh, axis={axis_name!r}); an axis of size 1 gets none: "
-                "nothing to communicate)")
-    return f"{c.method}: {c.why} (call {tuple(x.shape)} @ {tuple(w.shape)})"
+    if name == "auto":
+        return f"{c.method}: {c.why}{call}"
+    if name == "nccl" and s.transport != "nccl":
+        raise ValueError(f"{fn}: {asked} needs jax_ub.initialize(mesh, axis={axis_name!r}, "
+                         f"transport='nccl'); this axis was initialized with transport {s.transport!r}")
+    if s.transport == "nccl":
+        return f"nccl: requested {name} ({asked}), but {_NCCL_WHY.format(axis=axis_name)}{call}"
+    runs = _algorithm(op, name)
+    alias = f" (for {ops._PUBLIC_NAME[op]}, {name} is the {runs} algorithm)" if runs != name else ""
+    return f"{runs}: requested ({asked}){alias}; auto would run {c.method}{call}"
 
 
 def _auto(op: str):

@@ -181,6 +181,7 @@ def machine(monkeypatch):
         monkeypatch.setattr(doctor, "gather_topology",
                             lambda: {"nvidia_smi": "/usr/bin/nvidia-smi", "output": TOPO, "error": None})
         monkeypatch.setattr(doctor, "run_live_test", spy)
+        monkeypatch.setattr(doctor, "run_live_test_bounded", spy)
         return spy
 
     return install
@@ -522,3 +523,207 @@ def test_the_live_test_is_called_as_the_readme_calls_it(machine, capsys):
     machine(4)
     _, out, _ = _run(capsys)
     assert "== Live all-gather test ==" in out and "ring test" not in out.lower()
+
+
+# ------------------------------------------------------------------------------------------------
+# review findings: stale sources, forced ipc without P2P, jax without its CUDA backend, the bounded
+# live test, unknown JAX_UB_* variables
+
+
+class _FakeExtension:
+    __file__ = "/site/_jax_ub_cuda.so"
+
+    def __init__(self, source_hash):
+        self.source_hash = source_hash
+
+    def build_info(self):
+        return {"cuda_runtime_version": 12080} | ({"source_hash": self.source_hash} if self.source_hash else {})
+
+
+def _checkout(tmp_path, text="int x;\n"):
+    csrc = tmp_path / "co" / "csrc"
+    csrc.mkdir(parents=True)
+    (csrc / "_jax_ub_build.py.in").write_text("")
+    (csrc / "module.cc").write_text(text)
+    return str(csrc)
+
+
+def test_extension_built_from_other_sources_is_fatal(machine, capsys, monkeypatch, tmp_path):
+    """An extension whose recorded source hash is not the checkout's csrc/ (e.g. built before a
+    handler gained an attribute) is a blocking reason that says how to rebuild."""
+    csrc = _checkout(tmp_path)
+    monkeypatch.setattr(doctor._ext, "checkout_csrc", lambda *a: csrc)
+    v = _versions()
+    v["extension"]["source"] = doctor.gather_source(_FakeExtension("0" * 64))
+    machine(4, versions=v)
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1, out
+    assert last.startswith("CANNOT RUN OVERLAP: the CUDA extension /site/_jax_ub_cuda.so was not built "
+                           f"from this checkout's {csrc} (expected sources ")
+    assert "built from sources 000000000000" in last and "`pip install .` in " in last
+    assert "sources       OTHER THAN THIS CHECKOUT'S" in out
+    # an extension that records no hash at all predates the check: stale too
+    v["extension"]["source"] = doctor.gather_source(_FakeExtension(None))
+    rc, _, last = _run(capsys, "--no-live")
+    assert rc == 1 and "it records no source hash" in last
+    # the same sources: fine, and the report says they match
+    v["extension"]["source"] = doctor.gather_source(_FakeExtension(doctor._ext.source_hash(csrc)))
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 0 and last.startswith("OK: ")
+    assert f": those of this checkout ({csrc})" in out
+
+
+def test_installed_package_without_csrc_is_not_compared(machine, capsys, monkeypatch):
+    monkeypatch.setattr(doctor._ext, "checkout_csrc", lambda *a: None)
+    v = _versions()
+    v["extension"]["source"] = src = doctor.gather_source(_FakeExtension("0" * 64))
+    assert src["stale"] is None and src["checkout"] is None
+    machine(4, versions=v)
+    rc, out, _ = _run(capsys, "--no-live")
+    assert rc == 0 and "(no checkout to compare with: an installed package)" in out
+
+
+def test_forced_ipc_without_p2p_is_fatal_as_initialize_would_raise(machine, capsys, monkeypatch):
+    """JAX_UB_TRANSPORT=ipc where two GPUs cannot access each other: initialize raises, so the
+    doctor must not say OK (with or without the live test), and says what initialize says."""
+    import types
+
+    from jax_ub import comm
+
+    live = machine(4, missing_p2p=[(0, 2)])
+    monkeypatch.setenv("JAX_UB_TRANSPORT", "ipc")
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1, out
+    devs = [types.SimpleNamespace(id=i, process_index=0) for i in range(4)]
+    with pytest.raises(ValueError) as e:
+        comm._choose_transport("ipc", [devs], ["host"], [(devs[0], devs[2])])
+    assert last == f"CANNOT RUN OVERLAP: {e.value} (JAX_UB_TRANSPORT=ipc forces ipc: unset it)"
+    r = json.loads(_run(capsys, "--json")[1])
+    assert r["decision"]["no_p2p_pairs"] == [[0, 2]] and r["verdict"]["exit_code"] == 1
+    assert live.calls == []
+    machine(4)  # every pair can: forcing ipc is fine
+    rc, _, last = _run(capsys, "--no-live")
+    assert rc == 0 and last == "OK: overlap can run (transport ipc, 4 GPUs)"
+
+
+def _no_jax_gpu(monkeypatch, error):
+    gpus = _gpus(0)
+    gpus.update(backend="cpu", error=error)
+    monkeypatch.setattr(doctor, "gather_gpus", lambda: gpus)
+
+
+@pytest.mark.parametrize(("driver", "extra"), [(13000, "cuda13"), (12040, "cuda12")])
+def test_jax_without_its_cuda_backend_on_a_gpu_machine(machine, capsys, monkeypatch, driver, extra):
+    """The CUDA runtime counts GPUs but jax has no CUDA backend (plain `pip install jax`): the
+    verdict says so and names the extra that matches the driver; the GPUs section shows jax's error."""
+    v = _versions()
+    v["cuda"].update(driver_version=driver, driver=f"{driver // 1000}.{driver % 1000 // 10}")
+    machine(4, versions=v)
+    _no_jax_gpu(monkeypatch, "RuntimeError: Unknown backend cuda. Available backends are ['cpu']")
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 1
+    assert "jax has no CUDA backend: RuntimeError: Unknown backend cuda" in last
+    assert "the CUDA runtime counts 4 GPU(s)" in last
+    assert f'`pip install -U "jax[{extra}]"`' in last and f'`".[{extra}]"`' in last
+    assert "  jax: RuntimeError: Unknown backend cuda. Available backends are ['cpu']" in out
+
+
+def test_no_driver_is_named_as_such(machine, capsys, monkeypatch):
+    v = _versions()
+    v["cuda"] = {"driver_version": None, "driver": None, "device_count": 0,
+                 "error": "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version",
+                 "libcuda_error": "libcuda.so.1: cannot open shared object file: No such file or directory"}
+    machine(4, versions=v)
+    _no_jax_gpu(monkeypatch, "RuntimeError: Unknown backend cuda")
+    rc, _, last = _run(capsys, "--no-live")
+    assert rc == 1
+    assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu): no NVIDIA driver found (libcuda.so.1 "
+                    "cannot be loaded: libcuda.so.1: cannot open shared object file: No such file or "
+                    "directory); the CUDA path needs NVIDIA GPUs and their driver")
+    v["cuda"]["libcuda_error"] = None  # a driver that is there but too old: the runtime's words
+    rc, _, last = _run(capsys, "--no-live")
+    assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu; CUDA runtime: "
+                    "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version)")
+
+
+def test_libcuda_error_on_this_machine():
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        assert doctor.libcuda_error() == str(e)
+    else:
+        assert doctor.libcuda_error() is None
+
+
+def _child(monkeypatch, code):
+    monkeypatch.setattr(doctor, "_live_child_command", lambda ids, platform: [sys.executable, "-c", code])
+
+
+def test_live_test_runs_in_a_child_with_a_bounded_timeout():
+    """The live test's process waits at most LIVE_TIMEOUT_S for a peer, whatever JAX_UB_TIMEOUT
+    says (3600 here); on this CPU machine its jax_ub.overlap.all_gather fails and says why."""
+    r = doctor.run_live_test_bounded([0, 1], timeout_s=3600, platform="cpu")
+    assert r["ran"] is True and r["ok"] is False and r["devices"] == [0, 1]
+    assert r["timeout_s"] == doctor.LIVE_TIMEOUT_S == 30  # as the child's own config read it
+    assert any(why in r["error"] for why in ("jax_ub CUDA extension unavailable",
+                                             "no jax_ub communicator for mesh axis 'tp'")), r["error"]
+    assert 0 < doctor.LIVE_WALL_S <= 600
+
+
+def test_live_test_child_environment(monkeypatch):
+    monkeypatch.setenv("JAX_UB_TIMEOUT", "3600")
+    mark = doctor.LIVE_RESULT_MARK
+    _child(monkeypatch, "import json, os; print('noise'); print(" + repr(mark) + " + json.dumps({'ok': True, "
+           "'seen': [os.environ['JAX_UB_TIMEOUT'], os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']]}))")
+    r = doctor.run_live_test_bounded([0, 1], timeout_s=3600)
+    assert r["ok"] is True and r["seen"] == ["30", "false"], r
+    r = doctor.run_live_test_bounded([0, 1], timeout_s=5)
+    assert r["seen"] == ["5", "false"]
+
+
+def test_live_test_abort_or_hang_is_a_failed_test_not_the_doctors_end(machine, capsys, monkeypatch):
+    """JAX_UB_ON_STALL=abort (the default) kills the process at a stall: the live test's process,
+    not the doctor, which still prints its verdict (and its JSON); a hang is killed after wall_s."""
+    _child(monkeypatch, "import os, sys; sys.stderr.write('jax_ub: stall on GPU 1\\n'); sys.stderr.flush(); "
+           "os.abort()")
+    r = doctor.run_live_test_bounded([0, 1], timeout_s=120)
+    assert r["ok"] is False
+    assert r["error"].startswith("the live test's process was ended by SIGABRT before reporting a result")
+    assert r["error"].endswith("its last output:\njax_ub: stall on GPU 1")
+    _child(monkeypatch, "import sys, time; print('compiling', file=sys.stderr, flush=True); time.sleep(60)")
+    r = doctor.run_live_test_bounded([0, 1], timeout_s=120, wall_s=2)
+    assert r["ok"] is False and r["error"].startswith(
+        "the live test's process did not finish within 2 s (waits for a peer bounded at 30 s) and was killed")
+    assert r["error"].endswith("compiling")
+    # through the doctor: its own process survives and reports
+    _child(monkeypatch, "import os; os.abort()")
+    real = doctor.run_live_test_bounded
+    machine(4)
+    monkeypatch.setattr(doctor, "run_live_test_bounded", real)
+    rc, out, _ = _run(capsys, "--json")
+    r = json.loads(out)
+    assert rc == 1 and r["verdict"]["message"] == ("CANNOT RUN OVERLAP: live test failed: the live test's "
+                                                   "process was ended by SIGABRT before reporting a result")
+
+
+def test_unknown_jax_ub_variables_are_in_the_report(machine, capsys, monkeypatch):
+    """A misspelt knob changes nothing: the report (text and JSON) names it, with the knob it most
+    likely means, so a pasted report keeps it. It is not a blocking reason."""
+    machine(4)
+    monkeypatch.setenv("JAX_UB_METHD", "xla")
+    monkeypatch.setenv("JAX_UB_ZZZZ", "1")
+    monkeypatch.setenv("JAX_UB_TIMEOUT", "60")
+    rc, out, last = _run(capsys, "--no-live")
+    assert rc == 0 and last.startswith("OK: ")
+    assert "note: JAX_UB_METHD=xla is not a jax_ub setting: it is ignored (did you mean JAX_UB_METHOD?)" in out
+    assert "note: JAX_UB_ZZZZ=1 is not a jax_ub setting: it is ignored\n" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("JAX_UB_METHD"))
+    assert line.split()[1] == "xla" and "not a jax_ub setting: ignored (did you mean JAX_UB_METHOD?)" in line
+    assert "<-" not in next(ln for ln in out.splitlines() if ln.strip().startswith("JAX_UB_TIMEOUT"))
+    r = json.loads(_run(capsys, "--json", "--no-live")[1])
+    assert r["config"]["unknown_variables"] == [
+        {"name": "JAX_UB_METHD", "value": "xla", "did_you_mean": "JAX_UB_METHOD"},
+        {"name": "JAX_UB_ZZZZ", "value": "1", "did_you_mean": None}]
+    assert any("JAX_UB_METHD=xla" in n for n in r["verdict"]["notes"])

@@ -1,0 +1,121 @@
+"""``jax_ub.explain`` and ``method="auto"`` say what a call runs: on transport nccl the NCCL schedule,
+with ``JAX_UB_METHOD``/``method=`` the method asked for, the op's own refusals, the global shape.
+The CUDA path is simulated (``_ext.cuda_path_available`` and a communicator set stand-in)."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_ub
+from jax_ub import _ext, _validate, choice, comm, config, ops, overlap
+
+S = jax.ShapeDtypeStruct
+BF = jnp.bfloat16
+AG_X, AG_W = S((2048, 8192), BF), S((8192, 2048), BF)  # tp 4: global 8192x8192x8192
+RS_X, RS_W = S((8192, 2048), BF), S((2048, 8192), BF)
+CALL_AG = "; global 8192x8192x8192, tp=4 (call x [2048, 8192] @ w [8192, 2048])"
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """``cuda(transport)``: the CUDA path is available and axis "tp" has a 4-GPU communicator set."""
+    def install(transport="ipc"):
+        monkeypatch.setattr(_ext, "cuda_path_available", lambda: (True, ""))
+        monkeypatch.setitem(comm._sets, "tp", types.SimpleNamespace(world=4, transport=transport, axis="tp"))
+    return install
+
+
+def test_explain_is_exported():
+    assert jax_ub.explain is overlap.explain and "explain" in jax_ub.__all__
+
+
+def test_auto_on_transport_nccl_is_the_nccl_schedule(cuda):
+    cuda("nccl")
+    for op, x, w in (("ag", AG_X, AG_W), ("rs", RS_X, RS_W)):
+        got = jax_ub.explain(op, x, w)
+        assert got.startswith("nccl: the NCCL schedule runs: axis 'tp' has transport nccl"), got
+        assert "no measurement compares it with xla" in got
+        assert overlap.choose(op, x.shape, w.shape, BF, "tp") == "nccl"
+    got = jax_ub.explain("rs", RS_X, RS_W, method="columns")
+    assert got.startswith("nccl: requested columns (method='columns'), but the NCCL schedule runs")
+
+
+def test_auto_runs_the_nccl_impl_on_transport_nccl(cuda, monkeypatch):
+    """What auto dispatches to, not only what it says: the "nccl" implementation."""
+    cuda("nccl")
+    seen = []
+    for name in ("nccl", "push", "ring"):
+        monkeypatch.setitem(ops._IMPLS, (ops.AG, name), lambda x, w, _n=name, **kw: seen.append(_n))
+    monkeypatch.setattr(_validate, "bound_by_shard_map", lambda axis_name: True)
+    overlap._auto(ops.AG)(AG_X, AG_W, axis_name="tp", axis=0, precision=None)
+    assert seen == ["nccl"]
+
+
+def test_rs_on_transport_nccl_is_not_cut_into_pieces():
+    """RsBodyNccl computes whole partials: no split GEMM shapes to prepare (ring would split here)."""
+    assert overlap.rs_splits("ring", 4096, 4096, 2) == 2
+    assert overlap.rs_splits("nccl", 4096, 4096, 2) == 1
+
+
+def test_auto_on_ipc_says_the_choice_and_the_global_shape(cuda):
+    cuda("ipc")
+    c = choice.choose("ag", 4, "bfloat16", 8192, 8192, 8192, config.get().tuning_file)
+    assert jax_ub.explain("ag", AG_X, AG_W) == f"{c.method}: {c.why}{CALL_AG}"
+    got = jax_ub.explain("ag", S((4, 512, 8192), BF), AG_W, axis=1)  # leading dims fold into M
+    assert got.endswith("; global 8192x8192x8192, tp=4 (call x [4, 512, 8192] @ w [8192, 2048])")
+
+
+def test_a_configured_or_requested_method_is_what_runs(cuda):
+    cuda("ipc")
+    auto = overlap.choose("ag", AG_X.shape, AG_W.shape, BF, "tp")
+    with config.override(method="ring"):
+        assert jax_ub.explain("ag", AG_X, AG_W) == f"ring: requested (JAX_UB_METHOD=ring); auto would run {auto}{CALL_AG}"
+        # method= wins over JAX_UB_METHOD, as in the op
+        assert jax_ub.explain("ag", AG_X, AG_W, method="auto").startswith(f"{auto}: nearest measured shape")
+    with config.override(method="chain"):
+        assert jax_ub.explain("ag", AG_X, AG_W).startswith(
+            "push: requested (JAX_UB_METHOD=chain) (for all_gather_matmul, chain is the push algorithm)")
+    assert jax_ub.explain("rs", RS_X, RS_W, method="all_peer").startswith(
+        "pipeline: requested (method='all_peer') (for matmul_reduce_scatter, all_peer is the pipeline algorithm)")
+    assert jax_ub.explain("ag", AG_X, AG_W, method="xla") == f"xla: requested (method='xla'){CALL_AG}"
+    with config.override(disable=True):
+        assert jax_ub.explain("ag", AG_X, AG_W, method="ring") == (
+            f"xla: JAX_UB_DISABLE=1 forces the pure-XLA reference path{CALL_AG}")
+    with pytest.raises(ValueError, match=r"explain\('ag'\): method='nccl' needs jax_ub.initialize\(mesh, "
+                                         r"axis='tp', transport='nccl'\); this axis was initialized with transport 'ipc'"):
+        jax_ub.explain("ag", AG_X, AG_W, method="nccl")
+    with pytest.raises(ValueError, match="`method` must be None or one of"):
+        jax_ub.explain("ag", AG_X, AG_W, method="rign")
+
+
+def test_explain_refuses_what_the_op_refuses(cuda):
+    cuda("ipc")
+    with pytest.raises(ValueError, match=r"explain\('rs'\): x.shape\[scatter_axis=0\] must be divisible by "
+                                         r"the size of mesh axis 'tp' \(4\); got x \[3, 2048\]"):
+        jax_ub.explain("rs", S((3, 2048), BF), RS_W)
+    with pytest.raises(ValueError, match=r"x.shape\[gather_axis=0\] is 0 .*XLA cannot all-gather"):
+        jax_ub.explain("ag", S((0, 8192), BF), AG_W)
+    with pytest.raises(ValueError, match=r"explain\('ag'\): method='ring' needs a jax_ub communicator, and the "
+                                         r"call would fail: no jax_ub communicator for axis 'model'"):
+        jax_ub.explain("ag", AG_X, AG_W, axis_name="model", method="ring")
+    assert jax_ub.explain("ag", AG_X, AG_W, axis_name="model").startswith(
+        "xla: no jax_ub communicator for axis 'model'")
+
+
+def test_a_zero_size_operand_runs_the_reference(cuda):
+    cuda("ipc")
+    assert jax_ub.explain("ag", S((8, 0), BF), S((0, 2048), BF)) == (
+        "xla: zero-size operand [8, 0], [0, 2048] (nothing to overlap: the reference runs); "
+        "global 32x0x8192, tp=4 (call x [8, 0] @ w [0, 2048])")
+
+
+def test_a_cuda_method_without_the_cuda_path_raises_as_the_op_does(monkeypatch):
+    monkeypatch.setattr(_ext, "cuda_path_available", lambda: (False, "jax has no CUDA GPU (stand-in)"))
+    assert jax_ub.explain("ag", AG_X, AG_W) == "xla: jax has no CUDA GPU (stand-in) (call x [2048, 8192] @ w [8192, 2048])"
+    with pytest.raises(ValueError, match=r"method='ring' needs the CUDA overlap extension, which is not "
+                                         r"available: jax has no CUDA GPU \(stand-in\)"):
+        jax_ub.explain("ag", AG_X, AG_W, method="ring")
