@@ -282,21 +282,19 @@ def _first_fields(axis: str, devices_key: tuple, path: str, existing: str) -> di
 def _schedule(cfg: config.Config) -> dict[str, Any]:
     """The settings that decide which jax_ub ops and communication schedules a program runs: every
     process of a launch needs the same (the transport nccl cannot detect a mismatch; it would
-    time out, or pair unrelated transfers)."""
-    import hashlib
+    time out, or pair unrelated transfers). ``auto_tables`` is the digest of the parsed tables
+    ``method="auto"`` chooses from (the shipped records, ``JAX_UB_TUNING_FILE``'s) and its rules:
+    two checkouts of one version with another ``_measured.py``, or a tuning file that differs in
+    what it says, fail here; ``choose`` then reads the tables agreed on here
+    (:func:`jax_ub.choice.agreement`)."""
+    from jax_ub import choice
 
-    tuning = ""
-    if cfg.tuning_file:
-        try:
-            with open(cfg.tuning_file, "rb") as f:
-                tuning = hashlib.sha256(f.read()).hexdigest()[:16]
-        except OSError as err:
-            tuning = f"unreadable ({err.strerror})"
-    return {"method": cfg.method, "disable": cfg.disable,
+    return {"method": cfg.method, "auto_chain": cfg.auto_chain, "disable": cfg.disable,
             "recompute_gathered": cfg.recompute_gathered, "rs_chain_pieces": cfg.rs_chain_pieces,
             "rs_chain_split": cfg.rs_chain_split, "rs_column_pieces": cfg.rs_column_pieces,
             "rs_pieces": cfg.rs_pieces, "ag_push_pieces": cfg.ag_push_pieces,
-            "ag_push_merge": cfg.ag_push_merge, "tuning_file_sha256": tuning}
+            "ag_push_merge": cfg.ag_push_merge,
+            "auto_tables": choice.agreement(cfg.tuning_file, cfg.auto_chain)}
 
 
 def _destroy_quietly(s: CommSet) -> None:

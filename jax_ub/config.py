@@ -7,6 +7,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
 | method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
+| auto_chain   | JAX_UB_AUTO_CHAIN    | 0       | ``1``: ``auto`` may choose ``chain`` at tp >= 3 in bfloat16/float16, whose partial sums travel in the op's dtype (one rounding per hop; every other method sums in fp32); ``0``: where ``chain`` measured fastest there, ``auto`` runs the fastest of the others (:mod:`jax_ub.choice`) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds without progress, counted while this GPU is inside the op) |
 | on_stall     | JAX_UB_ON_STALL      | abort   | after a timeout whose release cannot reach the GPU for 10 s (its command queue is stalled, so the XLA call can never return): ``abort`` the process after printing why, or ``wait`` (print, keep hanging) |
@@ -25,8 +26,8 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
 | ag_push_merge | JAX_UB_AG_PUSH_MERGE | 0 | ``1``: the ``push`` AG->GEMM (without pieces, tp > 2) multiplies the peers' chunks as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of one GEMM per chunk (opt-in until measured at tp=4) |
-| tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench ag|rs`` JSON of this machine: ``method="auto"`` chooses from its records first (:mod:`jax_ub.choice`) |
-| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
+| tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench tune`` (or ``ag|rs``) JSON of this machine: where it measured a call's op, tp and dtype, ``method="auto"`` chooses from its records; elsewhere from the shipped ones (:mod:`jax_ub.choice`) |
+| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op; ``<stem>.process<i>.json`` with several processes), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
 """
 
@@ -34,17 +35,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import logging
 import math
 import numbers
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
-# JAX_UB_* variables that are not knobs of this table: the build's (CMakeLists.txt), CI's, the test
-# launcher's (JAX_UB_TEST_*) and the fixed-cost probe's (scripts/fixed_cost_probe.py).
-OTHER_VARIABLES = ("JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA", "JAX_UB_CI_VENV", "JAX_UB_EXP")
+# JAX_UB_* variables that are not knobs of this table: the build's (CMakeLists.txt), CI's and the
+# test launcher's (JAX_UB_TEST_*).
+OTHER_VARIABLES = ("JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA", "JAX_UB_CI_VENV")
 OTHER_PREFIXES = ("JAX_UB_TEST_",)
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
@@ -91,16 +93,17 @@ def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | 
     return out
 
 
-def _bounded_int(env: Mapping[str, str], name: str, maximum: int, unit: str = "") -> int:
-    out = int(_parse_number(name, env[name], int, 0))
+def _bounded_int(name: str, value: str, maximum: int, unit: str = "") -> int:
+    out = int(_parse_number(name, value, int, 0))
     if out > maximum:
-        raise ValueError(f"{name} must be <= {maximum}{unit}; got {env[name]!r}")
+        raise ValueError(f"{name} must be <= {maximum}{unit}; got {value!r}")
     return out
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     method: str = "auto"
+    auto_chain: bool = False
     disable: bool = False
     timeout_s: float = 120.0
     on_stall: str = "abort"
@@ -168,67 +171,78 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """The configuration the ``JAX_UB_*`` variables of ``environ`` (default ``os.environ``) set.
+        Every invalid value is named in one ValueError (one sentence each); a ``JAX_UB_*`` name
+        that is no setting gets a WARNING, with the setting it most likely misspells."""
         env = os.environ if environ is None else environ
         kw: dict[str, object] = {}
-        if "JAX_UB_METHOD" in env:
-            kw["method"] = _parse_choice("JAX_UB_METHOD", env["JAX_UB_METHOD"], METHODS)
-        if "JAX_UB_DISABLE" in env:
-            kw["disable"] = _parse_bool("JAX_UB_DISABLE", env["JAX_UB_DISABLE"])
-        if "JAX_UB_TIMEOUT" in env:
-            kw["timeout_s"] = float(_parse_number("JAX_UB_TIMEOUT", env["JAX_UB_TIMEOUT"], float,
-                                                  MIN_TIMEOUT_S))
-        if "JAX_UB_ON_STALL" in env:
-            kw["on_stall"] = _parse_choice("JAX_UB_ON_STALL", env["JAX_UB_ON_STALL"], ON_STALL)
-        if "JAX_UB_BOOTSTRAP" in env:
-            kw["bootstrap"] = _parse_choice("JAX_UB_BOOTSTRAP", env["JAX_UB_BOOTSTRAP"], BOOTSTRAPS)
-        if "JAX_UB_TRANSPORT" in env:
-            kw["transport"] = _parse_choice("JAX_UB_TRANSPORT", env["JAX_UB_TRANSPORT"], TRANSPORTS)
-        multicast = _parse_bool("JAX_UB_MULTICAST", env.get("JAX_UB_MULTICAST", "0"))
-        if _parse_bool("UB_SKIPMC", env.get("UB_SKIPMC", "0")):
-            multicast = False  # TransformerEngine's switch, honoured as "off"
+        errors: list[str] = []
+
+        def take(var: str, field: str, parse: Callable[[str], object]) -> None:
+            if var in env:
+                try:
+                    kw[field] = parse(env[var])
+                except ValueError as e:
+                    errors.append(str(e))
+
+        for var, field, parse in (
+            ("JAX_UB_METHOD", "method", lambda v: _parse_choice("JAX_UB_METHOD", v, METHODS)),
+            ("JAX_UB_AUTO_CHAIN", "auto_chain", lambda v: _parse_bool("JAX_UB_AUTO_CHAIN", v)),
+            ("JAX_UB_DISABLE", "disable", lambda v: _parse_bool("JAX_UB_DISABLE", v)),
+            ("JAX_UB_TIMEOUT", "timeout_s",
+             lambda v: float(_parse_number("JAX_UB_TIMEOUT", v, float, MIN_TIMEOUT_S))),
+            ("JAX_UB_ON_STALL", "on_stall", lambda v: _parse_choice("JAX_UB_ON_STALL", v, ON_STALL)),
+            ("JAX_UB_BOOTSTRAP", "bootstrap", lambda v: _parse_choice("JAX_UB_BOOTSTRAP", v, BOOTSTRAPS)),
+            ("JAX_UB_TRANSPORT", "transport", lambda v: _parse_choice("JAX_UB_TRANSPORT", v, TRANSPORTS)),
+            ("JAX_UB_BUFFER_MIB", "buffer_mib", lambda v: int(_parse_number("JAX_UB_BUFFER_MIB", v, int, 0))),
+            ("JAX_UB_GEMM_WORKSPACE_MIB", "gemm_workspace_mib",
+             lambda v: int(_parse_number("JAX_UB_GEMM_WORKSPACE_MIB", v, int, 0))),
+            ("JAX_UB_GEMM_TUNE", "gemm_tune",
+             lambda v: _bounded_int("JAX_UB_GEMM_TUNE", v, 16, " (cuBLASLt candidates)")),
+            ("JAX_UB_RECOMPUTE_GATHERED", "recompute_gathered",
+             lambda v: _parse_bool("JAX_UB_RECOMPUTE_GATHERED", v)),
+            ("JAX_UB_BULK_REDUCE_SMS", "bulk_reduce_sms",
+             lambda v: _bounded_int("JAX_UB_BULK_REDUCE_SMS", v, 256, " (SMs)")),
+            ("JAX_UB_BULK_COPY_SMS", "bulk_copy_sms",
+             lambda v: _bounded_int("JAX_UB_BULK_COPY_SMS", v, 256, " (SMs)")),
+            ("JAX_UB_RS_CHAIN_PIECES", "rs_chain_pieces", lambda v: _bounded_int("JAX_UB_RS_CHAIN_PIECES", v, 4)),
+            ("JAX_UB_RS_CHAIN_SPLIT", "rs_chain_split",
+             lambda v: _parse_choice("JAX_UB_RS_CHAIN_SPLIT", v, CHAIN_SPLITS)),
+            ("JAX_UB_RS_COLUMN_PIECES", "rs_column_pieces",
+             lambda v: _bounded_int("JAX_UB_RS_COLUMN_PIECES", v, 8)),
+            ("JAX_UB_RS_PIECES", "rs_pieces", lambda v: _bounded_int("JAX_UB_RS_PIECES", v, 8)),
+            ("JAX_UB_AG_PUSH_PIECES", "ag_push_pieces", lambda v: _bounded_int("JAX_UB_AG_PUSH_PIECES", v, 4)),
+            ("JAX_UB_AG_PUSH_MERGE", "ag_push_merge", lambda v: _parse_bool("JAX_UB_AG_PUSH_MERGE", v)),
+            ("JAX_UB_LOG", "log_level", _parse_log_level),
+        ):
+            take(var, field, parse)
+        multicast = False
+        try:
+            multicast = _parse_bool("JAX_UB_MULTICAST", env.get("JAX_UB_MULTICAST", "0"))
+        except ValueError as e:
+            errors.append(str(e))
+        try:
+            if _parse_bool("UB_SKIPMC", env.get("UB_SKIPMC", "0")):
+                multicast = False  # TransformerEngine's switch, honoured as "off"
+        except ValueError as e:
+            errors.append(str(e))
         kw["multicast"] = multicast
-        if "JAX_UB_BUFFER_MIB" in env:
-            kw["buffer_mib"] = int(_parse_number("JAX_UB_BUFFER_MIB", env["JAX_UB_BUFFER_MIB"], int, 0))
-        if "JAX_UB_GEMM_WORKSPACE_MIB" in env:
-            kw["gemm_workspace_mib"] = int(
-                _parse_number("JAX_UB_GEMM_WORKSPACE_MIB", env["JAX_UB_GEMM_WORKSPACE_MIB"], int, 0))
-        if "JAX_UB_GEMM_TUNE" in env:
-            kw["gemm_tune"] = _bounded_int(env, "JAX_UB_GEMM_TUNE", 16, " (cuBLASLt candidates)")
-        if "JAX_UB_RECOMPUTE_GATHERED" in env:
-            kw["recompute_gathered"] = _parse_bool("JAX_UB_RECOMPUTE_GATHERED",
-                                                   env["JAX_UB_RECOMPUTE_GATHERED"])
-        if "JAX_UB_BULK_REDUCE_SMS" in env:
-            kw["bulk_reduce_sms"] = _bounded_int(env, "JAX_UB_BULK_REDUCE_SMS", 256, " (SMs)")
-        if "JAX_UB_BULK_COPY_SMS" in env:
-            kw["bulk_copy_sms"] = _bounded_int(env, "JAX_UB_BULK_COPY_SMS", 256, " (SMs)")
-        if "JAX_UB_RS_CHAIN_PIECES" in env:
-            kw["rs_chain_pieces"] = _bounded_int(env, "JAX_UB_RS_CHAIN_PIECES", 4)
-        if "JAX_UB_RS_CHAIN_SPLIT" in env:
-            kw["rs_chain_split"] = _parse_choice("JAX_UB_RS_CHAIN_SPLIT", env["JAX_UB_RS_CHAIN_SPLIT"],
-                                                 CHAIN_SPLITS)
-        if "JAX_UB_RS_COLUMN_PIECES" in env:
-            kw["rs_column_pieces"] = _bounded_int(env, "JAX_UB_RS_COLUMN_PIECES", 8)
-        if "JAX_UB_RS_PIECES" in env:
-            kw["rs_pieces"] = _bounded_int(env, "JAX_UB_RS_PIECES", 8)
-        if "JAX_UB_AG_PUSH_PIECES" in env:
-            kw["ag_push_pieces"] = _bounded_int(env, "JAX_UB_AG_PUSH_PIECES", 4)
-        if "JAX_UB_AG_PUSH_MERGE" in env:
-            kw["ag_push_merge"] = _parse_bool("JAX_UB_AG_PUSH_MERGE", env["JAX_UB_AG_PUSH_MERGE"])
-        if env.get("JAX_UB_TUNING_FILE", "").strip():
-            kw["tuning_file"] = env["JAX_UB_TUNING_FILE"].strip()
-        if env.get("JAX_UB_RECORD_SHAPES", "").strip():
-            kw["record_shapes"] = env["JAX_UB_RECORD_SHAPES"].strip()
-        if "JAX_UB_LOG" in env:
-            level = env["JAX_UB_LOG"].strip().upper()
-            if level not in LOG_LEVELS:
-                raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {env['JAX_UB_LOG']!r}")
-            kw["log_level"] = level
-        unknown = unknown_variables(env)
+        for var, field in (("JAX_UB_TUNING_FILE", "tuning_file"), ("JAX_UB_RECORD_SHAPES", "record_shapes")):
+            if env.get(var, "").strip():
+                kw[field] = env[var].strip()
+        unknown = describe_unknown(env)
         if unknown:  # most likely a misspelt knob, which would otherwise change nothing silently
-            logging.getLogger("jax_ub").warning(
-                "jax_ub: ignoring %s: not a jax_ub setting (the settings: %s)", ", ".join(unknown),
-                ", ".join(KNOB_VARIABLES))
+            logging.getLogger("jax_ub").warning("jax_ub: ignoring %s", "; ".join(unknown))
+        if errors:
+            raise ValueError(". ".join(errors))
         return cls(**kw)  # type: ignore[arg-type]
+
+
+def _parse_log_level(value: str) -> str:
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {value!r}")
+    return level
 
 
 _active: Config | None = None
@@ -239,6 +253,18 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """The ``JAX_UB_*`` names in ``env`` that are neither a knob nor one of ``OTHER_VARIABLES``."""
     return sorted(k for k in env if k.startswith("JAX_UB_") and k not in KNOB_VARIABLES
                   and k not in OTHER_VARIABLES and not k.startswith(OTHER_PREFIXES))
+
+
+def describe_unknown(env: Mapping[str, str]) -> list[str]:
+    """Each of :func:`unknown_variables`, said with the setting it most likely misspells:
+    ``"JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)"``, or without a close
+    one, ``"...: not a jax_ub setting (the settings: JAX_UB_METHOD, ...)"``."""
+    out = []
+    for k in unknown_variables(env):
+        near = difflib.get_close_matches(k, KNOB_VARIABLES + OTHER_VARIABLES, n=1, cutoff=0.75)
+        out.append(f"{k}: not a jax_ub setting ("
+                   + (f"did you mean {near[0]}?)" if near else f"the settings: {', '.join(KNOB_VARIABLES)})"))
+    return out
 
 
 def _setup_logging(cfg: Config, from_env: bool) -> None:

@@ -23,10 +23,16 @@ w[K, N/tp]; RS: x[M, K/tp] @ w[K/tp, N]), with tp, dtype and how many calls were
 vice versa), recorded beside it as a "backward" shape unless the call re-gathers in its backward
 (``recompute_gathered``: bulk ops, which ``auto`` does not choose for). ``bench tune`` measures
 every shape of the file (``--forward-only``: only the forward ones).
+
+With several processes (``jax.distributed``), each writes its own file, ``<stem>.process<i>.json``
+(:func:`env_path`), since pipeline stages trace different ops; ``bench tune`` takes them all. A
+process that ends with ``JAX_UB_RECORD_SHAPES`` set but no op recorded (e.g. tp=1 on a CPU machine
+without simulated devices) says so in a WARNING and writes an empty file if none exists.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -72,11 +78,11 @@ class Recording:
         return [{**dataclasses.asdict(s), "role": role, "calls": n} for (s, role), n in items
                 if role in roles]
 
-    def save(self, path: str) -> None:
-        """Writes the shapes file ``bench tune`` reads (atomically: a concurrent reader, e.g.
-        another process of the same job writing the same path, sees a whole file)."""
+    def save(self, path: str, *, quiet: bool = False) -> None:
+        """Writes the shapes file ``bench tune`` reads (atomically: a concurrent reader sees a
+        whole file); an empty one with a WARNING unless ``quiet``."""
         doc = {FORMAT: VERSION, "shapes": self.shapes()}
-        if not doc["shapes"]:
+        if not doc["shapes"] and not quiet:
             # Only ops traced while recording count: a function jitted (traced) before, or ops on an
             # axis of size 1 or with empty operands, leave nothing to tune.
             _log.warning("jax_ub: %s gets no shapes: no jax_ub op over an axis of size > 1 was traced "
@@ -111,6 +117,19 @@ def record() -> Iterator[Recording]:
         _active.remove(rec)
 
 
+def env_path(path: str) -> str:
+    """The file ``JAX_UB_RECORD_SHAPES=path`` names in this process: ``path`` itself, or with
+    several processes (``jax.distributed``), ``<stem>.process<i><ext>`` for process i, so that no
+    process replaces the shapes another traced (pipeline stages trace different ones); give
+    ``bench tune`` all of them."""
+    import jax
+
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.process{jax.process_index()}{ext or '.json'}"
+
+
 def _env_recording() -> tuple[str, Recording] | None:
     global _env
     path = config.get().record_shapes
@@ -138,10 +157,39 @@ def note_call(op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Seq
     if env is not None:
         # Rewritten at every traced call (trace time only, so rarely): a crashed run keeps its
         # shapes, and the call counts are never stale.
+        path = env_path(env[0])
         try:
-            env[1].save(env[0])
+            env[1].save(path)
         except OSError as e:
-            _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file: %s", env[0], e)
+            _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file %r: %s", env[0], path, e)
+
+
+def _at_exit() -> None:
+    """With ``JAX_UB_RECORD_SHAPES`` set and no op recorded, says so (the file is otherwise
+    written at each traced op, so a missing file would be the only sign) and writes the empty
+    shapes file, unless one exists (another process's, or an earlier run's: not replaced)."""
+    cfg = config._active  # not config.get(): a process that never read its configuration used no op
+    if cfg is None or not cfg.record_shapes:
+        return
+    env = _env
+    if env is not None and env[0] == cfg.record_shapes and env[1].shapes():
+        return
+    try:
+        path = env_path(cfg.record_shapes)
+    except Exception:  # jax half torn down: name the configured path
+        path = cfg.record_shapes
+    exists = os.path.exists(path)
+    _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: no jax_ub op over a mesh axis of size > 1 was "
+                 "traced in this process, so no shape was recorded (on a CPU machine, simulate the "
+                 "devices: XLA_FLAGS=--xla_force_host_platform_device_count=N; an axis of size 1, "
+                 "tp=1, runs a plain GEMM with nothing to tune)%s", cfg.record_shapes,
+                 f"; {path!r} exists and is left as it was" if exists else f"; wrote {path!r} without shapes")
+    if not exists:
+        with contextlib.suppress(OSError):
+            Recording().save(path, quiet=True)
+
+
+atexit.register(_at_exit)
 
 
 def load(path: str) -> list[tuple[OpShape, str, int]]:
@@ -178,15 +226,16 @@ def load(path: str) -> list[tuple[OpShape, str, int]]:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in dims.values()):
             raise ValueError(f"{where}: tp, M, K, N (and calls) must be positive integers; got {dims}")
         tp = e["tp"]
+        if tp < 2:
+            raise ValueError(f"{where}: tp must be >= 2 (an op over one device communicates nothing: "
+                             f"there is nothing to tune); got {tp}")
         if e["M"] % tp or (e["op"] == choice.AG and e["N"] % tp) or (e["op"] == choice.RS and e["K"] % tp):
             split = "M and N" if e["op"] == choice.AG else "M and K"
             raise ValueError(f"{where}: {split} of an {e['op']} shape must be divisible by tp={tp}; "
                              f"got M={e['M']}, K={e['K']}, N={e['N']}")
-        try:
-            import jax.numpy as jnp
-
-            dtype = jnp.dtype(str(e["dtype"])).name
-        except TypeError:
-            raise ValueError(f"{where}: unknown dtype {e['dtype']!r}") from None
+        dtype = choice.dtype_name(e["dtype"])
+        if dtype is None:
+            raise ValueError(f"{where}: dtype must be one of {', '.join(choice.DTYPES)} (the dtypes "
+                             f"jax_ub's ops take); got {e['dtype']!r}")
         out.append((OpShape(e["op"], tp, dtype, e["M"], e["K"], e["N"]), role, int(e.get("calls", 1))))
     return out

@@ -28,8 +28,9 @@ under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", 
 attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed``
 (see :mod:`jax_ub.bench.mlp`).
 
-``tune SHAPES.json`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``),
-written as a file for ``JAX_UB_TUNING_FILE`` (see :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`).
+``tune SHAPES.json ...`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``;
+one file per process of a multi-process run), written as a file for ``JAX_UB_TUNING_FILE`` (see
+:mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`); each shape in its recorded dtype (no ``--dtype``).
 
 ``summary FILE.json ...`` — records of ``ag``/``rs``/``bulk`` runs against jax_ub's performance
 targets, as a markdown table (see :mod:`jax_ub.bench.summary`; reads JSON only).
@@ -54,8 +55,9 @@ clocks under its power cap follow the last few ms of load); the median per-call 
 With ``--chain N`` (``ag``, ``rs``, ``bulk``; ``tune`` defaults to 8) a call runs the op N times in a
 row in one program (:func:`jax_ub.bench.harness.chain_fn`) and the time per op is recorded: a lone dispatch of a small op
 is bound by the host, which a model's step, many ops per dispatch, is not. Writes
-``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "path", "records": [{"op",
-..., "tp", "dtype", "impl", "ms"}, ...]}``) and a PNG bar chart beside it, prints a table last.
+``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "jax_ub", "device_kind",
+"path", "records": [{"op", ..., "tp", "dtype", "impl", "ms"}, ...]}``, replaced whole: a reader never
+sees part of it) and a PNG bar chart beside it, prints a table last.
 
 This module is the command line only. Each subcommand's workload and runner is a module of its own
 (:mod:`~jax_ub.bench.agrs` for ``ag``/``rs``, :mod:`~jax_ub.bench.mlp`, :mod:`~jax_ub.bench.bulk`,
@@ -120,15 +122,16 @@ POSITIVE = at_least(1)
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    common.add_argument("--warmup", type=at_least(0), default=3)
-    common.add_argument("--iters", type=POSITIVE, default=10)
-    common.add_argument("--reps", type=POSITIVE, default=7)
-    common.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
+    timing = argparse.ArgumentParser(add_help=False)  # every subcommand that times
+    timing.add_argument("--warmup", type=at_least(0), default=3)
+    timing.add_argument("--iters", type=POSITIVE, default=10)
+    timing.add_argument("--reps", type=POSITIVE, default=7)
+    timing.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
                         help="untimed run of an impl before each of its timed bursts (0: none)")
-    common.add_argument("--out", default="benchmarks/results")
-    common.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
+    timing.add_argument("--out", default="benchmarks/results")
+    timing.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
+    common = argparse.ArgumentParser(add_help=False, parents=[timing])  # ... at one dtype
+    common.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     chained = argparse.ArgumentParser(add_help=False)
     chained.add_argument("--chain", type=POSITIVE, default=1,
                          help="ops per timed dispatch: each impl's program runs its op CHAIN times in a "
@@ -161,10 +164,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
     p.add_argument("--timeline", action="store_true",
                    help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
-    p = sub.add_parser("tune", parents=[common, chained], help="every method at the shapes a program recorded "
+    # No --dtype: each recorded shape is measured in the dtype it was recorded with.
+    p = sub.add_parser("tune", parents=[timing, chained], help="every method at the shapes a program recorded "
                        "(JAX_UB_RECORD_SHAPES): a file for JAX_UB_TUNING_FILE")
-    p.add_argument("shapes_file", help="a shapes JSON written by JAX_UB_RECORD_SHAPES=PATH or "
-                   "jax_ub.tuning.record() (see jax_ub.tuning)")
+    p.add_argument("shapes_file", nargs="+", help="shapes JSONs written by JAX_UB_RECORD_SHAPES=PATH (one per "
+                   "process with several processes) or jax_ub.tuning.record() (see jax_ub.tuning); "
+                   "their shapes are measured together")
+    p.add_argument("--force", action="store_true",
+                   help="replace the tuning file of the same machine and day if it exists")
     p.add_argument("--forward-only", action="store_true",
                    help="skip the shapes recorded as the backward of an op (inference)")
     p.add_argument("--full", action="store_true",

@@ -10,6 +10,7 @@ The workloads and their runners live beside it: :mod:`jax_ub.bench.agrs` (``ag``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -235,13 +236,28 @@ def case_records(common: dict[str, Any], res: dict[str, float]) -> list[dict[str
 
 
 def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:
+    """Writes ``<stem>.json``: ``{"machine", "date", "jax", "jax_ub", "device_kind", ...extra,
+    "records"}`` (which GPUs and which jax_ub measured, so a tuning file used elsewhere is noticed:
+    :func:`jax_ub.choice.check_bench_file`). Atomically: a job reading it meanwhile (e.g. as its
+    ``JAX_UB_TUNING_FILE``) sees the old or the new file whole, never a part."""
     import jax
+
+    import jax_ub
 
     if getattr(a, "chain", 1) > 1:
         extra = {"chain": a.chain, **extra}  # ms are per op, CHAIN ops per dispatch
-    with open(stem + ".json", "w") as f:
-        json.dump({"machine": a.machine, "date": a.date, "jax": jax.__version__, **extra,
-                   "records": records}, f, indent=1, default=_plain)
+    doc = {"machine": a.machine, "date": a.date, "jax": jax.__version__, "jax_ub": jax_ub.__version__,
+           "device_kind": jax.devices()[0].device_kind, **extra, "records": records}
+    path = stem + ".json"
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, default=_plain)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _plain(o: Any) -> Any:

@@ -646,3 +646,20 @@ def test_tune_with_nothing_usable_measured_fails_and_writes_nothing(tmp_path, ca
            "at tune ag tp2 float32 64x32x96 (forward, 1 calls): RuntimeError: no GPU" in err, err
     assert "no file written" in err
     assert not list((tmp_path / "o").glob("*.json"))
+
+
+def test_a_record_file_says_which_gpus_and_jax_ub_measured_it(tmp_path):
+    """What a tuning file's reader compares with its own GPUs and version (choice.check_bench_file),
+    written whole or not at all (a job may be reading it as its JAX_UB_TUNING_FILE)."""
+    import argparse
+
+    a = argparse.Namespace(machine="box", date="20261123", chain=1)
+    stem = str(tmp_path / "box-20261123-ag")
+    harness.write_json(a, stem, [{"op": "ag_gemm", "impl": "xla_plain", "ms": 1.0}], path="cuda")
+    doc = json.loads((tmp_path / "box-20261123-ag.json").read_text())
+    assert doc["jax_ub"] == jax_ub.__version__ and doc["device_kind"] == jax.devices()[0].device_kind
+    assert doc["machine"] == "box" and doc["path"] == "cuda" and len(doc["records"]) == 1
+    with pytest.raises(TypeError):  # a record that cannot be written: the old file stays whole
+        harness.write_json(a, stem, [{("op", 1): "a tuple key: not JSON"}])
+    assert json.loads((tmp_path / "box-20261123-ag.json").read_text()) == doc
+    assert [p.name for p in tmp_path.iterdir()] == ["box-20261123-ag.json"]

@@ -18,7 +18,7 @@ from jax_ub.config import Config
 def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
-        "method": "auto", "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
+        "method": "auto", "auto_chain": False, "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
         "multicast": False, "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
         "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "ag_push_merge": False, "tuning_file": "", "record_shapes": "",
@@ -63,6 +63,8 @@ VARIABLES = [
     ("JAX_UB_GEMM_TUNE", "4", "gemm_tune", 4),
     ("JAX_UB_LOG", "debug", "log_level", "DEBUG"),
     ("JAX_UB_LOG", "ERROR", "log_level", "ERROR"),
+    ("JAX_UB_AUTO_CHAIN", "1", "auto_chain", True),
+    ("JAX_UB_AUTO_CHAIN", "off", "auto_chain", False),
 ]
 
 
@@ -111,6 +113,7 @@ BAD_VALUES = [
     ("JAX_UB_BULK_REDUCE_SMS", "-4", "must be >= 0"),
     ("JAX_UB_RS_CHAIN_PIECES", "5", "must be <= 4"),
     ("JAX_UB_LOG", "verbose", "DEBUG, INFO, WARNING or ERROR"),
+    ("JAX_UB_AUTO_CHAIN", "sometimes", "one of ('1', 'true'"),
 ]
 
 
@@ -162,6 +165,38 @@ def test_misspelt_variable_is_named_in_a_warning(caplog):
     (record,) = caplog.records
     assert "ignoring JAX_UB_AG_MERGE: not a jax_ub setting" in record.getMessage()
     assert "JAX_UB_AG_PUSH_MERGE" in record.getMessage()
+
+
+def test_a_misspelt_variable_gets_the_setting_it_most_likely_means(caplog):
+    with caplog.at_level(logging.WARNING, logger="jax_ub"):
+        assert Config.from_env({"JAX_UB_METHD": "xla", "JAX_UB_TIMOUT": "5"}) == Config()
+    (record,) = caplog.records
+    msg = record.getMessage()
+    assert "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)" in msg, msg
+    assert "JAX_UB_TIMOUT: not a jax_ub setting (did you mean JAX_UB_TIMEOUT?)" in msg, msg
+    assert config.describe_unknown({"JAX_UB_METHD": "xla", "PATH": "/bin"}) == [
+        "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)"]
+
+
+def test_jax_ub_exp_is_not_a_setting(caplog):
+    """Nothing in jax_ub reads it (a temporary C++ change of a probe once did): setting it changes
+    nothing, so it is named like any other unknown variable."""
+    with caplog.at_level(logging.WARNING, logger="jax_ub"):
+        Config.from_env({"JAX_UB_EXP": "2"})
+    assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == ["ignoring JAX_UB_EXP"]
+
+
+def test_every_invalid_value_is_named_at_once(caplog):
+    env = {"JAX_UB_METHOD": "rign", "JAX_UB_GEMM_TUNE": "99", "JAX_UB_LOG": "verbose", "UB_SKIPMC": "?",
+           "JAX_UB_METHD": "x"}
+    with caplog.at_level(logging.WARNING, logger="jax_ub"), pytest.raises(ValueError) as info:
+        Config.from_env(env)
+    msg = str(info.value)
+    for fragment in ("JAX_UB_METHOD must be one of", "got 'rign'", "JAX_UB_GEMM_TUNE must be <= 16",
+                     "got '99'", "JAX_UB_LOG must be DEBUG", "got 'verbose'", "UB_SKIPMC must be one of",
+                     "got '?'"):
+        assert fragment in msg, msg
+    assert "did you mean JAX_UB_METHOD?" in caplog.text  # the warning is not lost to the error
 
 
 def test_every_field_has_one_documented_variable():

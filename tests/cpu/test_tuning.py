@@ -151,7 +151,7 @@ def test_env_var_writes_the_file(tmp_path):
     ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": -6}]},
      "positive integers"),
     ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "float99", "M": 8, "K": 4, "N": 6}]},
-     "unknown dtype 'float99'"),
+     "dtype must be one of bfloat16, float16, float32 \\(the dtypes jax_ub's ops take\\); got 'float99'"),
 ])
 def test_load_refuses_bad_files(tmp_path, doc, match):
     path = tmp_path / "s.json"
@@ -238,3 +238,196 @@ def test_tune_file_makes_auto_pick_the_fastest(tmp_path, monkeypatch, capsys):
         assert tune.best(res) == (fastest, methods[fastest])
     printed = capsys.readouterr().out
     assert f"export JAX_UB_TUNING_FILE={out}" in printed
+
+
+# ------------------------------------------------------------------------------------------------
+# Recording: nothing recorded is said (finding 12); several processes do not replace each other's
+# shapes, and the file holds only what the ops take (finding 18)
+
+
+def test_env_var_with_nothing_recorded_says_so_and_writes_an_empty_file(tmp_path):
+    """One device (forgot XLA_FLAGS on a CPU machine): tp=1, nothing to record. Without a word, the
+    next step would fail on a missing file."""
+    path = tmp_path / "shapes.json"
+    code = (
+        "import jax, jax.numpy as jnp, numpy as np, jax_ub\n"
+        "from jax.sharding import Mesh, PartitionSpec as P\n"
+        "mesh = Mesh(np.array(jax.devices()[:1]), ('tp',))\n"
+        "jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, 'tp'), mesh=mesh,\n"
+        "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp'))).lower(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_UB_RECORD_SHAPES=str(path), XLA_FLAGS="")
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"JAX_UB_RECORD_SHAPES={str(path)!r}: no jax_ub op over a mesh axis of size > 1 was traced" in p.stderr
+    assert "--xla_force_host_platform_device_count=N" in p.stderr and f"wrote {str(path)!r}" in p.stderr
+    assert tuning.load(str(path)) == []
+    # A file that exists (another process's shapes, an earlier run's) is left as it was.
+    path.write_text('{"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "float32", "M": 8, '
+                    '"K": 4, "N": 6}]}')
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert p.returncode == 0 and "exists and is left as it was" in p.stderr, p.stderr[-2000:]
+    assert len(tuning.load(str(path))) == 1
+
+
+def test_each_process_of_a_multi_process_run_records_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(jax, "process_index", lambda: 3)
+    assert tuning.env_path(str(tmp_path / "shapes.json")) == str(tmp_path / "shapes.process3.json")
+    monkeypatch.setattr(tuning, "_env", None)
+    with jax_ub.config.override(record_shapes=str(tmp_path / "shapes.json")):
+        tuning.note_call("ag", 2, jnp.float32, (4, 4), (4, 3), backward=False)
+    monkeypatch.setattr(tuning, "_env", None)
+    assert [p.name for p in tmp_path.iterdir()] == ["shapes.process3.json"]
+    (entry,) = tuning.load(str(tmp_path / "shapes.process3.json"))
+    assert entry == (tuning.OpShape("ag", 2, "float32", 8, 4, 6), "forward", 1)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"tp": 1}, r"entry 0: tp must be >= 2 \(an op over one device communicates nothing"),
+    ({"dtype": "int8"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'int8'"),
+    ({"dtype": "float64"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'float64'"),
+])
+def test_load_refuses_what_the_ops_do_not_run(tmp_path, change, match):
+    path = tmp_path / "s.json"
+    entry = {"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6, **change}
+    path.write_text(json.dumps({"jax_ub_shapes": 1, "shapes": [entry]}))
+    with pytest.raises(ValueError, match=match):
+        tuning.load(str(path))
+
+
+# ------------------------------------------------------------------------------------------------
+# bench tune: checks before timing (findings 4, 13, 15), several shapes files, a report from the
+# file as written
+
+
+def _stub_cuda(monkeypatch, timings=None):
+    """tune.run on CPU as if on the CUDA path; returns the labels timed."""
+    timed = []
+
+    def fake_time(label, impls, a, **kw):
+        timed.append(label)
+        if timings is not None:
+            return {k: v for k, v in timings(label).items() if k in impls}
+        return {k: 1.0 + 0.1 * i for i, k in enumerate(impls)}
+
+    monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
+    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
+    monkeypatch.setattr(harness, "time_impls", fake_time)
+    return timed
+
+
+def _tune(tmp_path, *args):
+    a = cli._parser().parse_args(["tune", *args, "--out", str(tmp_path / "o"), "--machine", "box"])
+    a.date = "20261123"
+    return tune.run(a), tmp_path / "o" / "box-20261123-tune.json"
+
+
+def test_tune_takes_no_dtype():
+    """Each shape is measured in its recorded dtype: a --dtype would be ignored."""
+    with pytest.raises(SystemExit) as e:
+        cli._parser().parse_args(["tune", "shapes.json", "--dtype", "float32"])
+    assert e.value.code == 2
+
+
+def test_tune_keeps_an_earlier_tuning_file_unless_forced(tmp_path, monkeypatch, capsys):
+    timed = _stub_cuda(monkeypatch)
+    shapes = _shapes_file(tmp_path)
+    rc, out = _tune(tmp_path, str(shapes))
+    assert rc == 0 and out.exists() and len(timed) == 2
+    before = out.read_text()
+    capsys.readouterr()
+    rc, _ = _tune(tmp_path, str(shapes))
+    err = capsys.readouterr().err
+    assert rc == 2 and f"error: {str(out)!r} exists" in err and "--force replaces it" in err, err
+    assert len(timed) == 2 and out.read_text() == before  # nothing timed, nothing written
+    rc, _ = _tune(tmp_path, str(shapes), "--force")
+    assert rc == 0 and len(timed) == 4
+    assert [p.name for p in out.parent.iterdir() if p.suffix == ".json"] == [out.name]  # no temporary left
+
+
+def test_tune_reports_what_auto_chooses_from_the_file_as_written(tmp_path, monkeypatch, capsys):
+    """JAX_UB_TUNING_FILE names the file this run replaces (read for "auto before"): "auto with
+    this file" is chosen from the new content."""
+    shapes = _shapes_file(tmp_path)
+    fastest = iter(["jax_ub_push", "jax_ub_ring", "jax_ub_all_peer", "jax_ub_push"])
+    wanted = {}
+
+    def timings(label):
+        if "tune ag" not in label:
+            return {"xla_plain": 2.0, "jax_ub": 2.0, "jax_ub_ring": 1.0, "jax_ub_pipeline": 1.5}
+        wanted[label] = next(fastest)
+        return {k: (0.5 if k == wanted[label] else 1.0) for k in
+                ("xla_plain", "jax_ub", "jax_ub_push", "jax_ub_ring", "jax_ub_all_peer")}
+
+    _stub_cuda(monkeypatch, timings)
+    rc, out = _tune(tmp_path, str(shapes))
+    assert rc == 0
+    with jax_ub.config.override(tuning_file=str(out)):
+        # The tables of the first file are read before the second run writes.
+        assert choice.choose("ag", 4, "float32", 64, 32, 96, str(out)).method == "push"
+        capsys.readouterr()
+        rc, _ = _tune(tmp_path, str(shapes), "--force")
+    assert rc == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ag  4"))
+    assert row.endswith("  ring"), row
+
+
+def test_tune_with_an_unusable_tuning_file_stops_before_timing(tmp_path, monkeypatch, capsys):
+    timed = _stub_cuda(monkeypatch)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"records": []}')
+    with jax_ub.config.override(tuning_file=str(bad)):
+        rc, out = _tune(tmp_path, str(_shapes_file(tmp_path)))
+    err = capsys.readouterr().err
+    assert rc == 2 and not timed and not out.exists(), err
+    assert f"error: JAX_UB_TUNING_FILE {str(bad)!r} has no ag_gemm/gemm_rs records" in err, err
+    assert "fix that file or unset JAX_UB_TUNING_FILE; nothing measured" in err, err
+
+
+def test_tune_with_an_invalid_configuration_stops_before_timing(tmp_path, monkeypatch, capsys):
+    timed = _stub_cuda(monkeypatch)
+    monkeypatch.setattr(jax_ub.config, "_active", None)
+    monkeypatch.setenv("JAX_UB_METHOD", "rign")
+    rc, out = _tune(tmp_path, str(_shapes_file(tmp_path)))
+    err = capsys.readouterr().err
+    assert rc == 2 and not timed and not out.exists(), err
+    assert "error: invalid jax_ub configuration: JAX_UB_METHOD must be one of" in err, err
+
+
+def test_tune_measures_the_shapes_of_several_files_once(tmp_path, monkeypatch):
+    """One file per process: the same shape in two files is measured once, at the most calls one
+    file counted (every process of an SPMD program traces the same calls)."""
+    timed = _stub_cuda(monkeypatch)
+    files = []
+    for i, extra in enumerate((None, tuning.OpShape("rs", 4, "float32", 128, 96, 32))):
+        rec = tuning.Recording()
+        rec.note(tuning.OpShape("ag", 4, "float32", 64, 32, 96), "forward")
+        if extra is not None:
+            rec.note(extra, "forward")
+        files.append(tmp_path / f"shapes.process{i}.json")
+        rec.save(str(files[-1]))
+    rc, out = _tune(tmp_path, *map(str, files))
+    assert rc == 0
+    assert sorted(timed) == ["tune ag tp4 float32 64x32x96 (forward, 1 calls)",
+                             "tune rs tp4 float32 128x96x32 (forward, 1 calls)"]
+    assert json.loads(out.read_text())["shapes_files"] == [str(f) for f in files]
+
+
+def test_tune_marks_where_auto_does_not_run_the_fastest_chain(tmp_path, monkeypatch, capsys):
+    """bfloat16 at tp=4: chain measured fastest, but its partial sums travel in bfloat16."""
+    rec = tuning.Recording()
+    rec.note(tuning.OpShape("rs", 4, "bfloat16", 64, 96, 32), "forward")
+    rec.save(str(tmp_path / "bf16.json"))
+    _stub_cuda(monkeypatch, lambda label: {"xla_plain": 3.0, "jax_ub": 2.0, "jax_ub_ring": 1.0,
+                                           "jax_ub_pipeline": 1.5, "jax_ub_chain": 0.5, "jax_ub_columns": 2.0})
+    rc, out = _tune(tmp_path, str(tmp_path / "bf16.json"))
+    assert rc == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("rs  4"))
+    assert "chain 0.500" in row and row.endswith("  ring*"), row
+    assert "*: chain measured fastest there, but sums the partials in the op's dtype at tp >= 3" in printed
+    assert choice.choose("rs", 4, "bfloat16", 64, 96, 32, str(out)).method == "ring"
