@@ -1,17 +1,22 @@
 """Parameters of the TP/SP layers (:mod:`jax_ub._layers`): which dim of each is split over the TP
-axis, the user's own partitioning names merged onto the other dims, divisibility checks, and
-initialization of whole parameters or of this device's shard.
+axis, the user's own partitioning names merged onto the other dims (mesh names here, logical names
+through :mod:`jax_ub._layer_logical`), divisibility checks, initialization of whole parameters or
+of this device's shard, and the per-projection initializers of the MLP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_ub import _layer_logical
+from jax_ub._layer_logical import Resolved, Rules
 from jax_ub._layer_mesh import Placement
 
 Array = jax.Array
@@ -30,6 +35,45 @@ def column_partitioning(axis_name: str) -> tuple[tuple[Any, ...], tuple[Any, ...
 def row_partitioning(axis_name: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Partitioning names of the row-parallel ``(kernel [in, out], bias [out])``."""
     return (axis_name, None), (None,)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectionInits:
+    """The initializers of one projection of a :class:`ParallelMLP`, and which were its own."""
+
+    kernel_init: Any
+    bias_init: Any
+    own_kernel: bool
+    own_bias: bool
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(kernel_init=self.kernel_init, bias_init=self.bias_init)
+
+
+def projection_inits(kernel_init: Any, bias_init: Any,
+                     **own: tuple[Any, Any]) -> dict[str, ProjectionInits]:
+    """Each projection's ``(kernel_init, bias_init)``: its own where given (not ``None``), else the
+    MLP's shared ``kernel_init`` / ``bias_init``."""
+    return {name: ProjectionInits(kernel_init if k is None else k, bias_init if b is None else b,
+                                  k is not None, b is not None)
+            for name, (k, b) in own.items()}
+
+
+@contextlib.contextmanager
+def building(where: str, projection: str, inits: ProjectionInits) -> Iterator[None]:
+    """Notes on an error raised while building ``projection`` which initializers it came from (the
+    message names the sub-layer's own ``kernel_init``/``bias_init`` and parameter)."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        k = (f"{projection}_kernel_init" if inits.own_kernel
+             else f"kernel_init (no {projection}_kernel_init given)")
+        b = (f"{projection}_bias_init" if inits.own_bias
+             else f"bias_init (no {projection}_bias_init given)")
+        e.add_note(f"While building {where}.{projection}: its `kernel` is from {k}, its `bias` "
+                   f"from {b}.")
+        raise
 
 
 def local_initializer(init: Initializer, global_shape: Sequence[int], names: Sequence[Any],
@@ -129,66 +173,114 @@ def merge_partitioning(where: str, param: str, layer_names: Sequence[Any], user_
     return tuple(merged)
 
 
-_LOGICAL = ("logical axis names (`nn.with_logical_partitioning`, `sharding_rules`) are not "
-            "supported: the layer names the tensor-parallel dim with the mesh axis itself; give mesh "
-            "axis names for the other dims instead (e.g. `with_partitioning(init, ('fsdp', None))`)")
+@dataclasses.dataclass(frozen=True)
+class Boxed:
+    """What an initializer returned: the array, and the box's names, rules and kind, if boxed."""
+
+    value: Array
+    names: Any = None  # the user's partitioning names (mesh axes or logical names), or None
+    rules: Rules | None = None  # the box's own logical axis rules
+    logical: bool = False  # a linen `LogicallyPartitioned` or NNX metadata with `sharding_rules`
+    box: Any = None
 
 
-def unbox_init(where: str, param: str, value: Any) -> tuple[Array, Any, Any]:
-    """``(array, user's partitioning names or None, the box or None)`` of an initializer's output.
+def _rules(value: Any) -> Rules | None:
+    return None if not value else tuple(tuple(r) for r in value)
 
-    Knows Flax's boxes: NNX ``VariableMetadata`` (``nnx.with_partitioning``/``with_metadata``) and
-    linen ``Partitioned`` (``nn.with_partitioning``); refuses logical names and unknown boxes.
+
+def unbox_init(where: str, param: str, value: Any) -> Boxed:
+    """An initializer's output, with the names its box carries.
+
+    Knows Flax's boxes: NNX ``VariableMetadata`` (``nnx.with_partitioning``/``with_metadata``,
+    ``sharding_rules`` included), linen ``Partitioned`` (``nn.with_partitioning``) and
+    ``LogicallyPartitioned`` (``nn.with_logical_partitioning``); refuses other boxes.
     """
     if isinstance(value, jax.Array) or not hasattr(value, "__dict__"):
-        return value, None, None
+        return Boxed(value)
     from flax.core import meta  # here: the ops do not need flax, only its layers do
+    from flax.linen import spmd
     from flax.nnx import variablelib
 
     if isinstance(value, variablelib.VariableMetadata):
         md = value.metadata
-        if md.get("sharding_rules"):
-            raise TypeError(f"{where}: {param}_init: {_LOGICAL}.")
         names = next((md[k] for k in ("out_sharding", "sharding_names", "sharding")
                       if md.get(k) is not None), None)
         if isinstance(names, jax.sharding.NamedSharding):
             names = names.spec
-        return value.raw_value, names, value
-    if type(value).__name__ == "LogicallyPartitioned":  # flax.linen.spmd, a Partitioned subclass
-        raise TypeError(f"{where}: {param}_init: {_LOGICAL}.")
+        rules = _rules(md.get("sharding_rules"))
+        return Boxed(value.raw_value, names, rules, rules is not None, value)
+    if isinstance(value, spmd.LogicallyPartitioned):
+        return Boxed(value.value, value.names, _rules(value.rules), True, value)
     if isinstance(value, meta.Partitioned):
-        return value.value, value.names, value
+        return Boxed(value.value, value.names, None, False, value)
     if isinstance(value, meta.AxisMetadata):
         raise TypeError(
             f"{where}: {param}_init returned a {type(value).__name__} box, which the layer cannot "
             f"read. The layer sets the tensor-parallel partitioning of `{param}` itself: give a "
-            f"plain initializer, or one wrapped in `with_partitioning` (mesh axis names).")
-    return value, None, None
+            f"plain initializer, or one wrapped in `with_partitioning` (mesh axis names) or "
+            f"`nn.with_logical_partitioning` (logical names).")
+    return Boxed(value)
+
+
+def inherited_names(kernel: Resolved) -> Boxed | None:
+    """Names for a bias whose initializer carries none, when its kernel's are logical: the kernel's
+    logical name of its output dim (the bias's one dim), with the kernel's rules, so that the bias
+    translates with the same rules (MaxText's convention). ``None`` otherwise (the layer's names)."""
+    if not kernel.logical:
+        return None
+    return Boxed(None, (kernel.names[1],), kernel.rules, True)
 
 
 def init_param(where: str, param: str, init: Initializer, key: Array, global_shape: Sequence[int],
                dtype: Any, layer_names: Sequence[Any], axis_name: str, p: Placement, *,
-               slice_local: bool = True) -> tuple[Array, tuple[Any, ...], Any]:
-    """Runs ``init`` at the parameter's global shape: ``(value, names, user's box or None)``.
+               framework: str, slice_local: bool = True,
+               default: Boxed | None = None) -> tuple[Array, Resolved, Any]:
+    """Runs ``init`` at the parameter's global shape: ``(value, partitioning, user's box or None)``.
 
-    ``names`` are the layer's partitioning merged with the one the initializer's box carries
-    (:func:`merge_partitioning`). In local mode (``p.local``) with ``slice_local``, ``value`` is
-    this device's shard of the whole initialisation (so local-mode init equals global-mode's).
+    The partitioning is the layer's merged with the names the initializer's box carries (mesh
+    names: :func:`merge_partitioning`; logical names, ``framework`` ``"nnx"`` or ``"linen"``:
+    :mod:`jax_ub._layer_logical`). ``default``: the names to use when ``init`` returns no box
+    (:func:`inherited_names`). In local mode (``p.local``) with ``slice_local``, ``value`` is this
+    device's shard of the whole initialisation (so local-mode init equals global-mode's).
     """
     layer_names = tuple(layer_names)
-    raw, user_names, box = unbox_init(where, param, init(key, tuple(global_shape), dtype))
-    names = layer_names if user_names is None else merge_partitioning(
-        where, param, layer_names, user_names, axis_name)
+    got = unbox_init(where, param, init(key, tuple(global_shape), dtype))
+    user = got if got.names is not None or default is None else dataclasses.replace(
+        default, value=got.value)
+    res = _partitioning(where, param, layer_names, user, axis_name, p, framework)
+    raw = got.value
     if p.local:
-        if names != layer_names:
+        if res.mesh_names != layer_names:
+            given = (f"logical names {res.names} map to mesh axes {res.mesh_names}, which"
+                     if res.logical else f"partitioning names {res.names}")
             raise ValueError(
-                f"{where}: {param}_init's partitioning names {names} put mesh axes other than "
+                f"{where}: {param}_init's {given} put mesh axes other than "
                 f"{axis_name!r} on `{param}`; inside `jax.shard_map` over {axis_name!r} (local "
                 f"mode) parameters are whole on the dims not split over {axis_name!r}. Build the "
                 f"layer outside shard_map (global mode) to keep those names.")
         if slice_local:
             assert p.tp is not None
-            raw = _slice_tp(raw, names, axis_name, p.tp)
-    return raw, names, box
+            raw = _slice_tp(raw, res.mesh_names, axis_name, p.tp)
+    return raw, res, got.box
 
 
+def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Boxed,
+                  axis_name: str, p: Placement, framework: str) -> Resolved:
+    mesh_axes = None if p.mesh is None else tuple(p.mesh.axis_names)
+    names = () if user.names is None else _entries(user.names)
+
+    def merge(entries: tuple[Any, ...]) -> tuple[Any, ...]:
+        return merge_partitioning(where, param, layer_names, entries, axis_name)
+
+    if framework == "nnx":
+        return _layer_logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name,
+                                          mesh_axes, merge)
+    if user.logical or (user.names is None
+                        and _layer_logical.linen_rules_cover(layer_names, axis_name)):
+        # With rules in context, the layer's own boxes are logical too (`None`, and the rules' name
+        # for the TP axis): one tree of logical names, which a "layers" name added by `nn.scan`
+        # and `nn.logical_to_mesh_sharding` of the whole tree need.
+        return _layer_logical.resolve_linen(where, param, layer_names, names, user.rules,
+                                            axis_name, mesh_axes)
+    merged = layer_names if user.names is None else merge(names)
+    return _layer_logical.Resolved(merged, merged)

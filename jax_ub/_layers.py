@@ -34,8 +34,10 @@ Partitioning: the layers name the TP dim of each parameter themselves. An initia
 returns a box (``nnx.with_partitioning``, ``nn.with_partitioning``) may name mesh axes on the dims
 the layer keeps whole over ``axis_name`` (e.g. ``("fsdp", "tp")`` for a column kernel: FSDP on its
 input dim); those names are merged into the layer's (:func:`jax_ub._layer_params.merge_partitioning`).
-Naming another axis on the TP dim, or ``axis_name`` on another dim, or logical axis names, is
-refused.
+Naming another axis on the TP dim, or ``axis_name`` on another dim, is refused. Logical names
+(``nn.with_logical_partitioning``; NNX ``sharding_rules`` / ``nnx.logical_axis_rules``) are kept
+in the parameters' boxes and must map, through the rules, to ``axis_name`` on the TP dim and to
+other axes elsewhere (:mod:`jax_ub._layer_logical`).
 
 Where a call runs and on which mesh is :mod:`jax_ub._layer_mesh`; the parameters' partitioning and
 initialization are :mod:`jax_ub._layer_params`.

@@ -13,7 +13,11 @@ Layouts (``seq_axis``, ``sequence_parallel=False``) and modes are those of :mod:
 ``x`` as usual in linen. Parameters are boxed with ``nn.with_partitioning`` (column kernel
 ``(None, axis_name)``, bias ``(axis_name,)``; row kernel ``(axis_name, None)``, bias ``(None,)``),
 in one box with the names of an initializer that is itself wrapped in ``nn.with_partitioning``
-(e.g. ``("fsdp", None)``). In local mode ``init`` creates the local shapes (the ones
+(e.g. ``("fsdp", None)``). Logical names (``nn.with_logical_partitioning``, rules from the box or
+``nn.logical_axis_rules``) stay logical in an ``nn.LogicallyPartitioned`` box, and under
+``nn.logical_axis_rules`` the layer's own boxes are logical too (see :mod:`jax_ub._layer_logical`),
+so ``nn.logical_to_mesh_sharding(nn.get_partition_spec(variables), mesh, rules)`` is right for
+the whole tree. In local mode ``init`` creates the local shapes (the ones
 ``shard_map`` hands to the body), each device's shard of the same global initialisation, and
 ``apply`` takes either those shards or the whole parameters (which it slices).
 
@@ -41,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub import _layer_mesh, _layer_params, _layers
+from jax_ub import _layer_logical, _layer_mesh, _layer_params, _layers
 from jax_ub._layers import pack_gated, unpack_gated
 
 __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
@@ -59,7 +63,15 @@ def _box_mesh(box: Any) -> Any:
 
 def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[int, ...],
            dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
-           dim_names: Sequence[str] | None = None) -> jax.Array:
+           dim_names: Sequence[str] | None = None,
+           default: _layer_params.Boxed | None = None,
+           ) -> tuple[jax.Array, _layer_logical.Resolved | None]:
+    """The parameter ``name`` (boxed ``nn.Partitioned``, or ``nn.LogicallyPartitioned`` with an
+    initializer's logical names), unboxed, and its partitioning where ``init`` ran (else None).
+
+    ``default``: the names of an ``init`` that returns no box
+    (:func:`jax_ub._layer_params.inherited_names`).
+    """
     where = type(module).__name__
     p = _layer_mesh.placement(axis_name, mesh)
     _layer_mesh.check_axis_in_mesh(where, axis_name, p)
@@ -70,25 +82,49 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
     # parameters (e.g. replicated through shard_map's in_specs); the layer slices whole ones.
     whole = (p.local and module.has_variable("params", name)
              and np.shape(_raw(module.get_variable("params", name))) == shape)
+    resolved: list[_layer_logical.Resolved] = []
 
     def init_boxed(key: jax.Array, *_: Any) -> nn.Partitioned:
-        raw, merged, box = _layer_params.init_param(where, name, init, key, shape, dtype, names,
-                                              axis_name, p, slice_local=not whole)
+        raw, res, box = _layer_params.init_param(where, name, init, key, shape, dtype, names,
+                                                 axis_name, p, framework="linen",
+                                                 slice_local=not whole, default=default)
+        resolved.append(res)
         if not p.local and p.tp is not None:  # global mode: born sharded (needed on Explicit meshes)
-            raw = _layers.place(raw, merged, p.mesh)
-        return nn.Partitioned(raw, merged, mesh=concrete if concrete is not None else _box_mesh(box))
+            raw = _layers.place(raw, res.mesh_names, p.mesh)
+        box_mesh = concrete if concrete is not None else _box_mesh(box)
+        if res.logical:  # the logical names stay, for `nn.logical_to_mesh_sharding`
+            return nn.LogicallyPartitioned(raw, res.names, mesh=box_mesh, rules=res.rules)
+        return nn.Partitioned(raw, res.names, mesh=box_mesh)
 
     requested = shape
     if p.local and not whole:
         assert p.tp is not None
         requested = _layer_params.local_shape(shape, names, axis_name, p.tp)
     value = module.param(name, init_boxed, requested, dtype, unbox=False)
+    res = resolved[0] if resolved else None
     # Flax would constrain the value to its spec, which is illegal on the manual axes of local mode,
     # and on the Explicit axes of a `mesh=` given outside a mesh context (there the value was born
     # with its sharding).
     if p.local or (concrete is not None and _layers.explicit_axes(concrete)):
-        return _raw(value)
-    return nn.unbox(value)
+        return _raw(value), res
+    return nn.unbox(value), res
+
+
+def _dense_params(module: ColumnParallelDense | RowParallelDense,
+                  in_features: int) -> tuple[jax.Array, jax.Array | None]:
+    """``(kernel [in_features, features], bias [features] or None)`` of a dense layer; a bias
+    whose initializer names nothing takes the kernel's logical output name, if it has one."""
+    partitioning = (_layer_params.column_partitioning if isinstance(module, ColumnParallelDense)
+                    else _layer_params.row_partitioning)
+    kernel_names, bias_names = partitioning(module.axis_name)
+    kernel, res = _param(module, "kernel", module.kernel_init, (in_features, module.features),
+                         module.param_dtype, kernel_names, module.axis_name, module.mesh, _DIMS)
+    if not module.use_bias:
+        return kernel, None
+    bias, _ = _param(module, "bias", module.bias_init, (module.features,), module.param_dtype,
+                     bias_names, module.axis_name, module.mesh, _DIMS[1:],
+                     None if res is None else _layer_params.inherited_names(res))
+    return kernel, bias
 
 
 def _raw(value: Any) -> jax.Array:
@@ -129,13 +165,8 @@ class ColumnParallelDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         _layers.check_seq_axis(where, self.seq_axis)
-        kernel_names, bias_names = _layer_params.column_partitioning(self.axis_name)
         in_features = x.shape[-1] if x.ndim else 0
-        kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
-                        self.param_dtype, kernel_names, self.axis_name, self.mesh, _DIMS)
-        bias = (_param(self, "bias", self.bias_init, (self.features,), self.param_dtype,
-                       bias_names, self.axis_name, self.mesh, _DIMS[1:])
-                if self.use_bias else None)
+        kernel, bias = _dense_params(self, in_features)
         return _layers.column_parallel_dense(
             x, kernel, bias, out_features=self.features, axis_name=self.axis_name, mesh=self.mesh,
             dtype=self.dtype, precision=self.precision, method=self.method,
@@ -170,15 +201,10 @@ class RowParallelDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         _layers.check_seq_axis(where, self.seq_axis)
-        kernel_names, bias_names = _layer_params.row_partitioning(self.axis_name)
         p = _layer_mesh.placement(self.axis_name, self.mesh)
         x_in = x.shape[-1] if x.ndim else 0
         in_features = x_in * p.tp if p.local and p.tp else x_in
-        kernel = _param(self, "kernel", self.kernel_init, (in_features, self.features),
-                        self.param_dtype, kernel_names, self.axis_name, self.mesh, _DIMS)
-        bias = (_param(self, "bias", self.bias_init, (self.features,), self.param_dtype,
-                       bias_names, self.axis_name, self.mesh, _DIMS[1:])
-                if self.use_bias else None)
+        kernel, bias = _dense_params(self, in_features)
         return _layers.row_parallel_dense(
             x, kernel, bias, in_features=in_features, out_features=self.features,
             axis_name=self.axis_name, mesh=self.mesh, dtype=self.dtype, precision=self.precision,
@@ -202,7 +228,7 @@ class _Norm(nn.Module):
 def _norm_param(module: _Norm, name: str, init: Callable[..., Any], x: jax.Array) -> jax.Array:
     """A norm's replicated `[features]` parameter (``x.shape[-1]`` features)."""
     return _param(module, name, init, (x.shape[-1],), module.param_dtype, (None,), module.axis_name,
-                  module.mesh)
+                  module.mesh)[0]
 
 
 class LayerNorm(_Norm):
@@ -241,6 +267,10 @@ class ParallelMLP(nn.Module):
     replicated activations, any sequence length. ``gated=True``: ``down(activation(gate) *
     linear)`` from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with
     ``activation=jax.nn.silu``; layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
+    ``up_kernel_init``, ``down_kernel_init``, ``up_bias_init``, ``down_bias_init``: one
+    projection's initializer, default ``kernel_init`` / ``bias_init`` (e.g.
+    ``nn.with_logical_partitioning(init, ("embed", "mlp"))`` on ``up`` and ``("mlp", "embed")``
+    on ``down``, or a smaller scale on ``down``).
     """
 
     ffn_features: int
@@ -251,6 +281,10 @@ class ParallelMLP(nn.Module):
     param_dtype: Any = jnp.float32
     kernel_init: Callable[..., Any] = default_kernel_init
     bias_init: Callable[..., Any] = default_bias_init
+    up_kernel_init: Callable[..., Any] | None = None
+    down_kernel_init: Callable[..., Any] | None = None
+    up_bias_init: Callable[..., Any] | None = None
+    down_bias_init: Callable[..., Any] | None = None
     precision: Any = None
     method: str | None = None
     epsilon: float = 1e-6
@@ -274,14 +308,19 @@ class ParallelMLP(nn.Module):
         if self.gated:
             _layers.check_gated(where, self.ffn_features, self.axis_name, self.mesh)
         common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-                      kernel_init=self.kernel_init, bias_init=self.bias_init,
                       precision=self.precision, method=self.method, seq_axis=self.seq_axis,
                       sequence_parallel=self.sequence_parallel, axis_name=self.axis_name,
                       mesh=self.mesh)
+        inits = _layer_params.projection_inits(
+            self.kernel_init, self.bias_init, up=(self.up_kernel_init, self.up_bias_init),
+            down=(self.down_kernel_init, self.down_bias_init))
         h = x if norm_cls is None else norm_cls(
             epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
             axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
-        h = ColumnParallelDense(2 * self.ffn_features if self.gated else self.ffn_features,
-                                name="up", recompute_gathered=self.recompute_gathered, **common)(h)
+        with _layer_params.building(where, "up", inits["up"]):
+            h = ColumnParallelDense(2 * self.ffn_features if self.gated else self.ffn_features,
+                                    name="up", recompute_gathered=self.recompute_gathered,
+                                    **inits["up"].kwargs, **common)(h)
         h = _layers.glu(h, self.activation) if self.gated else self.activation(h)
-        return RowParallelDense(x.shape[-1], name="down", **common)(h)
+        with _layer_params.building(where, "down", inits["down"]):
+            return RowParallelDense(x.shape[-1], name="down", **inits["down"].kwargs, **common)(h)

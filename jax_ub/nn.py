@@ -22,7 +22,9 @@ the user's ``jax.shard_map`` over ``axis_name``. See :mod:`jax_ub._layers` for t
 Parameters carry partitioning metadata (``nnx.get_partition_spec``): column kernel
 ``(None, axis_name)`` and bias ``(axis_name,)``; row kernel ``(axis_name, None)`` and bias
 ``(None,)``; an initializer wrapped in ``nnx.with_partitioning`` adds its names on the other dims
-(e.g. FSDP). Under a mesh with ``axis_name`` they are created sharded (Flax eager sharding).
+(e.g. FSDP), mesh axes or logical names translated by ``sharding_rules`` /
+``nnx.logical_axis_rules`` (the metadata keeps them as given; see :mod:`jax_ub._layer_logical`).
+Under a mesh with ``axis_name`` they are created sharded (Flax eager sharding).
 
 Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
@@ -48,7 +50,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx import variablelib
 
-from jax_ub import _layer_mesh, _layer_params, _layers, _validate
+from jax_ub import _layer_logical, _layer_mesh, _layer_params, _layers, _validate
 from jax_ub._layers import pack_gated, unpack_gated
 
 __all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
@@ -57,24 +59,30 @@ default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
 
 # Sharding keys of a user's VariableMetadata, replaced by the merged names (see _param).
-_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding", "eager_sharding")
+_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding", "eager_sharding",
+                  "sharding_rules")
 
 
 def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
            shape: Sequence[int], dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
-           dim_names: Sequence[str] | None = None) -> nnx.Param:
-    """A parameter of global ``shape`` split over ``axis_name`` as ``names`` says.
+           dim_names: Sequence[str] | None = None,
+           default: _layer_params.Boxed | None = None) -> tuple[nnx.Param, _layer_logical.Resolved]:
+    """A parameter of global ``shape`` split over ``axis_name`` as ``names`` says, and its
+    partitioning.
 
     Inside a shard_map over ``axis_name`` it is created as this device's shard; under a mesh with
     ``axis_name`` it is created sharded; otherwise as a plain array. Metadata is always attached.
-    ``init`` may return a box (``nnx.with_partitioning``, ``nnx.with_metadata``): its names go on
-    the dims the layer keeps whole over ``axis_name`` and its other metadata is kept.
+    ``init`` may return a box (``nnx.with_partitioning``, ``nnx.with_metadata``): its names (mesh
+    axes, or logical names with ``sharding_rules`` / ``nnx.logical_axis_rules``) go on the dims the
+    layer keeps whole over ``axis_name`` and its other metadata is kept. ``default``: the names of
+    an ``init`` that returns no box (:func:`jax_ub._layer_params.inherited_names`).
     """
     p = _layer_mesh.placement(axis_name, mesh)
     _layer_mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
     _layer_params.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
-    raw, names, box = _layer_params.init_param(where, param, init, key, shape, dtype, names, axis_name, p)
+    raw, res, box = _layer_params.init_param(where, param, init, key, shape, dtype, names,
+                                             axis_name, p, framework="nnx", default=default)
     eager = not p.local and p.tp is not None
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     if isinstance(box, variablelib.VariableMetadata):
@@ -83,12 +91,16 @@ def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
         metadata = {"mesh": getattr(box, "mesh", None)}
     if concrete is not None or "mesh" not in metadata:
         metadata["mesh"] = concrete
-    metadata["out_sharding"] = names
+    # The names as the user wrote them (logical ones too: `nnx.get_partition_spec` translates them
+    # under the same rules) and the box's own rules; eager sharding composes them with the context's.
+    metadata["out_sharding"] = res.names
+    if res.rules:
+        metadata["sharding_rules"] = res.rules
     if isinstance(box, variablelib.VariableMetadata):
         boxed = dataclasses.replace(box, raw_value=raw, metadata=metadata)
     else:
         boxed = variablelib.VariableMetadata(raw, metadata=metadata)
-    return nnx.Param(boxed, eager_sharding=eager)
+    return nnx.Param(boxed, eager_sharding=eager), res
 
 
 class _ParallelDense(nnx.Module):
@@ -121,11 +133,12 @@ class _ParallelDense(nnx.Module):
         self._mesh_at_build = _layer_mesh.concrete_mesh(mesh)
         kernel_names, bias_names = type(self)._partitioning(axis_name)
         dims = ("in_features", "out_features")
-        self.kernel = _param(where, "kernel", kernel_init, rngs.params(),
-                             (in_features, out_features), param_dtype, kernel_names, axis_name,
-                             mesh, dims)
+        self.kernel, kernel = _param(where, "kernel", kernel_init, rngs.params(),
+                                     (in_features, out_features), param_dtype, kernel_names,
+                                     axis_name, mesh, dims)
         self.bias = (_param(where, "bias", bias_init, rngs.params(), (out_features,),
-                            param_dtype, bias_names, axis_name, mesh, dims[1:])
+                            param_dtype, bias_names, axis_name, mesh, dims[1:],
+                            _layer_params.inherited_names(kernel))[0]
                      if use_bias else None)
 
     def _options(self) -> dict[str, Any]:
@@ -153,7 +166,10 @@ class ColumnParallelDense(_ParallelDense):
       kernel_init, bias_init: initializers, called with the global shapes. One wrapped in
         ``nnx.with_partitioning`` may name mesh axes on the dim the layer keeps whole (e.g.
         ``("fsdp", None)`` or ``("fsdp", "tp")`` for the kernel: FSDP on its input dim); the layer
-        names the ``axis_name`` dim itself and refuses another axis there.
+        names the ``axis_name`` dim itself and refuses another axis there. Logical names work too
+        (e.g. ``("embed", "mlp")`` under ``nnx.logical_axis_rules``; see
+        :mod:`jax_ub._layer_logical`); a bias with a plain ``bias_init`` then takes the kernel's
+        logical name of its output dim.
       precision: passed to the GEMM.
       method: overlap algorithm for :func:`jax_ub.all_gather_matmul` (``None``: configured default;
         ``"xla"``: pure-XLA reference).
@@ -219,9 +235,9 @@ class LayerNorm(nnx.Module):
         ones = nnx.initializers.ones_init()
         zeros = nnx.initializers.zeros_init()
         self.scale = _param("LayerNorm", "scale", ones, rngs.params(), (features,), param_dtype,
-                            (None,), axis_name, mesh)
+                            (None,), axis_name, mesh)[0]
         self.bias = _param("LayerNorm", "bias", zeros, rngs.params(), (features,), param_dtype,
-                           (None,), axis_name, mesh)
+                           (None,), axis_name, mesh)[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon,
@@ -237,7 +253,7 @@ class RMSNorm(nnx.Module):
         self.epsilon = epsilon
         self.dtype = dtype
         self.scale = _param("RMSNorm", "scale", nnx.initializers.ones_init(), rngs.params(),
-                            (features,), param_dtype, (None,), axis_name, mesh)
+                            (features,), param_dtype, (None,), axis_name, mesh)[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return _layers.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype)
@@ -262,6 +278,16 @@ class ParallelMLP(nnx.Module):
     ``sequence_parallel`` (``False``: replicated activations, any sequence length) for both
     layers; the rest as :class:`ColumnParallelDense` (``kernel_init`` and ``bias_init`` for both).
 
+    ``up_kernel_init``, ``down_kernel_init``, ``up_bias_init``, ``down_bias_init``: one
+    projection's initializer (default ``kernel_init`` / ``bias_init``), e.g. ``down`` scaled by
+    ``1/sqrt(2 * layers)``, or FSDP / logical names per projection:
+    ``nnx.with_partitioning(init, ("fsdp", None))`` on ``up`` (its `[features, ffn]` kernel split
+    over FSDP on the features) and ``(None, "fsdp")`` on ``down``; logical names such as
+    ``("embed", "mlp")`` and ``("mlp", "embed")`` with rules (see :mod:`jax_ub._layer_logical`).
+    Gated, ``up_kernel_init`` draws the interleaved `[features, 2 * ffn_features]` kernel whole
+    (there is no separate gate projection): a fan-in initializer (the default ``lecun_normal``)
+    has the scale of two `[features, ffn_features]` halves, a fan-out/fan-avg one does not.
+
     ``gated=True``: the GLU family, e.g. SwiGLU with ``activation=jax.nn.silu`` and
     ``use_bias=False``, GeGLU with the default gelu. Llama's and Mistral's MLP is that SwiGLU with
     ``norm="rmsnorm"`` and ``epsilon`` = the model's ``rms_norm_eps`` (the norm's scale is the
@@ -277,6 +303,10 @@ class ParallelMLP(nnx.Module):
                  use_bias: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
                  kernel_init: Callable[..., Any] = default_kernel_init,
                  bias_init: Callable[..., Any] = default_bias_init,
+                 up_kernel_init: Callable[..., Any] | None = None,
+                 down_kernel_init: Callable[..., Any] | None = None,
+                 up_bias_init: Callable[..., Any] | None = None,
+                 down_bias_init: Callable[..., Any] | None = None,
                  precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
                  recompute_gathered: bool | None = None, gated: bool = False,
                  norm: str | None = "layernorm", seq_axis: int = -2,
@@ -290,16 +320,21 @@ class ParallelMLP(nnx.Module):
         self.activation = activation
         self.gated = gated
         common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=kernel_init, bias_init=bias_init, precision=precision,
-                      method=method, seq_axis=seq_axis, sequence_parallel=sequence_parallel,
-                      axis_name=axis_name, mesh=mesh, rngs=rngs)
+                      precision=precision, method=method, seq_axis=seq_axis,
+                      sequence_parallel=sequence_parallel, axis_name=axis_name, mesh=mesh,
+                      rngs=rngs)
+        inits = _layer_params.projection_inits(kernel_init, bias_init, up=(up_kernel_init, up_bias_init),
+                                               down=(down_kernel_init, down_bias_init))
         norm_cls = _NORMS[norm]
         self.norm = None if norm_cls is None else norm_cls(
             features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name,
             mesh=mesh, rngs=rngs)
-        self.up = ColumnParallelDense(features, 2 * ffn_features if gated else ffn_features,
-                                      recompute_gathered=recompute_gathered, **common)
-        self.down = RowParallelDense(ffn_features, features, **common)
+        with _layer_params.building(where, "up", inits["up"]):
+            self.up = ColumnParallelDense(features, 2 * ffn_features if gated else ffn_features,
+                                          recompute_gathered=recompute_gathered,
+                                          **inits["up"].kwargs, **common)
+        with _layer_params.building(where, "down", inits["down"]):
+            self.down = RowParallelDense(ffn_features, features, **inits["down"].kwargs, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # Here, not in the norm: its broadcasting error would not say which layer or dim.

@@ -33,6 +33,12 @@ def on_cpu():
         yield
 
 
+def fsdp_mesh(cpu_mesh, tp=2, fsdp=2, explicit=False):
+    """A ("fsdp", "tp") mesh of ``fsdp x tp`` (the conftest mesh, renamed)."""
+    mesh = cpu_mesh(tp, dp=fsdp, explicit=explicit)
+    return jax.sharding.Mesh(mesh.devices, ("fsdp", "tp"), axis_types=mesh.axis_types)
+
+
 def data(*shape, seed=1, mean=0.0):
     x = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
     return mean + x if mean else x

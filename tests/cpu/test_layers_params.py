@@ -24,6 +24,7 @@ from _layer_helpers import (
     S,
     assert_close,
     data,
+    fsdp_mesh,
     nnx_fn,
     on_cpu,  # noqa: F401  (autouse fixture)
     param_specs,
@@ -41,19 +42,13 @@ from jax_ub import nn as ubnn
 LECUN = nnx.initializers.lecun_normal()
 
 
-def fsdp_mesh(cpu_mesh, explicit=False):
-    """A ("fsdp", "tp") mesh of 2 x 2 (the conftest mesh, renamed)."""
-    mesh = cpu_mesh(2, dp=2, explicit=explicit)
-    return jax.sharding.Mesh(mesh.devices, ("fsdp", "tp"), axis_types=mesh.axis_types)
-
-
 # ------------------------------------------------------------------------------------------------
 # User partitioning merged on the dims the layer keeps whole (FSDP).
 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_nnx_fsdp_names_are_merged(cpu_mesh, explicit):
-    mesh = fsdp_mesh(cpu_mesh, explicit)
+    mesh = fsdp_mesh(cpu_mesh, explicit=explicit)
     x, ct = data(B, S, H), data(B, S, H, seed=2)
     with jax.set_mesh(mesh):
         col = ubnn.ColumnParallelDense(
@@ -120,19 +115,6 @@ def test_conflicting_partitioning_is_refused_by_both(cpu_mesh, case):
         with pytest.raises(ValueError, match=r"ColumnParallelDense: kernel_init's partitioning .*" + msg):
             ubl.ColumnParallelDense(F, kernel_init=nn.with_partitioning(LECUN, names)).init(
                 jax.random.key(0), x)
-
-
-def test_logical_names_are_refused_by_both(cpu_mesh):
-    x = data(B, S, H)
-    msg = r"RowParallelDense: kernel_init: logical axis names .* are not supported"
-    with jax.set_mesh(fsdp_mesh(cpu_mesh)):
-        with pytest.raises(TypeError, match=msg):
-            ubl.RowParallelDense(H, kernel_init=nn.with_logical_partitioning(LECUN, ("mlp", "embed"))
-                                 ).init(jax.random.key(0), data(B, S, F))
-        with pytest.raises(TypeError, match=msg):
-            ubnn.RowParallelDense(F, H, kernel_init=nnx.with_partitioning(
-                LECUN, ("mlp", "embed"), sharding_rules=(("embed", "fsdp"),)), rngs=nnx.Rngs(0))
-    del x
 
 
 def test_extra_names_inside_shard_map_are_refused(cpu_mesh):
