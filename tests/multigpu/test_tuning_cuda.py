@@ -76,7 +76,10 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
                if r["op"] == choice.BENCH_OP[op] and (r["M"], r["K"], r["N"]) == (m, k, n)}
         methods = set(choice.METHODS[op]) - {"xla"}
         assert {f"jax_ub_{x}" for x in methods} <= set(res), res  # every method ran
-        fastest = tune.best(res)
+        # auto leaves out what sums in bf16 at tp >= 3 (chain) unless JAX_UB_AUTO_CHAIN=1
+        fastest = tune.best({k: v for k, v in res.items()
+                             if not choice.sums_in_dtype(op, choice.method_of(k) or "", tp,
+                                                         "bfloat16")})
         picked = choice.choose(op, tp, "bfloat16", m, k, n, str(out)).method
         ms = res["xla_plain" if picked == "xla" else f"jax_ub_{picked}"]
         assert ms <= fastest[1] * choice.TIE, (op, picked, ms, fastest)
