@@ -261,10 +261,16 @@ def describe_unknown(env: Mapping[str, str]) -> list[str]:
     one, ``"...: not a jax_ub setting (the settings: JAX_UB_METHOD, ...)"``."""
     out = []
     for k in unknown_variables(env):
-        near = difflib.get_close_matches(k, KNOB_VARIABLES + OTHER_VARIABLES, n=1, cutoff=0.75)
+        near = closest_setting(k)
         out.append(f"{k}: not a jax_ub setting ("
-                   + (f"did you mean {near[0]}?)" if near else f"the settings: {', '.join(KNOB_VARIABLES)})"))
+                   + (f"did you mean {near}?)" if near else f"the settings: {', '.join(KNOB_VARIABLES)})"))
     return out
+
+
+def closest_setting(name: str) -> str | None:
+    """The jax_ub variable ``name`` most likely misspells, or None."""
+    near = difflib.get_close_matches(name, KNOB_VARIABLES + OTHER_VARIABLES, n=1, cutoff=0.75)
+    return near[0] if near else None
 
 
 def _setup_logging(cfg: Config, from_env: bool) -> None:

@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
-import difflib
 import json
 import os
 import platform
@@ -365,9 +364,7 @@ def unknown_variables(env: dict[str, str]) -> list[dict[str, Any]]:
     the knob it most likely misspells (``did_you_mean``, or None)."""
     out = []
     for name in config.unknown_variables(env):
-        close = difflib.get_close_matches(name, config.KNOB_VARIABLES + config.OTHER_VARIABLES, n=1,
-                                          cutoff=0.75)
-        out.append({"name": name, "value": env[name], "did_you_mean": close[0] if close else None})
+        out.append({"name": name, "value": env[name], "did_you_mean": config.closest_setting(name)})
     return out
 
 
