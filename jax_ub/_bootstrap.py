@@ -355,9 +355,12 @@ class KVExchange:
             try:
                 value = self._store.wait(self._key(tag, r), min(left, _FAILURE_POLL_S))
             except Exception as err:
+                gone = any(w in str(err) for w in ("CANCELLED", "UNAVAILABLE", "shut down"))
                 raise RuntimeError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
-                    f"read {self._who(r)}'s key {self._key(tag, r)!r}: {err}") from err
+                    f"read {self._who(r)}'s key {self._key(tag, r)!r}: {err}"
+                    + (". jax.distributed's service is gone (if jax.distributed.shutdown() ran "
+                       "already: call jax_ub.shutdown() before it)" if gone else "")) from err
             if value is None:
                 failed = self._failed_peer(op, tag, pending)
                 if failed is not None:

@@ -343,6 +343,19 @@ def test_store_failure_is_reported_not_hidden():
                        r"key 'ns/h/1': UNAVAILABLE") as info:
         ex.all_gather("h", b"x")
     assert not isinstance(info.value, bs.PeerTimeoutError)
+    # A read cancelled because jax.distributed's service went away says what the user did wrong.
+    assert "call jax_ub.shutdown() before it" in str(info.value)
+
+
+def test_a_failing_read_of_a_live_service_does_not_blame_jax_distributed_shutdown():
+    class Broken(_BytesDirClient):
+        def blocking_key_value_get_bytes(self, key, timeout_in_ms):
+            raise RuntimeError("INTERNAL: something else")
+
+    ex = bs.KVExchange("ns", 0, 2, timeout_s=1, client=Broken())
+    with pytest.raises(RuntimeError, match="INTERNAL: something else") as info:
+        ex.all_gather("h", b"x")
+    assert "jax.distributed.shutdown" not in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------------
