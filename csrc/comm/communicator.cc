@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 #include <utility>
@@ -153,8 +154,11 @@ Status Communicator::AllocBuffer(size_t capacity) {
                             "XLA_PYTHON_CLIENT_MEM_FRACTION lower (e.g. 0.6) or "
                             "XLA_PYTHON_CLIENT_PREALLOCATE=false");
   }
-  buffer_ = p;
-  o_.capacity = capacity;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // the watchdog's reader reads buffer_ under it
+    buffer_ = p;
+    o_.capacity = capacity;
+  }
   peer_buffer_[o_.rank] = buffer_;
   peer_flags_[o_.rank] = flags_;
   return Status::Ok();
@@ -174,7 +178,10 @@ Status Communicator::Grow(size_t capacity) {
   Status s = AllocBuffer(capacity);
   if (!s.ok()) {
     // No buffer now: later ops must fail naming this, not "not connected to all peers".
-    o_.capacity = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      o_.capacity = 0;
+    }
     peer_buffer_[o_.rank] = nullptr;
     SetError(StrCat() << Where(*this, "buffer growth") << ": " << s.message());
   }
@@ -187,6 +194,7 @@ void Communicator::FreeBuffer() {
   } else if (buffer_ != nullptr) {
     cudaFree(buffer_);
   }
+  std::lock_guard<std::mutex> lock(mu_);
   buffer_ = nullptr;
 }
 
@@ -452,6 +460,12 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
   }
   if (o_.nccl) return Status::Ok();
   cudaStream_t s = comm_[0];
+  // The buffer-free signal below must follow every read of this rank's buffer by the previous
+  // op, which ran on side streams joined into that op's XLA stream only: XLA may launch this op
+  // on another stream. The previous Join's events are still recorded (Abandon records them too).
+  if (e > 1) {
+    for (auto ev : join_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ev, 0));
+  }
   for (int q = 0; q < o_.world; ++q) {
     if (q != o_.rank && e > 1) JAX_UB_RETURN_IF_ERROR(Wait(s, kAck, q, e - 1, op));
   }
@@ -570,7 +584,9 @@ struct Registry {
   std::mutex mu;
   std::map<std::pair<int, int>, std::shared_ptr<Communicator>> comms;
   std::thread reader, judge;  // the watchdog's two threads (watchdog.cc)
-  std::atomic<bool> stop{false};
+  // Their stop flag, one per pair: a pair being joined never sees a new pair's flag (an add
+  // right after the last set was destroyed starts a new pair while the old one winds down).
+  std::shared_ptr<std::atomic<bool>> stop;
   // Held while polling (reader) or judging (judge); both are taken before destroying a member.
   // Two locks: a reader blocked inside a CUDA call must not stop the judge.
   std::mutex poll_mu, judge_mu;
@@ -582,9 +598,9 @@ Registry& Reg() {
   return *r;
 }
 
-void WatchdogLoop(bool judge) {
+void WatchdogLoop(bool judge, std::shared_ptr<std::atomic<bool>> stop) {
   Registry& r = Reg();
-  while (!r.stop.load()) {
+  while (!stop->load()) {
     std::vector<Communicator*> comms;
     {
       std::lock_guard<std::mutex> lock(r.mu);
@@ -626,9 +642,9 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
   }
   r.comms[key] = std::move(c);
   if (!r.reader.joinable()) {
-    r.stop = false;
-    r.reader = std::thread(WatchdogLoop, false);
-    r.judge = std::thread(WatchdogLoop, true);
+    r.stop = std::make_shared<std::atomic<bool>>(false);
+    r.reader = std::thread(WatchdogLoop, false, r.stop);
+    r.judge = std::thread(WatchdogLoop, true, r.stop);
   }
   return Status::Ok();
 }
@@ -668,7 +684,8 @@ Status RegistryDestroySet(int set_id) {
       }
     }
     if (r.comms.empty() && r.reader.joinable()) {
-      r.stop = true;
+      r.stop->store(true);
+      r.stop.reset();
       reader = std::move(r.reader);
       judge = std::move(r.judge);
     }

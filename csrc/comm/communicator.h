@@ -308,7 +308,7 @@ class Communicator {
   bool destroyed_ = false;
 
   std::mutex op_mu_;       // op_mutex()
-  mutable std::mutex mu_;  // error_, pending_
+  mutable std::mutex mu_;  // error_, pending_; buffer_ and capacity as they change
   std::string error_;
   PendingWait pending_[kNumFlagSlots][kMaxWorld];
   // Transport nccl: ops enqueued but not yet complete, oldest first (event recorded at End).

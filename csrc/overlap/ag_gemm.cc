@@ -48,8 +48,9 @@ std::string AgText(const AgGemmArgs& a) {
                   << " pieces " << a.pieces << " merge " << a.merge;
 }
 
-Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
-             const std::string& what, const std::function<Status(uint64_t, OpTrace&)>& body) {
+Status RunOp(Communicator* c, const char* op, cudaStream_t xla,
+             const std::function<Status()>& check, const std::string& what,
+             const std::function<Status(uint64_t, OpTrace&)>& body) {
   struct HostTime {  // every return path counts the op's host time
     Communicator* c;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -58,16 +59,16 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
                        std::chrono::steady_clock::now() - t0).count());
     }
   } host_time{c};
-  if (c->TakeInjected(Communicator::kFailCheck)) {
-    check = Status::Error("injected failure before the op began (test hook)");
-  }
+  const bool injected = c->TakeInjected(Communicator::kFailCheck);
   JAX_UB_RETURN_IF_ERROR(c->Usable());  // an earlier failure says more than a capacity check
-  JAX_UB_RETURN_IF_ERROR(check);
+  // The check reads the capacity and transport, which Grow changes under this lock.
   std::lock_guard<std::mutex> op_lock(c->op_mutex());
   if (c->destroyed()) {
     return Status::Error("its communicator was freed (jax_ub.shutdown()) while this op was being "
                          "launched: call shutdown() only after the program's results are ready");
   }
+  if (injected) return Status::Error("injected failure before the op began (test hook)");
+  JAX_UB_RETURN_IF_ERROR(check());
   // Once the op has its epoch, any failure leaves it half done: abandon the communicator.
   uint64_t e = 0;
   auto abandon = [&](const Status& st) {
@@ -231,7 +232,7 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "all_gather_matmul" : "all_gather";
-  return RunOp(c, op, xla, AgCheck(*c, a), AgText(a),
+  return RunOp(c, op, xla, [&] { return AgCheck(*c, a); }, AgText(a),
                [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
 }
 

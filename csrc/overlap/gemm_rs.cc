@@ -298,7 +298,7 @@ std::string RsText(const GemmRsArgs& a) {
 
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
-  return RunOp(c, op, xla, RsCheck(*c, a), RsText(a),
+  return RunOp(c, op, xla, [&] { return RsCheck(*c, a); }, RsText(a),
                [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
 }
 
@@ -359,7 +359,8 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
   // The collective's part only: the independent GEMM may differ between ranks.
-  return RunOp(c, op, xla, a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag),
+  return RunOp(c, op, xla,
+               [&] { return a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag); },
                a.reduce_scatter ? RsText(a.rs) : AgText(a.ag),
                [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
 }

@@ -178,8 +178,10 @@ std::string RsText(const GemmRsArgs& a);
 
 // `what`: the op's algorithm, dtype and shapes as text (Communicator::Begin: equal on every rank
 // that runs the same op; its hash is compared with the peers').
-Status RunOp(Communicator* c, const char* op, cudaStream_t xla, Status check,
-             const std::string& what, const std::function<Status(uint64_t, OpTrace&)>& body);
+// `check` runs under the communicator's op lock (it reads the capacity, which Grow changes).
+Status RunOp(Communicator* c, const char* op, cudaStream_t xla,
+             const std::function<Status()>& check, const std::string& what,
+             const std::function<Status(uint64_t, OpTrace&)>& body);
 
 // Schedule bodies (between Begin and End). On a communicator with transport nccl they hand over
 // to the NCCL bodies (overlap/nccl_schedules.cc), whatever the algorithm.
