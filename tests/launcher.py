@@ -36,6 +36,15 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 }
 
+# For ranks that share a GPU: NCCL's "Duplicate GPU detected" check compares (host hash, bus id),
+# and NCCL_HOSTID replaces the host hash. One host per rank, then NCCL's socket transport over
+# loopback (no InfiniBand probing).
+NCCL_SHARED_GPU_ENV = {
+    "NCCL_HOSTID": "jax_ub-test-rank-{rank}",
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+}
+
 
 @dataclasses.dataclass
 class Result:
@@ -119,6 +128,9 @@ def parallel_launch(
         ``CUDA_VISIBLE_DEVICES`` when set) through ``CUDA_VISIBLE_DEVICES``.
       share_gpus: if given (instead of ``devices_per_proc``), rank ``r`` sees GPU ``r % share_gpus``:
         with more ranks than GPUs, several processes share one GPU (world-size logic on fewer GPUs).
+        NCCL refuses two ranks of one host on one GPU, so each rank that shares its GPU is also
+        made a host of its own for NCCL (:data:`NCCL_SHARED_GPU_ENV`): NCCL then moves its bytes
+        through its socket transport over loopback, as between hosts (correctness, not speed).
       fail_fast_s: if given, once a rank exits non-zero the others get this long to finish
         before being killed (a crashed peer usually leaves them waiting in a collective).
       cwd: working directory of the children (default: the repository root).
@@ -156,6 +168,9 @@ def parallel_launch(
                 child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(rank, devices_per_proc)
             elif share_gpus is not None:
                 child_env["CUDA_VISIBLE_DEVICES"] = _visible_devices(rank % share_gpus, 1)
+                if nprocs > share_gpus:
+                    for k, v in NCCL_SHARED_GPU_ENV.items():
+                        child_env.setdefault(k, v.format(rank=rank))
             start.append(time.monotonic())
             p = subprocess.Popen(cmd, env=child_env, cwd=cwd or REPO_ROOT, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,

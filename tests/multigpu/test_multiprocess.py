@@ -3,8 +3,9 @@ NCCL transport).
 
 Where there are fewer GPUs than ranks, several processes share a GPU (CUDA IPC works between
 processes on one GPU), so the ipc cases run even on a single GPU: correctness only, shared GPUs
-say nothing of speed. The NCCL cases need a GPU per rank (NCCL refuses two ranks on one GPU) and
-skip with fewer than 2. Skips without a CUDA GPU. Uses tests/launcher.py: every child is killed
+say nothing of speed. So do the NCCL cases: NCCL refuses two ranks of one host on one GPU, so the
+launcher makes each rank that shares its GPU a host of its own for NCCL (NCCL_HOSTID), and NCCL
+moves the bytes through its socket transport over loopback. Skips without a CUDA GPU. Uses tests/launcher.py: every child is killed
 and reaped.
 """
 
@@ -34,8 +35,6 @@ NGPU = _n_gpus()
 # Marked gpu, not multigpu: the ipc cases run with the ranks sharing one GPU.
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
-# NCCL (transport or bootstrap) refuses two ranks on one GPU.
-GPU_PER_RANK = pytest.mark.skipif(NGPU < 2, reason="NCCL needs a GPU per rank: >= 2 CUDA GPUs")
 
 
 def _layout(n: int) -> dict:
@@ -78,8 +77,8 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
 
 
 @pytest.mark.parametrize("bootstrap,transport", [
-    ("kv", "ipc"), pytest.param("nccl", "ipc", marks=GPU_PER_RANK),
-    pytest.param("kv", "nccl", marks=GPU_PER_RANK)])
+    ("kv", "ipc"), ("nccl", "ipc"),
+    ("kv", "nccl")])
 def test_one_process_per_gpu_exchange_and_overlap_ops(capsys, bootstrap, transport):
     """One process per GPU, every GPU there is up to 8 (tp=8 over one NVLink domain); on one GPU,
     two processes sharing it."""
@@ -95,8 +94,8 @@ FEWER = pytest.mark.skipif(NGPU >= 4, reason="one process per GPU covers world 4
 def test_world_four_on_fewer_gpus(capsys, chain_pieces):
     """Every schedule's step order at world 4 (the ring/chain neighbours, the pipeline's streams,
     the chain's per-piece flags) on a 2-GPU machine: four processes, two per GPU, over CUDA IPC
-    (NCCL refuses two ranks on one GPU, so the KV bootstrap and the ipc transport). Correctness
-    only: shared GPUs say nothing of speed."""
+    (the KV bootstrap and the ipc transport). Correctness only: shared GPUs say nothing of
+    speed."""
     extra = {} if chain_pieces is None else {"JAX_UB_RS_CHAIN_PIECES": str(chain_pieces)}
     _exchange(capsys, 4, "kv", "ipc", extra, share_gpus=NGPU)
 
@@ -120,16 +119,15 @@ NCCL_OVER_NETWORK = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET
                      "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
-@GPU_PER_RANK
 def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
     """A multi-host launch on one machine: each process reports its own host name, and the TP
     group spans two "hosts". transport='auto' must pick nccl (CUDA IPC cannot cross hosts), and
     every op of both transports' schedules must be right with NCCL moving the bytes through its
     network transport, as between real hosts."""
-    n = min(NGPU, 4)
+    n = _world(4)
     hosts = _two_hosts(n)
     results = _exchange(capsys, n, "kv", "auto", dict(NCCL_OVER_NETWORK, JAX_UB_TEST_HOSTS=hosts),
-                        expect="nccl", devices_per_proc=1)
+                        expect="nccl", **_layout(n))
     for r in results:
         assert r.lines("RESULT hosts ") == [hosts]
         # NCCL's own log says which transport its channels use: the network, never P2P or SHM.
@@ -172,7 +170,7 @@ def test_dp_by_tp_mesh(capsys, n):
     _dp_by_tp(capsys, n, f"dp2 x tp{n // 2}")
 
 
-@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_failed_op_refused_or_abandoned(capsys, transport):
     """An op refused on every rank before it begins leaves the communicators usable; an op that
     fails on one rank after it began fails there with its own cause, and the peers waiting for it
@@ -201,14 +199,14 @@ def test_failed_op_refused_or_abandoned(capsys, transport):
             assert "in NCCL send/recv with ranks" in errs, errs
 
 
-@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     n = _world(4)
     _missing_peer(capsys, n, transport, **_layout(n))
 
 
 @pytest.mark.parametrize("transport,on_stall", [
-    ("ipc", "abort"), pytest.param("nccl", "abort", marks=GPU_PER_RANK), ("ipc", "wait")])
+    ("ipc", "abort"), ("nccl", "abort"), ("ipc", "wait")])
 def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall):
     """Rank 0's watchdog reader is made to sit as if blocked inside a CUDA call (what a stalled
     hardware queue with a full command buffer does to any enqueue) while the last rank never runs
@@ -259,7 +257,7 @@ def _launch_two(capsys, mode, env, timeout_s, width=900, **kw):
     return results
 
 
-@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=GPU_PER_RANK)])
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys, transport):
     """The host enqueues an op while its GPU still has 3x JAX_UB_TIMEOUT of XLA work before it
     (async dispatch), on every rank: the watchdog times a wait (ipc) or an op (nccl) only once the
