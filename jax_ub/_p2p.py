@@ -6,8 +6,9 @@ common launch. So each process reports, by PCI bus id (the same name in every pr
 * its host: host name plus the kernel's boot id (containers of one machine share the boot id,
   two machines that both call themselves ``localhost`` do not; NCCL tells hosts apart the same way);
 * the GPU of each of its members;
-* a verdict for every pair of GPUs of its host that it can check: ``cudaDeviceCanAccessPeer`` for
-  the GPUs it sees, NVML's P2P status (which ``CUDA_VISIBLE_DEVICES`` does not hide) for the rest.
+* a verdict for every pair of GPUs of its host that it can check, from each source apart:
+  ``cudaDeviceCanAccessPeer`` for the GPUs it sees, NVML's P2P status (which
+  ``CUDA_VISIBLE_DEVICES`` does not hide) for all of them.
 
 :func:`judge` then reads the all-gathered reports the same way on every process, so every process
 makes the same transport choice. A pair that no process of its host can check is *unverified*.
@@ -132,28 +133,30 @@ def local_report(mod: Any, members: dict[str, int], *, use_nvml: bool,
     except Exception as err:
         cuda_can = []
         notes.append(f"no P2P matrix from CUDA ({type(err).__name__}: {err})")
-    verdicts: dict[tuple[str, str], int] = {}
+    if not cuda_buses and not use_nvml and cuda_can:
+        # One process sees every GPU of the mesh: CUDA ordinals name them unambiguously.
+        cuda_buses = [f"cuda:{i}" for i in range(len(cuda_can))]
     nvml_buses, nvml_can, nvml_note = nvml() if members and use_nvml else ([], [], "")
     if nvml_note:
         notes.append(nvml_note)
-    for i, a in enumerate(nvml_buses):
-        for j, b in enumerate(nvml_buses):
-            if a and b and a != b:
-                verdicts[(a, b)] = nvml_can[i][j]
-    # CUDA's answer is the one the IPC path depends on: it overrides NVML's where both exist.
-    for i, a in enumerate(cuda_buses):
-        for j, b in enumerate(cuda_buses):
-            if a and b and a != b and i < len(cuda_can) and j < len(cuda_can[i]):
-                verdicts[(a, b)] = cuda_can[i][j]
+    # Kept apart: CUDA's answer is the one the IPC path depends on (judge prefers it).
+    found: dict[str, dict[tuple[str, str], int]] = {"nvml": {}, "cuda": {}}
+    for source, buses, can in (("nvml", nvml_buses, nvml_can), ("cuda", cuda_buses, cuda_can)):
+        for i, a in enumerate(buses):
+            for j, b in enumerate(buses):
+                if a and b and a != b and i < len(can) and j < len(can[i]):
+                    found[source][(a, b)] = can[i][j]
     member_buses = {dev: cuda_buses[o] if 0 <= o < len(cuda_buses) else ""
                     for dev, o in members.items()}
-    buses = sorted({b for pair in verdicts for b in pair})
+    buses = sorted({b for pairs in found.values() for pair in pairs for b in pair})
     index = {b: k for k, b in enumerate(buses)}
-    matrix = [[-1] * len(buses) for _ in buses]
-    for (a, b), v in verdicts.items():
-        matrix[index[a]][index[b]] = v
-    return {"host": host_identity(), "members": member_buses, "buses": buses, "can": matrix,
-            "notes": notes}
+    report = {"host": host_identity(), "members": member_buses, "buses": buses, "notes": notes}
+    for source, verdicts in found.items():
+        matrix = [[-1] * len(buses) for _ in buses]
+        for (a, b), v in verdicts.items():
+            matrix[index[a]][index[b]] = v
+        report[source] = matrix
+    return report
 
 
 def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
@@ -162,8 +165,10 @@ def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
     check with the reason) from every process's :func:`local_report`, in process order.
 
     Devices are the mesh's (``.id``, ``.process_index``); only pairs of one group on one host are
-    judged. A pair on one GPU (two ranks sharing it) is fine. Otherwise the verdict is the first
-    report, in process order, of that host that checked both directions.
+    judged. A pair on one GPU (two ranks sharing it) is fine. Otherwise the reports of that host
+    that checked both directions decide: CUDA's checks where any process made one (the IPC path
+    depends on them), else NVML's; the pair is bad if any of them says no (so neither the order
+    of the processes nor which of them checked changes the verdict).
     """
     hosts = [r["host"] for r in reports]
     bus_of: dict[int, str] = {}
@@ -173,16 +178,19 @@ def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
     tables = []
     for r in reports:
         index = {b: k for k, b in enumerate(r["buses"])}
-        tables.append((r["host"], index, r["can"]))
+        tables.append((r["host"], index, r["cuda"], r["nvml"]))
 
     def verdict(a: str, b: str, host: str) -> int:
-        for h, index, can in tables:
+        checked: dict[str, list[int]] = {"cuda": [], "nvml": []}
+        for h, index, cuda, nvml in tables:
             if h != host or a not in index or b not in index:
                 continue
-            ab, ba = can[index[a]][index[b]], can[index[b]][index[a]]
-            if ab >= 0 and ba >= 0:
-                return int(ab and ba)
-        return -1
+            for source, can in (("cuda", cuda), ("nvml", nvml)):
+                ab, ba = can[index[a]][index[b]], can[index[b]][index[a]]
+                if ab >= 0 and ba >= 0:
+                    checked[source].append(int(ab and ba))
+        found = checked["cuda"] or checked["nvml"]
+        return min(found) if found else -1
 
     bad, unverified, seen = [], [], set()
     for g in groups:

@@ -361,6 +361,10 @@ def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
                         "; ".join(unknown))
         return "ipc", "requested"
     if blockers or unknown:
+        if unknown and not blockers:  # a slower transport for want of a check: say so
+            log.warning("jax_ub.initialize: transport 'auto' runs nccl, not ipc: %s. Pass "
+                        "transport='ipc' if these GPUs can map each other's memory",
+                        "; ".join(unknown))
         return "nccl", "; ".join(blockers + unknown)
     return "ipc", "every pair of GPUs of each group can map each other's memory"
 

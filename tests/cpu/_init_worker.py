@@ -6,8 +6,10 @@ is a stand-in whose calls are recorded (and one of which can be made to fail on 
 the mesh holds stand-in GPU devices: two per process, each TP group spanning the processes.
 
 Usage: ``python _init_worker.py SCENARIO``. Environment: ``FAIL_ON`` (an extension function that
-raises on rank ``FAIL_RANK``, default 1), ``T`` (jax_ub's timeout, s). Results are printed as
-``RESULT <json>`` lines: one per step, ``{"step", "ok", "dt", "err" | "set"}``, and ``calls``.
+raises on rank ``FAIL_RANK``, default 1), ``T`` (jax_ub's timeout, s), ``P2P_NO`` (``"a,b"``: this
+process's CUDA says GPUs a and b cannot access each other, on rank ``P2P_NO_RANK``, default 1).
+Results are printed as ``RESULT <json>`` lines: one per step, ``{"step", "ok", "dt", "err" | "set",
+"transport", "reason"}``, and ``calls``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ class FakeExtension:
             if name == os.environ.get("FAIL_ON") and rank == int(os.environ.get("FAIL_RANK", "1")):
                 raise RuntimeError(f"injected {name} failure on process {rank}")
             if name == "p2p_matrix":
-                return [[1] * 8 for _ in range(8)]
+                can = [[1] * 8 for _ in range(8)]
+                if os.environ.get("P2P_NO") and rank == int(os.environ.get("P2P_NO_RANK", "1")):
+                    a, b = map(int, os.environ["P2P_NO"].split(","))
+                    can[a][b] = can[b][a] = 0
+                return can
             if name == "pci_bus_ids":  # every process sees the host's GPUs
                 return [f"0000:{0x18 + i:02x}:00.0" for i in range(8)]
             if name == "comm_export_ipc":
@@ -60,6 +66,8 @@ class FakeExtension:
                 return 0  # communicators destroyed
             if name == "nccl_load_error":
                 return ""
+            if name == "nccl_unique_id":
+                return bytes(128)
             return None
 
         return call
@@ -69,7 +77,9 @@ class FakeGpu:
     platform = "gpu"
 
     def __init__(self, i: int) -> None:
-        self.id, self.process_index, self.local_hardware_id = i, i // 2, i % 2
+        # Every process sees the host's 8 GPUs (see pci_bus_ids): the CUDA ordinal is the id, so
+        # the GPUs of a group have distinct bus ids and the survey judges each pair.
+        self.id, self.process_index, self.local_hardware_id = i, i // 2, i
 
     def __repr__(self) -> str:
         return f"gpu:{self.id}"
@@ -91,14 +101,15 @@ def step(name, fn):
     t0 = time.monotonic()
     try:
         s = fn()
-        out = {"ok": True, "set": None if s is None else s.set_id}
+        out = {"ok": True, "set": None if s is None else s.set_id,
+               "transport": getattr(s, "transport", None), "reason": getattr(s, "transport_reason", None)}
     except Exception as err:  # reported to the test
         out = {"ok": False, "err": f"{type(err).__name__}: {err}"}
     print("RESULT " + json.dumps({"step": name, "dt": round(time.monotonic() - t0, 2), **out}),
           flush=True)
 
 
-if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch"):
+if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch", "p2p"):
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     step("shutdown", jax_ub.shutdown)
 elif scenario == "reinit":

@@ -103,3 +103,18 @@ def test_shutdown_after_jax_distributed_shutdown_says_so():
         err = p["shutdown"]["err"]
         assert "call jax_ub.shutdown() before it" in err, err
         assert p["calls"]["calls"] == ["comm_drain"], p["calls"]  # nothing freed
+
+
+def test_every_process_runs_nccl_when_one_process_cannot_map_a_pair():
+    """Groups [0, 2] and [1, 3]: process 1's CUDA says GPUs 0 and 2 cannot access each other,
+    process 0's says they can (its report comes first). Both processes choose nccl, for the same
+    reason; with no such pair, both choose ipc."""
+    pair = "GPU 0 (process 0) and GPU 2 (process 1) cannot access each other"
+    for p in _launch("p2p", P2P_NO="0,2"):
+        assert p["init"]["ok"] and p["init"]["transport"] == "nccl", p
+        assert p["init"]["reason"] == pair, p["init"]
+        assert "comm_connect_ipc" not in p["calls"]["calls"], p["calls"]
+        assert p["shutdown"]["ok"], p
+    for p in _launch("p2p", P2P_NO="1,2"):  # not a pair of one group
+        assert p["init"]["transport"] == "ipc", p
+        assert p["init"]["reason"] == "every pair of GPUs of each group can map each other's memory"

@@ -5,6 +5,10 @@ initialize() picks from it. CUDA and NVML are stand-ins here; the real calls run
 from __future__ import annotations
 
 import dataclasses
+import logging
+import random
+
+import pytest
 
 from jax_ub import _p2p, comm
 
@@ -193,3 +197,82 @@ def test_survey_in_one_process_uses_the_extension(monkeypatch):
     assert bad == [(group[0], group[1])] and unverified == [] and len(hosts) == 1
     assert comm._choose_transport("auto", [group], hosts, bad, unverified) == (
         "nccl", "GPU 0 and GPU 1 cannot access each other")
+
+
+def test_the_process_that_sees_both_gpus_decides_over_another_process_nvml():
+    """Process 0 has GPU 0, process 1 GPUs 1 and 2. NVML (process 0's report comes first) says
+    1<->2 is fine; CUDA in process 1, which runs both, says no: the pair is bad."""
+    nvml_ok = nvml_of([[1] * 4 for _ in range(4)])
+    group = [Dev(0, 0), Dev(1, 1), Dev(2, 1)]
+    reports = [_p2p.local_report(Mod([BUS[0]]), {"0": 0}, use_nvml=True, nvml=nvml_ok),
+               _p2p.local_report(Mod(BUS[1:3], [[1, 0], [0, 1]]), {"1": 0, "2": 1},
+                                 use_nvml=True, nvml=nvml_ok)]
+    hosts, bad, unverified = _p2p.judge(reports, [group])
+    assert bad == [(group[1], group[2])] and unverified == []
+    t, why = comm._choose_transport("auto", [group], hosts, bad, unverified)
+    assert t == "nccl" and why == "GPU 1 (process 1) and GPU 2 (process 1) cannot access each other"
+
+
+def _oracle(sees, cuda, nvml, a, b):
+    """The verdict on GPUs a, b of one host: any CUDA check (of a process that sees both), else
+    any NVML check, says no -> 0; nothing checked -> -1."""
+    cuda_says = [cuda[p][a][b] and cuda[p][b][a] for p, s in enumerate(sees) if a in s and b in s]
+    nvml_says = [nvml[a][b] and nvml[b][a]] if nvml is not None else []
+    found = cuda_says or nvml_says
+    return int(all(found)) if found else -1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_judge_matches_the_rule_on_random_layouts(seed):
+    rng = random.Random(seed)
+    n_gpu, n_proc = rng.randint(2, 4), rng.randint(1, 4)
+    sees = [sorted(rng.sample(range(n_gpu), rng.randint(1, n_gpu))) for _ in range(n_proc)]
+    cuda = [[[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
+            for _ in range(n_proc)]
+    nvml = ([[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
+            if rng.random() < 0.7 else None)
+    nvml_fn = (lambda: (BUS[:n_gpu], nvml, "")) if nvml is not None else no_nvml
+    # Every GPU a process sees is one rank of the group (the first process that sees it).
+    owner = {}
+    for p, s in enumerate(sees):
+        for g in s:
+            owner.setdefault(g, p)
+    order = list(range(n_proc))
+    reports = []
+    for p in order:
+        can = [[cuda[p][i][j] for j in sees[p]] for i in sees[p]]
+        members = {str(g): sees[p].index(g) for g in sees[p] if owner[g] == p}
+        reports.append(_p2p.local_report(Mod([BUS[g] for g in sees[p]], can), members,
+                                         use_nvml=n_proc > 1, nvml=nvml_fn))
+    group = [Dev(g, owner[g]) for g in sorted(owner)]
+    _, bad, unverified = _p2p.judge(reports, [group])
+    want_bad, want_unverified = [], []
+    for i, da in enumerate(group):
+        for db in group[i + 1:]:
+            v = _oracle(sees, cuda, nvml if n_proc > 1 else None, da.id, db.id)
+            (want_bad if v == 0 else want_unverified if v < 0 else []).append((da, db))
+    assert bad == want_bad, (sees, cuda, nvml)
+    assert [(a, b) for a, b, _ in unverified] == want_unverified, (sees, cuda, nvml)
+
+
+def test_one_process_without_bus_ids_judges_by_cuda_ordinal():
+    """An extension that predates pci_bus_ids: with one process the ordinals name the GPUs."""
+    class Old:
+        def p2p_matrix(self):
+            return [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
+
+    group = [Dev(i, 0) for i in range(3)]
+    report = _p2p.local_report(Old(), {str(i): i for i in range(3)}, use_nvml=False)
+    _, bad, unverified = _p2p.judge([report], [group])
+    assert bad == [(group[0], group[2])] and unverified == []
+
+
+def test_auto_says_at_warning_when_it_runs_nccl_for_want_of_a_check(caplog):
+    groups, reports = one_gpu_per_process(no_nvml, n=2)
+    hosts, bad, unverified = _p2p.judge(reports, groups)
+    with caplog.at_level(logging.WARNING, logger="jax_ub"):
+        assert comm._choose_transport("auto", groups, hosts, bad, unverified)[0] == "nccl"
+    (rec,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    msg = rec.getMessage()
+    assert "transport 'auto' runs nccl, not ipc" in msg and "NVML cannot be loaded (stand-in)" in msg
+    assert "GPU 0 (process 0) and GPU 1 (process 1)" in msg
