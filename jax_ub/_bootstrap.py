@@ -461,9 +461,10 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_jsonable)
 
 
-def _decode_fields(blob: bytes) -> dict[str, Any] | None:
+def _decode_fields(blob: bytes, part: int = 1) -> dict[str, Any] | None:
+    """Part 1 (the fields) or 2 (the notes) of an agreement payload ``digest\\nfields\\nnotes``."""
     try:
-        out = json.loads(blob.split(b"\n", 1)[1])
+        out = json.loads(blob.split(b"\n", 2)[part])
     except (IndexError, ValueError):
         return None
     return out if isinstance(out, dict) else None
@@ -473,13 +474,18 @@ def _show(table: dict[str, Any], name: str) -> str:
     return _canonical(table[name]) if name in table else "<absent>"
 
 
-def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree") -> None:
+def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree",
+          notes: Mapping[str, str] | None = None) -> None:
     """Check that every rank of ``exchange`` passed equal ``fields``.
 
     Each rank publishes a canonical JSON of ``fields`` (keys sorted; tuples compare equal to
     lists; values JSON cannot hold compare by ``str``) prefixed by its SHA-256. On any mismatch
     every rank raises :class:`AgreementError` with the same message: in rank order, each rank
     whose fields differ from rank 0's, and each differing field with both values.
+
+    ``notes``: per field name, what this rank found (a file's path, why it could not be read).
+    Published with the fields but not compared (ranks may name one file by different paths);
+    shown with both ranks' notes after a field that differs.
 
     Raises:
       AgreementError: the ranks disagree.
@@ -489,12 +495,20 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
         raise TypeError(f"agree() field names must be str; got {sorted(map(repr, fields))}")
     text = _canonical(dict(fields))
     digest = hashlib.sha256(text.encode()).hexdigest()
-    blobs = exchange.all_gather(tag, f"{digest}\n{text}".encode())
+    blobs = exchange.all_gather(tag, f"{digest}\n{text}\n{_canonical(dict(notes or {}))}".encode())
     digests = [b.split(b"\n", 1)[0] for b in blobs]
     if all(d == digests[0] for d in digests):
         return
 
     tables = [_decode_fields(b) for b in blobs]
+    said = [_decode_fields(b, 2) or {} for b in blobs]
+
+    def note(name: str, r: int) -> str:
+        if name not in said[r] and name not in said[0]:
+            return ""
+        return (f" [rank {r}: {said[r].get(name, '<no note>')}; "
+                f"rank 0: {said[0].get(name, '<no note>')}]")
+
     lines = []
     for r in range(1, exchange.world):
         if digests[r] == digests[0]:
@@ -504,7 +518,7 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
             lines.append(f"  rank {r}: unreadable agreement payload from rank "
                          f"{0 if base is None else r}")
             continue
-        diffs = [f"{name}={_show(table, name)} (rank 0: {_show(base, name)})"
+        diffs = [f"{name}={_show(table, name)} (rank 0: {_show(base, name)}){note(name, r)}"
                  for name in sorted(set(base) | set(table))
                  if _show(base, name) != _show(table, name)]
         lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "

@@ -24,8 +24,9 @@ method sums the partials in fp32. ``auto`` chooses it there only with ``config.a
 (``JAX_UB_AUTO_CHAIN=1``); at tp=2 (one hop, rounded like ``ring``) and in float32 it is a
 candidate like the others.
 
-Every process of a launch must choose alike: ``jax_ub.initialize`` agrees on :func:`agreement`, a
-digest of the parsed tables and the rules, and ``choose`` then reads the tables it agreed on.
+Every process of a launch must choose alike: ``jax_ub.initialize`` (where it creates
+communicators) agrees on :func:`propose`'s value, a digest of the parsed tables and the rules, and
+``choose`` then reads the tables it agreed on (:func:`adopt`).
 """
 
 from __future__ import annotations
@@ -331,23 +332,61 @@ _agreed_lock = threading.Lock()
 _warned_changed: set[tuple[str, str]] = set()
 
 
-def agreement(tuning_file: str, auto_chain: bool) -> str:
-    """What ``jax_ub.initialize`` makes every process agree on: the digest of the tables ``auto``
-    chooses from (:meth:`Tables.digest`). From then on :func:`choose` reads exactly these tables
-    for ``tuning_file``, even if the file changes (it logs a WARNING once if it does). A file that
-    cannot be used gives ``"unusable file, sha256 ..."`` (processes with the same broken file
-    agree; the first op ``auto`` runs raises the error)."""
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """One process's side of the tables agreement (:func:`propose`).
+
+    ``value`` is what the processes compare: the digest of the tables (:meth:`Tables.digest`),
+    ``"unreadable file"`` or ``"unusable file, sha256 ..."`` (processes with the same broken file
+    agree; the first op ``auto`` runs raises the error). ``note`` says what this process read
+    (the file's path, why it cannot be used): for the message when the values differ, never
+    compared (processes may name one file by different paths)."""
+    value: str
+    note: str
+    tuning_file: str
+    sha: str = ""
+    tables: Tables | None = None  # None: the file cannot be used
+
+
+def propose(tuning_file: str, auto_chain: bool) -> Agreement:
+    """What this process brings to the agreement on the tables ``auto`` chooses from; nothing
+    changes until :func:`adopt` (called once every process agreed)."""
+    shipped = _shipped()
+    ship = f"jax_ub/_measured.py ({len(shipped)} shapes, digest {Tables((), shipped).digest(auto_chain)})"
+    if not tuning_file:
+        t = Tables((), shipped)
+        return Agreement(t.digest(auto_chain), f"no JAX_UB_TUNING_FILE; {ship}", "", "", t)
     try:
-        data = _read(tuning_file) if tuning_file else b""
-    except ValueError:
-        return "unreadable file"
+        data = _read(tuning_file)
+    except ValueError as e:
+        return Agreement("unreadable file", str(e), tuning_file)
     try:
-        t = Tables(_own(tuning_file, data) if tuning_file else (), _shipped())
-    except ValueError:
-        return f"unusable file, sha256 {_sha(data)}"
+        t = Tables(_own(tuning_file, data), shipped)
+    except ValueError as e:
+        first = str(e).splitlines()[0]
+        return Agreement(f"unusable file, sha256 {_sha(data)}", f"{first} (file sha256 {_sha(data)})",
+                         tuning_file, _sha(data))
+    note = (f"JAX_UB_TUNING_FILE {tuning_file!r} ({len(t.own)} measured shapes, file sha256 "
+            f"{_sha(data)}); {ship}")
+    return Agreement(t.digest(auto_chain), note, tuning_file, _sha(data), t)
+
+
+def adopt(a: Agreement) -> None:
+    """From now on :func:`choose` reads ``a``'s tables for its file, even if the file changes (it
+    logs a WARNING once if it does). Where the file could not be used, tables agreed earlier are
+    dropped: ``choose`` reads the file again and raises its error."""
     with _agreed_lock:
-        _agreed[tuning_file] = (_sha(data), t)
-    return t.digest(auto_chain)
+        if a.tables is None:
+            _agreed.pop(a.tuning_file, None)
+        else:
+            _agreed[a.tuning_file] = (a.sha, a.tables)
+
+
+def agreement(tuning_file: str, auto_chain: bool) -> str:
+    """:func:`propose` then :func:`adopt` (one process: nothing to agree with); the value."""
+    a = propose(tuning_file, auto_chain)
+    adopt(a)
+    return a.value
 
 
 def _current(tuning_file: str) -> Tables:

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _bootstrap, _ext, _nccl, _p2p, _validate, config
+from jax_ub import _bootstrap, _ext, _nccl, _p2p, _validate, choice, config
 
 log = logging.getLogger("jax_ub")
 
@@ -195,12 +195,16 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
             if exchange is not None:
                 # Whether to keep the existing set is decided by each process from its own state:
                 # every process must decide alike (a process that keeps its set while its peers
-                # replace theirs would wait for them forever).
-                _bootstrap.agree(exchange, _first_fields(
+                # replace theirs would wait for them forever). The tables auto chooses from are
+                # agreed here too (also when the set is kept), and adopted only once agreed.
+                tables = choice.propose(cfg.tuning_file, cfg.auto_chain)
+                _bootstrap.agree(exchange, {**_first_fields(
                     axis, devices_key, "communicators",
                     f"keeps set {existing.set_id}" if keep else
                     f"replaces set {existing.set_id} (other arguments)"
-                    if existing is not None else "none"), tag="keep")
+                    if existing is not None else "none"), "auto_tables": tables.value},
+                    tag="keep", notes={"auto_tables": tables.note})
+                choice.adopt(tables)
             if keep:
                 return existing
             if existing is not None:
@@ -282,19 +286,18 @@ def _first_fields(axis: str, devices_key: tuple, path: str, existing: str) -> di
 def _schedule(cfg: config.Config) -> dict[str, Any]:
     """The settings that decide which jax_ub ops and communication schedules a program runs: every
     process of a launch needs the same (the transport nccl cannot detect a mismatch; it would
-    time out, or pair unrelated transfers). ``auto_tables`` is the digest of the parsed tables
-    ``method="auto"`` chooses from (the shipped records, ``JAX_UB_TUNING_FILE``'s) and its rules:
-    two checkouts of one version with another ``_measured.py``, or a tuning file that differs in
-    what it says, fail here; ``choose`` then reads the tables agreed on here
-    (:func:`jax_ub.choice.agreement`)."""
-    from jax_ub import choice
+    time out, or pair unrelated transfers).
 
+    Where initialize() creates communicators, the processes also agree on ``auto_tables``, the
+    digest of the tables ``method="auto"`` chooses from (the shipped ``_measured.py``,
+    ``JAX_UB_TUNING_FILE``'s) and its rules (:func:`jax_ub.choice.propose`); a difference names
+    each process's file. Without communicators (the reference path, an axis of size 1) ``auto``
+    runs XLA's path whatever the tables say, so a tuning file that differs there fails nothing."""
     return {"method": cfg.method, "auto_chain": cfg.auto_chain, "disable": cfg.disable,
             "recompute_gathered": cfg.recompute_gathered, "rs_chain_pieces": cfg.rs_chain_pieces,
             "rs_chain_split": cfg.rs_chain_split, "rs_column_pieces": cfg.rs_column_pieces,
             "rs_pieces": cfg.rs_pieces, "ag_push_pieces": cfg.ag_push_pieces,
-            "ag_push_merge": cfg.ag_push_merge,
-            "auto_tables": choice.agreement(cfg.tuning_file, cfg.auto_chain)}
+            "ag_push_merge": cfg.ag_push_merge}
 
 
 def _destroy_quietly(s: CommSet) -> None:

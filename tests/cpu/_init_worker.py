@@ -7,7 +7,9 @@ the mesh holds stand-in GPU devices: two per process, each TP group spanning the
 
 Usage: ``python _init_worker.py SCENARIO``. Environment: ``FAIL_ON`` (an extension function that
 raises on rank ``FAIL_RANK``, default 1), ``T`` (jax_ub's timeout, s), ``P2P_NO`` (``"a,b"``: this
-process's CUDA says GPUs a and b cannot access each other, on rank ``P2P_NO_RANK``, default 1).
+process's CUDA says GPUs a and b cannot access each other, on rank ``P2P_NO_RANK``, default 1),
+``TUNING_FILE_<rank>`` (this process's ``JAX_UB_TUNING_FILE``), ``TUNING_REWRITE`` (what rank 0
+writes to its tuning file before initializing again, scenario ``tables_changed``).
 Results are printed as ``RESULT <json>`` lines: one per step, ``{"step", "ok", "dt", "err" | "set",
 "transport", "reason"}``, and ``calls``.
 """
@@ -27,6 +29,8 @@ nprocs = int(os.environ["JAX_UB_TEST_NPROCS"])
 scenario = sys.argv[1]
 T = float(os.environ.get("T", "20"))
 
+if f"TUNING_FILE_{rank}" in os.environ:
+    os.environ["JAX_UB_TUNING_FILE"] = os.environ[f"TUNING_FILE_{rank}"]
 if scenario == "schedule_mismatch" and rank == 1:
     os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
 
@@ -118,6 +122,25 @@ elif scenario == "reinit":
     step("bigger", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T, buffer_mib=64))
     step("transport", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T,
                                                 transport="nccl" if rank == 0 else None))
+elif scenario == "tables":
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    _ext.cuda_path_available = lambda: (False, "stand-in: reference path")
+    step("reference", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+elif scenario == "tables_changed":
+    from jax_ub import choice
+
+    def chosen():
+        return choice.choose("rs", 2, "bfloat16", 4096, 4096, 4096,
+                             os.environ["JAX_UB_TUNING_FILE"]).method
+
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    print("RESULT " + json.dumps({"step": "chosen", "method": chosen()}), flush=True)
+    if rank == 0:
+        with open(os.environ["JAX_UB_TUNING_FILE"], "w") as f:
+            f.write(os.environ["TUNING_REWRITE"])
+    step("again", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    print("RESULT " + json.dumps({"step": "chosen_after", "method": chosen()}), flush=True)
+    step("shutdown", jax_ub.shutdown)
 elif scenario == "shutdown_one":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     if rank == 0:

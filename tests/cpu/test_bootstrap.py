@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -456,3 +457,29 @@ def test_multiprocess_missing_peer_times_out_with_its_name(nprocs, mode, missing
         assert (f"all_gather 'handles' (jax_ub/init1/group0): rank {r.rank} waited 3 s for "
                 f"{'rank' if len(missing) == 1 else 'ranks'} {ranks} of world {nprocs}, which never "
                 "published") in info["error"]
+
+
+def test_agree_shows_each_rank_note_on_a_differing_field_only():
+    """Notes (a file's path per rank) are not compared: equal fields with other notes agree."""
+    world, store = 3, bs.LocalStore()
+    rng = random.Random(3)
+    paths = [f"/data/rank{r}/{rng.randrange(1 << 30):x}.json" for r in range(world)]
+
+    def rank_fn(r: int, differ: bool, ns: str):
+        ex = bs.KVExchange(ns, r, world, timeout_s=5, client=store)
+        fields = {"tables": "abc" if not (differ and r == 2) else "unreadable", "n": 4}
+        notes = {"tables": f"file {paths[r]}", "n": f"n note {r}"}
+        try:
+            bs.agree(ex, fields, notes=notes)
+        except bs.AgreementError as e:
+            return str(e)
+        return None
+
+    assert run_ranks(world, lambda r: rank_fn(r, False, "same")) == {0: None, 1: None, 2: None}
+    out = run_ranks(world, lambda r: rank_fn(r, True, "differ"))
+    assert len(set(out.values())) == 1, out
+    assert out[0].endswith(
+        "Rank 2 differs from rank 0:\n"
+        f'  rank 2: tables="unreadable" (rank 0: "abc") [rank 2: file {paths[2]}; rank 0: file {paths[0]}]'
+    ), out[0]
+    assert "n note" not in out[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import re
 import types
 from pathlib import Path
 
@@ -239,18 +241,17 @@ def _ring_faster(times: float):
 
 
 def test_the_agreement_covers_the_shipped_table(monkeypatch):
-    cfg = config.Config()
-    before = comm._schedule(cfg)
+    before = choice.agreement("", False)
     try:
         monkeypatch.setattr(_measured, "DOCS", _ring_faster(3))
         choice._shipped.cache_clear()
-        after = comm._schedule(cfg)
+        after = choice.agreement("", False)
         assert choice.choose("ag", 2, "bfloat16", 8192, 8192, 8192).method == "ring"
     finally:
         monkeypatch.undo()
         choice._shipped.cache_clear()
         choice._forget_agreed()
-    assert before != after and before["auto_tables"] != after["auto_tables"], (before, after)
+    assert before != after, (before, after)
     assert choice.choose("ag", 2, "bfloat16", 8192, 8192, 8192).method != "ring"
 
 
@@ -261,9 +262,9 @@ def test_the_agreement_is_on_what_a_tuning_file_says_not_its_bytes_or_name(tmp_p
     b.write_text(json.dumps(doc, indent=4))  # another rank's copy, formatted otherwise
     c.write_text(json.dumps(_doc([("gemm_rs", 4, 4096, 4096, 4096, {"ring": 0.5, "columns": 1.0})])))
     try:
-        fields = {p.name: comm._schedule(config.Config(tuning_file=str(p)))["auto_tables"] for p in (a, b, c)}
+        fields = {p.name: choice.agreement(str(p), False) for p in (a, b, c)}
         assert fields["a.json"] == fields["b.json"] != fields["c.json"], fields
-        assert comm._schedule(config.Config(tuning_file=str(a), auto_chain=True))["auto_tables"] != fields["a.json"]
+        assert choice.agreement(str(a), True) != fields["a.json"]
     finally:
         choice._forget_agreed()
 
@@ -272,7 +273,7 @@ def test_auto_reads_the_tables_agreed_at_initialize_and_says_when_the_file_chang
     f = tmp_path / "t.json"
     f.write_text(json.dumps(_doc([("gemm_rs", 4, 4096, 4096, 4096, {"ring": 1.0, "columns": 0.5})])))
     try:
-        comm._schedule(config.Config(tuning_file=str(f)))  # what initialize agrees on
+        choice.agreement(str(f), False)  # what initialize agrees on
         f.write_text(json.dumps(_doc([("gemm_rs", 4, 4096, 4096, 4096, {"ring": 0.5, "columns": 1.0})])))
         with caplog.at_level(logging.WARNING, logger="jax_ub"):
             for _ in range(2):
@@ -365,3 +366,50 @@ def jax_ub_version() -> str:
     import jax_ub
 
     return jax_ub.__version__
+
+
+@pytest.mark.parametrize("how", ["rewritten", "deleted"])
+def test_a_file_broken_after_an_agreement_is_not_read_from_the_old_tables(tmp_path, how):
+    """A later initialize that finds the file broken drops the tables agreed before: the next
+    choice raises the file's error instead of choosing from what the file said then."""
+    rng = random.Random(len(how))
+    f = tmp_path / "t.json"
+    times = {m: rng.uniform(0.2, 2.0) for m in ("ring", "pipeline", "columns")}
+    f.write_text(json.dumps(_doc([("gemm_rs", 4, 4096, 4096, 4096, times)])))
+    fastest = min(times, key=times.get)
+    try:
+        first = choice.agreement(str(f), False)
+        assert re.fullmatch(r"[0-9a-f]{16}", first), first
+        assert choice.choose("rs", 4, "bfloat16", 4096, 4096, 4096, str(f)).method == fastest
+        if how == "rewritten":
+            f.write_text("{broken")
+            value, error = choice.agreement(str(f), False), "cannot read a bench JSON: Expecting"
+            assert value.startswith("unusable file, sha256 "), value
+        else:
+            f.unlink()
+            value, error = choice.agreement(str(f), False), "cannot read a bench JSON: [Errno 2]"
+            assert value == "unreadable file", value
+        with pytest.raises(ValueError) as info:
+            choice.choose("rs", 4, "bfloat16", 4096, 4096, 4096, str(f))
+        assert str(info.value).startswith(f"JAX_UB_TUNING_FILE {str(f)!r}: {error}"), info.value
+    finally:
+        choice._forget_agreed()
+
+
+def test_the_agreement_note_names_the_file_and_why_it_cannot_be_used(tmp_path):
+    f = tmp_path / "mine.json"
+    n = random.Random(5).randint(2, 6)
+    f.write_text(json.dumps(_doc([("gemm_rs", 4, 1024 * (i + 1), 4096, 4096, {"ring": 1.0, "columns": 0.5})
+                                  for i in range(n)])))
+    good = choice.propose(str(f), False)
+    assert good.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r} ({n} measured shapes, file sha256 "), good.note
+    assert "jax_ub/_measured.py (" in good.note
+    bad = choice.propose(str(tmp_path / "none.json"), False)
+    assert bad.value == "unreadable file" and bad.tables is None
+    assert bad.note.startswith(f"JAX_UB_TUNING_FILE {str(tmp_path / 'none.json')!r}: cannot read a "
+                               "bench JSON: [Errno 2] No such file or directory"), bad.note
+    f.write_text(json.dumps({"machine": "m", "records": [{"op": "gemm_rs", "impl": "jax_ub_ring"}]}))
+    bad = choice.propose(str(f), False)
+    assert bad.value.startswith("unusable file, sha256 ") and bad.tables is None
+    assert bad.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r}: record 0 (gemm_rs jax_ub_ring) has no 'tp'"), bad.note
+    assert choice.propose("", False).note.startswith("no JAX_UB_TUNING_FILE; jax_ub/_measured.py (")

@@ -8,6 +8,7 @@ and stand-in GPUs: what every process agrees on, how a failure on one process re
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -118,3 +119,50 @@ def test_every_process_runs_nccl_when_one_process_cannot_map_a_pair():
     for p in _launch("p2p", P2P_NO="1,2"):  # not a pair of one group
         assert p["init"]["transport"] == "ipc", p
         assert p["init"]["reason"] == "every pair of GPUs of each group can map each other's memory"
+
+
+def _bench(times: dict[str, float]) -> str:
+    """A tuning file: gemm_rs tp2 bfloat16 4096^3 at these ms per method."""
+    recs = [{"op": "gemm_rs", "tp": 2, "dtype": "bfloat16", "M": 4096, "K": 4096, "N": 4096,
+             "impl": f"jax_ub_{m}", "ms": ms} for m, ms in times.items()]
+    return json.dumps({"machine": "2xTest", "date": "20260101", "records": recs})
+
+
+def test_a_tuning_file_missing_on_one_process_fails_naming_both_files(tmp_path):
+    """With communicators, auto chooses from the tables: a file that one process cannot read
+    fails every process, naming each one's file and the OS error. On the reference path auto
+    reads no table: the same launch initializes (returns None) on both."""
+    rng = random.Random(7)
+    good, missing = tmp_path / "mine.json", tmp_path / "absent.json"
+    good.write_text(_bench({m: rng.uniform(0.5, 2.0) for m in ("ring", "pipeline", "columns")}))
+    p0, p1 = _launch("tables", TUNING_FILE_0=str(good), TUNING_FILE_1=str(missing))
+    assert p0["init"]["err"] == p1["init"]["err"], (p0, p1)
+    err = p0["init"]["err"]
+    assert err.startswith("AgreementError") and p0["init"]["dt"] < T / 4, err
+    assert 'auto_tables="unreadable file"' in err, err
+    assert (f"[rank 1: JAX_UB_TUNING_FILE {str(missing)!r}: cannot read a bench JSON: [Errno 2] "
+            "No such file or directory") in err, err
+    assert f"rank 0: JAX_UB_TUNING_FILE {str(good)!r} (1 measured shapes, file sha256 " in err, err
+    assert "schedule=" not in err, err  # only what differs
+    for p in (p0, p1):
+        assert p["reference"]["ok"] and p["reference"]["set"] is None, p["reference"]
+
+
+def test_tables_that_fail_to_agree_are_not_adopted_by_any_process(tmp_path):
+    """Both processes agree on one content; process 0's file is then rewritten, and initializing
+    again fails. The set of the first initialize stays, and both processes keep choosing from the
+    tables they agreed on (process 0 must not switch to its new file alone)."""
+    rng = random.Random(11)
+    slow, fast = rng.uniform(1.0, 2.0), rng.uniform(0.2, 0.5)
+    first, second = _bench({"ring": fast, "columns": slow}), _bench({"ring": slow, "columns": fast})
+    files = []
+    for r in range(2):
+        files.append(tmp_path / f"tuning{r}.json")
+        files[-1].write_text(first)
+    procs = _launch("tables_changed", TUNING_FILE_0=str(files[0]), TUNING_FILE_1=str(files[1]),
+                    TUNING_REWRITE=second)
+    for p in procs:
+        assert p["init"]["ok"] and p["chosen"]["method"] == "ring", p
+        assert not p["again"]["ok"] and p["again"]["err"].startswith("AgreementError"), p["again"]
+        assert p["chosen_after"]["method"] == "ring", p
+        assert p["shutdown"]["ok"], p
