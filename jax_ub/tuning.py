@@ -117,17 +117,41 @@ def record() -> Iterator[Recording]:
         _active.remove(rec)
 
 
+_launch: tuple[int, int] | None = None  # (process index, count) last seen while jax.distributed was up
+
+
+def _process() -> tuple[int, int] | None:
+    """(index, count) of this process in its ``jax.distributed`` launch, None without one. Also
+    after ``jax.distributed.shutdown()`` (scripts call it before exit, and :func:`_at_exit` runs
+    later): the layout seen while it was up, or the one jax keeps after shutdown."""
+    global _launch
+    import jax
+
+    if jax.distributed.is_initialized():
+        _launch = (jax.process_index(), jax.process_count())
+        return _launch
+    if _launch is not None:
+        return _launch
+    try:  # jax keeps the arguments of jax.distributed.initialize() after shutdown
+        from jax._src import distributed
+
+        index, count = distributed.global_state.process_id, distributed.global_state.num_processes
+    except (ImportError, AttributeError):
+        return None
+    return (index, count) if isinstance(index, int) and isinstance(count, int) else None
+
+
 def env_path(path: str) -> str:
     """The file ``JAX_UB_RECORD_SHAPES=path`` names in this process: ``path`` itself, or with
     several processes (``jax.distributed``), ``<stem>.process<i><ext>`` for process i, so that no
     process replaces the shapes another traced (pipeline stages trace different ones); give
-    ``bench tune`` all of them."""
-    import jax
-
-    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+    ``bench tune`` all of them. A process of such a launch names its own file also after
+    ``jax.distributed.shutdown()``."""
+    launch = _process()
+    if launch is None or launch[1] == 1:
         return path
     stem, ext = os.path.splitext(path)
-    return f"{stem}.process{jax.process_index()}{ext or '.json'}"
+    return f"{stem}.process{launch[0]}{ext or '.json'}"
 
 
 def _env_recording() -> tuple[str, Recording] | None:

@@ -141,6 +141,10 @@ elif scenario == "tables_changed":
     step("again", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     print("RESULT " + json.dumps({"step": "chosen_after", "method": chosen()}), flush=True)
     step("shutdown", jax_ub.shutdown)
+elif scenario == "record_then_shutdown":
+    jax_ub.config.get()  # JAX_UB_RECORD_SHAPES set, no op traced
+    jax.distributed.shutdown()  # as scripts do before exit: jax_ub's exit hook runs after it
+    sys.exit(0)
 elif scenario == "shutdown_one":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     if rank == 0:

@@ -273,6 +273,7 @@ def test_env_var_with_nothing_recorded_says_so_and_writes_an_empty_file(tmp_path
 
 
 def test_each_process_of_a_multi_process_run_records_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuning, "_launch", None)
     monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     monkeypatch.setattr(jax, "process_index", lambda: 3)
@@ -431,3 +432,27 @@ def test_tune_marks_where_auto_does_not_run_the_fastest_chain(tmp_path, monkeypa
     assert "chain 0.500" in row and row.endswith("  ring*"), row
     assert "*: chain measured fastest there, but sums the partials in the op's dtype at tp >= 3" in printed
     assert choice.choose("rs", 4, "bfloat16", 64, 96, 32, str(out)).method == "ring"
+
+
+def test_a_process_that_shut_jax_distributed_down_still_names_its_own_file(tmp_path):
+    """Two real jax.distributed processes record nothing and call jax.distributed.shutdown()
+    before exit: each still writes (and names) its own empty shapes.process<i>.json, not a
+    shared shapes.json they would race on."""
+    try:
+        from tests.launcher import format_failures, parallel_launch
+    except ImportError:  # tests/ is not a package: import launcher.py from its folder
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from launcher import format_failures, parallel_launch
+
+    name = f"shapes-{random.Random().randrange(1 << 30):x}.json"
+    path = tmp_path / name
+    worker = Path(__file__).resolve().with_name("_init_worker.py")
+    res = parallel_launch(2, worker, ["record_then_shutdown"], timeout_s=120,
+                          env={"JAX_PLATFORMS": "cpu", "JAX_UB_RECORD_SHAPES": str(path)})
+    assert all(r.returncode == 0 and not r.timed_out for r in res), format_failures(res)
+    stem = name.removesuffix(".json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.process0.json", f"{stem}.process1.json"]
+    for r in res:
+        own = tmp_path / f"{stem}.process{r.rank}.json"
+        assert f"wrote {str(own)!r} without shapes" in r.stderr, r.stderr[-2000:]
+        assert tuning.load(str(own)) == []
