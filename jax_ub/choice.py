@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import re
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -161,6 +162,18 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
+def _brief(v: Any) -> str:
+    """``v``'s JSON for a message, at most 80 characters (its JSON type where it has none)."""
+    try:
+        text = json.dumps(v)
+    except (RecursionError, ValueError, TypeError):
+        return f"a JSON {_json_type(v)}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+MAX_DIM = 2**63 - 1  # larger sizes are no shape; their ratios would overflow a float
+
+
 def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
     """(measured shapes, methods named by records that this jax_ub does not know) of one bench
     JSON document. A ValueError names the document, the record, the field, what was expected and
@@ -183,7 +196,7 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
     unknown: set[str] = set()
     for i, r in enumerate(records):
         if not isinstance(r, dict):
-            raise ValueError(f"{where}: record {i} must be an object; got {json.dumps(r)[:80]}")
+            raise ValueError(f"{where}: record {i} must be an object; got {_brief(r)}")
         op = ops.get(r["op"]) if isinstance(r.get("op"), str) else None
         impl = str(r.get("impl", ""))
         method = method_of(impl)
@@ -198,19 +211,26 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
             dims[k] = _positive_int(r[k])
             if dims[k] is None:
                 raise ValueError(f"{rec}: {k} must be a positive integer; got {r[k]!r}")
+            if dims[k] > MAX_DIM:
+                raise ValueError(f"{rec}: {k} must be at most 2**63 - 1; got {_brief(r[k])}")
         dtype = dtype_name(r["dtype"])
         if dtype is None:
             raise ValueError(f"{rec}: dtype must be one of {', '.join(DTYPES)}; got {r['dtype']!r}")
         ms = r["ms"]
         if isinstance(ms, bool) or not isinstance(ms, (int, float)):
             raise ValueError(f"{rec}: ms must be a number (median milliseconds); got {ms!r}")
+        try:
+            ms = float(ms)
+        except OverflowError:
+            raise ValueError(f"{rec}: ms must be a number of milliseconds a float can hold; got "
+                             f"{_brief(r['ms'])}") from None
         if method not in METHODS[op]:
             unknown.add(f"{op} {method}")
             continue
         if not (math.isfinite(ms) and ms > 0):
             continue  # not measured
         key = (op, dims["tp"], dtype, dims["M"], dims["K"], dims["N"])
-        groups.setdefault(key, {})[method] = float(ms)
+        groups.setdefault(key, {})[method] = ms
     shapes = [Shape(*key, tuple(sorted(m.items(), key=lambda kv: kv[1])), machine, date, origin)
               for key, m in sorted(groups.items()) if len(m) >= 2]
     return shapes, sorted(unknown)
@@ -269,6 +289,9 @@ def _check(path: str, data: bytes) -> tuple[list[Shape], list[str]]:
         doc = json.loads(data)
     except ValueError as e:
         raise ValueError(f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: its arrays/objects "
+                         f"nest deeper than Python's recursion limit ({sys.getrecursionlimit()})") from None
     try:
         shapes, unknown = _parse(doc, origin=path)
     except ValueError as e:

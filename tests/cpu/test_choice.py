@@ -413,3 +413,37 @@ def test_the_agreement_note_names_the_file_and_why_it_cannot_be_used(tmp_path):
     assert bad.value.startswith("unusable file, sha256 ") and bad.tables is None
     assert bad.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r}: record 0 (gemm_rs jax_ub_ring) has no 'tp'"), bad.note
     assert choice.propose("", False).note.startswith("no JAX_UB_TUNING_FILE; jax_ub/_measured.py (")
+
+
+def _overflow_cases(rng):
+    big = 10 ** rng.randint(320, 400)  # a JSON integer no float holds
+    one = {"op": "ag_gemm", "tp": 2, "dtype": "bfloat16", "M": 1024, "K": 1024, "N": 1024}
+    return [
+        ({"records": [dict(one, impl="jax_ub_push", ms=big), dict(one, impl="jax_ub_ring", ms=1.0)]},
+         "record 0 (ag_gemm jax_ub_push): ms must be a number of milliseconds a float can hold; got 1000"),
+        ({"records": [dict(one, impl="jax_ub_push", ms=1.0, M=big), dict(one, impl="jax_ub_ring", ms=2.0, M=big)]},
+         "record 0 (ag_gemm jax_ub_push): M must be at most 2**63 - 1; got 1000"),
+        ("[" * rng.randint(200_000, 300_000), "cannot read a bench JSON: its arrays/objects nest deeper "
+                                              "than Python's recursion limit"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_a_file_no_float_or_stack_can_hold_is_a_value_error_naming_it(case, tmp_path):
+    """Not an OverflowError or RecursionError: initialize agrees on it like any unusable file, the
+    first op and the doctor say what is wrong where."""
+    from jax_ub import doctor
+
+    doc, message = _overflow_cases(random.Random(case))[case]
+    f = tmp_path / "huge.json"
+    f.write_text(doc if isinstance(doc, str) else json.dumps({"machine": "m", "date": "d", **doc}))
+    try:
+        a = choice.propose(str(f), False)
+        assert a.value.startswith("unusable file, sha256 ") and message in a.note, a.note
+        with pytest.raises(ValueError) as info:
+            choice.choose("ag", 2, "bfloat16", 1024, 1024, 1024, str(f))
+        assert str(info.value).startswith(f"JAX_UB_TUNING_FILE {str(f)!r}") and message in str(info.value)
+        status = doctor.tuning_file_status(str(f))
+        assert status["ok"] is False and message in status["error"], status
+    finally:
+        choice._forget_agreed()
