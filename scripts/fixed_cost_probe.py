@@ -3,9 +3,10 @@ FFI handlers spend enqueueing each op (jax_ub.comm.host_stats), and A/B of tempo
 
     python3 scripts/fixed_cost_probe.py [TP] [VARIANTS] [SHAPES]
 
-VARIANTS: comma-separated values of an environment switch JAX_UB_EXP that a temporary C++ change
-reads per op (none in the committed code: give "0"). The twentieth session used it for bit 1: no
-final check kernel, bit 2: the next op's buffer-free signal at this op's end (NOTES.md). Per
+VARIANTS: comma-separated values of an environment switch UB_PROBE_EXP that a temporary C++ change
+reads per op (none in the committed code: give "0"). Not a JAX_UB_* name: jax_ub reads no such
+setting and would warn about one. The twentieth session used it (then named JAX_UB_EXP) for bit 1:
+no final check kernel, bit 2: the next op's buffer-free signal at this op's end (NOTES.md). Per
 repetition the variants run in a shuffled order; prints the median ms per op per variant, the
 ratio to the first, and per device the host us per op (enqueue, and of it waiting for peers).
 SHAPES: e.g. "4096,1024,1024;8192,8192,8192" (default: three small ones).
@@ -91,7 +92,7 @@ def main() -> int:
             vs = [0] if xla_only else variants
             ref = None
             for v in vs:  # warm up (and check every variant computes the same)
-                os.environ["JAX_UB_EXP"] = str(v)
+                os.environ["UB_PROBE_EXP"] = str(v)
                 for _ in range(3):
                     out = jax.block_until_ready(prog(*args))
                 last = np.asarray(out[-1], np.float32)
@@ -106,7 +107,7 @@ def main() -> int:
                 order = list(vs)
                 rng.shuffle(order)
                 for v in order:
-                    os.environ["JAX_UB_EXP"] = str(v)
+                    os.environ["UB_PROBE_EXP"] = str(v)
                     for _ in range(2):
                         jax.block_until_ready(prog(*args))
                     t0 = time.perf_counter()
@@ -124,7 +125,7 @@ def main() -> int:
                     meet = (h["meet_s"] - host0[key]["meet_s"]) / ops * 1e6
                     host += f"  dev{key[1]} host {enq:.0f} us/op (meet {meet:.0f})"
             print(f"{M},{K},{N} {name:14s} ms/op: {cols}{host}", flush=True)
-    os.environ["JAX_UB_EXP"] = "0"
+    os.environ["UB_PROBE_EXP"] = "0"
     jax_ub.shutdown()
     return 0
 
