@@ -212,14 +212,22 @@ Status Communicator::Destroy() {
   const Status drained = Drain();
   Status nccl_status;
   if (nccl_ != nullptr) {
-    nccl_status = nccl_->Destroy();
+    // Not drained: an NCCL kernel may still be queued, and ncclCommDestroy would wait for it
+    // (forever, holding op_mu_) or free what it uses. Leave it, like the buffers below.
+    if (drained.ok()) {
+      nccl_status = nccl_->Destroy();
+    } else {
+      nccl_->Leak(drained.message());
+    }
     nccl_.reset();
   }
   if (!drained.ok()) {
     // A side stream still waits or copies: freeing its memory now could fault the GPU (or block
     // in cudaFree). Leave it all allocated; the process is expected to end.
     return Status::Error(StrCat() << drained.message()
-                                  << "; its buffer, flags and streams are left allocated");
+                                  << "; its buffer, flags, streams"
+                                  << (o_.nccl ? " and NCCL communicator" : "")
+                                  << " are left allocated");
   }
   Release();
   cudaError_t err = cudaGetLastError();

@@ -2,10 +2,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -22,7 +21,7 @@ struct Api {
   DynLib lib;
   nccl::GetVersionFn* GetVersion = nullptr;
   nccl::GetUniqueIdFn* GetUniqueId = nullptr;
-  nccl::CommInitRankFn* CommInitRank = nullptr;
+  nccl::CommInitRankConfigFn* CommInitRankConfig = nullptr;
   nccl::CommDestroyFn* CommDestroy = nullptr;
   nccl::CommAbortFn* CommAbort = nullptr;
   nccl::CommGetAsyncErrorFn* CommGetAsyncError = nullptr;
@@ -42,7 +41,7 @@ struct Api {
     Status s = lib.Sym(name, fn);
     if (!s.ok()) {
       return Status::Error(StrCat() << "jax_ub NCCL: " << s.message()
-                                    << " (jax_ub needs NCCL >= 2.13; install a newer "
+                                    << " (jax_ub needs NCCL >= 2.14; install a newer "
                                        "nvidia-nccl-cu12/-cu13 wheel)");
     }
     return s;
@@ -54,7 +53,7 @@ struct Api {
     JAX_UB_RETURN_IF_ERROR(lib.Open("NCCL (libnccl.so.2)", candidates));
     JAX_UB_RETURN_IF_ERROR(Sym("ncclGetVersion", &GetVersion));
     JAX_UB_RETURN_IF_ERROR(Sym("ncclGetUniqueId", &GetUniqueId));
-    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommInitRank", &CommInitRank));
+    JAX_UB_RETURN_IF_ERROR(Sym("ncclCommInitRankConfig", &CommInitRankConfig));
     JAX_UB_RETURN_IF_ERROR(Sym("ncclCommDestroy", &CommDestroy));
     JAX_UB_RETURN_IF_ERROR(Sym("ncclCommAbort", &CommAbort));
     JAX_UB_RETURN_IF_ERROR(Sym("ncclCommGetAsyncError", &CommGetAsyncError));
@@ -159,48 +158,17 @@ class DeviceScope {
   cudaError_t err_ = cudaSuccess;
 };
 
-// Shared between Create() and its helper thread (which may outlive the call).
-struct InitState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  bool abandoned = false;  // Create() gave up waiting; the thread must clean up after itself
-  Result result = nccl::kSuccess;
-  nccl::Comm comm = nullptr;
-  std::string cuda_error;  // cudaSetDevice failed before NCCL was called
-  std::string last_error;  // ncclGetLastError() right after a failed init, on the same thread
-};
+// Sleeps between polls of ncclCommGetAsyncError: 20 us, doubling up to 1 ms.
+class Backoff {
+ public:
+  void Wait() {
+    std::this_thread::sleep_for(pause_);
+    if (pause_ < std::chrono::milliseconds(1)) pause_ *= 2;
+  }
 
-void InitThread(std::shared_ptr<InitState> st, Api* api, nccl::UniqueId id, int rank, int world,
-                int device) {
-  nccl::Comm comm = nullptr;
-  Result r = nccl::kSuccess;
-  std::string cuda_error, last_error;
-  cudaError_t ce = cudaSetDevice(device);  // ncclCommInitRank binds to the current device
-  if (ce != cudaSuccess) {
-    cuda_error = StrCat() << "cudaSetDevice(" << device << ") failed: " << cudaGetErrorName(ce)
-                          << " (" << cudaGetErrorString(ce) << ")";
-    cudaGetLastError();
-  } else {
-    r = api->CommInitRank(&comm, world, id, rank);
-    if (r != nccl::kSuccess) last_error = LastError(api, comm);
-  }
-  bool abandoned = false;
-  {
-    std::lock_guard<std::mutex> lock(st->mu);
-    abandoned = st->abandoned;
-    st->done = true;
-    if (!abandoned) {
-      st->result = r;
-      st->comm = comm;
-      st->cuda_error = std::move(cuda_error);
-      st->last_error = std::move(last_error);
-    }
-  }
-  st->cv.notify_all();
-  // Nobody will ever own a communicator created after Create() gave up: release it locally.
-  if (abandoned && r == nccl::kSuccess && comm != nullptr) api->CommAbort(comm);
-}
+ private:
+  std::chrono::microseconds pause_{20};
+};
 
 }  // namespace
 
@@ -264,36 +232,52 @@ Status NcclComm::Create(const std::string& unique_id, int rank, int world, int d
 
   nccl::UniqueId id{};
   std::memcpy(id.internal, unique_id.data(), nccl::kUniqueIdBytes);
-  auto st = std::make_shared<InitState>();
-  try {
-    std::thread(InitThread, st, api, id, rank, world, device).detach();
-  } catch (const std::system_error& e) {
-    return Status::Error(StrCat() << "jax_ub NCCL: could not start the ncclCommInitRank thread of "
-                                  << who << ": " << e.what());
-  }
-
-  std::unique_lock<std::mutex> lock(st->mu);
-  const auto limit = std::chrono::duration<double>(timeout_s);
-  if (!st->cv.wait_for(lock, limit, [&] { return st->done; })) {
-    st->abandoned = true;  // the helper thread stays blocked in NCCL; it cleans up if it returns
-    return Status::Error(
-        StrCat() << "jax_ub NCCL: ncclCommInitRank timed out after " << timeout_s << " s on "
-                 << who << ": it waits until all " << world
-                 << " ranks of the communicator have joined, and some never did. Every rank of "
-                    "the group must call jax_ub.initialize() (same configuration, same unique id), "
-                    "and the processes must reach rank 0's process over the network "
-                    "(NCCL_SOCKET_IFNAME, firewalls). The init thread was left behind, blocked "
-                    "inside NCCL. (timeout: JAX_UB_TIMEOUT)");
-  }
-  if (!st->cuda_error.empty()) {
+  DeviceScope scope(device);  // the communicator binds to the current device
+  if (scope.error() != cudaSuccess) {
+    cudaError_t e = scope.error();
+    cudaGetLastError();
     return Status::Error(StrCat() << "jax_ub NCCL: cannot create the communicator of " << who
-                                  << ": " << st->cuda_error);
+                                  << ": cudaSetDevice(" << device << ") failed: "
+                                  << cudaGetErrorName(e) << " (" << cudaGetErrorString(e) << ")");
   }
-  if (st->result != nccl::kSuccess) {
-    return Status::Error(StrCat() << "jax_ub NCCL: ncclCommInitRank failed on " << who << ": "
-                                  << Describe(api, st->result, st->last_error));
+  nccl::ConfigPrefix config{};
+  config.size = sizeof(config);
+  config.magic = nccl::kConfigMagic;
+  config.version = nccl::kConfigVersion;
+  config.blocking = 0;
+  nccl::Comm comm = nullptr;
+  Result r = api->CommInitRankConfig(&comm, world, id, rank, &config);
+  auto failed = [&](Result why) {
+    std::string msg = StrCat() << "jax_ub NCCL: ncclCommInitRankConfig failed on " << who << ": "
+                               << Describe(api, why, LastError(api, comm));
+    if (comm != nullptr) api->CommAbort(comm);
+    return Status::Error(msg);
+  };
+  if (r != nccl::kSuccess && r != nccl::kInProgress) return failed(r);
+  // Nonblocking: NCCL joins the ranks on its own thread; poll it here, bounded.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  Backoff backoff;
+  for (;;) {
+    Result state = nccl::kSuccess;
+    Result q = api->CommGetAsyncError(comm, &state);
+    if (q != nccl::kSuccess) return failed(q);
+    if (state == nccl::kSuccess) break;
+    if (state != nccl::kInProgress) return failed(state);
+    if (std::chrono::steady_clock::now() > deadline) {
+      api->CommAbort(comm);
+      return Status::Error(
+          StrCat() << "jax_ub NCCL: communicator creation timed out after " << timeout_s
+                   << " s on " << who << ": it waits until all " << world
+                   << " ranks of the communicator have joined, and some never did. Every rank of "
+                      "the group must call jax_ub.initialize() (same configuration, same unique "
+                      "id), and the processes must reach rank 0's process over the network "
+                      "(NCCL_SOCKET_IFNAME, firewalls). The half-made communicator was aborted. "
+                      "(timeout: JAX_UB_TIMEOUT)");
+    }
+    backoff.Wait();
   }
-  out->reset(new NcclComm(st->comm, rank, world, device, timeout_s));
+  out->reset(new NcclComm(comm, rank, world, device, timeout_s));
   return Status::Ok();
 }
 
@@ -314,6 +298,11 @@ Status NcclComm::Usable(const char* call) const {
 }
 
 void NcclComm::AbortAfter(const std::string& why) {
+  std::lock_guard<std::mutex> call(call_mu_);
+  AbortLocked(why);
+}
+
+void NcclComm::AbortLocked(const std::string& why) {
   std::lock_guard<std::mutex> lock(dead_mu_);
   nccl::Comm comm = comm_.exchange(nullptr);
   if (comm == nullptr) return;
@@ -321,13 +310,70 @@ void NcclComm::AbortAfter(const std::string& why) {
   GetApi()->CommAbort(comm);
 }
 
-Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
-  JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
-  Result r = GetApi()->AllGather(send, recv, bytes, nccl::kUint8, comm_.load(), stream);
-  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclAllGather", r);
+void NcclComm::Leak(const std::string& why) {
+  std::lock_guard<std::mutex> call(call_mu_);
+  std::lock_guard<std::mutex> lock(dead_mu_);
+  if (comm_.exchange(nullptr) != nullptr) dead_ = "left allocated after: " + why;
 }
 
+Status NcclComm::Settle(const char* call, const std::string& what) {
+  Api* api = GetApi();
+  // A little over the watchdog's timeout: a GPU-side wait is the watchdog's to report (it names
+  // the op); this bound is for NCCL's host side (connecting to a peer that never comes).
+  const double limit = timeout_s_ + 2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit);
+  Backoff backoff;
+  for (int polls = 0;; ++polls) {
+    {
+      std::lock_guard<std::mutex> lock(call_mu_);
+      nccl::Comm comm = comm_.load();
+      if (comm == nullptr) return Usable(call);  // aborted meanwhile: says after what
+      Result state = nccl::kSuccess;
+      Result q = api->CommGetAsyncError(comm, &state);
+      if (q == nccl::kSuccess && state == nccl::kSuccess) return Status::Ok();
+      std::string msg;
+      if (q != nccl::kSuccess) {
+        msg = Fail("ncclCommGetAsyncError", q, " (after " + std::string(call) + ")").message();
+      } else if (state != nccl::kInProgress) {
+        msg = Fail(call, state, what).message();
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        msg = StrCat() << "jax_ub NCCL: " << call << what << " was still in progress after "
+                       << limit << " s on " << Who(rank_, world_, device_)
+                       << " (NCCL connects to a peer on first use, and some peer never answered). "
+                          "Is every process alive, and does every rank run the same sequence of "
+                          "jax_ub ops? (timeout: JAX_UB_TIMEOUT)";
+      } else {
+        msg.clear();
+      }
+      if (!msg.empty()) {
+        AbortLocked(msg);
+        return Status::Error(msg + "; the communicator was aborted");
+      }
+    }
+    if (polls < 64) {
+      std::this_thread::yield();  // enqueueing usually settles within microseconds
+    } else {
+      backoff.Wait();
+    }
+  }
+}
+
+Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
+    Result r = GetApi()->AllGather(send, recv, bytes, nccl::kUint8, comm_.load(), stream);
+    if (r != nccl::kSuccess && r != nccl::kInProgress) return Fail("ncclAllGather", r);
+  }
+  return Settle("ncclAllGather", StrCat() << " (" << bytes << " bytes per rank)");
+}
+
+// Send and Recv run inside a group (GroupStart holds call_mu_).
 Status NcclComm::Send(const void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  if (!group_.owns_lock()) {
+    return Status::Error(StrCat() << "jax_ub NCCL: ncclSend on " << Who(rank_, world_, device_)
+                                  << " outside a group (internal error: call GroupStart first)");
+  }
   JAX_UB_RETURN_IF_ERROR(Usable("ncclSend"));
   Result r = GetApi()->Send(buf, bytes, nccl::kUint8, peer, comm_.load(), stream);
   return r == nccl::kSuccess ? Status::Ok()
@@ -335,6 +381,10 @@ Status NcclComm::Send(const void* buf, size_t bytes, int peer, cudaStream_t stre
 }
 
 Status NcclComm::Recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  if (!group_.owns_lock()) {
+    return Status::Error(StrCat() << "jax_ub NCCL: ncclRecv on " << Who(rank_, world_, device_)
+                                  << " outside a group (internal error: call GroupStart first)");
+  }
   JAX_UB_RETURN_IF_ERROR(Usable("ncclRecv"));
   Result r = GetApi()->Recv(buf, bytes, nccl::kUint8, peer, comm_.load(), stream);
   return r == nccl::kSuccess ? Status::Ok()
@@ -342,18 +392,30 @@ Status NcclComm::Recv(void* buf, size_t bytes, int peer, cudaStream_t stream) {
 }
 
 Status NcclComm::GroupStart() {
+  std::unique_lock<std::mutex> lock(call_mu_);
   JAX_UB_RETURN_IF_ERROR(Usable("ncclGroupStart"));
   Result r = GetApi()->GroupStart();
-  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclGroupStart", r);
+  if (r != nccl::kSuccess) return Fail("ncclGroupStart", r);
+  group_ = std::move(lock);
+  return Status::Ok();
 }
 
 Status NcclComm::GroupEnd() {
-  JAX_UB_RETURN_IF_ERROR(Usable("ncclGroupEnd"));
+  if (!group_.owns_lock()) {
+    return Status::Error(StrCat() << "jax_ub NCCL: ncclGroupEnd on " << Who(rank_, world_, device_)
+                                  << " without a successful ncclGroupStart");
+  }
+  // Always: NCCL's group depth is per thread, and a group left open would swallow the next one.
   Result r = GetApi()->GroupEnd();
-  return r == nccl::kSuccess ? Status::Ok() : Fail("ncclGroupEnd", r);
+  Status st = r == nccl::kSuccess || r == nccl::kInProgress ? Status::Ok() : Fail("ncclGroupEnd", r);
+  group_.unlock();
+  group_.release();
+  if (!st.ok()) return st;
+  return Settle("ncclGroupEnd", " (ncclSend/ncclRecv)");
 }
 
 Status NcclComm::CheckAsync() {
+  std::lock_guard<std::mutex> lock(call_mu_);
   JAX_UB_RETURN_IF_ERROR(Usable("ncclCommGetAsyncError"));
   Result async = nccl::kSuccess;
   Result r = GetApi()->CommGetAsyncError(comm_.load(), &async);
@@ -367,9 +429,33 @@ Status NcclComm::CheckAsync() {
 Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double timeout_s) {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
   if (!(timeout_s > 0)) timeout_s = timeout_s_;
+  out->clear();
+  // The lengths first, always: a rank with nothing to send (e.g. its IPC export failed) still
+  // takes part, and every rank sees the same lengths, so all fail alike instead of some waiting
+  // in a collective the others skipped.
+  const uint64_t n = data.size();
+  std::string lengths;
+  JAX_UB_RETURN_IF_ERROR(GatherStaged(std::string(reinterpret_cast<const char*>(&n), sizeof(n)),
+                                      &lengths, timeout_s));
+  std::string differ;
+  for (int q = 0; q < world_; ++q) {
+    uint64_t len = 0;
+    std::memcpy(&len, lengths.data() + q * sizeof(len), sizeof(len));
+    differ += StrCat() << (q ? ", " : "") << "rank " << q << ": " << len;
+    if (len != n) differ += " (differs)";
+  }
+  if (differ.find("(differs)") != std::string::npos) {
+    return Status::Error(StrCat() << "jax_ub NCCL: host all-gather on " << Who(rank_, world_, device_)
+                                  << ": every rank must pass the same number of bytes; got "
+                                  << differ << " (a rank with 0 had nothing to send: see its error)");
+  }
+  if (n == 0) return Status::Ok();
+  return GatherStaged(data, out, timeout_s);
+}
+
+Status NcclComm::GatherStaged(const std::string& data, std::string* out, double timeout_s) {
   const size_t n = data.size();
   out->clear();
-  if (n == 0) return Status::Ok();  // every rank passes the same length: nothing to exchange
 
   DeviceScope scope(device_);
   if (scope.error() != cudaSuccess) {
@@ -466,6 +552,7 @@ Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double
 }
 
 Status NcclComm::Destroy() {
+  std::lock_guard<std::mutex> call(call_mu_);
   std::lock_guard<std::mutex> lock(dead_mu_);
   nccl::Comm comm = comm_.exchange(nullptr);  // never retried: NCCL may free part of it on failure
   if (comm == nullptr) {
@@ -478,7 +565,7 @@ Status NcclComm::Destroy() {
   const bool broken = q != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress);
   Result r = broken ? api->CommAbort(comm) : api->CommDestroy(comm);
   dead_ = "destroyed";
-  if (r != nccl::kSuccess) {
+  if (r != nccl::kSuccess && r != nccl::kInProgress) {
     return Status::Error(StrCat() << "jax_ub NCCL: " << (broken ? "ncclCommAbort" : "ncclCommDestroy")
                                   << " failed on " << Who(rank_, world_, device_) << ": "
                                   << Describe(api, r, LastError(api, nullptr)));

@@ -1,11 +1,17 @@
 // NCCL for jax_ub: the library of jax's own nvidia-nccl wheel, dlopen()ed at run time (never
 // linked), and a thin communicator wrapper used by bootstrap="nccl" (unique id through the KV
-// store, ncclCommInitRank, IPC handle blobs via ncclAllGather) and by the nccl transport
+// store, ncclCommInitRankConfig, IPC handle blobs via ncclAllGather) and by the nccl transport
 // (ncclSend/ncclRecv on comm streams).
 //
+// Communicators are nonblocking (ncclConfig_t.blocking = 0): NCCL's connection setup runs on its
+// own threads and every call returns at once, with ncclInProgress until it is done. This wrapper
+// then polls ncclCommGetAsyncError with a deadline, on the calling thread, so no call here waits
+// without a bound, and an abort (ncclCommAbort) never runs while another thread is inside an NCCL
+// call on the same communicator (NCCL forbids that; with blocking communicators it was the only
+// way to release a call stuck on a missing peer).
+//
 // Every failure is a Status naming the NCCL call, this member's rank, world and device, NCCL's
-// error string and ncclGetLastError(). No call here waits without a bound: communicator creation
-// and the host-blocking all-gather give up after timeout_s with a message saying who is missing.
+// error string and ncclGetLastError().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -47,14 +53,10 @@ Status NcclUniqueId(std::string* out);
 class NcclComm {
  public:
   // Creates rank `rank` of `world` on CUDA device `device` from the group's unique id (identical
-  // on every rank). Every rank of the group must call it, concurrently: ncclCommInitRank returns
-  // only once all `world` ranks have joined. Bounded by timeout_s: the call runs on a helper
-  // thread, and when it has not finished after timeout_s this returns an error saying which
-  // rank/world/device gave up waiting. NCCL has no way to cancel a blocking init, so the helper
-  // thread is then detached and left waiting inside ncclCommInitRank; if the other ranks join
-  // later it aborts the communicator it got (nobody owns it), otherwise it stays blocked until the
-  // process exits. It holds only its own state, so the caller may exit, retry with a new id, or
-  // carry on without NCCL.
+  // on every rank). Every rank of the group must call it, concurrently: the communicator is ready
+  // only once all `world` ranks have joined. Bounded by timeout_s: when it is not ready by then,
+  // the half-made communicator is aborted and this returns an error saying which rank/world/device
+  // gave up waiting.
   static Status Create(const std::string& unique_id, int rank, int world, int device,
                        double timeout_s, std::unique_ptr<NcclComm>* out);
 
@@ -72,7 +74,9 @@ class NcclComm {
   Status Send(const void* buf, size_t bytes, int peer, cudaStream_t stream);
   Status Recv(void* buf, size_t bytes, int peer, cudaStream_t stream);
   // ncclGroupStart/ncclGroupEnd around Send/Recv pairs that must progress together (process-wide
-  // in NCCL, here with this member's identity in the error messages).
+  // in NCCL, here with this member's identity in the error messages). From a successful
+  // GroupStart to GroupEnd this thread holds the communicator (no abort can land inside the group);
+  // GroupEnd always closes NCCL's group, then waits (at most timeout_s) until NCCL has enqueued it.
   Status GroupStart();
   Status GroupEnd();
 
@@ -84,9 +88,10 @@ class NcclComm {
   // bootstrap-time blobs (IPC handles), not for the training step.
   Status AllGatherHost(const std::string& data, std::string* out, double timeout_s = 0);
 
-  // Aborts from a watchdog thread after `why` (ncclCommAbort is NCCL's way to release kernels and
-  // host calls blocked on a peer that never comes). The communicator is unusable afterwards;
-  // later calls fail with `why`.
+  // Aborts from a watchdog thread after `why` (ncclCommAbort is NCCL's way to release kernels
+  // blocked on a peer that never comes). Waits for any NCCL call of another thread on this
+  // communicator to return first (they are all nonblocking). The communicator is unusable
+  // afterwards; later calls fail with `why`.
   void Abort(const std::string& why) { AbortAfter(why); }
 
   // ncclCommGetAsyncError: OK while healthy (or while a nonblocking call is still in progress).
@@ -96,6 +101,9 @@ class NcclComm {
   // communicator already aborted after a failure is just forgotten. Make sure every operation has
   // completed on every rank first.
   Status Destroy();
+  // Forgets the communicator without any NCCL call (its kernels may still be queued: freeing it
+  // could hang or fault). Later calls fail with `why`.
+  void Leak(const std::string& why);
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -116,9 +124,18 @@ class NcclComm {
   Status Fail(const char* call, nccl::Result r, const std::string& hint = "") const;
   // Aborts after `why` (a failure already being reported): the communicator becomes unusable.
   void AbortAfter(const std::string& why);
+  void AbortLocked(const std::string& why);  // call_mu_ held
+  // After a call that returned ncclSuccess or ncclInProgress: polls ncclCommGetAsyncError until
+  // NCCL is done with it, at most timeout_s (then, or on an error, aborts). call_mu_ not held.
+  Status Settle(const char* call, const std::string& what);
+  // AllGatherHost's exchange of `data` (not empty; the same length on every rank).
+  Status GatherStaged(const std::string& data, std::string* out, double timeout_s);
 
-  // The watchdog thread may abort while the execute thread enqueues (that is how a call blocked
-  // on a missing peer is released): comm_ is swapped to null atomically, dead_ is under dead_mu_.
+  // Held around every NCCL call on comm_ (and from GroupStart to GroupEnd), and by an abort: the
+  // watchdog thread's abort never overlaps the execute thread's calls. comm_ is swapped to null
+  // under it (atomic: Usable reads it without); dead_ is under dead_mu_ (taken after call_mu_).
+  mutable std::mutex call_mu_;
+  std::unique_lock<std::mutex> group_;  // call_mu_, from GroupStart to GroupEnd
   std::atomic<nccl::Comm> comm_{nullptr};
   int rank_ = 0, world_ = 1, device_ = 0;
   double timeout_s_ = 0;

@@ -4,9 +4,9 @@
 // comm/nccl_api_check.cc static_asserts every one of them, and every function signature, against
 // the real header whenever one is found at build time.
 //
-// ncclConfig_t (ncclCommInitRankConfig) is deliberately absent: it is a versioned struct that grows
-// from release to release and is only safely filled by the header's NCCL_CONFIG_INITIALIZER, so
-// jax_ub uses the config-free ncclCommInitRank (blocking communicators) and bounds it from outside.
+// ncclConfig_t is a versioned struct that grows from release to release: NCCL reads `size` bytes of
+// it, checks `magic`, and gives every field newer than `version` its default. jax_ub declares only
+// the leading fields it sets (ConfigPrefix, version 2.14.0) to create nonblocking communicators.
 #pragma once
 
 #include <cuda_runtime_api.h>  // cudaStream_t
@@ -58,6 +58,17 @@ struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 
+// The leading fields of ncclConfig_t (NCCL >= 2.14), filled as NCCL_CONFIG_INITIALIZER would for
+// a caller built against nccl.h 2.14.0 that sets `blocking`; `size` covers these fields only.
+struct ConfigPrefix {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+};
+constexpr unsigned int kConfigMagic = 0xcafebeef;
+constexpr unsigned int kConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
+
 // ncclComm_t: an opaque pointer.
 struct CommOpaque;
 using Comm = CommOpaque*;
@@ -66,6 +77,8 @@ using Comm = CommOpaque*;
 using GetVersionFn = Result(int* version);
 using GetUniqueIdFn = Result(UniqueId* unique_id);
 using CommInitRankFn = Result(Comm* comm, int nranks, UniqueId comm_id, int rank);
+using CommInitRankConfigFn = Result(Comm* comm, int nranks, UniqueId comm_id, int rank,
+                                    ConfigPrefix* config);
 using CommDestroyFn = Result(Comm comm);
 using CommAbortFn = Result(Comm comm);
 using CommGetAsyncErrorFn = Result(Comm comm, Result* async_error);

@@ -37,6 +37,10 @@ struct Real<UniqueId> {
   using type = ncclUniqueId;
 };
 template <>
+struct Real<ConfigPrefix> {
+  using type = ncclConfig_t;
+};
+template <>
 struct Real<CommOpaque> {
   using type = ::ncclComm;
 };
@@ -95,6 +99,18 @@ static_assert(I(kMin) == I(ncclMin) && I(kAvg) == I(ncclAvg));
 static_assert(kSame<GetVersionFn, decltype(ncclGetVersion)>);
 static_assert(kSame<GetUniqueIdFn, decltype(ncclGetUniqueId)>);
 static_assert(kSame<CommInitRankFn, decltype(ncclCommInitRank)>);
+static_assert(kSame<CommInitRankConfigFn, decltype(ncclCommInitRankConfig)>);
+// ConfigPrefix: the leading fields of ncclConfig_t, at the same offsets and of the same types.
+static_assert(offsetof(ConfigPrefix, size) == offsetof(ncclConfig_t, size));
+static_assert(offsetof(ConfigPrefix, magic) == offsetof(ncclConfig_t, magic));
+static_assert(offsetof(ConfigPrefix, version) == offsetof(ncclConfig_t, version));
+static_assert(offsetof(ConfigPrefix, blocking) == offsetof(ncclConfig_t, blocking));
+static_assert(std::is_same_v<decltype(ncclConfig_t::size), size_t> &&
+              std::is_same_v<decltype(ncclConfig_t::magic), unsigned int> &&
+              std::is_same_v<decltype(ncclConfig_t::version), unsigned int> &&
+              std::is_same_v<decltype(ncclConfig_t::blocking), int>);
+static_assert(kConfigVersion == NCCL_VERSION(2, 14, 0));
+static_assert(alignof(ConfigPrefix) <= alignof(ncclConfig_t));
 static_assert(kSame<CommDestroyFn, decltype(ncclCommDestroy)>);
 static_assert(kSame<CommAbortFn, decltype(ncclCommAbort)>);
 static_assert(kSame<CommGetAsyncErrorFn, decltype(ncclCommGetAsyncError)>);

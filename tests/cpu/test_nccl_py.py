@@ -46,7 +46,7 @@ def test_version_and_library_never_raise():
     if v == -1:
         assert lib == "" and err, "no NCCL, so load_error() must say why"
     else:
-        assert v >= 21300, f"jax_ub needs NCCL >= 2.13; got {v}"
+        assert v >= 21400, f"jax_ub needs NCCL >= 2.14; got {v}"
         assert lib.endswith(".so.2") or "nccl" in lib, lib
         assert err == ""
 

@@ -362,7 +362,10 @@ elif mode == "stall":
     w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
-    f.lower(x, w)  # every rank: buffers grow collectively
+    # Every rank runs the op once first: the NCCL transport then has its connections, so the
+    # stalled op waits on the GPU (a first op would wait in NCCL's host-side connect, which fails
+    # the call after JAX_UB_TIMEOUT on its own).
+    jax.block_until_ready(f(x, w))
     if rank == nprocs - 1:
         print("RESULT skipped 1", flush=True)
         time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 25)

@@ -1,0 +1,69 @@
+"""NCCL communicators made directly (jax_ub._nccl, the bootstrap="nccl" path), two processes: the
+host all-gather's lengths check, a normal gather, and a creation that a peer never joins.
+
+Two processes share the GPU where there is one (the launcher makes each its own NCCL host).
+Skips without a CUDA GPU or without a loadable NCCL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.launcher import format_failures, parallel_launch
+from tests.multigpu.test_multiprocess import NGPU, _layout
+
+WORKER = Path(__file__).with_name("_nccl_host_worker.py")
+
+
+def _nccl_error() -> str:
+    try:
+        from jax_ub import _nccl
+
+        return _nccl.load_error()
+    except Exception as e:  # no extension: the reason is the skip message
+        return str(e)
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
+
+
+def _run(tmp_path, mode, timeout_s=60):
+    err = _nccl_error()
+    if err:
+        pytest.skip(f"NCCL unavailable: {err}")
+    results = parallel_launch(2, WORKER, [mode], env={"JAX_UB_TEST_DIR": str(tmp_path)},
+                              timeout_s=timeout_s, **_layout(2))
+    assert all(r.ok for r in results), format_failures(results)
+    return results
+
+
+def test_host_all_gather_returns_every_rank_in_order(tmp_path):
+    results = _run(tmp_path, "gather")
+    gathered = {r.lines("RESULT gather_ok ")[0].split()[1] for r in results}
+    assert len(gathered) == 1, format_failures(results)  # both ranks got the same bytes
+    for r in results:
+        assert r.lines("RESULT gather_ok ")[0].split()[0] == "1", format_failures(results)
+        assert r.lines("RESULT destroyed") == [""], format_failures(results)
+
+
+def test_host_all_gather_of_different_lengths_fails_on_every_rank(tmp_path):
+    """Rank 1 has nothing to send (as when its IPC export failed): both ranks fail at once naming
+    each rank's length, instead of rank 0 waiting in a collective that rank 1 skipped."""
+    results = _run(tmp_path, "lengths")
+    for r in results:
+        (msg,) = r.lines("RESULT gather_failed ")
+        assert "every rank must pass the same number of bytes" in msg, msg
+        assert "rank 0: 16 (differs)" in msg if r.rank == 1 else "rank 1: 0 (differs)" in msg, msg
+
+
+def test_creation_a_peer_never_joins_times_out_naming_this_rank(tmp_path):
+    results = _run(tmp_path, "absent")
+    (line,) = results[0].lines("RESULT create_failed ")
+    took = float(line.split()[0])
+    assert 6.0 <= took < 12.0, line
+    assert "communicator creation timed out after 6" in line, line
+    assert "s on rank 0 of world 2 (CUDA device 0)" in line, line
+    assert "The half-made communicator was aborted" in line, line
+    assert results[1].lines("RESULT absent_done") == [""], format_failures(results)
