@@ -115,7 +115,7 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
       axis: the tensor-parallel mesh axis; ops inside ``shard_map`` use it as ``axis_name``.
       bootstrap: how buffer handles travel between processes: ``"auto"``/``"kv"`` (jax.distributed's
         key-value store) or ``"nccl"`` (NCCL unique id through the key-value store,
-        ``ncclCommInitRank``, handles by ``ncclAllGather``). One process needs no exchange.
+        ``ncclCommInitRankConfig``, handles by ``ncclAllGather``). One process needs no exchange.
       transport: ``"auto"`` (``ipc`` when every pair of GPUs of each group can map each other's
         memory, else ``nccl``; logged with the reason), ``"ipc"`` (copy engine over peer-mapped
         memory, no SMs) or ``"nccl"`` (ncclSend/ncclRecv, works across hosts).
