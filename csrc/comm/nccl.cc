@@ -342,8 +342,6 @@ Status NcclComm::Settle(const char* call, const std::string& what) {
                        << " (NCCL connects to a peer on first use, and some peer never answered). "
                           "Is every process alive, and does every rank run the same sequence of "
                           "jax_ub ops? (timeout: JAX_UB_TIMEOUT)";
-      } else {
-        msg.clear();
       }
       if (!msg.empty()) {
         AbortLocked(msg);
@@ -510,7 +508,7 @@ Status NcclComm::GatherStaged(const std::string& data, std::string* out, double 
   }
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  auto pause = std::chrono::microseconds(20);
+  Backoff backoff;
   for (;;) {
     e = cudaEventQuery(done);
     if (e == cudaSuccess) break;
@@ -537,8 +535,7 @@ Status NcclComm::GatherStaged(const std::string& data, std::string* out, double 
       AbortAfter(msg);
       return Status::Error(msg + "; the communicator was aborted");  // buffers leaked on purpose
     }
-    std::this_thread::sleep_for(pause);
-    if (pause < std::chrono::milliseconds(2)) pause *= 2;
+    backoff.Wait();
   }
   out->resize(n * static_cast<size_t>(world_));
   if ((e = cudaMemcpyAsync(&(*out)[0], buf, out->size(), cudaMemcpyDeviceToHost, stream)) !=
