@@ -474,6 +474,19 @@ def _show(table: dict[str, Any], name: str) -> str:
     return _canonical(table[name]) if name in table else "<absent>"
 
 
+def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(field, "rank r's value (rank 0: its value)") for every field that differs; a field whose
+    values are both dicts (the schedule) names only its keys that differ (``schedule.rs_pieces``)."""
+    out = []
+    for name in sorted(set(base) | set(table)):
+        a, b = base.get(name), table.get(name)
+        if name in base and name in table and isinstance(a, dict) and isinstance(b, dict):
+            out += _diffs(a, b, f"{prefix}{name}.")
+        elif _show(base, name) != _show(table, name):
+            out.append((f"{prefix}{name}", f"{_show(table, name)} (rank 0: {_show(base, name)})"))
+    return out
+
+
 def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree",
           notes: Mapping[str, str] | None = None) -> None:
     """Check that every rank of ``exchange`` passed equal ``fields``.
@@ -518,9 +531,8 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
             lines.append(f"  rank {r}: unreadable agreement payload from rank "
                          f"{0 if base is None else r}")
             continue
-        diffs = [f"{name}={_show(table, name)} (rank 0: {_show(base, name)}){note(name, r)}"
-                 for name in sorted(set(base) | set(table))
-                 if _show(base, name) != _show(table, name)]
+        diffs = [f"{name}={values}{note(name.split('.', 1)[0], r)}"
+                 for name, values in _diffs(base, table)]
         lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "
                                           "(different jax_ub versions?)"))
     bad = [r for r in range(1, exchange.world) if digests[r] != digests[0]]

@@ -104,6 +104,54 @@ def _process_exchange(init_id: int, timeout_s: float) -> _bootstrap.KVExchange |
                                  jax.process_count(), timeout_s, peer_names=names)
 
 
+def _checked_arguments(mesh: Any, axis: Any, bootstrap: str | None, transport: str | None,
+                       timeout_s: float | None, buffer_mib: int | None
+                       ) -> tuple[config.Config, str, str, str, float, int, list[list[Any]]]:
+    """initialize()'s arguments and JAX_UB_* settings, checked, with the TP groups of ``mesh``."""
+    cfg = config.get()
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"initialize: `mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
+                        f"('tp',))); got {type(mesh).__name__}")
+    bootstrap = cfg.bootstrap if bootstrap is None else bootstrap
+    transport = cfg.transport if transport is None else transport
+    timeout_s = cfg.timeout_s if timeout_s is None else _number("timeout_s", timeout_s, float)
+    buffer_mib = cfg.buffer_mib if buffer_mib is None else _number("buffer_mib", buffer_mib, int)
+    if not (math.isfinite(timeout_s) and timeout_s >= config.MIN_TIMEOUT_S):
+        raise ValueError(f"initialize: timeout_s must be a finite number of seconds >= "
+                         f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}")
+    if buffer_mib < 0:
+        raise ValueError(f"initialize: buffer_mib must be >= 0 (MiB per GPU); got {buffer_mib!r}")
+    if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops
+        axis = axis[0]
+    if bootstrap not in config.BOOTSTRAPS:
+        raise ValueError(f"initialize: bootstrap must be one of {config.BOOTSTRAPS}; got {bootstrap!r}")
+    if transport not in config.TRANSPORTS:
+        raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
+    if cfg.multicast:
+        log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
+    if not isinstance(axis, str):
+        raise TypeError(f"initialize: `axis` must be the name of one mesh axis (a str); got "
+                        f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
+                        f"axes, build the mesh with one axis for that group")
+    groups = _tp_groups(mesh, axis)
+    return cfg, axis, bootstrap, transport, timeout_s, buffer_mib, groups
+
+
+def _announce_refused_call(err: BaseException) -> None:
+    """initialize() refused its arguments or a JAX_UB_* setting on this process: where there are
+    peers, they hear it at once (their first wait in this initialize() call raises with it) instead
+    of waiting their timeout for a process that never comes. Takes this call's init id, as every
+    initialize() call does, so later calls stay numbered alike on every process."""
+    if jax.process_count() == 1:
+        return
+    try:
+        exchange = _process_exchange(_bootstrap.next_init_id(), config.Config.timeout_s)
+        exchange.announce_failure(f"jax_ub.initialize() refused its arguments on process "
+                                  f"{jax.process_index()}: {type(err).__name__}: {err}")
+    except Exception as e:  # best effort: the peers' timeout still bounds their wait
+        log.warning("jax_ub.initialize: could not tell the peers why this process failed: %s", e)
+
+
 def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                transport: str | None = None, timeout_s: float | None = None,
                buffer_mib: int | None = None) -> CommSet | None:
@@ -131,32 +179,12 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     tensor parallelism): there is nothing to communicate, and every method runs a plain GEMM.
     """
     global _next_set_id
-    cfg = config.get()
-    if not isinstance(mesh, jax.sharding.Mesh):
-        raise TypeError(f"initialize: `mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
-                        f"('tp',))); got {type(mesh).__name__}")
-    bootstrap = cfg.bootstrap if bootstrap is None else bootstrap
-    transport = cfg.transport if transport is None else transport
-    timeout_s = cfg.timeout_s if timeout_s is None else _number("timeout_s", timeout_s, float)
-    buffer_mib = cfg.buffer_mib if buffer_mib is None else _number("buffer_mib", buffer_mib, int)
-    if not (math.isfinite(timeout_s) and timeout_s >= config.MIN_TIMEOUT_S):
-        raise ValueError(f"initialize: timeout_s must be a finite number of seconds >= "
-                         f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}")
-    if buffer_mib < 0:
-        raise ValueError(f"initialize: buffer_mib must be >= 0 (MiB per GPU); got {buffer_mib!r}")
-    if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops
-        axis = axis[0]
-    if bootstrap not in config.BOOTSTRAPS:
-        raise ValueError(f"initialize: bootstrap must be one of {config.BOOTSTRAPS}; got {bootstrap!r}")
-    if transport not in config.TRANSPORTS:
-        raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
-    if cfg.multicast:
-        log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
-    if not isinstance(axis, str):
-        raise TypeError(f"initialize: `axis` must be the name of one mesh axis (a str); got "
-                        f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
-                        f"axes, build the mesh with one axis for that group")
-    groups = _tp_groups(mesh, axis)
+    try:
+        cfg, axis, bootstrap, transport, timeout_s, buffer_mib, groups = _checked_arguments(
+            mesh, axis, bootstrap, transport, timeout_s, buffer_mib)
+    except Exception as err:
+        _announce_refused_call(err)
+        raise
     devices_key = tuple(tuple(d.id for d in g) for g in groups)
     ok, why = _ext.cuda_path_available()
     if not ok:

@@ -31,6 +31,8 @@ T = float(os.environ.get("T", "20"))
 
 if f"TUNING_FILE_{rank}" in os.environ:
     os.environ["JAX_UB_TUNING_FILE"] = os.environ[f"TUNING_FILE_{rank}"]
+if scenario == "bad_setting" and rank == 1:
+    os.environ["JAX_UB_TIMEOUT"] = "soon"  # not a number: this process's initialize() refuses it
 if scenario == "schedule_mismatch" and rank == 1:
     os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
 
@@ -115,6 +117,11 @@ def step(name, fn):
 
 if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch", "p2p"):
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    step("shutdown", jax_ub.shutdown)
+elif scenario == "bad_setting":
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    os.environ.pop("JAX_UB_TIMEOUT", None)  # fixed: the next call must pair with the peer's
+    step("again", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     step("shutdown", jax_ub.shutdown)
 elif scenario == "reinit":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))

@@ -67,6 +67,22 @@ def test_a_failure_on_one_process_fails_the_other_at_once_naming_it(fail_on):
         assert "comm_destroy_set" in p["calls"]["calls"], p["calls"]
 
 
+def test_a_setting_refused_on_one_process_fails_the_other_at_once_naming_it():
+    """Process 1's JAX_UB_TIMEOUT is not a number, so its initialize() refuses the call before any
+    exchange: process 0 hears why at once instead of waiting its timeout for it. Both calls keep
+    the same init number, so the next initialize() (setting fixed) pairs up and succeeds."""
+    p0, p1 = _launch("bad_setting")
+    assert not p1["init"]["ok"] and p1["init"]["err"].startswith("ValueError"), p1["init"]
+    assert "JAX_UB_TIMEOUT" in p1["init"]["err"], p1["init"]
+    err = p0["init"]["err"]
+    assert "rank 1 (process 1) failed and will not take part" in err, err
+    assert "refused its arguments on process 1: ValueError" in err and "JAX_UB_TIMEOUT" in err, err
+    assert p0["init"]["dt"] < T / 4, p0["init"]
+    for p in (p0, p1):
+        assert p["again"]["ok"] and p["again"]["set"] is not None, p
+        assert p["shutdown"]["ok"], p
+
+
 def test_processes_on_different_paths_fail_naming_the_difference():
     """Process 1 has no CUDA path (the reference), process 0 has: both fail at once instead of
     process 0 waiting for a peer that will never create communicators."""
@@ -79,7 +95,8 @@ def test_processes_on_different_paths_fail_naming_the_difference():
 def test_a_different_communication_schedule_is_refused():
     for p in _launch("schedule_mismatch"):
         err = p["init"]["err"]
-        assert err.startswith("AgreementError") and '"ag_push_pieces":2' in err, err
+        assert err.startswith("AgreementError") and "schedule.ag_push_pieces=2 (rank 0: 0)" in err, err
+        assert err.count("ag_push_merge") == 0, err  # only the key that differs, once
 
 
 def test_reinitialize_is_decided_alike_on_every_process():
