@@ -28,9 +28,10 @@
 namespace nb = nanobind;
 
 void BindNccl(nanobind::module_& m);  // module_nccl.cc
-// Removes NCCL communicator (key, device) from module_nccl.cc's table and returns it (null if
-// absent).
-std::shared_ptr<jax_ub::NcclComm> NcclTake(int key, int device);
+// NCCL communicator (key, device) of module_nccl.cc's table (null if absent), and its removal
+// from the table (only if the entry is still `which`).
+std::shared_ptr<jax_ub::NcclComm> NcclFind(int key, int device);
+void NcclForget(int key, int device, const jax_ub::NcclComm* which);
 
 namespace jax_ub {
 bool CublasLtApiChecked();
@@ -317,12 +318,16 @@ NB_MODULE(_jax_ub_cuda, m) {
         "local_only: every peer is in this process (cuMem buffers, no IPC, no peer access); "
         "abort_on_stall: abort the process when a timed-out wait cannot be released.");
   m.def("comm_attach_nccl", [](int set_id, int device, int key) {
-          std::shared_ptr<jax_ub::NcclComm> n = NcclTake(key, device);
+          std::shared_ptr<jax_ub::NcclComm> n = NcclFind(key, device);
           if (n == nullptr) {
             throw std::runtime_error(jax_ub::StrCat() << "comm_attach_nccl: no NCCL communicator "
                                                       << key << " on device " << device);
           }
-          Raise(Get(set_id, device)->AttachNccl(std::move(n)));
+          // Out of the table only once attached: a failed attach leaves it there, where
+          // nccl_comm_destroy still finds and frees it (dropping it would leak the NCCL
+          // communicator, whose destructor makes no NCCL call).
+          Raise(Get(set_id, device)->AttachNccl(n));
+          NcclForget(key, device, n.get());
         }, arg("set_id"), arg("device"), arg("key"),
         "Transport nccl: moves NCCL communicator (key, device) (nccl_comm_create) into the "
         "member's communicator, which owns it from then on.");

@@ -146,13 +146,16 @@ std::vector<std::pair<int, int>> CommList() {
 
 }  // namespace
 
-std::shared_ptr<jax_ub::NcclComm> NcclTake(int key, int device) {
+std::shared_ptr<jax_ub::NcclComm> NcclFind(int key, int device) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = Comms().find({key, device});
-  if (it == Comms().end()) return nullptr;
-  std::shared_ptr<jax_ub::NcclComm> out = std::move(it->second);
-  Comms().erase(it);
-  return out;
+  return it == Comms().end() ? nullptr : it->second;
+}
+
+void NcclForget(int key, int device, const jax_ub::NcclComm* which) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Comms().find({key, device});
+  if (it != Comms().end() && it->second.get() == which) Comms().erase(it);
 }
 
 void BindNccl(nb::module_& m) {

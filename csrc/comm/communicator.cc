@@ -389,6 +389,10 @@ Status Communicator::AttachNccl(std::shared_ptr<NcclComm> n) {
     return Status::Error(StrCat() << Where(*this, "attach_nccl")
                                   << ": this communicator was created for transport ipc");
   }
+  if (nccl_ != nullptr) {
+    return Status::Error(StrCat() << Where(*this, "attach_nccl")
+                                  << ": an NCCL communicator is attached already");
+  }
   if (n == nullptr || n->rank() != o_.rank || n->world() != o_.world ||
       n->device() != o_.device) {
     return Status::Error(StrCat() << Where(*this, "attach_nccl")

@@ -328,10 +328,16 @@ class Communicator {
   bool nccl_poisoning_ = false;           // reader: poison copy issued, abort on a later poll
   cudaEvent_t poisoned_ = nullptr;        // recorded after the poison copy on release_
   std::chrono::steady_clock::time_point poisoned_at_{};  // reader
+  // NCCL's asynchronous error (a peer's process died, its connection broke), polled by the reader
+  // while an op is pending, at most every kAsyncPollS; reported by the judge (with mu_ held).
+  std::string nccl_async_error_;
+  std::chrono::steady_clock::time_point async_polled_at_{};  // reader
+  static constexpr double kAsyncPollS = 0.05;
   const char* op_ = "";                  // op of the current Begin..End
   Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream
   Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
   void PollNcclGpu();                     // reader side of the nccl transport
+  void PollNcclAsync();                   // reader: NCCL's asynchronous error, while ops pend
   // Reader: the progress words (and the flags and poison word) from the GPU, while a wait or op is
   // pending, or `idle_read`.
   void ReadProgress(bool with_flags, bool idle_read);

@@ -424,6 +424,23 @@ Status NcclComm::CheckAsync() {
   return Status::Ok();
 }
 
+bool NcclComm::TryCheckAsync(std::string* error) {
+  std::unique_lock<std::mutex> lock(call_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const nccl::Comm comm = comm_.load();
+  if (comm == nullptr) return false;  // destroyed or aborted: that failure was reported
+  Result async = nccl::kSuccess;
+  const Result r = GetApi()->CommGetAsyncError(comm, &async);
+  if (r != nccl::kSuccess) {
+    *error = Fail("ncclCommGetAsyncError", r).message();
+  } else if (async != nccl::kSuccess && async != nccl::kInProgress) {
+    *error = Fail("an NCCL operation in flight (reported by ncclCommGetAsyncError)", async).message();
+  } else {
+    error->clear();
+  }
+  return true;
+}
+
 Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double timeout_s) {
   JAX_UB_RETURN_IF_ERROR(Usable("ncclAllGather"));
   if (!(timeout_s > 0)) timeout_s = timeout_s_;

@@ -96,6 +96,12 @@ class NcclComm {
 
   // ncclCommGetAsyncError: OK while healthy (or while a nonblocking call is still in progress).
   Status CheckAsync();
+  // The watchdog's check (ncclCommGetAsyncError is meant to be polled from such a thread): never
+  // waits for another thread's NCCL call. false when it could not check now (a call or group is
+  // in progress on another thread, or the communicator is gone); else true, with *error the
+  // failure NCCL reports (with ncclGetLastError's text, which names a peer where NCCL knows it),
+  // or "" while healthy.
+  bool TryCheckAsync(std::string* error);
   // Frees the communicator: ncclCommAbort when an asynchronous error is pending (ncclCommDestroy
   // could wait forever on a broken peer), else ncclCommDestroy. Safe to call twice; a
   // communicator already aborted after a failure is just forgotten. Make sure every operation has

@@ -181,6 +181,7 @@ void Communicator::PollGpu() {
   }
   if (o_.nccl) {
     PollNcclGpu();
+    PollNcclAsync();
     ReadProgress(/*with_flags=*/false, /*idle_read=*/false);
     if (abort_nccl && nccl_poisoning_) {
       // Abort once the poison word is on the GPU (the op's check kernel then fails the XLA call
@@ -287,6 +288,27 @@ void Communicator::PollNcclGpu() {
     nccl_events_.push_back(done);
     nccl_pending_.pop_front();
   }
+}
+
+void Communicator::PollNcclAsync() {
+  // Only while an op is pending and before any abort: a failure between ops shows up at the next
+  // op's enqueue (NcclComm::Settle), which names it.
+  // (any_pending_ first: nccl_ is attached before the first op, never while one is pending.)
+  if (!any_pending_.load(std::memory_order_acquire) || nccl_ == nullptr) return;
+  const auto now = Clock::now();
+  if (Seconds(now - async_polled_at_) < kAsyncPollS) return;
+  async_polled_at_ = now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (nccl_pending_.empty() || nccl_aborted_ || nccl_abort_requested_ ||
+        !nccl_async_error_.empty()) {
+      return;
+    }
+  }
+  std::string error;
+  if (!nccl_->TryCheckAsync(&error) || error.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  nccl_async_error_ = std::move(error);
 }
 
 std::string Communicator::GpuState() {
@@ -501,6 +523,20 @@ void Communicator::JudgeNccl(Clock::time_point now) {
     return;
   }
   PendingOp& p = nccl_pending_.front();
+  if (!nccl_async_error_.empty()) {
+    // NCCL gave up on its own (a peer's process ended or its connection broke): no need to wait
+    // for the timeout. Poison, then abort, as below.
+    ReportTimeout(StrCat() << Where(*this, p.op) << ": NCCL failed while this op (epoch "
+                           << p.epoch << ") waited in send/recv, after "
+                           << Seconds(now - p.since)
+                           << " s: " << nccl_async_error_
+                           << ". A peer's process has probably exited or lost its connection (its "
+                              "own log says why). The NCCL communicator was aborted; no op of "
+                              "this group can complete now: restart the processes.",
+                  p.op, now);
+    nccl_abort_requested_ = true;
+    return;
+  }
   // As of a recent read, this GPU had not entered the op yet (XLA's work before it is still
   // running): its clock starts later. Without a recent read (a stalled reader) it runs from the
   // host's enqueue, so a stall still times out.

@@ -1,6 +1,6 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|fault|stall|lifecycle|busy|checks|mismatch|gaveup
+    python _mp_worker.py exchange|dptp|timeout|crash|fault|stall|lifecycle|busy|checks|mismatch|gaveup
                   (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
                   transport and the bootstrap)
 
@@ -517,6 +517,25 @@ elif mode == "gaveup":
     sys.stdout.flush()
     ex.barrier("gaveup-done")
     time.sleep(2.0 if rank == 0 else 0)
+    os._exit(0)
+elif mode == "crash":
+    # The last rank's process dies (os._exit, no cleanup) while the others wait in an op for its
+    # data: they must fail as soon as NCCL notices the closed connection, not after JAX_UB_TIMEOUT.
+    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    jax.block_until_ready(f(x, w))  # connections made: the next op waits on the GPU
+    ex.barrier("before-crash")
+    if rank == nprocs - 1:
+        time.sleep(2.0)  # the others' op is enqueued and waiting by now
+        print("RESULT crashing 1", flush=True)
+        os._exit(17)
+    run_expecting_failure("", f, x, w)
+    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
+    sys.stdout.flush()
+    if rank == 0:
+        time.sleep(2.0)
     os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.

@@ -4,7 +4,9 @@ rank reads it. Prints RESULT lines.
 
 Modes: "lengths" (rank 1 passes 0 bytes, rank 0 passes 16; both must fail naming the lengths),
 "gather" (both pass 16 random bytes; each gets both in rank order), "absent" (rank 1 never creates
-its member: rank 0's creation must fail within the timeout naming itself).
+its member: rank 0's creation must fail within the timeout naming itself), "attach" (attaching the
+communicator to a jax_ub member that does not exist fails, and the communicator stays in the table,
+where destroy finds it).
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def main() -> None:
         print(f"RESULT create_failed {time.monotonic() - t0:.1f} {e}", flush=True)
         return
     print(f"RESULT created {time.monotonic() - t0:.1f}", flush=True)
+    if mode == "attach":
+        from jax_ub import _ext
+
+        try:
+            _ext.extension().comm_attach_nccl(987654, 0, 7)
+            print("RESULT attach_ran", flush=True)
+        except Exception as e:
+            print(f"RESULT attach_failed {type(e).__name__}: {e}", flush=True)
+        print(f"RESULT listed {sorted(_ext.extension().nccl_comm_list())}", flush=True)
+        print(f"RESULT destroyed_count {_nccl.destroy_comm(7)}", flush=True)
+        return
     payload = os.urandom(16) if not (mode == "lengths" and rank == 1) else b""
     try:
         got = _nccl.allgather_bytes(7, 0, payload, 20.0)

@@ -205,6 +205,29 @@ def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     _missing_peer(capsys, n, transport, **_layout(n))
 
 
+def test_crashed_peer_fails_the_op_at_once_with_nccl(capsys):
+    """Transport nccl: the last rank's process dies while the others wait in an op for its data.
+    NCCL notices the closed connection (ncclCommGetAsyncError, polled by the watchdog): the op
+    fails within seconds, with NCCL's own error, instead of after JAX_UB_TIMEOUT."""
+    n, timeout = 2, 60
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT="nccl")
+    results = parallel_launch(n, WORKER, ["crash"], env=env, timeout_s=150, **_layout(n))
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+    assert results[-1].returncode == 17 and results[-1].lines("RESULT crashing ") == ["1"], \
+        format_failures(results)
+    for r in results[:-1]:
+        assert not r.timed_out and r.returncode == 0, format_failures(results)
+        failed = r.lines("RESULT failed_after ")
+        assert failed, "the call did not fail: " + format_failures(results)
+        assert float(failed[0]) < timeout / 3, failed  # at once, not at the timeout
+        errs = r.lines("RESULT comm_errors ")[0]
+        assert "NCCL failed while this op (epoch" in errs, errs
+        assert "ncclCommGetAsyncError" in errs, errs
+        assert "timed out" not in errs, errs
+
+
 @pytest.mark.parametrize("transport,on_stall", [
     ("ipc", "abort"), ("nccl", "abort"), ("ipc", "wait")])
 def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall):

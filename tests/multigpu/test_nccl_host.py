@@ -1,5 +1,6 @@
 """NCCL communicators made directly (jax_ub._nccl, the bootstrap="nccl" path), two processes: the
-host all-gather's lengths check, a normal gather, and a creation that a peer never joins.
+host all-gather's lengths check, a normal gather, a creation that a peer never joins, and a failed
+attach that must not lose the communicator.
 
 Two processes share the GPU where there is one (the launcher makes each its own NCCL host).
 Skips without a CUDA GPU or without a loadable NCCL.
@@ -67,3 +68,14 @@ def test_creation_a_peer_never_joins_times_out_naming_this_rank(tmp_path):
     assert "s on rank 0 of world 2 (CUDA device 0)" in line, line
     assert "The half-made communicator was aborted" in line, line
     assert results[1].lines("RESULT absent_done") == [""], format_failures(results)
+
+
+def test_failed_attach_leaves_the_communicator_where_destroy_frees_it(tmp_path):
+    """comm_attach_nccl to a member that does not exist fails; the NCCL communicator must stay in
+    the table (it was removed first, and so leaked with its proxy thread and sockets, before)."""
+    results = _run(tmp_path, "attach")
+    for r in results:
+        (failed,) = r.lines("RESULT attach_failed ")
+        assert "987654" in failed, failed
+        assert r.lines("RESULT listed ") == ["[(7, 0)]"], format_failures(results)
+        assert r.lines("RESULT destroyed_count ") == ["1"], format_failures(results)
