@@ -19,6 +19,7 @@
 #include "comm/trace.h"
 #include "comm/driver.h"
 #include "comm/nccl.h"
+#include "comm/process.h"
 #include "common/dynlib.h"
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
@@ -303,6 +304,20 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.doc() = "jax_ub CUDA extension: XLA FFI handlers for overlapped TP GEMM/communication.";
   m.def("registrations", &Registrations, "FFI target name -> {stage: PyCapsule}");
   m.def("build_info", &BuildInfo, "How this extension was compiled.");
+  m.def("this_process", [] {
+          const jax_ub::ProcessId p = jax_ub::ThisProcess();
+          return std::vector<uint64_t>{static_cast<uint64_t>(p.pid), p.start_ticks, p.pidns_dev,
+                                       p.pidns_ino};
+        },
+        "[pid, start ticks, pid namespace dev, inode]: how this process describes itself to its "
+        "ipc peers (the watchdog's liveness check).");
+  m.def("process_gone", [](std::vector<uint64_t> p) {
+          if (p.size() != 4) throw std::invalid_argument("process_gone: need 4 numbers");
+          jax_ub::ProcessId id{static_cast<int32_t>(p[0]), p[1], p[2], p[3]};
+          return nb::make_tuple(jax_ub::Checkable(id), jax_ub::ProcessGone(id));
+        }, nb::arg("process"),
+        "(checkable, what became of it ('' while it runs)) for a this_process() of another "
+        "process of this host.");
   m.def("runtime_info", &RuntimeInfo, "CUDA driver version and device count (no exceptions).");
   m.def("set_library_candidates", &jax_ub::SetLibraryCandidates, nb::arg("lib"), nb::arg("paths"),
         "Paths to try, in order, when dlopen()ing `lib` ('cublasLt' or 'nccl').");

@@ -12,14 +12,17 @@
 
 #include "comm/driver.h"
 #include "comm/nccl.h"
+#include "comm/process.h"
 #include "kernels/flags.h"
 
 namespace jax_ub {
 namespace {
 
+constexpr char kIpcMagic[9] = "JAXUBIP2";  // the layout below (IP1: a bare pid)
+
 struct IpcBlob {
   char magic[8];
-  int pid;
+  ProcessId process;  // the exporter: the watchdog tells a peer that exited from a late one
   int device;
   uint64_t capacity;
   cudaIpcMemHandle_t buffer;
@@ -58,6 +61,9 @@ Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator
   c->peer_flags_.assign(o.world, nullptr);
   c->local_peer_.assign(o.world, nullptr);
   c->ipc_buffer_.assign(o.world, false);
+  c->peer_process_.assign(o.world, ProcessId{});
+  c->peer_gone_.assign(o.world, std::string());
+  c->peer_gone_at_.assign(o.world, std::chrono::steady_clock::time_point{});
   c->ipc_flags_.assign(o.world, false);
   // Every early return below frees what was created so far (a retry with a smaller buffer after
   // an out-of-memory failure must not leak streams, events and flags).
@@ -342,8 +348,8 @@ Status Communicator::ConnectLocal(int peer, const Communicator& other) {
 std::string Communicator::ExportIpc() const {
   if (o_.local_only) return std::string();  // cuMem allocations have no cudaIpc handle
   IpcBlob b{};
-  std::memcpy(b.magic, "JAXUBIPC", 8);
-  b.pid = static_cast<int>(getpid());
+  std::memcpy(b.magic, kIpcMagic, 8);
+  b.process = ThisProcess();
   b.device = o_.device;
   b.capacity = o_.capacity;
   cudaSetDevice(o_.device);
@@ -360,7 +366,7 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob) {
     return Status::Error(StrCat() << "ConnectIpc: bad peer " << peer);
   }
   IpcBlob b{};
-  if (blob.size() != sizeof(b) || std::memcmp(blob.data(), "JAXUBIPC", 8) != 0) {
+  if (blob.size() != sizeof(b) || std::memcmp(blob.data(), kIpcMagic, 8) != 0) {
     return Status::Error(StrCat() << "ConnectIpc: peer " << peer
                                   << " sent a malformed handle blob (" << blob.size()
                                   << " bytes; empty means cudaIpcGetMemHandle failed there)");
@@ -381,6 +387,9 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob) {
     peer_flags_[peer] = static_cast<uint64_t*>(fl);
     ipc_flags_[peer] = true;
   }
+  const bool checkable = Checkable(b.process);
+  std::lock_guard<std::mutex> lock(mu_);
+  peer_process_[peer] = checkable ? b.process : ProcessId{};
   return Status::Ok();
 }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "comm/driver.h"
+#include "comm/process.h"
 #include "common/status.h"
 
 namespace jax_ub {
@@ -280,6 +281,20 @@ class Communicator {
   bool gave_up_reported_ = false;       // JudgeGaveUp has reported a peer's poison
   bool reading_ = false;  // a read is in flight (written by the reader only)
   std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
+  // When the read behind the latest snapshot was issued (the judge trusts a "not arrived" only
+  // from a read issued after it learnt that the peer's process was gone).
+  std::chrono::steady_clock::time_point fresh_issued_{};
+  // Transport ipc: each peer process as it described itself in its handle blob, where this process
+  // can check it (same pid namespace, visible in /proc); else pid 0. Under mu_.
+  std::vector<ProcessId> peer_process_;
+  // Judge: what became of peer q's process ("" while it runs), and when that was seen. Under mu_.
+  std::vector<std::string> peer_gone_;
+  std::vector<std::chrono::steady_clock::time_point> peer_gone_at_;
+  std::chrono::steady_clock::time_point peers_checked_at_{};  // under mu_
+  static constexpr double kPeerCheckS = 0.25;
+  // Judge thread, before Judge takes mu_: checks, in /proc, the processes of the peers that a
+  // pending wait waits for (no CUDA call; at most every kPeerCheckS).
+  void CheckPeerProcesses();
   std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)
   std::chrono::steady_clock::time_point gpu_state_at_{};
   // Releases the judge asked for: host_flags_[n + i] holds each value; release_idx_ the flag

@@ -252,6 +252,7 @@ void Communicator::ReadProgress(bool with_flags, bool idle_read) {
     }
     std::copy(host_flags_ + 2 * n + 2, host_flags_ + 2 * n + 4, progress_snapshot_);
     last_fresh_ = Clock::now();
+    fresh_issued_ = read_issued_;
     return;
   }
   if (!any_pending_.load(std::memory_order_acquire) && !idle_read) return;
@@ -460,7 +461,35 @@ void Communicator::JudgeGaveUp() {
                     << " This rank's later ops fail before they begin.");
 }
 
+void Communicator::CheckPeerProcesses() {
+  if (o_.nccl || !any_pending_.load(std::memory_order_acquire)) return;
+  std::vector<std::pair<int, ProcessId>> awaited;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // also Drain's thread may judge
+    const auto now = Clock::now();
+    if (Seconds(now - peers_checked_at_) < kPeerCheckS) return;
+    peers_checked_at_ = now;
+    for (int q = 0; q < o_.world; ++q) {
+      if (peer_process_[q].pid == 0 || !peer_gone_[q].empty()) continue;
+      for (int slot = 0; slot < kNumFlagSlots; ++slot) {
+        if (pending_[slot][q].pending) {
+          awaited.emplace_back(q, peer_process_[q]);
+          break;
+        }
+      }
+    }
+  }
+  for (const auto& [q, proc] : awaited) {
+    std::string gone = ProcessGone(proc);  // /proc reads, outside mu_
+    if (gone.empty()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_gone_[q] = StrCat() << "rank " << q << "'s process (pid " << proc.pid << ") " << gone;
+    peer_gone_at_[q] = Clock::now();
+  }
+}
+
 void Communicator::Judge() {
+  CheckPeerProcesses();
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   JudgeMismatch();
@@ -495,6 +524,24 @@ void Communicator::Judge() {
         p.since = now;
       }
       const double waited = Seconds(now - p.since);
+      // The peer's process has ended, and a flag read issued after that was seen still lacks its
+      // signal: it can never come. Fail now instead of at the timeout.
+      const bool gone = !peer_gone_[q].empty() && fresh_issued_ > peer_gone_at_[q];
+      if (gone) {
+        ReportTimeout(StrCat() << Where(*this, p.op) << ": " << peer_gone_[q]
+                               << " while this rank waited for its " << SlotName(slot)
+                               << " signal for " << FlagValue(slot, p.want) << " (last seen "
+                               << FlagValue(slot, have)
+                               << "), so the signal can never arrive: the op was failed at once "
+                                  "instead of after JAX_UB_TIMEOUT. The peer's own log (or the "
+                                  "launcher's) says why it ended. No op of this group can "
+                                  "complete now: restart the processes.",
+                      p.op, now);
+        host_flags_[n + slot * o_.world + q] = p.want + kTimeoutMark;
+        release_idx_.push_back(slot * o_.world + q);
+        p.pending = false;
+        continue;
+      }
       if (waited < o_.timeout_s) {
         still = true;
         continue;

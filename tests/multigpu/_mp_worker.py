@@ -520,7 +520,8 @@ elif mode == "gaveup":
     os._exit(0)
 elif mode == "crash":
     # The last rank's process dies (os._exit, no cleanup) while the others wait in an op for its
-    # data: they must fail as soon as NCCL notices the closed connection, not after JAX_UB_TIMEOUT.
+    # data: they must fail at once (ipc: the watchdog sees in /proc that the process is gone; nccl:
+    # NCCL notices the closed connection), not after JAX_UB_TIMEOUT.
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),

@@ -205,16 +205,19 @@ def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     _missing_peer(capsys, n, transport, **_layout(n))
 
 
-def test_crashed_peer_fails_the_op_at_once_with_nccl(capsys):
-    """Transport nccl: the last rank's process dies while the others wait in an op for its data.
-    NCCL notices the closed connection (ncclCommGetAsyncError, polled by the watchdog): the op
-    fails within seconds, with NCCL's own error, instead of after JAX_UB_TIMEOUT."""
+@pytest.mark.parametrize("transport", ["ipc", "nccl"])
+def test_crashed_peer_fails_the_op_at_once(capsys, transport):
+    """The last rank's process dies while the others wait in an op for its data. The op fails
+    within seconds instead of after JAX_UB_TIMEOUT: with ipc the watchdog sees in /proc that the
+    awaited peer's process is gone; with nccl, NCCL notices the closed connection
+    (ncclCommGetAsyncError, polled by the watchdog)."""
     n, timeout = 2, 60
-    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT="nccl")
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
     results = parallel_launch(n, WORKER, ["crash"], env=env, timeout_s=150, **_layout(n))
     with capsys.disabled():
         for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:900])
+            print(f"\n[{transport}] rank {r.rank} rc={r.returncode}: "
+                  + "; ".join(r.lines("RESULT "))[:900])
     assert results[-1].returncode == 17 and results[-1].lines("RESULT crashing ") == ["1"], \
         format_failures(results)
     for r in results[:-1]:
@@ -223,8 +226,12 @@ def test_crashed_peer_fails_the_op_at_once_with_nccl(capsys):
         assert failed, "the call did not fail: " + format_failures(results)
         assert float(failed[0]) < timeout / 3, failed  # at once, not at the timeout
         errs = r.lines("RESULT comm_errors ")[0]
-        assert "NCCL failed while this op (epoch" in errs, errs
-        assert "ncclCommGetAsyncError" in errs, errs
+        if transport == "ipc":
+            assert f"rank {n - 1}'s process (pid " in errs and ") has exited" in errs, errs
+            assert "the op was failed at once instead of after JAX_UB_TIMEOUT" in errs, errs
+        else:
+            assert "NCCL failed while this op (epoch" in errs, errs
+            assert "ncclCommGetAsyncError" in errs, errs
         assert "timed out" not in errs, errs
 
 
