@@ -91,6 +91,16 @@ def ring_ag_case(cols_per_rank):
     return x, w, xf.astype(np.float64) @ wf.astype(np.float64), f
 
 
+def ring_op():
+    """(x, w, f): random bf16 operands and a jitted ring all_gather_matmul over "tp" (the op the
+    failure modes run)."""
+    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
+    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
+    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    return x, w, f
+
+
 def gpu_burner(seconds):
     """A jitted program of chained full-fp32 GEMMs that keeps this GPU busy for about ``seconds``
     with no host round trip inside, and its input; calibrated, compiled and run once on every rank
@@ -358,10 +368,7 @@ elif mode == "stall":
     # The last rank skips its part, and rank 0's watchdog reader sits as if blocked inside a CUDA
     # call (a stalled hardware queue): rank 0's judge must still report the timeout naming the
     # missing rank, then, as the release it asked for never reaches the GPU, say so and abort.
-    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, f = ring_op()
     # Every rank runs the op once first: the NCCL transport then has its connections, so the
     # stalled op waits on the GPU (a first op would wait in NCCL's host-side connect, which fails
     # the call after JAX_UB_TIMEOUT on its own).
@@ -522,10 +529,7 @@ elif mode == "crash":
     # The last rank's process dies (os._exit, no cleanup) while the others wait in an op for its
     # data: they must fail at once (ipc: the watchdog sees in /proc that the process is gone; nccl:
     # NCCL notices the closed connection), not after JAX_UB_TIMEOUT.
-    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, f = ring_op()
     jax.block_until_ready(f(x, w))  # connections made: the next op waits on the GPU
     ex.barrier("before-crash")
     if rank == nprocs - 1:
@@ -540,10 +544,7 @@ elif mode == "crash":
     os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
-    x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
-    w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    x, w, f = ring_op()
     if rank == nprocs - 1:
         f.lower(x, w)  # traces (buffers grow collectively) but never runs
         print("RESULT skipped 1", flush=True)
