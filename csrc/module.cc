@@ -107,6 +107,7 @@ jax_ub::Communicator* Get(int set_id, int device) {
 }
 
 constexpr int kStallWatchdog = 3;  // comm_inject_failure: the reader stalls (Communicator::StallReader)
+constexpr int kDropPoison = 4;     // comm_inject_failure: no poison copy (Communicator::DropPoison)
 
 void CommCreate(int set_id, int group, int rank, int world, int device, size_t capacity,
                 double timeout_s, bool local_only, bool nccl, bool abort_on_stall) {
@@ -313,7 +314,11 @@ NB_MODULE(_jax_ub_cuda, m) {
         "ipc peers (the watchdog's liveness check).");
   m.def("process_gone", [](std::vector<uint64_t> p) {
           if (p.size() != 4) throw std::invalid_argument("process_gone: need 4 numbers");
-          jax_ub::ProcessId id{static_cast<int32_t>(p[0]), p[1], p[2], p[3]};
+          jax_ub::ProcessId id;
+          id.pid = static_cast<int32_t>(p[0]);
+          id.start_ticks = p[1];
+          id.pidns_dev = p[2];
+          id.pidns_ino = p[3];
           return nb::make_tuple(jax_ub::Checkable(id), jax_ub::ProcessGone(id));
         }, nb::arg("process"),
         "(checkable, what became of it ('' while it runs)) for a this_process() of another "
@@ -358,20 +363,28 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("comm_capacity", [](int set_id, int device) { return Get(set_id, device)->capacity(); },
         arg("set_id"), arg("device"));
   m.def("comm_inject_failure", [](int set_id, int device, int what) {
-    if (what < jax_ub::Communicator::kFailNone || what > kStallWatchdog) {
+    if (what < jax_ub::Communicator::kFailNone || what > kDropPoison) {
       throw std::invalid_argument(jax_ub::StrCat()
-                                  << "comm_inject_failure: what must be 0, 1, 2 or 3; got " << what);
+                                  << "comm_inject_failure: what must be 0 to 4; got " << what);
     }
     jax_ub::Communicator* c = Get(set_id, device);
-    if (what == kStallWatchdog) {
-      c->StallReader(true);
+    if (what == kStallWatchdog || what == kDropPoison) {
+      if (what == kStallWatchdog) {
+        c->StallReader(true);
+      } else {
+        c->DropPoison(true);
+      }
       return;
     }
-    if (what == jax_ub::Communicator::kFailNone) c->StallReader(false);
+    if (what == jax_ub::Communicator::kFailNone) {
+      c->StallReader(false);
+      c->DropPoison(false);
+    }
     c->Inject(static_cast<jax_ub::Communicator::Injected>(what));
   }, arg("set_id"), arg("device"), arg("what"),
   "Test hook: the next op on this member fails before it begins (1) or right after (2); the "
-  "watchdog's reader sits as if blocked in a CUDA call (3); 0 clears.");
+  "watchdog's reader sits as if blocked in a CUDA call (3); the reader never copies the poison "
+  "word to the GPU (4); 0 clears.");
   m.def("comm_error", [](int set_id, int device) { return Get(set_id, device)->error(); },
         arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
   m.def("comm_host_stats", [](int set_id, int device) {

@@ -146,7 +146,8 @@ def _announce_refused_call(err: BaseException) -> None:
         return
     try:
         exchange = _process_exchange(_bootstrap.next_init_id(), config.Config.timeout_s)
-        exchange.announce_failure(f"jax_ub.initialize() refused its arguments on process "
+        exchange.announce_failure(f"jax_ub.initialize() refused its arguments or JAX_UB_* "
+                                  f"settings on process "
                                   f"{jax.process_index()}: {type(err).__name__}: {err}")
     except Exception as e:  # best effort: the peers' timeout still bounds their wait
         log.warning("jax_ub.initialize: could not tell the peers why this process failed: %s", e)
@@ -198,8 +199,16 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     if len(groups[0]) == 1:
         # Nothing to gather or scatter: the ops run a plain dot on such an axis (ops.py), so no
         # registered buffer is worth its memory. A set from an earlier, larger mesh goes away.
-        shutdown(axis)
-        _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1")
+        # This call's init id first, so a failing shutdown cannot leave this process one id
+        # behind its peers; they hear of the failure at once.
+        exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
+        try:
+            shutdown(axis)
+        except Exception as err:
+            if exchange is not None:
+                exchange.announce_failure(f"{type(err).__name__}: {err}")
+            raise
+        _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1", exchange)
         log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
                  "ops run a plain GEMM without communication", axis)
         return None
@@ -291,13 +300,16 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         return s
 
 
-def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float, path: str) -> None:
+def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float, path: str,
+                                 exchange: _bootstrap.KVExchange | None = None) -> None:
     """Several processes, no communicators (the reference path, or an axis of size 1): they still
     check that they got the same mesh and axis, so a process launched with another layout fails
-    here, naming the difference, instead of hanging in XLA's first collective."""
+    here, naming the difference, instead of hanging in XLA's first collective. ``exchange``: this
+    call's, where the caller took its init id already."""
     if jax.process_count() == 1:
         return
-    exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
+    if exchange is None:
+        exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
     existing = _sets.get(axis)
     _bootstrap.agree(exchange, _first_fields(
         axis, devices_key, path, "none" if existing is None else f"frees set {existing.set_id}"),
@@ -656,8 +668,10 @@ def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) 
     process) fails ``"before"`` it begins (as a refused op: the communicator stays usable if every
     rank refuses) or right ``"after"`` (as a failed enqueue: the communicator is abandoned).
     ``"stall_watchdog"``: the watchdog's reader thread sits as if blocked inside a CUDA call on
-    these members until ``"none"`` clears it (the judge must still report timeouts)."""
-    codes = {"none": 0, "before": 1, "after": 2, "stall_watchdog": 3}
+    these members until ``"none"`` clears it (the judge must still report timeouts).
+    ``"drop_poison"``: the reader never copies the poison word to the GPU, as if the copy had not
+    landed when the op's check runs (nccl: the op must still fail, through the abort mark)."""
+    codes = {"none": 0, "before": 1, "after": 2, "stall_watchdog": 3, "drop_poison": 4}
     if when not in codes:
         raise ValueError(f"_inject_failure: when must be one of {sorted(codes)}; got {when!r}")
     if axis not in _sets:

@@ -18,16 +18,20 @@
 namespace jax_ub {
 namespace {
 
-constexpr char kIpcMagic[9] = "JAXUBIP2";  // the layout below (IP1: a bare pid)
+// Names the layout below (the earlier "JAXUBIPC" carried a bare pid).
+constexpr char kIpcMagic[9] = "JAXUBIP2";
 
 struct IpcBlob {
   char magic[8];
   ProcessId process;  // the exporter: the watchdog tells a peer that exited from a late one
-  int device;
+  int32_t device;
+  int32_t reserved;  // explicit: no padding bytes travel to the peers
   uint64_t capacity;
   cudaIpcMemHandle_t buffer;
   cudaIpcMemHandle_t flags;
 };
+static_assert(sizeof(IpcBlob) == 8 + sizeof(ProcessId) + 8 + 8 + 2 * sizeof(cudaIpcMemHandle_t),
+              "IpcBlob has no padding: every byte sent to the peers is set");
 
 }  // namespace
 
@@ -225,6 +229,7 @@ Status Communicator::Destroy() {
     } else {
       nccl_->Leak(drained.message());
     }
+    nccl_->SetBeforeAbort(nullptr);  // it writes into report_host_, freed below
     nccl_.reset();
   }
   if (!drained.ok()) {
@@ -369,7 +374,8 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob) {
   if (blob.size() != sizeof(b) || std::memcmp(blob.data(), kIpcMagic, 8) != 0) {
     return Status::Error(StrCat() << "ConnectIpc: peer " << peer
                                   << " sent a malformed handle blob (" << blob.size()
-                                  << " bytes; empty means cudaIpcGetMemHandle failed there)");
+                                  << " bytes; empty means cudaIpcGetMemHandle failed there; "
+                                     "otherwise most likely a different jax_ub build there)");
   }
   std::memcpy(&b, blob.data(), sizeof(b));
   if (b.capacity != o_.capacity) {
@@ -409,6 +415,15 @@ Status Communicator::AttachNccl(std::shared_ptr<NcclComm> n) {
                                   << (n ? n->rank() : -1) << " of " << (n ? n->world() : -1)
                                   << " on device " << (n ? n->device() : -1) << ")");
   }
+  // Any abort (the watchdog's, or an op's own when NCCL failed under it) first marks the op
+  // failed in host-mapped memory: End's check reads it, so an op whose kernels the abort releases
+  // fails instead of returning what they left in its output.
+  volatile uint64_t* mark = report_host_ + kAbortMark;
+  const uint64_t value = PoisonValue(o_.rank);
+  n->SetBeforeAbort([mark, value] {
+    *mark = value;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  });
   nccl_ = std::move(n);
   return Status::Ok();
 }
@@ -575,7 +590,7 @@ Status Communicator::End(cudaStream_t xla) {
     JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
     // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
     // there would queue behind a running GEMM that holds every SM).
-    return LaunchCheckFlag(poison_, xla);
+    return LaunchCheckFlag(poison_, report_dev_ + kAbortMark, xla);
   }
   return LaunchCheckOp(poison_, op_ids_, o_.world, o_.rank, (epoch_ << 32) | op_hash_, report_dev_,
                        xla);

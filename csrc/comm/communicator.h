@@ -197,6 +197,9 @@ class Communicator {
   // Test hook (jax_ub.comm's inject_failure "stall_watchdog"): the reader, on its next poll of
   // this member, sits as if blocked inside a CUDA call until the hook is cleared.
   void StallReader(bool on) { stall_reader_.store(on); }
+  // Test hook ("drop_poison"): the reader never copies the poison word to the GPU, as if its copy
+  // had not landed when the op's check runs (the nccl abort's 2 s fallback).
+  void DropPoison(bool on) { drop_poison_.store(on); }
 
  private:
   Communicator() = default;
@@ -231,8 +234,10 @@ class Communicator {
   uint64_t op_hash_ = 0;  // this member's current op (Begin .. End)
   // Host-mapped: End's check kernel reports an op mismatch here (epoch, peer, its id, ours), or
   // the poison word that failed the op (its value, the epoch); the judge reads it without a CUDA
-  // call (LaunchCheckOp).
-  static constexpr int kReportWords = 6;
+  // call (LaunchCheckOp). Word kAbortMark (nccl): PoisonValue(rank), stored by the reader before
+  // it aborts NCCL, so End's check fails the op even if the poison word's copy has not landed.
+  static constexpr int kReportWords = 7;
+  static constexpr int kAbortMark = 6;
   uint64_t* report_host_ = nullptr;
   uint64_t* report_dev_ = nullptr;
   bool mismatch_reported_ = false;  // with mu_ held
@@ -308,6 +313,7 @@ class Communicator {
   bool stall_reported_ = false;
   std::mutex reader_mu_;  // PollGpu: the reader thread, or Drain's
   std::atomic<bool> stall_reader_{false};
+  std::atomic<bool> drop_poison_{false};
   cudaEvent_t start_ = nullptr;
   // Recorded on comm(0) after Begin's handshake (done-reading waits, buffer-free signals). With
   // start_ it lets a timeout say how far this rank's GPU got, not only what its host enqueued.
@@ -346,6 +352,7 @@ class Communicator {
   // NCCL's asynchronous error (a peer's process died, its connection broke), polled by the reader
   // while an op is pending, at most every kAsyncPollS; reported by the judge (with mu_ held).
   std::string nccl_async_error_;
+  int nccl_async_code_ = 0;  // its ncclResult_t
   std::chrono::steady_clock::time_point async_polled_at_{};  // reader
   static constexpr double kAsyncPollS = 0.05;
   const char* op_ = "";                  // op of the current Begin..End

@@ -307,7 +307,13 @@ void NcclComm::AbortLocked(const std::string& why) {
   nccl::Comm comm = comm_.exchange(nullptr);
   if (comm == nullptr) return;
   dead_ = "aborted after: " + why;
+  if (before_abort_) before_abort_();
   GetApi()->CommAbort(comm);
+}
+
+void NcclComm::SetBeforeAbort(std::function<void()> hook) {
+  std::lock_guard<std::mutex> call(call_mu_);
+  before_abort_ = std::move(hook);
 }
 
 void NcclComm::Leak(const std::string& why) {
@@ -424,19 +430,21 @@ Status NcclComm::CheckAsync() {
   return Status::Ok();
 }
 
-bool NcclComm::TryCheckAsync(std::string* error) {
+bool NcclComm::TryCheckAsync(std::string* error, int* code) {
   std::unique_lock<std::mutex> lock(call_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   const nccl::Comm comm = comm_.load();
   if (comm == nullptr) return false;  // destroyed or aborted: that failure was reported
   Result async = nccl::kSuccess;
   const Result r = GetApi()->CommGetAsyncError(comm, &async);
+  error->clear();
+  *code = 0;
   if (r != nccl::kSuccess) {
     *error = Fail("ncclCommGetAsyncError", r).message();
+    *code = static_cast<int>(r);
   } else if (async != nccl::kSuccess && async != nccl::kInProgress) {
     *error = Fail("an NCCL operation in flight (reported by ncclCommGetAsyncError)", async).message();
-  } else {
-    error->clear();
+    *code = static_cast<int>(async);
   }
   return true;
 }

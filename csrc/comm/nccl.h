@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,9 +100,14 @@ class NcclComm {
   // The watchdog's check (ncclCommGetAsyncError is meant to be polled from such a thread): never
   // waits for another thread's NCCL call. false when it could not check now (a call or group is
   // in progress on another thread, or the communicator is gone); else true, with *error the
-  // failure NCCL reports (with ncclGetLastError's text, which names a peer where NCCL knows it),
-  // or "" while healthy.
-  bool TryCheckAsync(std::string* error);
+  // failure NCCL reports (plus NCCL's last warning, which is process-wide: it may come from
+  // another communicator) and *code its ncclResult_t, or "" and 0 while healthy.
+  bool TryCheckAsync(std::string* error, int* code);
+  // Runs inside every abort of this communicator, right before ncclCommAbort, on whichever thread
+  // aborts (the watchdog's, or an op's own when NCCL failed under it), with call_mu_ held: must
+  // not block or call into this communicator. The owner marks its op failed there, so that an
+  // op whose kernels the abort releases cannot pass its final check. Null: none.
+  void SetBeforeAbort(std::function<void()> hook);
   // Frees the communicator: ncclCommAbort when an asynchronous error is pending (ncclCommDestroy
   // could wait forever on a broken peer), else ncclCommDestroy. Safe to call twice; a
   // communicator already aborted after a failure is just forgotten. Make sure every operation has
@@ -142,6 +148,7 @@ class NcclComm {
   // under it (atomic: Usable reads it without); dead_ is under dead_mu_ (taken after call_mu_).
   mutable std::mutex call_mu_;
   std::unique_lock<std::mutex> group_;  // call_mu_, from GroupStart to GroupEnd
+  std::function<void()> before_abort_;  // under call_mu_
   std::atomic<nccl::Comm> comm_{nullptr};
   int rank_ = 0, world_ = 1, device_ = 0;
   double timeout_s_ = 0;

@@ -13,9 +13,11 @@ namespace jax_ub {
 // means something in the namespace it came from).
 struct ProcessId {
   int32_t pid = 0;
+  int32_t reserved = 0;      // explicit: no padding bytes travel to the peers
   uint64_t start_ticks = 0;  // 0: unknown
   uint64_t pidns_dev = 0, pidns_ino = 0;
 };
+static_assert(sizeof(ProcessId) == 32, "ProcessId travels in the IPC handle blob: no padding");
 
 ProcessId ThisProcess();
 

@@ -145,8 +145,10 @@ void Communicator::PollGpu() {
   std::vector<int> idx;
   bool poison = false, abort_nccl = false;
   uint64_t requested = 0;
+  bool gone[kMaxWorld] = {};  // peers whose process has exited: no writes into them
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (int q = 0; q < o_.world; ++q) gone[q] = !peer_gone_[q].empty();
     idx.swap(release_idx_);
     poison = release_poison_;
     release_poison_ = false;
@@ -154,12 +156,12 @@ void Communicator::PollGpu() {
     requested = release_requested_;
   }
   if (poison || !idx.empty()) {
-    if (poison) {
+    if (poison && !drop_poison_.load()) {
       cudaMemcpyAsync(poison_, host_flags_ + 2 * n, sizeof(uint64_t), cudaMemcpyHostToDevice,
                       release_);
       // Every peer's word too, before any flag is released (same stream): see communicator.h.
       for (int q = 0; q < o_.world && !o_.nccl; ++q) {
-        if (q == o_.rank || peer_flags_[q] == nullptr) continue;
+        if (q == o_.rank || peer_flags_[q] == nullptr || gone[q]) continue;
         cudaMemcpyAsync(peer_flags_[q] + (poison_ - flags_), host_flags_ + 2 * n,
                         sizeof(uint64_t), cudaMemcpyHostToDevice, release_);
       }
@@ -191,6 +193,8 @@ void Communicator::PollGpu() {
       if (landed || Seconds(Clock::now() - poisoned_at_) >= 2.0) {
         nccl_poisoning_ = false;
         std::string why = error();
+        // The abort first sets the host-mapped abort mark (AttachNccl's hook), which End's check
+        // reads too: the op fails even where the poison word's copy has not landed.
         if (nccl_ != nullptr) nccl_->Abort(why);
         std::lock_guard<std::mutex> lock(mu_);
         nccl_aborted_ = true;
@@ -256,6 +260,9 @@ void Communicator::ReadProgress(bool with_flags, bool idle_read) {
     return;
   }
   if (!any_pending_.load(std::memory_order_acquire) && !idle_read) return;
+  // Stamped before the copy is enqueued: a read that ran before some event never counts as
+  // issued after it (CheckPeerProcesses' gate).
+  const auto issued = Clock::now();
   // poison_ and progress_ are adjacent: with the flags, the poison word comes in the same copy.
   if ((!with_flags || cudaMemcpyAsync(host_flags_, flags_, n * sizeof(uint64_t),
                                       cudaMemcpyDeviceToHost, watch_) == cudaSuccess) &&
@@ -265,7 +272,7 @@ void Communicator::ReadProgress(bool with_flags, bool idle_read) {
       cudaEventRecord(read_done_, watch_) == cudaSuccess) {
     std::lock_guard<std::mutex> lock(mu_);
     reading_ = true;
-    read_issued_ = Clock::now();
+    read_issued_ = issued;
   }
   cudaGetLastError();
 }
@@ -307,9 +314,11 @@ void Communicator::PollNcclAsync() {
     }
   }
   std::string error;
-  if (!nccl_->TryCheckAsync(&error) || error.empty()) return;
+  int code = 0;
+  if (!nccl_->TryCheckAsync(&error, &code) || error.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   nccl_async_error_ = std::move(error);
+  nccl_async_code_ = code;
 }
 
 std::string Communicator::GpuState() {
@@ -553,6 +562,8 @@ void Communicator::Judge() {
                         << FlagValue(slot, have)
                         << "). The peer never arrived: is its process alive, and does every "
                            "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
+                        << (peer_gone_[q].empty() ? std::string()
+                                                  : " [" + peer_gone_[q] + ", as /proc shows]")
                         << FlagReadAge(now);
       ReportTimeout(msg, p.op, now);
       // The reader releases the waiting stream with a marked value, after the poison word.
@@ -573,13 +584,18 @@ void Communicator::JudgeNccl(Clock::time_point now) {
   if (!nccl_async_error_.empty()) {
     // NCCL gave up on its own (a peer's process ended or its connection broke): no need to wait
     // for the timeout. Poison, then abort, as below.
+    // ncclRemoteError, ncclSystemError: what NCCL reports when a peer's process or its
+    // connection goes away (an internal or CUDA error is more likely this rank's own).
+    const bool remote =
+        nccl_async_code_ == nccl::kRemoteError || nccl_async_code_ == nccl::kSystemError;
     ReportTimeout(StrCat() << Where(*this, p.op) << ": NCCL failed while this op (epoch "
                            << p.epoch << ") waited in send/recv, after "
-                           << Seconds(now - p.since)
-                           << " s: " << nccl_async_error_
-                           << ". A peer's process has probably exited or lost its connection (its "
-                              "own log says why). The NCCL communicator was aborted; no op of "
-                              "this group can complete now: restart the processes.",
+                           << Seconds(now - p.since) << " s: " << nccl_async_error_ << ". "
+                           << (remote ? "A peer's process has probably exited or lost its "
+                                        "connection (its own log says why). "
+                                      : "")
+                           << "The NCCL communicator is being aborted; no op of this group can "
+                              "complete now: restart the processes.",
                   p.op, now);
     nccl_abort_requested_ = true;
     return;

@@ -2,8 +2,8 @@
 
 namespace jax_ub {
 namespace {
-__global__ void CheckFlagKernel(const volatile uint64_t* flag) {
-  if (*flag != 0) __trap();
+__global__ void CheckFlagKernel(const volatile uint64_t* flag, const volatile uint64_t* host_mark) {
+  if (*flag != 0 || (host_mark != nullptr && *host_mark != 0)) __trap();
 }
 
 __global__ void CheckOpKernel(const volatile uint64_t* poison, const volatile uint64_t* ids,
@@ -32,8 +32,8 @@ __global__ void CheckOpKernel(const volatile uint64_t* poison, const volatile ui
 }
 }  // namespace
 
-Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream) {
-  CheckFlagKernel<<<1, 1, 0, stream>>>(flag);
+Status LaunchCheckFlag(const uint64_t* flag, const uint64_t* host_mark, cudaStream_t stream) {
+  CheckFlagKernel<<<1, 1, 0, stream>>>(flag, host_mark);
   JAX_UB_CUDA_RETURN(cudaGetLastError());
   return Status::Ok();
 }

@@ -15,7 +15,9 @@ constexpr uint64_t kTimeoutMark = uint64_t(1) << 40;
 
 // One thread: if *flag != 0 (the communicator's poison word, set by the watchdog before it
 // releases a timed-out wait), __trap(): the call fails; the watchdog has already printed why.
-Status LaunchCheckFlag(const uint64_t* flag, cudaStream_t stream);
+// `host_mark` (host-mapped, may be null): a second word the watchdog sets by a plain host store
+// (no copy to wait for) before it aborts NCCL; the check traps when either is nonzero.
+Status LaunchCheckFlag(const uint64_t* flag, const uint64_t* host_mark, cudaStream_t stream);
 
 // The poison word's value: 1 + the rank whose watchdog timed a wait out. That rank writes it into
 // its own word and, on the ipc transport, into every peer's (see comm/communicator.h).

@@ -1,6 +1,6 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|crash|fault|stall|lifecycle|busy|checks|mismatch|gaveup
+    python _mp_worker.py exchange|dptp|timeout|nopoison|crash|fault|stall|lifecycle|busy|checks|mismatch|gaveup
                   (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
                   transport and the bootstrap)
 
@@ -541,6 +541,23 @@ elif mode == "crash":
     sys.stdout.flush()
     if rank == 0:
         time.sleep(2.0)
+    os._exit(0)
+elif mode == "nopoison":
+    # nccl: rank 0's watchdog never gets its poison word onto the GPU (as when the copy is stuck
+    # past the abort's 2 s fallback) while the last rank skips an op whose connections exist: the
+    # op must still fail (End's check also reads the host-mapped abort mark), never return data.
+    x, w, f = ring_op()
+    jax.block_until_ready(f(x, w))
+    if rank == nprocs - 1:
+        print("RESULT skipped 1", flush=True)
+        time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 15)
+        os._exit(0)
+    jax_ub.comm._inject_failure("tp", "drop_poison")
+    run_expecting_failure("", f, x, w)
+    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
+    sys.stdout.flush()
+    if rank == 0:
+        time.sleep(5.0)
     os._exit(0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.

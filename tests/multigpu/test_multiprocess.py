@@ -205,6 +205,25 @@ def test_missing_peer_times_out_with_a_clear_error(capsys, transport):
     _missing_peer(capsys, n, transport, **_layout(n))
 
 
+def test_nccl_timeout_fails_the_op_even_if_the_poison_word_never_lands(capsys):
+    """Transport nccl: the watchdog's poison copy never reaches the GPU (test hook), so the abort
+    comes from its 2 s fallback and the op's check finds the poison word clear. The op must
+    still fail, through the abort mark the watchdog stores in host-mapped memory before the abort,
+    instead of returning what NCCL's aborted kernels left in the output."""
+    n, timeout = 2, 6
+    env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT="nccl")
+    results = parallel_launch(n, WORKER, ["nopoison"], env=env, timeout_s=120, **_layout(n))
+    with capsys.disabled():
+        for r in results:
+            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:700])
+    r0 = results[0]
+    assert not r0.timed_out and r0.returncode == 0, format_failures(results)
+    assert not r0.lines("RESULT completed "), format_failures(results)
+    failed = r0.lines("RESULT failed_after ")
+    assert failed and float(failed[0]) <= timeout + 2 + 10, format_failures(results)
+    assert "in NCCL send/recv with ranks 1" in r0.lines("RESULT comm_errors ")[0], r0.stdout
+
+
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_crashed_peer_fails_the_op_at_once(capsys, transport):
     """The last rank's process dies while the others wait in an op for its data. The op fails
