@@ -141,8 +141,11 @@ nb::bytes CommExportIpc(int set_id, int device) {
   return nb::bytes(blob.data(), blob.size());
 }
 
-void CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
-  Raise(Get(set_id, device)->ConnectIpc(peer, std::string(blob.c_str(), blob.size())));
+// Returns "" when the peer's process can be watched for an exit, else why not.
+std::string CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
+  std::string unchecked;
+  Raise(Get(set_id, device)->ConnectIpc(peer, std::string(blob.c_str(), blob.size()), &unchecked));
+  return unchecked;
 }
 
 // PCI bus id ("0000:18:00.0", lower case) of every visible device; "" where CUDA cannot say. Lets
@@ -319,10 +322,11 @@ NB_MODULE(_jax_ub_cuda, m) {
           id.start_ticks = p[1];
           id.pidns_dev = p[2];
           id.pidns_ino = p[3];
-          return nb::make_tuple(jax_ub::Checkable(id), jax_ub::ProcessGone(id));
+          return nb::make_tuple(jax_ub::Checkable(id), jax_ub::ProcessGone(id),
+                                jax_ub::WhyNotCheckable(id));
         }, nb::arg("process"),
-        "(checkable, what became of it ('' while it runs)) for a this_process() of another "
-        "process of this host.");
+        "(checkable, what became of it ('' while it runs), why it is not checkable ('' where it "
+        "is)) for a this_process() of another process of this host.");
   m.def("runtime_info", &RuntimeInfo, "CUDA driver version and device count (no exceptions).");
   m.def("set_library_candidates", &jax_ub::SetLibraryCandidates, nb::arg("lib"), nb::arg("paths"),
         "Paths to try, in order, when dlopen()ing `lib` ('cublasLt' or 'nccl').");
@@ -356,7 +360,8 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("comm_export_ipc", &CommExportIpc, arg("set_id"), arg("device"),
         "CUDA IPC handles of this member's buffer and flags (opaque bytes).");
   m.def("comm_connect_ipc", &CommConnectIpc, arg("set_id"), arg("device"), arg("peer"),
-        arg("blob"), "Wires a peer of another process from its exported handles.");
+        arg("blob"), "Wires a peer of another process from its exported handles; returns why that "
+        "peer's process cannot be watched for an exit ('' where it can).");
   m.def("comm_grow", [](int set_id, int device, size_t capacity) {
     Raise(Get(set_id, device)->Grow(capacity));
   }, arg("set_id"), arg("device"), arg("capacity"), nogil);

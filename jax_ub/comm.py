@@ -512,6 +512,7 @@ def _connect(s: CommSet, tag: str) -> None:
     else:
         remote = {}
     local_by_rank = {(gi, r): dev for dev, gi, r in s.local}
+    unchecked: dict[str, list[int]] = {}
     for dev, gi, r in s.local:
         for q in range(s.world):
             if q == r:
@@ -529,7 +530,13 @@ def _connect(s: CommSet, tag: str) -> None:
                     f"jax_ub.initialize: group {gi} spans hosts {label[host]!r} and "
                     f"{label[peer_host]!r}, which "
                     "transport ipc cannot reach: use transport='nccl' or 'auto'")
-            mod.comm_connect_ipc(s.set_id, dev, q, blob)
+            why_not = mod.comm_connect_ipc(s.set_id, dev, q, blob)
+            if why_not and tag == "connect":
+                unchecked.setdefault(why_not, []).append(q)
+    for why_not, ranks in unchecked.items():
+        log.info("jax_ub: axis %r: the processes of rank(s) %s cannot be watched for an exit (%s): "
+                 "if one dies, an op waiting for it fails after the timeout (%g s), not at once",
+                 s.axis, ", ".join(map(str, sorted(set(ranks)))), why_not, s.timeout_s)
 
 
 def ensure_capacity(s: CommSet, nbytes: int) -> None:

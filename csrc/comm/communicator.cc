@@ -366,7 +366,7 @@ std::string Communicator::ExportIpc() const {
   return std::string(reinterpret_cast<const char*>(&b), sizeof(b));
 }
 
-Status Communicator::ConnectIpc(int peer, const std::string& blob) {
+Status Communicator::ConnectIpc(int peer, const std::string& blob, std::string* unchecked) {
   if (peer < 0 || peer >= o_.world || peer == o_.rank) {
     return Status::Error(StrCat() << "ConnectIpc: bad peer " << peer);
   }
@@ -393,9 +393,10 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob) {
     peer_flags_[peer] = static_cast<uint64_t*>(fl);
     ipc_flags_[peer] = true;
   }
-  const bool checkable = Checkable(b.process);
+  const std::string why_not = WhyNotCheckable(b.process);
+  if (unchecked != nullptr) *unchecked = why_not;
   std::lock_guard<std::mutex> lock(mu_);
-  peer_process_[peer] = checkable ? b.process : ProcessId{};
+  peer_process_[peer] = why_not.empty() ? b.process : ProcessId{};
   return Status::Ok();
 }
 

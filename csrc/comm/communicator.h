@@ -88,7 +88,9 @@ class Communicator {
   Status ConnectLocal(int peer, const Communicator& other);
   // Cross-process peer: CUDA IPC handles of the peer's buffer and flags.
   std::string ExportIpc() const;
-  Status ConnectIpc(int peer, const std::string& blob);
+  // `unchecked` (may be null) receives why the peer's process cannot be watched for an exit
+  // ("" where it can).
+  Status ConnectIpc(int peer, const std::string& blob, std::string* unchecked = nullptr);
   bool Connected() const;
   // Transport "nccl": takes (shared) ownership of this member's NCCL communicator (rank and world
   // must match); Destroy() destroys it.

@@ -83,17 +83,27 @@ ProcessId ThisProcess() {
   return me;
 }
 
-bool Checkable(const ProcessId& p) {
+bool Checkable(const ProcessId& p) { return WhyNotCheckable(p).empty(); }
+
+std::string WhyNotCheckable(const ProcessId& p) {
   static const ProcessId me = ThisProcess();
-  if (p.pid <= 0 || p.start_ticks == 0 || me.start_ticks == 0 || me.pidns_ino == 0) return false;
-  if (p.pidns_dev != me.pidns_dev || p.pidns_ino != me.pidns_ino) return false;
+  if (me.start_ticks == 0 || me.pidns_ino == 0) {
+    return "this process cannot read its own /proc entry";
+  }
+  if (p.pid <= 0 || p.start_ticks == 0) return "it could not describe itself (no /proc there)";
+  if (p.pidns_dev != me.pidns_dev || p.pidns_ino != me.pidns_ino) {
+    return "it runs in another pid namespace (another container)";
+  }
   long own = 0;
   char state = 0;
   uint64_t start = 0;
   // Visible now, as itself (a /proc mounted with hidepid hides other users' processes: such a
   // peer is not checkable rather than "gone").
-  return ReadStat(p.pid, &own, &state, &start) == 1 && own == p.pid &&
-         start == p.start_ticks && state != 'Z' && state != 'X';
+  if (ReadStat(p.pid, &own, &state, &start) != 1 || own != p.pid || start != p.start_ticks) {
+    return "this process's /proc does not show it (hidepid, or it had already exited)";
+  }
+  if (state == 'Z' || state == 'X') return "it had already exited when it connected";
+  return std::string();
 }
 
 std::string ProcessGone(const ProcessId& p) {

@@ -25,6 +25,9 @@ ProcessId ThisProcess();
 // and /proc shows that pid with that start time now. Not checkable: never judged gone.
 bool Checkable(const ProcessId& p);
 
+// "" where Checkable(p); else why not, in words ("it runs in another pid namespace", ...).
+std::string WhyNotCheckable(const ProcessId& p);
+
 // "" while `p` runs (or cannot be told); else what became of it: "has exited", "has exited (a
 // zombie, not yet reaped by its parent)", "has exited (its pid now belongs to another process)".
 std::string ProcessGone(const ProcessId& p);

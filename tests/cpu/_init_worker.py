@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import sys
 import time
@@ -68,6 +69,8 @@ class FakeExtension:
                 return [f"0000:{0x18 + i:02x}:00.0" for i in range(8)]
             if name == "comm_export_ipc":
                 return b"handle-%d-%d" % (args[0], args[1])
+            if name == "comm_connect_ipc":  # why the peer's process cannot be watched
+                return os.environ.get("UNCHECKED", "")
             if name == "nccl_comm_destroy":
                 return 0  # communicators destroyed
             if name == "nccl_load_error":
@@ -114,6 +117,17 @@ def step(name, fn):
     print("RESULT " + json.dumps({"step": name, "dt": round(time.monotonic() - t0, 2), **out}),
           flush=True)
 
+
+class _LogLines(logging.Handler):
+    """jax_ub's log records as RESULT lines (step "log"), for the tests that check a message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print("RESULT " + json.dumps({"step": "log", "level": record.levelname,
+                                      "msg": record.getMessage()}), flush=True)
+
+
+if os.environ.get("CAPTURE_LOG"):  # with JAX_UB_LOG=INFO (jax_ub sets its logger's level)
+    logging.getLogger("jax_ub").addHandler(_LogLines())
 
 if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch", "p2p"):
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))

@@ -25,7 +25,8 @@ T = 20.0  # jax_ub's timeout in the workers: every failure below must come long 
 
 
 def _launch(scenario: str, **env: str) -> list[dict[str, dict]]:
-    """Each process's results: {step name: result}, plus "calls" (the extension calls made)."""
+    """Each process's results: {step name: result}, plus "calls" (the extension calls made) and
+    "logs" (jax_ub's log messages, where the worker runs with CAPTURE_LOG)."""
     res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T), **env},
                           timeout_s=120)
     assert all(r.returncode == 0 and not r.timed_out for r in res), format_failures(res)
@@ -34,7 +35,10 @@ def _launch(scenario: str, **env: str) -> list[dict[str, dict]]:
         steps = {}
         for line in r.lines("RESULT "):
             item = json.loads(line)
-            steps[item.get("step", "calls")] = item
+            if item.get("step") == "log":
+                steps.setdefault("logs", []).append(item["msg"])
+            else:
+                steps[item.get("step", "calls")] = item
         out.append(steps)
     return out
 
@@ -47,6 +51,22 @@ def test_both_processes_set_up_and_free_one_set():
         calls = p["calls"]["calls"]
         assert calls.count("comm_create") == 2 and calls.count("comm_connect_ipc") == 2, calls
         assert "comm_destroy_set" in calls, calls
+
+
+def test_a_peer_whose_process_cannot_be_watched_is_named_once_at_setup():
+    """Where the extension says a peer's process cannot be checked (another pid namespace, hidden
+    /proc), setup says so once, with the reason and what it means: a crash there ends in the
+    timeout, not at once. A grow's reconnection does not repeat it."""
+    why = "it runs in another pid namespace (another container)"
+    for p in _launch("ok", UNCHECKED=why, CAPTURE_LOG="1", JAX_UB_LOG="INFO"):
+        assert p["init"]["ok"], p
+        said = [m for m in p.get("logs", []) if "cannot be watched for an exit" in m]
+        assert len(said) == 1, p.get("logs")
+        assert f"({why})" in said[0] and f"after the timeout ({T:g} s)" in said[0], said
+        assert "rank(s) 0" in said[0] or "rank(s) 1" in said[0], said
+    for p in _launch("ok", CAPTURE_LOG="1", JAX_UB_LOG="INFO"):  # every peer checkable: nothing said
+        assert p["init"]["ok"], p
+        assert not [m for m in p.get("logs", []) if "watched" in m], p.get("logs")
 
 
 @pytest.mark.parametrize("fail_on", ["comm_create", "comm_connect_ipc"])

@@ -1,6 +1,6 @@
 """NCCL communicators made directly (jax_ub._nccl, the bootstrap="nccl" path), two processes: the
-host all-gather's lengths check, a normal gather, a creation that a peer never joins, and a failed
-attach that must not lose the communicator.
+host all-gather's lengths check, a normal gather, a creation that a peer never joins, and attach
+refusals that must not lose the communicator.
 
 Two processes share the GPU where there is one (the launcher makes each its own NCCL host).
 Skips without a CUDA GPU or without a loadable NCCL.
@@ -70,12 +70,26 @@ def test_creation_a_peer_never_joins_times_out_naming_this_rank(tmp_path):
     assert results[1].lines("RESULT absent_done") == [""], format_failures(results)
 
 
-def test_failed_attach_leaves_the_communicator_where_destroy_frees_it(tmp_path):
-    """comm_attach_nccl to a member that does not exist fails; the NCCL communicator must stay in
-    the table (it was removed first, and so leaked with its proxy thread and sockets, before)."""
+def test_attach_refusals_name_why_and_leave_the_communicator_where_destroy_frees_it(tmp_path):
+    """comm_attach_nccl refuses a member that does not exist, a transport-ipc member, a member of
+    another rank and a member that has a communicator already, each naming why; a refused
+    communicator stays in the table (it was removed first, and so leaked with its proxy thread and
+    sockets, before), where destroy frees it. The matching attach takes it out of the table, and
+    destroying the member's set frees it."""
     results = _run(tmp_path, "attach")
     for r in results:
-        (failed,) = r.lines("RESULT attach_failed ")
-        assert "987654" in failed, failed
-        assert r.lines("RESULT listed ") == ["[(7, 0)]"], format_failures(results)
-        assert r.lines("RESULT destroyed_count ") == ["1"], format_failures(results)
+        def said(name: str, r=r) -> str:
+            (line,) = r.lines(f"RESULT {name} ")
+            return line
+
+        assert "987654" in said("no_member") and said("no_member").startswith("failed"), said(
+            "no_member")
+        assert "was created for transport ipc" in said("ipc_member"), said("ipc_member")
+        assert (f"does not match (rank {r.rank} of 2 on device 0)" in said("other_rank")
+                and f"rank {1 - r.rank} of 2" in said("other_rank")), said("other_rank")
+        assert said("matching") == "attached", said("matching")
+        assert "an NCCL communicator is attached already" in said("second"), said("second")
+        assert r.lines("RESULT listed_before ") == ["[(7, 0), (8, 0)]"], format_failures(results)
+        assert r.lines("RESULT listed_after ") == ["[(8, 0)]"], format_failures(results)
+        # 7 went with set 902; 8 (refused) was still in the table
+        assert r.lines("RESULT destroyed_count ") == ["0 1"], format_failures(results)
