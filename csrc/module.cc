@@ -24,6 +24,7 @@
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
 #include "gemm/cublaslt.h"
+#include "kernels/copy.h"
 #include "kernels/fill.h"
 
 namespace nb = nanobind;
@@ -193,7 +194,7 @@ std::vector<std::vector<int>> P2PMatrix() {
 nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
                     size_t workspace_bytes, int tune_candidates, bool accumulate,
                     int reserve_sms, int64_t ld, int tune_reps, bool unaligned_a,
-                    bool unaligned_c) {
+                    bool unaligned_c, bool trans_a, bool trans_b) {
   jax_ub::GemmTuneResult tune;
   jax_ub::Status status;
   {
@@ -229,6 +230,11 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
       if (workspace_bytes) JAX_UB_CUDA_RETURN(alloc(&ws, workspace_bytes));
       jax_ub::GemmArgs g = jax_ub::RowMajorGemm(m, n, k, t, tf32, a, b, c, ws, workspace_bytes);
       g.ldb = g.ldc = row;
+      // jax_ub.matmul's backward GEMMs (dy @ w^T, x^T @ dy): A stored [k, m], B stored [n, k].
+      g.trans_a = trans_a;
+      g.trans_b = trans_b;
+      if (trans_a) g.lda = m;
+      if (trans_b) g.ldb = k;
       // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for
       // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
       g.accumulate = accumulate;
@@ -291,6 +297,52 @@ nb::dict GemmWarmup(int device, int64_t m, int64_t n, int64_t k, int dtype, bool
   d["heuristic_ms"] = tune.heuristic_ms;
   d["best_ms"] = tune.best_ms;
   return d;
+}
+
+// Test hook for the bounded-block copy kernel (kernels/copy.h): copies `bytes` random bytes from
+// offset src_offset of one buffer to offset dst_offset of a poisoned one (offsets 0..15 reach every
+// misalignment) and returns (wrong bytes in the copied range, bytes changed outside it).
+std::pair<size_t, size_t> CopyCheck(int device, size_t bytes, int dst_offset, int src_offset,
+                                    int max_blocks) {
+  if (dst_offset < 0 || dst_offset > 15 || src_offset < 0 || src_offset > 15) {
+    throw std::invalid_argument(jax_ub::StrCat() << "copy_check: offsets must be in [0, 15]; got "
+                                                 << dst_offset << ", " << src_offset);
+  }
+  constexpr size_t kGuard = 64;  // poisoned bytes before and after the destination range
+  const size_t src_len = bytes + 16, dst_len = bytes + 2 * kGuard;
+  std::vector<unsigned char> src_h(src_len), dst_h(dst_len);
+  jax_ub::Status st = [&]() -> jax_ub::Status {
+    JAX_UB_CUDA_RETURN(cudaSetDevice(device));
+    void *src = nullptr, *dst = nullptr;
+    JAX_UB_CUDA_RETURN(cudaMalloc(&src, src_len + 16));
+    JAX_UB_CUDA_RETURN(cudaMalloc(&dst, dst_len));
+    jax_ub::Status run = [&]() -> jax_ub::Status {
+      JAX_UB_RETURN_IF_ERROR(
+          jax_ub::LaunchFillUniform(jax_ub::DType::kF32, src, (src_len + 15) / 4, 11u, nullptr));
+      JAX_UB_CUDA_RETURN(cudaMemset(dst, 0xA5, dst_len));
+      JAX_UB_RETURN_IF_ERROR(jax_ub::LaunchCopy(static_cast<char*>(dst) + kGuard + dst_offset,
+                                                static_cast<char*>(src) + src_offset, bytes,
+                                                max_blocks, nullptr));
+      JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
+      JAX_UB_CUDA_RETURN(cudaMemcpy(src_h.data(), src, src_len, cudaMemcpyDeviceToHost));
+      JAX_UB_CUDA_RETURN(cudaMemcpy(dst_h.data(), dst, dst_len, cudaMemcpyDeviceToHost));
+      return jax_ub::Status::Ok();
+    }();
+    cudaFree(src);
+    cudaFree(dst);
+    return run;
+  }();
+  Raise(st);
+  size_t wrong = 0, outside = 0;
+  const size_t begin = kGuard + dst_offset;
+  for (size_t i = 0; i < dst_len; ++i) {
+    if (i >= begin && i < begin + bytes) {
+      wrong += dst_h[i] != src_h[src_offset + (i - begin)];
+    } else {
+      outside += dst_h[i] != 0xA5;
+    }
+  }
+  return {wrong, outside};
 }
 
 std::pair<size_t, size_t> DeviceMemory(int device) {
@@ -407,11 +459,11 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("gemm_warmup", &GemmWarmup, arg("device"), arg("m"), arg("n"), arg("k"), arg("dtype"),
         arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0, arg("accumulate") = false, arg("reserve_sms") = 0,
         arg("ld") = 0, arg("tune_reps") = 5, arg("unaligned_a") = false,
-        arg("unaligned_c") = false,
+        arg("unaligned_c") = false, arg("trans_a") = false, arg("trans_b") = false,
         "Builds the plan and loads the kernel of one GEMM configuration (dtype: 0 f32, 1 f16, "
         "2 bf16; accumulate: with an addend, C = A @ B + C_in; ld > n: B and C are column blocks "
         "with that row stride; unaligned_a / unaligned_c: also the plans for A and/or C (and C_in) "
-        "at pointers short of 16-byte alignment); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
+        "at pointers short of 16-byte alignment; trans_a / trans_b: A stored [k, m], B stored [n, k]); with tune_candidates > 1 times that many of cuBLASLt's candidate algorithms "
         "and keeps the fastest (each timed over tune_reps back-to-back runs). Returns {tuned, candidates, chosen, heuristic_ms, best_ms}.");
   m.def("p2p_matrix", &P2PMatrix, nogil);
   m.def("pci_bus_ids", &PciBusIds, nogil,
@@ -436,6 +488,10 @@ NB_MODULE(_jax_ub_cuda, m) {
     }
     return out;
   }, "Waits for the traced spans and returns them as dicts (times in ms from each op's start; op_start_ms: the op's start from the first traced op's on that device).");
+  m.def("copy_check", &CopyCheck, arg("device"), arg("bytes"), arg("dst_offset"),
+        arg("src_offset"), arg("max_blocks"), nogil,
+        "Test hook: the bounded-block copy kernel at the given byte offsets (0..15) of a random "
+        "source and a poisoned destination; returns (wrong bytes copied, bytes changed outside).");
   m.def("device_memory", &DeviceMemory, arg("device"), "(free, total) bytes of a device.");
   m.def("driver_check", [] {
     const jax_ub::Driver* d = nullptr;

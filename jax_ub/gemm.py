@@ -4,6 +4,7 @@ overlap kernels, with ``jnp.matmul`` as the reference path off-GPU."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import jax
@@ -45,7 +46,8 @@ _warmed: dict[tuple, dict] = {}
 
 def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
          workspace_bytes: int | None = None, accumulate: bool = False,
-         reserve_sms: int = 0, ld: int = 0, row_offsets: bool = True) -> list[dict]:
+         reserve_sms: int = 0, ld: int = 0, row_offsets: bool = True, trans_a: bool = False,
+         trans_b: bool = False) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
     a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
@@ -58,6 +60,8 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     ``row_offsets``: the op runs this GEMM on row blocks of larger matrices (chunks, pieces), so
     where a row of ``x`` (``k``) or of ``y`` (``ld`` or ``n``) is not a multiple of 16 bytes it also
     meets pointers short of 16-byte alignment, whose plans (another kernel) are prepared too.
+    ``trans_a`` / ``trans_b``: ``x`` stored ``[k, m]`` / ``w`` stored ``[n, k]`` (the backward GEMMs
+    of :func:`jax_ub.matmul`; whole buffers, so with ``row_offsets=False``).
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
@@ -74,13 +78,14 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     out = []
     for dev in devices:
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms), int(ld), row_offsets)
+               int(reserve_sms), int(ld), row_offsets, bool(trans_a), bool(trans_b))
         if key not in _warmed:
             r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
                                                     tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
                                                     accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
                                                     ld=int(ld), unaligned_a=unaligned_a,
-                                                    unaligned_c=unaligned_c))
+                                                    unaligned_c=unaligned_c, trans_a=bool(trans_a),
+                                                    trans_b=bool(trans_b)))
             if r["candidates"]:
                 _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
                            "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
@@ -109,13 +114,14 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
     else:
         shape = (*a.shape[:-1], b.shape[0] if trans_b else b.shape[1])
     out_type = _ffi.result_type(shape, a.dtype, a, b)
-    if not trans_a and not trans_b:  # the forward GEMM: tuned like the overlap kernels' chunks
-        m = 1
-        for d in a.shape[:-1]:
-            m *= int(d)
-        if m > 0:
-            warm(_local_cuda_ordinals(), m, b.shape[1], a.shape[-1], a.dtype, precision,
-                 row_offsets=False)  # whole XLA buffers
+    # Every GEMM (the forward's and the backward's transposed ones) gets its plan built and kernel
+    # loaded here, at trace time, not lazily inside the call; tuned like the overlap kernels' chunks.
+    m = shape[0] if trans_a else math.prod(int(d) for d in a.shape[:-1])
+    k = a.shape[0] if trans_a else a.shape[-1]
+    n = shape[-1]
+    if m > 0 and n > 0 and k > 0:
+        warm(_local_cuda_ordinals(), m, n, k, a.dtype, precision, row_offsets=False,  # whole buffers
+             trans_a=bool(trans_a), trans_b=bool(trans_b))
     call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a, b)))
     out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
                   tf32=bool(_ffi.tf32_allowed(precision)))

@@ -91,13 +91,35 @@ Api* GetApi() {
 }
 
 // A plan: descriptors and the algorithm chosen by the heuristic for one GEMM configuration.
+// Cached plans live for the process; a plan whose building failed frees what it had created.
 struct Plan {
   lt::MatmulDesc desc = nullptr;
   lt::MatrixLayout a = nullptr, b = nullptr, c = nullptr;
   lt::MatmulAlgo algo{};
   std::vector<lt::MatmulAlgo> candidates;  // the heuristic's top results, best-ranked first
   bool tuned = false;                      // algo was picked by timing the candidates
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    Api* api = GetApi();
+    for (lt::MatrixLayout l : {a, b, c}) {
+      if (l != nullptr) api->MatrixLayoutDestroy(l);
+    }
+    if (desc != nullptr) api->MatmulDescDestroy(desc);
+  }
 };
+
+// One GEMM configuration in words, for every cuBLASLt failure (the heuristic's, a run's).
+std::string Describe(const GemmArgs& g, int align_a, int align_b, int align_c) {
+  return StrCat() << DTypeName(g.dtype) << (g.dtype == DType::kF32 && g.tf32 ? " (tf32)" : "")
+                  << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k
+                  << " trans_a=" << g.trans_a << " trans_b=" << g.trans_b << " lda=" << g.lda
+                  << " ldb=" << g.ldb << " ldc=" << g.ldc << " alignments a/b/c=" << align_a
+                  << "/" << align_b << "/" << align_c << " B, workspace=" << g.workspace_bytes
+                  << " B, sm_count=" << g.sm_count << (g.accumulate ? ", accumulating" : "");
+}
 
 // The last bool is `accumulate`: the heuristic does not see beta, but a GEMM with an addend reads C
 // in its epilogue, so the fastest candidate may differ and is tuned (JAX_UB_GEMM_TUNE) apart.
@@ -195,17 +217,16 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
                                    kMaxCandidates, results, &found);
   api.MatmulPreferenceDestroy(pref);
   if (s != lt::kSuccess) {
-    return Status::Error(StrCat() << "cuBLASLt heuristic query failed: " << api.Err(s));
+    // NOT_SUPPORTED here usually means no algorithm fits (alignment, leading dimension, workspace)
+    return Status::Error(StrCat() << "cuBLASLt heuristic query failed for "
+                                  << Describe(g, align_a, align_b, align_c) << ": " << api.Err(s));
   }
   for (int i = 0; i < found; ++i) {
     if (results[i].state == lt::kSuccess) plan->candidates.push_back(results[i].algo);
   }
   if (plan->candidates.empty()) {
-    return Status::Error(StrCat() << "cuBLASLt found no algorithm for " << DTypeName(g.dtype)
-                                  << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k
-                                  << " trans_a=" << g.trans_a << " trans_b=" << g.trans_b
-                                  << " lda=" << g.lda << " ldb=" << g.ldb << " ldc=" << g.ldc
-                                  << " workspace=" << g.workspace_bytes << "B");
+    return Status::Error(StrCat() << "cuBLASLt found no algorithm for "
+                                  << Describe(g, align_a, align_b, align_c));
   }
   plan->algo = plan->candidates.front();
   return Status::Ok();
@@ -274,9 +295,16 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   // Our B is cuBLASLt's A and vice versa (see BuildPlan).
   const void* addend = g.accumulate && g.c_in != nullptr ? g.c_in : g.c;
-  JAX_UB_LT_RETURN(*api, api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
-                                     addend, plan->c, g.c, plan->c, &algo, g.workspace,
-                                     g.workspace_bytes, stream));
+  const lt::Status s = api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
+                                   addend, plan->c, g.c, plan->c, &algo, g.workspace,
+                                   g.workspace_bytes, stream);
+  if (s != lt::kSuccess) {
+    const size_t es = DTypeSize(g.dtype);
+    return Status::Error(StrCat() << "cublasLtMatmul failed for "
+                                  << Describe(g, AlignClass(g.a, es), AlignClass(g.b, es),
+                                              AlignClass(g.c, es))
+                                  << ": " << api->Err(s));
+  }
   return Status::Ok();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/copy.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -29,12 +30,23 @@ __global__ void __launch_bounds__(kThreads) CopyVec(uint4* __restrict__ dst,
   }
 }
 
-// Bytes [0, n) one by one (unaligned pointers, or the tail after the vectors).
-__global__ void CopyBytes(char* __restrict__ dst, const char* __restrict__ src, size_t n) {
+// Units of T [0, n): the body of a copy whose pointers are misaligned alike only modulo
+// sizeof(T) < 16 (a chunk at a row offset whose rows are not a multiple of 16 bytes).
+template <typename T>
+__global__ void CopyUnits(T* __restrict__ dst, const T* __restrict__ src, size_t n) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     dst[i] = src[i];
   }
+}
+
+// The bytes before and after the body, one per thread (fewer than 16 each): [0, head) and
+// [tail_begin, bytes).
+__global__ void CopyEdges(char* __restrict__ dst, const char* __restrict__ src, size_t head,
+                          size_t tail_begin, size_t bytes) {
+  const size_t i = threadIdx.x;
+  if (i < head) dst[i] = src[i];
+  if (tail_begin + i < bytes) dst[tail_begin + i] = src[tail_begin + i];
 }
 
 // Hopper and later: each block (one thread at work) streams its tiles through shared memory with
@@ -126,12 +138,18 @@ bool HasTma() {
     const int k = known[device].load(std::memory_order_relaxed);
     if (k != 0) return k == 2;
   }
-  int major = 0;
+  int major = 0, smem_optin = 0;
   cudaFuncAttributes attr{};
+  // The stages need kTmaSmem of dynamic shared memory beside the static barriers: more than some
+  // GPUs with TMA allow a block (sm_120: 99 KiB), where the plain vector copy serves.
   const bool yes =
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      major >= 9 && cudaFuncGetAttributes(&attr, CopyTma) == cudaSuccess &&
-      attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+      major >= 9 &&
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+          cudaSuccess &&
+      cudaFuncGetAttributes(&attr, CopyTma) == cudaSuccess && attr.ptxVersion >= 90 &&
+      attr.binaryVersion >= 90 &&
+      static_cast<size_t>(smem_optin) >= kTmaSmem + attr.sharedSizeBytes;
   cudaGetLastError();
   if (device >= 0 && device < kMaxDevices) known[device].store(yes ? 2 : 1);
   return yes;
@@ -147,7 +165,11 @@ int Grid(size_t work, int max_blocks) {
 Status PreloadCopyKernels() {
   cudaFuncAttributes attr;
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyVec));
-  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyBytes));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyUnits<uint2>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyUnits<uint32_t>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyUnits<uint16_t>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyUnits<char>));
+  JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyEdges));
   JAX_UB_CUDA_RETURN(cudaFuncGetAttributes(&attr, CopyTma));
   // Once per device (communicator creation), before any op launches CopyTma there.
   if (HasTma()) {
@@ -160,23 +182,41 @@ Status PreloadCopyKernels() {
 Status LaunchCopy(void* dst, const void* src, size_t bytes, int max_blocks, cudaStream_t stream) {
   if (bytes == 0) return Status::Ok();
   if (max_blocks < 1) max_blocks = 1;
-  const bool aligned = reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  const size_t vecs = aligned ? bytes / 16 : 0;
-  if (vecs > 0 && HasTma()) {  // its shared-memory size was allowed at preload
-    const size_t tiles = (vecs * 16 + kTmaTile - 1) / kTmaTile;
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  // The widest unit (16 bytes down to 1) in which both pointers are misaligned alike: the bytes up
+  // to a unit boundary (head) and after the last whole unit (tail) go one by one, the body in units.
+  const uintptr_t da = reinterpret_cast<uintptr_t>(d), sa = reinterpret_cast<uintptr_t>(s);
+  size_t unit = 16;
+  while (unit > 1 && da % unit != sa % unit) unit /= 2;
+  const size_t head = std::min(bytes, (unit - da % unit) % unit);
+  const size_t units = (bytes - head) / unit, body = units * unit;
+  char* bd = d + head;
+  const char* bs = s + head;
+  if (units == 0) {
+  } else if (unit == 16 && HasTma()) {  // its shared-memory size was allowed at preload
+    const size_t tiles = (body + kTmaTile - 1) / kTmaTile;
     CopyTma<<<static_cast<int>(tiles < static_cast<size_t>(max_blocks) ? tiles : max_blocks), 32,
-              kTmaSmem, stream>>>(static_cast<char*>(dst), static_cast<const char*>(src), vecs * 16);
-    JAX_UB_CUDA_RETURN(cudaGetLastError());
-  } else if (vecs > 0) {
-    CopyVec<<<Grid((vecs + kUnroll - 1) / kUnroll, max_blocks), kThreads, 0, stream>>>(
-        static_cast<uint4*>(dst), static_cast<const uint4*>(src), vecs);
-    JAX_UB_CUDA_RETURN(cudaGetLastError());
+              kTmaSmem, stream>>>(bd, bs, body);
+  } else if (unit == 16) {
+    CopyVec<<<Grid((units + kUnroll - 1) / kUnroll, max_blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<uint4*>(bd), reinterpret_cast<const uint4*>(bs), units);
+  } else if (unit == 8) {
+    CopyUnits<<<Grid(units, max_blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<uint2*>(bd), reinterpret_cast<const uint2*>(bs), units);
+  } else if (unit == 4) {
+    CopyUnits<<<Grid(units, max_blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<uint32_t*>(bd), reinterpret_cast<const uint32_t*>(bs), units);
+  } else if (unit == 2) {
+    CopyUnits<<<Grid(units, max_blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<uint16_t*>(bd), reinterpret_cast<const uint16_t*>(bs), units);
+  } else {
+    CopyUnits<<<Grid(units, max_blocks), kThreads, 0, stream>>>(bd, bs, units);
   }
-  const size_t done = vecs * 16;
-  if (done < bytes) {
-    CopyBytes<<<Grid(bytes - done, max_blocks), kThreads, 0, stream>>>(
-        static_cast<char*>(dst) + done, static_cast<const char*>(src) + done, bytes - done);
+  if (units > 0) JAX_UB_CUDA_RETURN(cudaGetLastError());
+  const size_t tail_begin = head + body;
+  if (head > 0 || tail_begin < bytes) {
+    CopyEdges<<<1, 32, 0, stream>>>(d, s, head, tail_begin, bytes);
     JAX_UB_CUDA_RETURN(cudaGetLastError());
   }
   return Status::Ok();

@@ -33,7 +33,7 @@ __global__ void SumReduceVec(T* __restrict__ out, Inputs in, int n_in, Block b) 
     T v[kVec];
   };
   const size_t n_vec = b.rows * b.cols;
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n_vec;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t at = b.At(i, b.cols);
     float acc[kVec];
@@ -89,7 +89,7 @@ void PreloadVec(cudaFuncAttributes* attr, cudaError_t* err) {
 template <typename T>
 __global__ void SumReduceTail(T* __restrict__ out, Inputs in, int n_in, Block b, size_t begin) {
   const size_t w = b.cols - begin, n = b.rows * w;
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t at = (b.rows == 1 ? 0 : (i / w) * b.ld) + begin + i % w;
     float acc = 0.f;

@@ -106,6 +106,24 @@ def test_matmul_gradients(jax_ub, dtype):
         assert _rel_err(got, want) <= TOL[dtype]
 
 
+def test_backward_gemms_are_prepared_at_trace_time_not_inside_the_call(jax_ub):
+    """The transposed GEMMs of the backward (dy @ w^T, x^T @ dy) get their cuBLASLt plans built
+    (and kernels loaded) when the program is traced, like the forward's: a plan built inside an
+    executing call loads its kernel lazily there, which can synchronize the GPU while peers wait."""
+    from jax_ub import _ext
+
+    x = jax.random.normal(jax.random.key(6), (2, 45, 72), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(7), (72, 56), jnp.float32).astype(jnp.bfloat16)
+
+    def loss(x, w):
+        return jnp.sum(jax_ub.matmul(x, w, method="cublaslt").astype(jnp.float32) ** 2)
+
+    step = jax.jit(jax.grad(loss, (0, 1))).lower(x, w).compile()
+    before = _ext.extension().gemm_plan_cache_size()
+    jax.block_until_ready(step(x, w))
+    assert _ext.extension().gemm_plan_cache_size() == before  # every plan existed already
+
+
 def test_repeated_and_mixed_shapes_in_one_program(jax_ub):
     xs = [jax.random.normal(jax.random.key(i), (64 * (i + 1), 128), jnp.bfloat16) for i in range(3)]
     w = jax.random.normal(jax.random.key(9), (128, 96), jnp.bfloat16)
