@@ -313,6 +313,7 @@ std::pair<size_t, size_t> CopyCheck(int device, size_t bytes, int dst_offset, in
   std::vector<unsigned char> src_h(src_len), dst_h(dst_len);
   jax_ub::Status st = [&]() -> jax_ub::Status {
     JAX_UB_CUDA_RETURN(cudaSetDevice(device));
+    JAX_UB_RETURN_IF_ERROR(jax_ub::PreloadCopyKernels());  // as a communicator's creation does
     void *src = nullptr, *dst = nullptr;
     JAX_UB_CUDA_RETURN(cudaMalloc(&src, src_len + 16));
     JAX_UB_CUDA_RETURN(cudaMalloc(&dst, dst_len));

@@ -17,6 +17,10 @@ namespace jax_ub {
 // dst[0, bytes) = src[0, bytes) on `stream`, one kernel of at most `max_blocks` blocks (>= 1).
 // Every block keeps several 16-byte loads per thread in flight, so a few SMs move data at a large
 // share of what the whole GPU's copy reaches.
+// Every copy kernel loaded on the current device, and the bulk (TMA) copy's shared memory allowed
+// there: once per device (communicator creation) before any LaunchCopy on it.
+Status PreloadCopyKernels();
+
 Status LaunchCopy(void* dst, const void* src, size_t bytes, int max_blocks, cudaStream_t stream);
 
 }  // namespace jax_ub

@@ -1,4 +1,5 @@
 #include "kernels/flags.h"
+#include "kernels/copy.h"
 
 namespace jax_ub {
 namespace {
@@ -46,7 +47,6 @@ Status LaunchCheckOp(const uint64_t* poison, const uint64_t* ids, int world, int
 }
 
 Status PreloadReduceKernels();
-Status PreloadCopyKernels();
 
 Status PreloadFlagKernels() {
   cudaFuncAttributes attr;
