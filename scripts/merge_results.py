@@ -1,9 +1,17 @@
-"""Merges a fresh ``python -m jax_ub.bench ag|rs`` JSON into the committed one of the same machine:
-records of the fresh run replace those of the same (op, tp, M, K, N, dtype, impl), timelines those
-of the same (tp, M, K, N, method); everything else of the committed file is kept. Redraws the bar
-chart beside it.
+"""Merges a fresh ``python -m jax_ub.bench ag|rs|bulk`` JSON into the committed one of the same
+machine and op, and redraws the bar chart beside it.
 
     python scripts/merge_results.py FRESH.json COMMITTED.json
+
+Cases are replaced whole: every committed record of a case (op, tp, M, K, N, dtype) that the fresh
+run has records of is dropped, so no case mixes runs (the issues' "measured side by side in one
+run"); the committed file's other cases stay, and so do their failures (``"failures"``: those of
+replaced cases go). Each record keeps its run's provenance: before merging, the keys of
+:data:`PROVENANCE` that its file's header has (``chain``: 1 where a header of an older file has
+none) are written into each of its records, timelines and failures that lacks them; the merged
+header then states such a key only where every record agrees on it. Timelines are replaced per
+(op, tp, M, K, N, dtype, method). Files of different ops (ag, rs, bulk), machines or GPU models
+are refused (exit 2, nothing written), as are wrong arguments. The file is replaced atomically.
 """
 
 from __future__ import annotations
@@ -11,43 +19,106 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
-from jax_ub.bench.agrs import CHART as AG_RS_CHART
-from jax_ub.bench.harness import plot
+from jax_ub.bench import agrs, bulk
+from jax_ub.bench.harness import agreed, write_doc
 
-
-def _rkey(r: dict) -> tuple:
-    return (r["op"], r["tp"], r["M"], r["K"], r["N"], r["dtype"], r["impl"])
-
-
-def _tkey(t: dict) -> tuple:
-    return (t["tp"], t["M"], t["K"], t["N"], t.get("method", "auto"))
+USAGE = "usage: python scripts/merge_results.py FRESH.json COMMITTED.json"
+# Header keys that describe one run; a merged file's records come from several.
+PROVENANCE = ("date", "chain", "jax", "jax_ub", "device_kind", "path", "config")
+FILE_OPS = {"ag": {"ag_gemm"}, "rs": {"gemm_rs"}, "bulk": {"bulk_ag", "bulk_rs"}}  # bench subcommand: ops
 
 
-def main() -> int:
-    fresh_path, path = sys.argv[1], sys.argv[2]
-    with open(fresh_path) as f:
-        fresh = json.load(f)
-    with open(path) as f:
-        old = json.load(f)
-    new_keys = {_rkey(r) for r in fresh["records"]}
-    records = [r for r in old["records"] if _rkey(r) not in new_keys] + fresh["records"]
+class Refused(Exception):
+    pass
+
+
+def case_key(r: dict) -> tuple:
+    return (r["op"], r["tp"], r["M"], r["K"], r["N"], r["dtype"])
+
+
+def timeline_key(t: dict) -> tuple:
+    return (t.get("op"), t["tp"], t["M"], t["K"], t["N"], t.get("dtype"), t.get("method", "auto"))
+
+
+def read(path: str) -> tuple[dict, str]:
+    """The document and which bench subcommand wrote it (a key of :data:`FILE_OPS`)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Refused(f"{path}: cannot read a bench JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list) or not doc["records"]:
+        raise Refused(f"{path}: no records (expected a file of python -m jax_ub.bench ag|rs|bulk)")
+    ops = {r.get("op") for r in doc["records"]}
+    kind = next((k for k, want in FILE_OPS.items() if ops <= want), None)
+    if kind is None:
+        raise Refused(f"{path}: records of {', '.join(sorted(map(str, ops)))}: not one bench ag, rs or "
+                      f"bulk run (this merges those only)")
+    return doc, kind
+
+
+def stamped(items: list[dict], header: dict) -> list[dict]:
+    """``items`` with the header's :data:`PROVENANCE` values where they have none of their own."""
+    run = {k: header[k] for k in PROVENANCE if k in header}
+    run.setdefault("chain", 1)  # older files: a header chain only above 1, none in the records
+    return [{**run, **item} for item in items]
+
+
+def merge(fresh: dict, old: dict) -> dict:
+    """The merged document (see the module doc)."""
+    replaced = {case_key(r) for r in fresh["records"]}
+    records = ([r for r in stamped(old["records"], old) if case_key(r) not in replaced]
+               + stamped(fresh["records"], fresh))
     records.sort(key=lambda r: -r["tp"])  # stable: tp 4 first, each in run order
-    new_t = {_tkey(t) for t in fresh.get("timelines", [])}
-    timelines = [t for t in old.get("timelines", []) if _tkey(t) not in new_t] + fresh.get("timelines", [])
-    out = {**old, **{k: v for k, v in fresh.items() if k not in ("records", "timelines")},
-           "records": records}
+    new_t = {timeline_key(t) for t in fresh.get("timelines", [])}
+    timelines = ([t for t in stamped(old.get("timelines", []), old) if timeline_key(t) not in new_t]
+                 + stamped(fresh.get("timelines", []), fresh))
+    failures = ([f for f in stamped(old.get("failures", []), old) if case_key(f) not in replaced]
+                + stamped(fresh.get("failures", []), fresh))
+    body = ("records", "timelines", "failures")
+    out: dict[str, Any] = {k: v for doc in (old, fresh) for k, v in doc.items() if k not in body + PROVENANCE}
+    for key in PROVENANCE:
+        value = agreed(records, key)
+        if value is not None:
+            out[key] = value
+    out["complete"] = bool(old.get("complete", True) and fresh.get("complete", True))
+    if failures or "failures" in fresh or "failures" in old:
+        out["failures"] = failures
     if timelines:
         out["timelines"] = timelines
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    stem = os.path.splitext(path)[0]
-    op = "ag" if records[0]["op"] == "ag_gemm" else "rs"
-    plot(records, stem + ".png", f"jax_ub {op} ({os.path.basename(stem)}, {records[0]['dtype']})",
-         AG_RS_CHART, lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
-    print(f"{path}: {len(records)} records ({len(fresh['records'])} fresh), {len(timelines)} timelines")
+    out["records"] = records
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or any(a.startswith("-") for a in argv):
+        print(USAGE, file=sys.stderr)
+        return 2
+    fresh_path, path = argv
+    try:
+        (fresh, kind), (old, old_kind) = read(fresh_path), read(path)
+        if kind != old_kind:
+            raise Refused(f"{fresh_path} is a bench {kind} file and {path} a bench {old_kind} file")
+        for key in ("machine", "device_kind"):
+            if key in fresh and key in old and fresh[key] != old[key]:
+                raise Refused(f"{fresh_path} was measured on {key} {fresh[key]!r} and {path} on "
+                              f"{old[key]!r}: merge only runs of one machine")
+    except Refused as e:
+        print(f"error: {e}; nothing written\n{USAGE}", file=sys.stderr)
+        return 2
+    out = merge(fresh, old)
+    write_doc(path, out)
+    stem, dtype = os.path.splitext(path)[0], out["records"][0]["dtype"]
+    if kind == "bulk":
+        bulk.draw(out["records"], stem, dtype)
+    else:
+        agrs.draw(out["records"], stem, kind, dtype)
+    print(f"{path}: {len(out['records'])} records ({len(fresh['records'])} fresh), "
+          f"{len(out.get('timelines', []))} timelines")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

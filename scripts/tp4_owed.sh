@@ -7,8 +7,12 @@
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
 # records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
+# bench ag|rs|bulk time one op per dispatch unless --chain says otherwise (b: 4), and rewrite their JSON
+# after every shape ("complete": false until the end), so a step its limit kills keeps what it timed.
 # Afterwards: python -m jax_ub.bench summary --tp 4 FRESH/*-{ag,rs,bulk}.json (the targets, judged against
-# the run's noise line), python scripts/merge_results.py, then
+# the run's noise line), then per op python scripts/merge_results.py FRESH.json COMMITTED.json, e.g.
+#   python scripts/merge_results.py FRESH/4xNVIDIA_H200-<date>-ag.json benchmarks/results/4xNVIDIA_H200-20261122-ag.json
+# (its cases replace the committed ones whole; each record keeps its run's date and chain), then
 #   python scripts/measured_table.py benchmarks/results/*-ag.json benchmarks/results/*-rs.json
 # and README's performance table from the merged files (tests/cpu/test_bench_summary.py checks it).
 set -uo pipefail

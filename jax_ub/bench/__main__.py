@@ -44,20 +44,39 @@ Off the CUDA path (CPU, ``JAX_UB_DISABLE=1``) everything runs with jax_ub on its
 ``tune``, which has no method to compare there, exits 2).
 
 Arguments are checked before anything runs (``M,K,N`` triples of positive integers, counts >= 1,
-one of ``DTYPES``): argparse's ``error:`` and exit 2. Runs that measure nothing write no file: exit 2
-when no case fits the devices (:func:`jax_ub.bench.harness.nothing_to_run`), exit 1 when no jax_ub
-impl gave a time in any case (:func:`jax_ub.bench.harness.nothing_measured`, which says why).
+one of ``DTYPES``, ``--machine`` a plain name): argparse's ``error:`` and exit 2. A repeated
+``--tp`` or shape runs once. Runs that measure nothing write no file (nor the ``--out`` folder):
+exit 2 when no case fits the devices (:func:`jax_ub.bench.harness.nothing_to_run`), exit 1 when no
+jax_ub impl gave a time in any case (:func:`jax_ub.bench.harness.nothing_measured`, which says why).
 
-Timing: every impl of a shape is built and warmed up, then ``reps`` interleaved repetitions (each
+Correct first (``ag``, ``rs``, ``bulk``, ``tune``): the output of each op (``jax_ub``,
+``jax_ub_<algo>``, ``xla_windowed``, ``variant_*``) is compared once per shape with ``xla_plain``'s,
+and ``comm_jax_ub``'s with ``comm_nccl``'s (fp32 relative Frobenius error,
+:class:`jax_ub.bench.harness.Check`); above ``REL_ERR_BOUND`` of the dtype (bf16/fp16 1e-2, fp32
+1e-4) the impl gets no time and a failure; the error is the record's ``rel_err``.
+
+Timing: every impl of a shape is built and warmed up (``--warmup`` calls, at least one: the compile
+is never timed), then ``reps`` interleaved repetitions (each
 times every impl once, in a shuffled order) of ``iters`` back-to-back dispatches closed by one
 ``block_until_ready``, each after an untimed ``--settle-ms`` burst of the same impl (the GPU's
 clocks under its power cap follow the last few ms of load); the median per-call time is recorded.
-With ``--chain N`` (``ag``, ``rs``, ``bulk``; ``tune`` defaults to 8) a call runs the op N times in a
-row in one program (:func:`jax_ub.bench.harness.chain_fn`) and the time per op is recorded: a lone dispatch of a small op
-is bound by the host, which a model's step, many ops per dispatch, is not. Writes
-``<out>/<machine>-<yyyymmdd>-<op>.json`` (``{"machine", "date", "jax", "jax_ub", "device_kind",
-"path", "records": [{"op", ..., "tp", "dtype", "impl", "ms"}, ...]}``, replaced whole: a reader never
-sees part of it) and a PNG bar chart beside it, prints a table last.
+With ``--chain N`` (``ag``, ``rs``, ``bulk``, default 1; ``tune``, default 8) a call runs the op N
+times in a row in one program (:func:`jax_ub.bench.harness.chain_fn`) and the time per op is
+recorded: a lone dispatch of a small op is bound by the host, which a model's step, many ops per
+dispatch, is not. A compiled program (``xla_windowed``, ``variant_push_merge``) cannot be chained
+and runs one op per dispatch: each record says its own ``chain``, and a ratio of two impls of
+different chains is not printed ("n/a").
+
+Writes ``<out>/<machine>-<yyyymmdd>-<op>.json``: ``{"machine", "date", "jax", "jax_ub",
+"device_kind", "chain" (only where every record has that chain), "config" (the jax_ub settings away
+from their defaults, e.g. ``{"ag_push_merge": true}``), "path", "complete", "failures": [{<the
+case's keys>, "impl" ("*": the case outside its impls), "error"}, ...], "records": [{"op", ...,
+"tp", "dtype", "impl", "ms", "gemm_tune", "chain", ["rel_err"]}, ...]}``. The file is rewritten
+after every case (``"complete": false`` until the last; replaced whole, so a reader never sees part
+of it), so a crash or a killed run keeps what it timed; a case that fails outside its impls (mesh,
+data) is a failure and the run goes on. Then a PNG bar chart beside it (a missing impl: "n/a"), and a table
+last (``ag``/``rs``: one geometric mean speedup per tp, over the shapes that have both times).
+``tune`` writes its file once, at the end (no ``complete`` or ``failures``).
 
 This module is the command line only. Each subcommand's workload and runner is a module of its own
 (:mod:`~jax_ub.bench.agrs` for ``ag``/``rs``, :mod:`~jax_ub.bench.mlp`, :mod:`~jax_ub.bench.bulk`,
@@ -71,6 +90,7 @@ import argparse
 import datetime
 import importlib
 import os
+import re
 import sys
 from typing import Any
 
@@ -121,34 +141,61 @@ def shape(text: str) -> tuple[int, int, int]:
 POSITIVE = at_least(1)
 
 
+NAME_CHARS = "A-Za-z0-9._+-"  # what --machine (a part of the output files' names) may hold
+NAME = re.compile(f"[A-Za-z0-9][{NAME_CHARS}]*")
+
+
+def plain_name(text: str) -> str:
+    """An argparse ``type``: a name used in a file name (letters, digits, ``._+-``; no path)."""
+    if not NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a plain name (letters, digits and . _ + -, not "
+                                         f"starting with . _ + -); got {text!r}")
+    return text
+
+
+def _options(*, out: str, dtype: bool, chain: int | None) -> argparse.ArgumentParser:
+    """The options of one subcommand that times, made anew for each: argparse shares a parent's
+    actions with every subparser that names it, so a default set for one (``tune``'s ``--out`` and
+    ``--chain``) would change every other's."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--warmup", type=at_least(0), default=3,
+                   help="untimed calls of each impl before timing it (at least one always runs: the "
+                        "compile is never timed)")
+    p.add_argument("--iters", type=POSITIVE, default=10)
+    p.add_argument("--reps", type=POSITIVE, default=7)
+    p.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
+                   help="untimed run of an impl before each of its timed bursts (0: none)")
+    p.add_argument("--out", default=out, help=f"folder of the output files (default: {out})")
+    p.add_argument("--machine", type=plain_name, default=None,
+                   help="name in the output files (default: <n>x<device kind>)")
+    if dtype:
+        p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    if chain is not None:
+        p.add_argument("--chain", type=POSITIVE, default=chain,
+                       help=f"ops per timed dispatch (default: {chain}): each impl's program runs its op "
+                            "CHAIN times in a row (one dispatch per CHAIN ops, as in a model step; a lone "
+                            "dispatch of a small op is bound by the host); ms are per op; an impl that "
+                            "cannot be chained (a compiled program) runs one op per dispatch, and its "
+                            "record says chain 1")
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
-    timing = argparse.ArgumentParser(add_help=False)  # every subcommand that times
-    timing.add_argument("--warmup", type=at_least(0), default=3)
-    timing.add_argument("--iters", type=POSITIVE, default=10)
-    timing.add_argument("--reps", type=POSITIVE, default=7)
-    timing.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
-                        help="untimed run of an impl before each of its timed bursts (0: none)")
-    timing.add_argument("--out", default="benchmarks/results")
-    timing.add_argument("--machine", default=None, help="name in the output files (default: <n>x<device kind>)")
-    common = argparse.ArgumentParser(add_help=False, parents=[timing])  # ... at one dtype
-    common.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    chained = argparse.ArgumentParser(add_help=False)
-    chained.add_argument("--chain", type=POSITIVE, default=1,
-                         help="ops per timed dispatch: each impl's program runs its op CHAIN times in a "
-                              "row (one dispatch per CHAIN ops, as in a model step; a lone dispatch of "
-                              "a small op is bound by the host); ms are per op")
+    results = "benchmarks/results"
     ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="op", required=True)
     for op in ("ag", "rs"):
-        p = sub.add_parser(op, parents=[common, chained], help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
+        p = sub.add_parser(op, parents=[_options(out=results, dtype=True, chain=1)],
+                           help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
         p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4, 2])
         p.add_argument("--shapes", type=shape, nargs="+", default=None, help="global M,K,N triples")
         p.add_argument("--timeline", action="store_true",
                        help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
         p.add_argument("--timeline-method", default="auto", choices=("auto", *CUDA_METHODS[op]),
                        help="the method the --timeline call uses (default: auto, the jax_ub impl)")
-    p = sub.add_parser("mlp", parents=[common], help="fwd+bwd step of ParallelMLP and the attention projections")
+    p = sub.add_parser("mlp", parents=[_options(out=results, dtype=True, chain=None)],
+                       help="fwd+bwd step of ParallelMLP and the attention projections")
     p.add_argument("--tp", type=POSITIVE, default=4, help="mesh of the first TP devices")
     p.add_argument("--hidden", type=POSITIVE, default=8192)
     p.add_argument("--ffn", type=POSITIVE, default=28672)
@@ -158,15 +205,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
                    help="the forward under jax.checkpoint with this policy (jax_ub: "
                         "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")
-    p = sub.add_parser("bulk", parents=[common, chained], help="AG / RS under an independent GEMM (backward pass)")
+    p = sub.add_parser("bulk", parents=[_options(out=results, dtype=True, chain=1)],
+                       help="AG / RS under an independent GEMM (backward pass)")
     p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4])
     p.add_argument("--shapes", type=shape, nargs="+", default=None,
                    help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
     p.add_argument("--timeline", action="store_true",
                    help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
     # No --dtype: each recorded shape is measured in the dtype it was recorded with.
-    p = sub.add_parser("tune", parents=[timing, chained], help="every method at the shapes a program recorded "
-                       "(JAX_UB_RECORD_SHAPES): a file for JAX_UB_TUNING_FILE")
+    p = sub.add_parser("tune", parents=[_options(out="jax_ub_tuning", dtype=False, chain=8)],
+                       help="every method at the shapes a program recorded (JAX_UB_RECORD_SHAPES): a "
+                            "file for JAX_UB_TUNING_FILE")
     p.add_argument("shapes_file", nargs="+", help="shapes JSONs written by JAX_UB_RECORD_SHAPES=PATH (one per "
                    "process with several processes) or jax_ub.tuning.record() (see jax_ub.tuning); "
                    "their shapes are measured together")
@@ -176,7 +225,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip the shapes recorded as the backward of an op (inference)")
     p.add_argument("--full", action="store_true",
                    help="also time the GEMM and collectives alone and XLA's windowed einsum")
-    p.set_defaults(out="jax_ub_tuning", chain=8)
     from jax_ub.bench import summary  # reads JSON only
 
     summary.add_parser(sub)
@@ -192,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from jax_ub.bench import harness
 
-    a.machine = a.machine or harness.machine()
+    a.machine = a.machine or re.sub(f"[^{NAME_CHARS}]", "_", harness.machine())
     a.date = datetime.date.today().strftime("%Y%m%d")
     module = {"ag": "agrs", "rs": "agrs"}.get(a.op, a.op)  # bulk, mlp, tune: a module each
     return importlib.import_module(f"jax_ub.bench.{module}").run(a)

@@ -1,18 +1,19 @@
 """``python -m jax_ub.bench ag|rs``: AG→GEMM / GEMM→RS against XLA at global shapes (M, K, N).
 
 The impls of a shape are listed in :mod:`jax_ub.bench.__main__`'s docstring; :func:`build` makes
-them, :func:`run` times them (:func:`jax_ub.bench.harness.time_impls`), writes the records and the
-chart and prints the table (speedup vs ``xla_plain``, T/T_ideal, the run's own noise).
+them, :func:`run` times them (:func:`jax_ub.bench.harness.time_impls`), checks each op's output
+against ``xla_plain``'s and ``comm_jax_ub``'s against ``comm_nccl``'s
+(:class:`jax_ub.bench.harness.Check`: above the dtype's bound an impl gets no time and a failure),
+writes the records after every shape and the chart at the end, and prints the table (speedup vs
+``xla_plain``, T/T_ideal, the run's own noise, one geometric mean per tp).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import statistics
-from collections.abc import Sequence
 from typing import Any
 
 from jax_ub.bench import harness as h
@@ -21,6 +22,8 @@ CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", 
 
 
 def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: bool) -> dict[str, Any]:
+    """``{impl: (fn, args) or a thunk returning it}``; each :func:`jax_ub.bench.harness.reference`
+    (``comm_nccl``, ``xla_plain``) comes before the impls checked against it."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -39,7 +42,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
 
     def rand(key, shape, where):
-        return jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), where)
+        return h.rand(key, shape, dtype, where)
 
     x = rand(kx, (M, K), NamedSharding(mesh, x_spec))
     w = rand(kw, (K, N), NamedSharding(mesh, w_spec))
@@ -120,46 +123,46 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
 
 
 def run(a: argparse.Namespace) -> int:
-    import jax_ub
-
     cuda, path = h.path_info()
     print(path)
-    stem = h.out_stem(a, a.op)
-    timeline_ok = h.timeline_wanted(a, cuda, path)
-    op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
-    records, rows, timelines = [], [], []
-    failures: list[tuple[str, str]] = []
     cases = list(h.cases(a, h.DEFAULT_SHAPES))
     if not cases:
         return h.nothing_to_run(a)
+    stem = h.out_stem(a, a.op)
+    out = h.Results(a, stem, path)
+    timeline_ok = h.timeline_wanted(a, cuda, path)
+    op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"
+    rows = []
     for tp, M, K, N in cases:
-        mesh = h.make_mesh(tp, cuda)
-        impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
-        res = h.time_impls(f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a, failures=failures)
-        traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
-        if timeline_ok and traced in res:
-            tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
-                                         **({"method": a.timeline_method} if traced != "jax_ub" else {})},
-                               impls[traced])
-            timeline_ok = tl is not None  # a skip says why once, then no more tries
-            timelines += [tl] if tl else []
-        auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
-        jax_ub.shutdown()
-        case = h.case_records({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, res)
-        for r in case:
-            if r["impl"] == "jax_ub":
-                r["method"] = auto  # what auto ran (jax_ub._measured ignores this key)
-        records += case
-        rows.append((tp, M, K, N, res, auto))
-    stop = h.nothing_measured(a, [row[4] for row in rows], failures)
+        label = f"{a.op} tp={tp} {M}x{K}x{N} {a.dtype}"
+        auto = "-"
+        with out.case({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, label) as c:
+            mesh = h.make_mesh(tp, cuda)
+            impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
+            c.res = h.time_impls(label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err,
+                                 failures=out.failures)
+            traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
+            if timeline_ok and traced in c.res:
+                tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
+                                             **({"method": a.timeline_method} if traced != "jax_ub" else {})},
+                                   impls[traced])
+                timeline_ok = tl is not None  # a skip says why once, then no more tries
+                out.timelines += [tl] if tl else []
+            auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
+            c.extra["jax_ub"] = {"method": auto}  # what auto ran (jax_ub._measured ignores this key)
+        rows.append((tp, M, K, N, c.res, auto))
+    stop = out.finish()
     if stop is not None:
         return stop
-    h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
-    png = h.plot(records, stem + ".png", f"jax_ub {a.op} ({os.path.basename(stem)}, {a.dtype})", CHART,
-                 lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
-    h.wrote(stem, png)
+    h.wrote(stem, draw(out.records, stem, a.op, a.dtype))
     _table(a.op, rows, path)
     return 0
+
+
+def draw(records: list[dict], stem: str, op: str, dtype: str) -> bool:
+    """``<stem>.png``: the bar chart of an ag or rs record file (also of a merged one)."""
+    return h.plot(records, stem + ".png", f"jax_ub {op} ({os.path.basename(stem)}, {dtype})", CHART,
+                  lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
 
 
 def auto_method(op: str, tp: int, M: int, K: int, N: int, dtype: str) -> str:
@@ -177,15 +180,11 @@ def same_program_spread(rows: list) -> list[float]:
     than this are not resolved by the run."""
     out = []
     for *_, r, auto in rows:
-        twin = r.get("xla_plain" if auto == "xla" else f"jax_ub_{auto}")  # auto may run XLA's path
-        if twin and r.get("jax_ub"):
-            out.append(abs(r["jax_ub"] / twin - 1.0))
+        twin = "xla_plain" if auto == "xla" else f"jax_ub_{auto}"  # auto may run XLA's path
+        spread = h.ratio(r, "jax_ub", twin)
+        if spread == spread:
+            out.append(abs(spread - 1.0))
     return out
-
-
-def _geomean(values: Sequence[float]) -> float | None:
-    good = [v for v in values if v == v and v > 0]
-    return math.exp(sum(map(math.log, good)) / len(good)) if good else None
 
 
 def _table(op: str, rows: list, path: str) -> None:
@@ -193,29 +192,41 @@ def _table(op: str, rows: list, path: str) -> None:
     print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (auto runs)  "
           f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm); in tp row "
           f"chunks, T/max(them, ub_comm))")
-    speedups = []
     for tp, M, K, N, r, auto in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
         alt = (f"{g('jax_ub_all_peer'):.3f}" if op == "ag" else
                f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}")
-        ideal = h.ideal(g("gemm_alone"), g("comm_jax_ub"))
-        sp = g("xla_plain") / g("jax_ub")
-        speedups.append(sp)
         print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
               f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
-              f"{g('jax_ub_ring'):.3f}/{alt}  {sp:6.2f}x  {g('jax_ub') / ideal:8.2f}"
-              f"  ({g('gemm_all_gpus'):.3f}, {g('jax_ub') / h.ideal(g('gemm_all_gpus'), g('comm_jax_ub')):.2f}; "
-              f"{g('gemm_chunks'):.3f}, {g('jax_ub') / h.ideal(g('gemm_chunks'), g('comm_jax_ub')):.2f})")
-    gm = _geomean(speedups)
-    if gm is not None:
-        print(f"geometric mean speedup vs xla_plain: {gm:.2f}x")
-    merged = [(tp, M, K, N, r["variant_push_merge"] / r["jax_ub_push"]) for tp, M, K, N, r, _ in rows
-              if r.get("variant_push_merge") and r.get("jax_ub_push")]
+              f"{g('jax_ub_ring'):.3f}/{alt}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
+              f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):8.2f}"
+              f"  ({g('gemm_all_gpus'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_all_gpus', 'comm_jax_ub'):.2f}; "
+              f"{g('gemm_chunks'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_chunks', 'comm_jax_ub'):.2f})")
+    unchained = sorted({i for *_, r, _ in rows for i in r
+                        if h.chain_of(r, i) < max(h.chain_of(r, j) for j in r)})
+    if unchained:  # --chain N, and compiled programs, which chain_fn cannot chain
+        print(f"timed one op per dispatch (not chainable; the others chained): {', '.join(unchained)}")
+    for tp in dict.fromkeys(row[0] for row in rows):  # the targets are per tp
+        speedups = [h.ratio(row[4], "xla_plain", "jax_ub") for row in rows if row[0] == tp]
+        gm = h.geomean(speedups)
+        k = sum(v == v for v in speedups)
+        print(f"tp={tp}: geometric mean speedup vs xla_plain: "
+              + (f"{gm:.2f}x over {k} of {len(speedups)} shapes" if gm is not None else
+                 f"none (no shape of {len(speedups)} has both times)"))
+    merged = [(tp, M, K, N, r) for tp, M, K, N, r, _ in rows
+              if "variant_push_merge" in r and "jax_ub_push" in r]
     if merged:  # JAX_UB_AG_PUSH_MERGE=1 against plain push, same run
         print("push with merged peer GEMMs / push: " + ", ".join(
-            f"tp{tp} {M},{K},{N} {ratio:.3f}" for tp, M, K, N, ratio in merged))
+            f"tp{tp} {M},{K},{N} {_ratio_text(r, 'variant_push_merge', 'jax_ub_push')}"
+            for tp, M, K, N, r in merged))
     spread = same_program_spread(rows)
     if spread:
         print(f"same program timed twice (jax_ub and jax_ub_<the method auto runs>): differ by "
               f"{100 * statistics.median(spread):.1f}% (median), {100 * max(spread):.1f}% (max) "
               f"over {len(spread)} shapes: this run's noise")
+
+
+def _ratio_text(r: dict[str, float], num: str, den: str) -> str:
+    """``num / den`` of two timed impls, or why not: timed with different ops per dispatch."""
+    x = h.ratio(r, num, den)
+    return f"{x:.3f}" if x == x else f"n/a (chain {h.chain_of(r, num)} against {h.chain_of(r, den)})"

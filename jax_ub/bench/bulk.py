@@ -11,7 +11,9 @@ The backward pass of a column-parallel layer ``y = all_gather(x) @ w`` (global `
   ``a`` given already transposed); :func:`jax_ub.bulk_reduce_scatter`.
 
 Impls timed per shape (``gemm_alone``/``comm_*`` alone give the bound ``max(gemm, comm)`` that the
-overlapped ``jax_ub`` should reach within 1.10×):
+overlapped ``jax_ub`` should reach within 1.10×; ``jax_ub``'s output, the collective's and the GEMM's,
+is checked against ``xla_plain``'s and ``comm_jax_ub``'s against ``comm_nccl``'s,
+:class:`jax_ub.bench.harness.Check`):
 
 * ``gemm_alone``   the GEMM alone on one GPU (cuBLASLt; ``jnp.matmul`` off the CUDA path);
 * ``comm_jax_ub``  ``jax_ub.overlap.all_gather`` / ``reduce_scatter`` alone (copy engine; CUDA only);
@@ -41,10 +43,6 @@ KINDS = ("ag", "rs")
 Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
 
 
-def _rand(key: Any, shape: tuple[int, ...], dtype: Any, where: Any) -> jax.Array:
-    return jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(dtype), where)
-
-
 def layout(kind: str, M: int, K: int, N: int, tp: int) -> dict[str, Any]:
     """Global shapes and specs of ``x``, ``a``, ``b`` and of the outputs (collective, GEMM)."""
     if kind == "ag":
@@ -67,15 +65,16 @@ def primitive(kind: str) -> Callable[..., Any]:
 
 
 def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda: bool) -> dict[str, Thunk]:
-    """``{impl: thunk}``; each thunk returns ``(fn, args)``. ``comm_jax_ub`` only with ``cuda``."""
+    """``{impl: thunk}``; each thunk returns ``(fn, args)``. ``comm_jax_ub`` only with ``cuda``. Each
+    :func:`jax_ub.bench.harness.reference` comes before the impls checked against it."""
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
     lay = layout(kind, M, K, N, tp)
     kx, ka, kb = jax.random.split(jax.random.key(M + K + N), 3)
-    x, a, b = (_rand(k, lay[n][0], dtype, NamedSharding(mesh, lay[n][1]))
+    x, a, b = (h.rand(k, lay[n][0], dtype, NamedSharding(mesh, lay[n][1]))
                for k, n in ((kx, "x"), (ka, "a"), (kb, "b")))
     dev0 = mesh.devices.flat[0]
-    al, bl = (_rand(k, s, dtype, dev0) for k, s in zip((ka, kb), lay["local"], strict=True))
+    al, bl = (h.rand(k, s, dtype, dev0) for k, s in zip((ka, kb), lay["local"], strict=True))
     x_spec, ab_specs, out_specs = lay["x"][1], (lay["a"][1], lay["b"][1]), lay["out"]
 
     def smap(f: Callable[..., Any], in_specs: Any, out_spec: Any) -> Callable[..., Any]:
@@ -119,40 +118,43 @@ CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "jax_ub"]
 def run(a: argparse.Namespace) -> int:
     cuda, path = h.path_info()
     print(path)
-    stem = h.out_stem(a, "bulk")
     timeline_ok = h.timeline_wanted(a, cuda, path)
     if not cuda:
         h.progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
-    records, rows, timelines = [], [], []
-    failures: list[tuple[str, str]] = []
     cases = list(h.cases(a, h.BULK_SHAPES))
     if not cases:
         return h.nothing_to_run(a)
+    stem = h.out_stem(a, "bulk")
+    out = h.Results(a, stem, path)
+    rows = []
     for tp, M, K, N in cases:
-        mesh = h.make_mesh(tp, cuda)
-        for kind in KINDS:
-            impls = build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
-            res = h.time_impls(f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}", impls, a, failures=failures)
+        for kind in KINDS:  # a case each (own communicators: one failing leaves the other)
             case = {"op": f"bulk_{kind}", "M": M, "K": K, "N": N, "tp": tp}
-            if timeline_ok and "jax_ub" in res:
-                tl = h.traced_case(a, stem, case, impls["jax_ub"])
-                timeline_ok = tl is not None
-                timelines += [tl] if tl else []
-            records += h.case_records({**case, "dtype": a.dtype}, res)
-            rows.append((f"bulk_{kind}", tp, M, K, N, res))
-        jax_ub.shutdown()
-    stop = h.nothing_measured(a, [row[-1] for row in rows], failures)
+            label = f"bulk_{kind} tp={tp} {M}x{K}x{N} {a.dtype}"
+            with out.case({**case, "dtype": a.dtype}, label) as c:
+                mesh = h.make_mesh(tp, cuda)
+                impls = build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
+                c.res = h.time_impls(label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err,
+                                     failures=out.failures)
+                if timeline_ok and "jax_ub" in c.res:
+                    tl = h.traced_case(a, stem, case, impls["jax_ub"])
+                    timeline_ok = tl is not None
+                    out.timelines += [tl] if tl else []
+            rows.append((f"bulk_{kind}", tp, M, K, N, c.res))
+    stop = out.finish()
     if stop is not None:
         return stop
-    h.write_json(a, stem, records, path=path.split(" ")[1], **({"timelines": timelines} if timelines else {}))
-    png = h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {a.dtype})", CHART,
-                 lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
-    h.wrote(stem, png)
+    h.wrote(stem, draw(out.records, stem, a.dtype))
     print(f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
           "jax_ub/max(gemm,ub_comm) (target <= 1.10)")
     for op, tp, M, K, N, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        ratio = g("jax_ub") / h.ideal(g("gemm_alone"), g("comm_jax_ub"))
         print(f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
-              f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {ratio:6.2f}")
+              f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):6.2f}")
     return 0
+
+
+def draw(records: list[dict], stem: str, dtype: str) -> bool:
+    """``<stem>.png``: the bar chart of a bulk record file (also of a merged one)."""
+    return h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {dtype})", CHART,
+                  lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")

@@ -1,6 +1,7 @@
 """What every ``python -m jax_ub.bench`` subcommand shares: timing (built and warmed first, then
-interleaved, settled repetitions; optionally chained), the mesh and which path runs, the record
-files (JSON, PNG chart), and one traced call's timeline. Nothing here imports jax at import time.
+interleaved, settled repetitions; optionally chained), the check of each timed output against its
+reference impl's, the mesh and which path runs, the record files (JSON rewritten after every case,
+PNG chart), and one traced call's timeline. Nothing here imports jax at import time.
 
 The workloads and their runners live beside it: :mod:`jax_ub.bench.agrs` (``ag``/``rs``),
 :mod:`jax_ub.bench.bulk`, :mod:`jax_ub.bench.mlp`, :mod:`jax_ub.bench.tune`; the command line is
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -46,11 +49,19 @@ def _burst(fn, args, iters: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
-def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
+def _warm_up(fn, args, warmup: int) -> Any:
+    """``max(1, warmup)`` untimed calls (the first compiles: never timed, even with ``--warmup 0``);
+    the last call's output."""
     import jax
 
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
+    out = None
+    for _ in range(max(1, warmup)):
+        out = jax.block_until_ready(fn(*args))
+    return out
+
+
+def time_fn(fn, args, *, warmup: int, iters: int, reps: int) -> float:
+    _warm_up(fn, args, warmup)
     return statistics.median(_burst(fn, args, iters) for _ in range(reps))
 
 
@@ -95,15 +106,33 @@ def chain_fn(fn: Any, n: int) -> Any | None:
     return jax.jit(run)
 
 
-def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
-               probe: Callable[[Any], Any] | None = None, probes: dict[str, Any] | None = None,
-               failures: list[tuple[str, str]] | None = None) -> dict[str, float]:
-    """Median ms of each impl; an entry is ``(fn, args)`` or a thunk returning it (built here, so a
-    failure to build is reported like a failure to run: one progress line, no record, and
-    ``(name, "<label>: <error>")`` appended to ``failures`` if given). With ``probe``,
-    ``probes[name] = probe(fn(*args))`` of one more call (e.g. a loss to compare).
+class Times(dict):
+    """:func:`time_impls`' result: ``{impl: median ms per op}``, and in ``chain`` the ops each timed
+    dispatch of an impl ran (``--chain`` where it could be chained; 1 for a compiled executable,
+    which :func:`chain_fn` cannot chain). A plain dict elsewhere (fakes in tests) means chain 1."""
 
-    Every impl is built and warmed up first; then the repetitions are interleaved: repetition r
+    def __init__(self, ms: dict[str, float] | None = None, chain: dict[str, int] | None = None):
+        super().__init__(ms or {})
+        self.chain = dict(chain or {})
+
+
+def chain_of(res: dict[str, float], impl: str) -> int:
+    """Ops per timed dispatch of ``impl`` in ``res`` (:class:`Times`; 1 for a plain dict)."""
+    return getattr(res, "chain", {}).get(impl, 1)
+
+
+def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
+               probe: Callable[[str, Any], Any] | None = None, probes: dict[str, Any] | None = None,
+               failures: list[tuple[str, str]] | None = None) -> Times:
+    """Median ms per op of each impl (:class:`Times`); an entry is ``(fn, args)`` or a thunk
+    returning it (built here, so a failure to build is reported like a failure to run: one progress
+    line, no record, and ``(name, "<label>: <error>")`` appended to ``failures`` if given). With
+    ``probe``, ``probes[name] = probe(name, out)`` where ``out`` is the output of the impl's last
+    warm-up call (of a chained program, its last op's): an exception from the probe (e.g.
+    :class:`Check`'s :class:`WrongOutput`) fails the impl like a failure to run.
+
+    Every impl is built and warmed up first (``a.warmup`` untimed calls, at least one: the compile
+    is never timed); then the repetitions are interleaved: repetition r
     times each impl once, in an order shuffled by r (seeded), so a drift of clocks or power during
     the run weighs on every impl alike. Each timed burst follows an untimed burst of the same impl
     (``a.settle_ms`` of it, see :func:`settle_calls`): a GPU at its power cap runs at clocks that
@@ -111,8 +140,6 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
     collective) ran up to 10% faster than the same program timed after a GEMM (2xH200, tp=2,
     8192,8192,28672: 2.745 against 3.072 ms)."""
     import random
-
-    import jax
 
     ready: dict[str, tuple[Any, Any]] = {}
     settle: dict[str, int] = {}
@@ -125,12 +152,14 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
             fn, args = entry() if callable(entry) else entry
             chained = chain_fn(fn, chain)
             if chain > 1 and chained is None:
-                progress(f"  {name}: not chained (one op per dispatch)")
+                progress(f"  {name}: not chained (one op per dispatch; its record says chain 1)")
             fn, per_call[name] = (chained, chain) if chained is not None else (fn, 1)
-            for _ in range(a.warmup):
-                jax.block_until_ready(fn(*args))
-            if probe is not None and probes is not None:
-                probes[name] = probe(fn(*args))
+            out = _warm_up(fn, args, a.warmup)
+            if probe is not None:
+                value = probe(name, out[-1] if per_call[name] > 1 else out)
+                if probes is not None:
+                    probes[name] = value
+            del out
             settle[name] = settle_calls(_burst(fn, args, 2), settle_ms, a.iters) if settle_ms > 0 else 0
             ready[name] = (fn, args)
         except Exception as e:
@@ -155,12 +184,98 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
     line = host_line(host)
     if line:
         progress(f"  {line}")
-    return {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
+    timed = {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
+    return Times(timed, {name: per_call[name] for name in timed})
+
+
+# ------------------------------------------------------------------------------------------------
+# What is timed must be right: each impl's output against its reference impl's
+
+
+# ||out - ref|| / ||ref|| (fp32, Frobenius) an impl may reach against its reference impl's output,
+# both computed in the op's dtype (tests/multigpu/test_overlap.py holds jax_ub to 1e-2 in bf16 and
+# 1e-5 in fp32 against an fp32 reference; two TF32 GEMMs of the same operands agree far closer).
+REL_ERR_BOUND = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-4}
+
+
+class WrongOutput(Exception):
+    """An impl's output is not its reference's (:class:`Check`): it gets no time."""
+
+
+def reference(impl: str) -> str | None:
+    """The impl whose output ``impl``'s must equal in bench ag/rs/bulk: ``comm_nccl`` for
+    ``comm_jax_ub`` (the same collective), ``xla_plain`` for the op itself (``jax_ub``,
+    ``jax_ub_<method>``, ``xla_windowed``, ``variant_<...>``); None for what computes something else
+    (the GEMM alone or in chunks, on other data)."""
+    if impl == "comm_jax_ub":
+        return REFERENCES[0]
+    if ours(impl) or impl == "xla_windowed" or impl.startswith("variant_"):
+        return REFERENCES[1]
+    return None
+
+
+REFERENCES = ("comm_nccl", "xla_plain")  # what :func:`reference` returns
+
+
+@functools.cache
+def _rel_err_fn() -> Callable[[Any, Any], Any]:
+    import jax
+    import jax.numpy as jnp
+
+    def rel(out, ref):
+        out, ref = out.astype(jnp.float32), ref.astype(jnp.float32)
+        return jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)
+
+    return jax.jit(rel)
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    """``||out - ref|| / ||ref||`` in float32 (Frobenius), the largest over the arrays of two outputs
+    of one structure (NaN where ``out`` has a NaN). An output of another structure or shape (e.g.
+    with an extra array, such as ``return_gathered``'s) is a :class:`WrongOutput`, not a comparison
+    of whichever arrays happen to line up."""
+    import jax
+
+    outs, tree = jax.tree.flatten(out)
+    refs, ref_tree = jax.tree.flatten(ref)
+    if tree != ref_tree or [o.shape for o in outs] != [r.shape for r in refs]:
+        raise WrongOutput(f"output {tree} of shapes {[o.shape for o in outs]} is not the reference's "
+                          f"{ref_tree} of shapes {[r.shape for r in refs]}")
+    return max(float(_rel_err_fn()(o, r)) for o, r in zip(outs, refs, strict=True))
+
+
+class Check:
+    """A ``probe`` for :func:`time_impls`: the output of every impl that has a :func:`reference`
+    must be that reference's within ``REL_ERR_BOUND[dtype]``. Returns the error (the record's
+    ``rel_err``), None for an impl without a reference, or raises :class:`WrongOutput` (the impl
+    gets no time, and a failure). The references must come before the impls checked against them
+    in the impls' order (their outputs are kept here, for the case); one whose reference gave no
+    output (failed) is timed unchecked: its record has no ``rel_err``."""
+
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+        self.bound = REL_ERR_BOUND[dtype]
+        self.outs: dict[str, Any] = {}
+
+    def __call__(self, name: str, out: Any) -> float | None:
+        if name in REFERENCES:
+            self.outs[name] = out
+        ref = reference(name)
+        if ref is None:
+            return None
+        if ref not in self.outs:
+            progress(f"  {name}: output not checked ({ref} gave none)")
+            return None
+        err = rel_err(out, self.outs[ref])
+        if not err <= self.bound:  # NaN too
+            raise WrongOutput(f"wrong output: relative error {err:.3g} against {ref} (bound "
+                              f"{self.bound:g} in {self.dtype})")
+        return err
 
 
 def _failed(label: str, name: str, e: Exception, failures: list[tuple[str, str]] | None) -> None:
     why = f"{type(e).__name__}: {str(e)[:300]}"
-    progress(f"  {name} failed: {why}")
+    progress(f"  {'the case' if name == WHOLE_CASE else name} failed: {why}")
     if failures is not None:
         failures.append((name, f"{label}: {why}"))
 
@@ -226,29 +341,62 @@ def make_mesh(tp: int, cuda: bool) -> Any:
     return mesh
 
 
-def case_records(common: dict[str, Any], res: dict[str, float]) -> list[dict[str, Any]]:
+def case_records(common: dict[str, Any], res: dict[str, float],
+                 rel_errs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One record per impl; each says which cuBLASLt plans it ran (``gemm_tune``: candidates timed
-    per GEMM shape, 0 for the heuristic's first), since merged files mix runs."""
+    per GEMM shape, 0 for the heuristic's first), how many ops a timed dispatch ran (``chain``:
+    ``--chain``, or 1 where the impl could not be chained), and, where its output was checked
+    against its :func:`reference`'s, the relative error (``rel_err``); merged files mix runs."""
     from jax_ub import config
 
     tune = config.get().gemm_tune
-    return [{**common, "impl": impl, "ms": round(ms, 4), "gemm_tune": tune} for impl, ms in res.items()]
+    out = []
+    for impl, ms in res.items():
+        r = {**common, "impl": impl, "ms": round(ms, 4), "gemm_tune": tune, "chain": chain_of(res, impl)}
+        if rel_errs and rel_errs.get(impl) is not None:
+            r["rel_err"] = float(f"{rel_errs[impl]:.3g}")
+        out.append(r)
+    return out
+
+
+def agreed(items: Sequence[dict], key: str) -> Any:
+    """The value of ``key`` that every item has, or None where one lacks it or two differ (a file's
+    header states a run's property only where it holds for every record)."""
+    values = {json.dumps(i.get(key), sort_keys=True) for i in items}
+    return items[0].get(key) if items and len(values) == 1 else None
+
+
+def config_changes() -> dict[str, Any]:
+    """The jax_ub settings (``JAX_UB_*``, :class:`jax_ub.config.Config`) this process runs with
+    away from their defaults, ``{field: value}`` (e.g. ``{"ag_push_merge": True}``)."""
+    from jax_ub import config
+
+    active, default = config.get(), config.Config()
+    return {f.name: getattr(active, f.name) for f in dataclasses.fields(active)
+            if getattr(active, f.name) != getattr(default, f.name)}
 
 
 def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:
-    """Writes ``<stem>.json``: ``{"machine", "date", "jax", "jax_ub", "device_kind", ...extra,
-    "records"}`` (which GPUs and which jax_ub measured, so a tuning file used elsewhere is noticed:
-    :func:`jax_ub.choice.check_bench_file`). Atomically: a job reading it meanwhile (e.g. as its
-    ``JAX_UB_TUNING_FILE``) sees the old or the new file whole, never a part."""
+    """Writes ``<stem>.json``: ``{"machine", "date", "jax", "jax_ub", "device_kind", ["chain"],
+    "config", ...extra, "records"}`` (which GPUs and which jax_ub measured, so a tuning file used
+    elsewhere is noticed: :func:`jax_ub.choice.check_bench_file`; ``config``: the jax_ub settings
+    away from their defaults, :func:`config_changes`; ``chain`` only where every record ran that
+    many ops per dispatch, each record says its own). Atomically (:func:`write_doc`)."""
     import jax
 
     import jax_ub
 
-    if getattr(a, "chain", 1) > 1:
-        extra = {"chain": a.chain, **extra}  # ms are per op, CHAIN ops per dispatch
+    chain = agreed(records, "chain")
     doc = {"machine": a.machine, "date": a.date, "jax": jax.__version__, "jax_ub": jax_ub.__version__,
-           "device_kind": jax.devices()[0].device_kind, **extra, "records": records}
-    path = stem + ".json"
+           "device_kind": jax.devices()[0].device_kind, **({"chain": chain} if chain is not None else {}),
+           "config": config_changes(), **extra, "records": records}
+    write_doc(stem + ".json", doc)
+
+
+def write_doc(path: str, doc: dict) -> None:
+    """``doc`` as JSON at ``path`` (its folder created), atomically: a job reading it meanwhile
+    (e.g. as its ``JAX_UB_TUNING_FILE``) sees the old or the new file whole, never a part."""
+    _make_folder(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -260,14 +408,18 @@ def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: A
         raise
 
 
+def _make_folder(path: str) -> None:
+    """The folder of a file about to be written (only then: a run that writes nothing leaves none)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+
 def _plain(o: Any) -> Any:
     """JSON for numpy scalars and anything else a trace record may hold."""
     return o.item() if hasattr(o, "item") else str(o)
 
 
 def out_stem(a: argparse.Namespace, tag: str) -> str:
-    """``<out>/<machine>-<yyyymmdd>-<tag>`` (the folder is created)."""
-    os.makedirs(a.out, exist_ok=True)
+    """``<out>/<machine>-<yyyymmdd>-<tag>`` (the folder is made when a file is written there)."""
     return os.path.join(a.out, f"{a.machine}-{a.date}-{tag}")
 
 
@@ -290,15 +442,21 @@ def plot(records: list[dict], path: str, title: str, impls: Sequence[str],
     fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(cases)), 4.5))
     width = 0.8 / len(impls)
     for j, impl in enumerate(impls):
-        vals = [next((r["ms"] for r in records if case_label(r) == c and r["impl"] == impl), 0.0)
+        vals = [next((r["ms"] for r in records if case_label(r) == c and r["impl"] == impl), None)
                 for c in cases]
-        ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
+        xs = [i + j * width for i in range(len(cases))]
+        bars = ax.bar(xs, [math.nan if v is None else v for v in vals], width, label=impl)
+        for x, v in zip(xs, vals, strict=True):
+            if v is None:  # a gap, not a 0 ms bar that reads as "very fast"
+                ax.text(x, 0, "n/a", rotation=90, fontsize=6, ha="center", va="bottom",
+                        color=bars.patches[0].get_facecolor())
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
     ax.set_xticklabels(cases, fontsize=8)
     ax.set_ylabel("ms (median)")
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
+    _make_folder(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -308,24 +466,36 @@ def wrote(stem: str, png: bool) -> None:
     print(f"\nwrote {stem}.json" + (f" and {stem}.png" if png else " (no PNG)"))
 
 
-def ideal(*ms: float) -> float:
-    """max(ms), or NaN when one is missing (max() would silently drop a NaN)."""
-    return float("nan") if any(m != m for m in ms) else max(ms)
+def ratio(res: dict[str, float], num: str, *dens: str) -> float:
+    """``res[num] / max(res[d] for d in dens)`` (a speedup, or T over T_ideal): NaN where one is
+    missing, or where they were timed with different ops per dispatch (:func:`chain_of`: a
+    chained impl against one that could not be chained is no fair comparison)."""
+    names = (num, *dens)
+    if any(n not in res for n in names) or len({chain_of(res, n) for n in names}) > 1:
+        return math.nan
+    return res[num] / max(res[d] for d in dens)
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    """The geometric mean of the finite positive values, or None where there is none."""
+    good = [v for v in values if math.isfinite(v) and v > 0]
+    return math.exp(sum(map(math.log, good)) / len(good)) if good else None
 
 
 def _shapes(a: argparse.Namespace, default: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """``--shapes`` (M,K,N triples, parsed and checked by the command line), or ``default``."""
+    """``--shapes`` (M,K,N triples, parsed and checked by the command line; each once), or ``default``."""
     if not a.shapes:
         return default
-    return [tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(","))  # type: ignore[misc]
-            for s in a.shapes]
+    return list(dict.fromkeys(tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(","))
+                              for s in a.shapes))
 
 
 def cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
-    """(tp, M, K, N) to run, skipping (with a progress line) what the devices/tp cannot do."""
+    """(tp, M, K, N) to run, each once (a repeated ``--tp`` or shape is run once), skipping (with a
+    progress line) what the devices/tp cannot do."""
     import jax
 
-    for tp in a.tp:
+    for tp in dict.fromkeys(a.tp):
         if tp > len(jax.devices()):
             progress(f"skip tp={tp}: only {len(jax.devices())} devices")
             continue
@@ -368,10 +538,99 @@ def nothing_measured(a: argparse.Namespace, results: Sequence[dict[str, float]],
 
 
 def failure_summary(failures: Sequence[tuple[str, str]], shown: int = 3) -> str:
-    """The first ``shown`` failures of jax_ub's impls, ``"<impl> at <label>: <error>; ..."``."""
-    whys = [f"{name} at {why}" for name, why in failures if ours(name)]
+    """The first ``shown`` failures of jax_ub's impls or of whole cases (:data:`WHOLE_CASE`),
+    ``"<impl> at <label>: <error>; ..."``."""
+    whys = [f"{'the case' if name == WHOLE_CASE else name} at {why}" for name, why in failures
+            if ours(name) or name == WHOLE_CASE]
     more = len(whys) - shown
     return "; ".join(whys[:shown]) + (f"; and {more} more (the lines above)" if more > 0 else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# A run's record file, written after every case
+
+WHOLE_CASE = "*"  # the impl of a failure of the case outside its impls (mesh, data, build, timeline)
+
+
+@dataclasses.dataclass
+class Case:
+    """What the body of :meth:`Results.case` leaves for the case's records: the times, the probes'
+    relative errors (:class:`Check`), extra keys per impl (e.g. what ``auto`` ran)."""
+
+    res: dict[str, float] = dataclasses.field(default_factory=Times)
+    rel_err: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+class Results:
+    """One run's record file ``<stem>.json``, rewritten whole after every case with ``"complete":
+    false`` (``true`` from :meth:`finish`), so a crash or a killed step keeps the cases timed so far.
+    It is written only once some case timed one of jax_ub's impls (:func:`ours`): a run that
+    measured nothing leaves no file (:func:`nothing_measured`). ``failures`` collects
+    :func:`time_impls`' ``(impl, "<label>: <error>")``; the file lists them per case under
+    ``"failures"``: ``{<the case's keys>, "impl", "error"}``, impl :data:`WHOLE_CASE` where the case
+    failed outside its impls (before any ran, or after: its timeline)."""
+
+    def __init__(self, a: argparse.Namespace, stem: str, path: str):
+        self.a, self.stem, self.path = a, stem, path.split(" ")[1]
+        self.records: list[dict] = []
+        self.timelines: list[dict] = []
+        self.failures: list[tuple[str, str]] = []
+        self.failed: list[dict] = []  # the file's "failures"
+        self.timed: list[dict[str, float]] = []  # each case's times
+
+    @contextlib.contextmanager
+    def case(self, common: dict[str, Any], label: str, shutdown: bool = True) -> Any:
+        """``with results.case(common, label) as c:`` time one case into ``c`` (:class:`Case`). An
+        exception in the body (making the mesh, the data, the impls) fails the case, not the run:
+        a progress line and a :data:`WHOLE_CASE` failure (what ``c`` got before it is kept). Then
+        the case's records are added and the file rewritten; ``jax_ub.shutdown()`` always runs
+        last (``shutdown=False``: the caller keeps the communicators for its next case and shuts
+        down itself)."""
+        import jax_ub
+
+        c = Case()
+        first = len(self.failures)
+        try:
+            try:
+                yield c
+            except Exception as e:
+                _failed(label, WHOLE_CASE, e, self.failures)
+            for r in case_records(common, c.res, c.rel_err):
+                self.records.append({**r, **c.extra.get(r["impl"], {})})
+            self.failed += [{**common, "impl": name, "error": why.removeprefix(f"{label}: ")}
+                            for name, why in self.failures[first:]]
+            self.timed.append(c.res)
+            self.save(complete=False)
+        finally:
+            if shutdown:
+                jax_ub.shutdown()
+
+    def save(self, complete: bool) -> bool:
+        """Writes the file (see the class); whether it did."""
+        if not any(ours(impl) for res in self.timed for impl in res):
+            return False
+        write_json(self.a, self.stem, self.records, path=self.path, complete=complete,
+                   failures=self.failed, **({"timelines": self.timelines} if self.timelines else {}))
+        return True
+
+    def finish(self) -> int | None:
+        """None with the file written complete; else :func:`nothing_measured`'s exit status (no file)."""
+        stop = nothing_measured(self.a, self.timed, self.failures)
+        if stop is None:
+            self.save(complete=True)
+        return stop
+
+
+def rand(key: Any, shape: tuple[int, ...], dtype: Any, where: Any) -> Any:
+    """Standard normal values (float32, rounded to ``dtype``) made where they live (``where``: a
+    sharding or a device), each device drawing only its shard: nothing global lands on one GPU."""
+    import jax
+    import jax.numpy as jnp
+
+    if isinstance(where, jax.Device):
+        where = jax.sharding.SingleDeviceSharding(where)
+    return jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype), out_shardings=where)(key)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -450,6 +709,7 @@ def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: A
         print(f"timeline {tag}: no records: the traced calls ran no jax_ub CUDA op (at tp=1, or "
               f"where auto runs XLA's path, there is nothing to overlap)")
         return {}
+    _make_folder(path)
     drawn = timeline.draw(records, path, title)
     print(f"timeline {tag}: {len(records)} records" + (f", {path}" if drawn else " (no PNG: matplotlib missing)"))
     print(timeline.summary(records))

@@ -177,8 +177,9 @@ def nocomm_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: An
 # Steps and the impls the harness times.
 
 
-def check(out: Any) -> tuple[float, float]:
-    """``(loss, |dx|)`` of a step's output: the harness prints them per impl as a sanity check."""
+def check(name: str, out: Any) -> tuple[float, float]:
+    """``(loss, |dx|)`` of impl ``name``'s step output (a ``probe`` of
+    :func:`jax_ub.bench.harness.time_impls`): printed per impl as a sanity check."""
     loss, (_, dx) = out
     return float(loss), float(jnp.linalg.norm(dx.astype(jnp.float32)))
 
@@ -273,52 +274,49 @@ def run(a: argparse.Namespace) -> int:
     print(path)
     if not cuda:
         h.progress("xla_windowed: the windowed-einsum flags are GPU flags; off GPU this is plain SPMD")
-    mesh = h.make_mesh(a.tp, cuda)
-    records, rows = [], []
-    failures: list[tuple[str, str]] = []
-    for model in a.models:
-        ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
-        label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
-        try:
-            impls = build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
+    stem = h.out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
+    out = h.Results(a, stem, path)
+    rows = []
+    mesh = None
+    try:
+        for model in a.models:
+            ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
+            label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
+            common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp,
+                      "dtype": a.dtype}
+            if a.remat != "none":
+                common["remat"] = a.remat
+            with out.case(common, label, shutdown=False) as c:  # one mesh for every model
+                if mesh is None:
+                    mesh = h.make_mesh(a.tp, cuda)
+                impls = build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
                               windowed_flags=h.WINDOWED_FLAGS, remat=a.remat)
-        except Exception as e:
-            why = f"{type(e).__name__}: {str(e)[:300]}"
-            h.progress(f"{label}: building the model failed: {why}")
-            failures.append(("jax_ub", f"{label}: building the model failed: {why}"))
-            continue
-        checks: dict[str, Any] = {}
-        res = h.time_impls(label, impls, a, probe=check, probes=checks, failures=failures)
-        print(f"{model} check (loss, |dx|): "
-              + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
-        common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp, "dtype": a.dtype}
-        if a.remat != "none":
-            common["remat"] = a.remat
-        records += h.case_records(common, res)
-        rows.append((model, ffn, res))
-    jax_ub.shutdown()
-    stop = h.nothing_measured(a, [row[-1] for row in rows], failures)
+                checks: dict[str, Any] = {}
+                c.res = h.time_impls(label, impls, a, probe=check, probes=checks, failures=out.failures)
+                print(f"{model} check (loss, |dx|): "
+                      + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
+            rows.append((model, ffn, c.res))
+    finally:
+        jax_ub.shutdown()
+    stop = out.finish()
     if stop is not None:
         return stop
-    stem = h.out_stem(a, "mlp" if a.remat == "none" else f"mlp-remat-{a.remat}")
-    h.write_json(a, stem, records, path=path.split(" ")[1])
-    png = h.plot(records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})", CHART,
-                 lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
+    png = h.plot(out.records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})",
+                 CHART, lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
     h.wrote(stem, png)
     for model, _, r in rows:
-        sp = r.get("xla_plain", float("nan")) / r.get("jax_ub", float("nan"))
-        print(f"{model}: jax_ub speedup vs xla_plain {sp:.2f}x")
+        print(f"{model}: jax_ub speedup vs xla_plain {h.ratio(r, 'xla_plain', 'jax_ub'):.2f}x")
     print(f"{path}\nmodel      tp  hidden  ffn     tokens  xla_plain  windowed  jax_ub  speedup  "
           f"no_comm  (best possible)")
     for model, ffn, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
         print(f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
-              f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {g('xla_plain') / g('jax_ub'):6.2f}x  "
-              f"{g('no_comm'):7.3f}  ({g('xla_plain') / g('no_comm'):.2f}x)")
+              f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
+              f"{g('no_comm'):7.3f}  ({h.ratio(r, 'xla_plain', 'no_comm'):.2f}x)")
     if a.remat != "none":
         for model, _, r in rows:
             g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
             print(f"{model}: remat {a.remat}: jax_ub with jax_ub.checkpoint_policy {g('jax_ub'):.3f} ms, "
                   f"with the bare policy {g('jax_ub_base_policy'):.3f} ms "
-                  f"({g('jax_ub_base_policy') / g('jax_ub'):.2f}x slower)")
+                  f"({h.ratio(r, 'jax_ub_base_policy', 'jax_ub'):.2f}x slower)")
     return 0

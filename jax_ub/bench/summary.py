@@ -12,21 +12,28 @@ speedup. The targets
 (``TARGETS``): faster than XLA plain at every shape, a geometric mean speedup of at least 1.30x
 (AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too).
 
-Files are read in the order given; a later file's record of the same (op, tp, dtype, shape, impl)
-replaces an earlier one's. A file without ag/rs/bulk records, or a selection (``--tp``,
-``--dtype``) that leaves no case with every impl a row needs, is an error (stderr, exit 2). It reads JSON only and needs no GPU. README's performance table is this
-command's output over the committed tp=4 files (the command is written above the table, and a CPU
-test checks that the two agree).
+A case (op, tp, dtype, shape) is taken whole from the last file given that has records of it, so
+a row never mixes runs. A case of the selection that lacks one of the records a row needs
+(:data:`NEEDED`), or whose records ran different numbers of ops per dispatch (``chain``), has no row:
+it counts as a miss in its op's and tp's line, named with what it lacks, and the geometric mean then
+says over how many of the shapes it is. At tp=4 in bfloat16 (what the targets are for), the line
+also names the shapes of the issues (``harness.DEFAULT_SHAPES``, bulk: ``harness.BULK_SHAPES``) that
+the files do not have. A file without ag/rs/bulk records, or a selection (``--tp``, ``--dtype``)
+that leaves no case with every impl a row needs, is an error (stderr, exit 2). It reads JSON only
+and needs no GPU. README's performance table is this command's output over the committed tp=4 files
+(the command is written above the table, and a CPU test checks that the two agree).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from jax_ub.bench.harness import BULK_SHAPES, DEFAULT_SHAPES, geomean
 
 # op -> (title, minimum geometric-mean speedup over xla_plain or None); T/T_ideal <= T_IDEAL_MAX.
 TARGETS: dict[str, tuple[str, float | None]] = {
@@ -36,13 +43,37 @@ TARGETS: dict[str, tuple[str, float | None]] = {
     "bulk_rs": ("bulk reduce-scatter beside a GEMM", None),
 }
 T_IDEAL_MAX = 1.10
+NEEDED = ("xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub")  # the records a row is made of
+# Where the targets are judged, and at which shapes (the issues' benchmark shapes).
+TARGET_TP, TARGET_DTYPE = 4, "bfloat16"
+REQUIRED = {"ag_gemm": DEFAULT_SHAPES, "gemm_rs": DEFAULT_SHAPES,
+            "bulk_ag": BULK_SHAPES, "bulk_rs": BULK_SHAPES}
 
 Key = tuple[str, int, str, int, int, int]  # op, tp, dtype, M, K, N
 
 
-def read(path: str) -> tuple[dict[Key, dict[str, float]], list[str]]:
-    """One file: ``{(op, tp, dtype, M, K, N): {impl: ms}}`` of its records of the ops in
-    :data:`TARGETS`, and the other ops its records are of (e.g. an ``mlp`` run's)."""
+@dataclasses.dataclass
+class Case:
+    """One case's records of one file: ms and ops per timed dispatch (``chain``) per impl."""
+
+    ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    chain: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def lacks(self) -> str | None:
+        """Why no row can be made of it (a missing record, runs of different chains), or None."""
+        missing = [i for i in NEEDED if i not in self.ms]
+        if missing:
+            return f"no {', '.join(missing)} record{'s' if len(missing) > 1 else ''}"
+        chains = {i: self.chain[i] for i in NEEDED}
+        if len(set(chains.values())) > 1:
+            return "records of different chains (" + ", ".join(f"{i} {c}" for i, c in chains.items()) + ")"
+        return None
+
+
+def read(path: str) -> tuple[dict[Key, Case], list[str]]:
+    """One file: ``{(op, tp, dtype, M, K, N): Case}`` of its records of the ops in :data:`TARGETS`
+    (a record's ``chain``, else the header's, else 1), and the other ops its records are of (e.g.
+    an ``mlp`` run's)."""
     with open(path) as f:
         try:
             doc = json.load(f)
@@ -51,7 +82,7 @@ def read(path: str) -> tuple[dict[Key, dict[str, float]], list[str]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise ValueError(f"{path}: not a bench result file (expected a JSON object with a "
                          f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)")
-    cases: dict[Key, dict[str, float]] = {}
+    cases: dict[Key, Case] = {}
     others: list[str] = []
     for i, r in enumerate(doc["records"]):
         op = r.get("op") if isinstance(r, dict) else None
@@ -61,69 +92,78 @@ def read(path: str) -> tuple[dict[Key, dict[str, float]], list[str]]:
             continue
         try:
             key = (op, int(r["tp"]), r["dtype"], int(r["M"]), int(r["K"]), int(r["N"]))
-            cases.setdefault(key, {})[r["impl"]] = float(r["ms"])
+            case = cases.setdefault(key, Case())
+            case.ms[r["impl"]] = float(r["ms"])
+            case.chain[r["impl"]] = int(r.get("chain", doc.get("chain", 1)))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: record {i} ({op}) is not a bench record (expected op, tp, "
                              f"dtype, M, K, N, impl and ms; {type(e).__name__}: {e})") from None
     return cases, others
 
 
-def load(paths: Sequence[str]) -> dict[Key, dict[str, float]]:
-    """{(op, tp, dtype, M, K, N): {impl: ms}} over the files, later files first."""
-    cases: dict[Key, dict[str, float]] = {}
+def load(paths: Sequence[str]) -> dict[Key, Case]:
+    """{(op, tp, dtype, M, K, N): Case} over the files: each case whole from the last file that has it."""
+    cases: dict[Key, Case] = {}
     for path in paths:
-        for key, impls in read(path)[0].items():
-            cases.setdefault(key, {}).update(impls)
+        cases.update(read(path)[0])
     return cases
 
 
-def _geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def markdown(cases: dict[Key, dict[str, float]], *, tps: Sequence[int] | None = None,
-             dtype: str = "bfloat16") -> str:
+def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype: str = "bfloat16") -> str:
     """The table and, per op and tp, a line saying which targets hold."""
     keys = sorted((k for k in cases if k[2] == dtype and (not tps or k[1] in tps)),
                   key=lambda k: (list(TARGETS).index(k[0]), -k[1], k[3:]))
     lines = ["| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal | split floor |",
              "|---|---|---|---|---|---|---|---|"]
     verdicts: list[str] = []
-    # (op, tp) -> [(speedup, T/T_ideal, split floor or None, "M,K,N")]
+    # (op, tp) -> [(speedup, T/T_ideal, split floor or None, "M,K,N")], and the shapes without a row
     groups: dict[tuple[str, int], list[tuple[float, float, float | None, str]]] = {}
+    misses: dict[tuple[str, int], list[str]] = {}
     for op, tp, _, M, K, N in keys:
-        r = cases[(op, tp, dtype, M, K, N)]
-        if not {"xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub"} <= r.keys():
-            continue  # not a CUDA run of every impl: nothing to judge
+        c = cases[(op, tp, dtype, M, K, N)]
+        rows = groups.setdefault((op, tp), [])
+        why = c.lacks()
+        if why:
+            misses.setdefault((op, tp), []).append(f"{M},{K},{N}: {why}")
+            continue
+        r = c.ms
         speedup = r["xla_plain"] / r["jax_ub"]
         ideal = max(r["gemm_alone"], r["comm_jax_ub"])
         floor = max(r["gemm_chunks"], r["comm_jax_ub"]) / ideal if "gemm_chunks" in r else None
-        groups.setdefault((op, tp), []).append((speedup, r["jax_ub"] / ideal, floor, f"{M},{K},{N}"))
+        rows.append((speedup, r["jax_ub"] / ideal, floor, f"{M},{K},{N}"))
         lines.append(f"| {op} | {tp} | {M},{K},{N} | {r['xla_plain']:.3f} | {r['jax_ub']:.3f} | "
                      f"{speedup:.2f}x | {r['jax_ub'] / ideal:.2f} | "
                      f"{'-' if floor is None else f'{floor:.2f}'} |")
+    if not any(groups.values()):
+        return f"no {dtype} case with xla_plain, jax_ub, gemm_alone and comm_jax_ub records\n"
     for (op, tp), rows in groups.items():
         title, goal = TARGETS[op]
-        gm = _geomean([row[0] for row in rows])
+        missed = misses.get((op, tp), [])
+        n = len(rows) + len(missed)
+        gm = geomean([row[0] for row in rows])
         faster = sum(row[0] > 1 for row in rows)
         within = sum(row[1] <= T_IDEAL_MAX for row in rows)
-        parts = [f"faster than XLA plain at {faster} of {len(rows)} shapes",
-                 f"geometric mean speedup {gm:.2f}x"
-                 + (f" (target {goal:.2f}x: {'met' if gm >= goal else 'missed'})" if goal else ""),
-                 f"within {T_IDEAL_MAX:.2f}x of T_ideal at {within} of {len(rows)}"]
+        over = f" over {len(rows)} of {n} shapes" if missed else ""
+        met = gm is not None and gm >= (goal or 0) and not missed
+        parts = [f"faster than XLA plain at {faster} of {n} shapes",
+                 (f"geometric mean speedup {gm:.2f}x{over}" if gm is not None
+                  else "no geometric mean speedup")
+                 + (f" (target {goal:.2f}x: {'met' if met else 'missed'})" if goal else ""),
+                 f"within {T_IDEAL_MAX:.2f}x of T_ideal at {within} of {n}"]
+        if missed:
+            parts.append(f"no row (a miss) at {'; '.join(missed)}")
         floored = [row[3] for row in rows if row[2] is not None and row[2] > T_IDEAL_MAX]
         if floored:
             parts.append(f"the split floor exceeds {T_IDEAL_MAX:.2f} at {', '.join(floored)}")
         verdicts.append(f"- {title}, tp={tp}: " + "; ".join(parts) + ".")
-    if not groups:
-        return f"no {dtype} case with xla_plain, jax_ub, gemm_alone and comm_jax_ub records\n"
+        absent = [s for s in REQUIRED[op] if (op, tp, dtype, *s) not in cases]
+        if (tp, dtype) == (TARGET_TP, TARGET_DTYPE) and absent:
+            verdicts.append(f"  Not in the files: {', '.join(','.join(map(str, s)) for s in absent)} (the "
+                            f"targets are for {len(REQUIRED[op])} shapes).")
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
-NEEDED = ("xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub")  # the records a row is made of
-
-
-def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, dict[str, float]], list[str]]],
+def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, Case], list[str]]],
             tps: Sequence[int] | None, dtype: str) -> str | None:
     """Why the files (``per_file``: :func:`read` of each) give no table with this selection, or None."""
     for path, (cases, others) in zip(files, per_file, strict=True):
@@ -146,9 +186,9 @@ def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, dict[str, f
     if not chosen:
         return (f"no {dtype} records{' with ' + tp_text if tps else ''} in {names}; {have} dtype "
                 f"{listed(k[2] for k in at_tp)}{' there' if tps else ''} (--dtype chooses)")
-    if not any(set(NEEDED) <= cases[k].keys() for k in chosen):
+    if not any(set(NEEDED) <= cases[k].ms.keys() for k in chosen):
         k = chosen[0]
-        missing = [i for i in NEEDED if i not in cases[k]]
+        missing = [i for i in NEEDED if i not in cases[k].ms]
         return (f"no {dtype} case{' with ' + tp_text if tps else ''} in {names} has the {', '.join(NEEDED)} "
                 f"records a row needs (e.g. {k[0]} tp={k[1]} {k[3]},{k[4]},{k[5]} has no "
                 f"{', '.join(missing)}; a run off the CUDA path times no comm_jax_ub)")
@@ -172,7 +212,8 @@ def run(a: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("summary", help="bench JSON files against jax_ub's performance targets "
                        "(speedup over XLA, T/T_ideal), as markdown")
-    p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (later ones replace records of earlier)")
+    p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (a later one's case replaces an "
+                   "earlier one's whole)")
     p.add_argument("--tp", type=int, action="append", default=None,
                    help="only this tp (repeat for several; default: all)")
     p.add_argument("--dtype", default="bfloat16")

@@ -6,8 +6,9 @@ For each recorded (op, tp, dtype, M, K, N), in one process, as ``bench ag|rs`` t
 the shipped records, or the tuning file already set) and ``jax_ub_<method>`` for every CUDA
 algorithm of the op (``--full``: also the GEMM and collectives alone and XLA's windowed einsum),
 each op 8 times in a row per dispatch (``--chain``, default 8: a lone dispatch of a small op is
-bound by the host, a model's step is not, and a host-bound time would choose wrongly). Each shape
-runs in the dtype it was recorded with. Several shapes files (one per process of a
+bound by the host, a model's step is not, and a host-bound time would choose wrongly). A method
+whose output is not ``xla_plain``'s (:class:`jax_ub.bench.harness.Check`) gets no time, so ``auto``
+never chooses it from this file. Each shape runs in the dtype it was recorded with. Several shapes files (one per process of a
 multi-process run) are measured together: a shape in several files is measured once, at the most
 calls any one file counted.
 
@@ -150,11 +151,13 @@ def run(a: argparse.Namespace) -> int:
                 s = c.shape
                 impls = {k: v for k, v in agrs.build(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
                          if keep_impl(k, a.full)}
+                errs: dict[str, Any] = {}  # a method with a wrong output gets no time: auto never picks it
                 res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a,
-                                   failures=failures)
+                                   probe=h.Check(s.dtype), probes=errs, failures=failures)
                 before = agrs.auto_method(s.op, tp, s.M, s.K, s.N, s.dtype)
                 case = h.case_records({"op": choice.BENCH_OP[s.op], "M": s.M, "K": s.K, "N": s.N, "tp": tp,
-                                       "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls}, res)
+                                       "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls},
+                                      res, errs)
                 for r in case:
                     if r["impl"] == "jax_ub":
                         r["method"] = before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -581,7 +582,8 @@ def test_an_mlp_run_whose_models_all_failed_fails_and_writes_nothing(tmp_path, c
                    "mlp", *FAST, "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1, err
-    assert "error: nothing was measured" in err and "building the model failed: RuntimeError" in err, err
+    assert "error: nothing was measured" in err, err
+    assert "the case at mlp tp=2 hidden=64 ffn=128 tokens=64 bfloat16: RuntimeError: broken on purpose" in err, err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -663,3 +665,228 @@ def test_a_record_file_says_which_gpus_and_jax_ub_measured_it(tmp_path):
         harness.write_json(a, stem, [{("op", 1): "a tuple key: not JSON"}])
     assert json.loads((tmp_path / "box-20261123-ag.json").read_text()) == doc
     assert [p.name for p in tmp_path.iterdir()] == ["box-20261123-ag.json"]
+
+
+# ------------------------------------------------------------------------------------------------
+# review 36: defaults per subcommand, checked outputs, chain per record, per-case files
+
+
+def test_each_subcommand_has_its_own_defaults():
+    """tune's --out and --chain defaults are its own: ag/rs/bulk time one op per dispatch into
+    benchmarks/results unless told otherwise (argparse shares a parent's actions between subparsers)."""
+    p = cli._parser()
+    for op in ("ag", "rs", "bulk"):
+        a = p.parse_args([op])
+        assert (a.out, a.chain) == ("benchmarks/results", 1), op
+    a = p.parse_args(["mlp"])
+    assert a.out == "benchmarks/results" and not hasattr(a, "chain")
+    a = p.parse_args(["tune", "x.json"])
+    assert (a.out, a.chain) == ("jax_ub_tuning", 8)
+    a = p.parse_args(["ag", "--chain", "4", "--out", "o"])  # and given values still win
+    assert (a.out, a.chain) == ("o", 4) and p.parse_args(["rs"]).chain == 1
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "", "x y"])
+def test_machine_is_a_plain_name(name, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["ag", *SMALL, *FAST, "--out", str(tmp_path), "--machine", name])
+    assert e.value.code == 2
+    assert "argument --machine: expected a plain name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_repeated_tp_and_shapes_run_once():
+    import argparse
+
+    a = argparse.Namespace(tp=[2, 2, 1], shapes=[(64, 32, 64), (64, 32, 64), (8, 8, 8)])
+    assert list(harness.cases(a, [])) == [(2, 64, 32, 64), (2, 8, 8, 8), (1, 64, 32, 64), (1, 8, 8, 8)]
+
+
+def test_a_warm_up_call_always_precedes_timing():
+    """--warmup 0 --settle-ms 0: the first call (the compile) is still run untimed."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        if len(calls) == 1:
+            import time
+
+            time.sleep(0.3)  # a compile
+        return x
+
+    a = SimpleNamespace(warmup=0, iters=1, reps=1, settle_ms=0)
+    ms = harness.time_impls("t", {"f": (fn, (jnp.ones(3),))}, a)["f"]
+    assert len(calls) == 2 and ms < 100, (calls, ms)
+    harness.time_fn(fn, (jnp.ones(3),), warmup=0, iters=1, reps=1)
+    assert len(calls) == 4
+
+
+def test_check_compares_each_impl_with_its_reference(capsys):
+    """The correctness probe: jax_ub*/xla_windowed/variant_* against xla_plain, comm_jax_ub against
+    comm_nccl; the error is returned; above the dtype's bound, NaN, or an output of another
+    structure (an extra array, as return_gathered gives) is a WrongOutput."""
+    ref = jnp.linspace(1.0, 2.0, 64).reshape(8, 8)
+    check = harness.Check("bfloat16")
+    assert check("gemm_alone", ref * 3) is None  # nothing to compare with
+    assert check("xla_plain", ref) is None and check("comm_nccl", ref + 1) is None
+    assert check("jax_ub", ref) == 0.0
+    assert 0 < check("jax_ub_push", ref * (1 + 5e-3)) < 1e-2
+    assert check("comm_jax_ub", ref + 1) == 0.0
+    for name, out, why in [("jax_ub", ref * 1.02,
+                            "relative error 0.02 against xla_plain (bound 0.01 in bfloat16)"),
+                           ("xla_windowed", ref.at[0, 0].set(jnp.nan), "relative error nan"),
+                           ("comm_jax_ub", ref, "against comm_nccl"),
+                           ("variant_push_merge", (ref, ref), "is not the reference's")]:
+        with pytest.raises(harness.WrongOutput, match=re.escape(why)):
+            check(name, out)
+    f32 = harness.Check("float32")
+    f32("xla_plain", ref)
+    with pytest.raises(harness.WrongOutput, match=re.escape("bound 0.0001 in float32")):
+        f32("jax_ub", ref * (1 + 5e-4))
+    assert harness.Check("float32")("jax_ub", ref) is None  # its reference gave no output
+    assert "jax_ub: output not checked (xla_plain gave none)" in capsys.readouterr().err
+
+
+def test_a_wrong_output_gets_no_time_and_a_failure():
+    """Through time_impls: the probe sees one op's output (the last of a chained call), and an impl
+    whose output is wrong is not timed; its failure says why."""
+    from types import SimpleNamespace
+
+    x = jnp.arange(12.0).reshape(3, 4)
+    impls = {"xla_plain": (jax.jit(lambda x: x * 2), (x,)),
+             "jax_ub": (jax.jit(lambda x: x * 2 + 1e-4), (x,)),
+             "jax_ub_ring": (jax.jit(lambda x: x * 3), (x,))}
+    errs: dict = {}
+    failures: list = []
+    a = SimpleNamespace(warmup=1, iters=1, reps=1, settle_ms=0, chain=3)
+    res = harness.time_impls("t", impls, a, probe=harness.Check("float32"), probes=errs, failures=failures)
+    assert sorted(res) == ["jax_ub", "xla_plain"] and res.chain == {"jax_ub": 3, "xla_plain": 3}
+    assert errs["xla_plain"] is None and 0 < errs["jax_ub"] < 1e-4
+    assert failures == [("jax_ub_ring", "t: WrongOutput: wrong output: relative error 0.5 against xla_plain "
+                                        "(bound 0.0001 in float32)")]
+    recs = harness.case_records({"op": "x"}, res, errs)
+    assert {r["impl"]: (r["chain"], r.get("rel_err")) for r in recs} == {
+        "xla_plain": (3, None), "jax_ub": (3, float(f"{errs['jax_ub']:.3g}"))}
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_a_wrong_jax_ub_op_is_not_timed(op, tmp_path, capsys, monkeypatch):
+    """An overlapped op that computes something else (here: twice the result) gives no record and
+    no file (on CPU it is the only jax_ub impl), saying so; xla_windowed is checked too."""
+    name = "all_gather_matmul" if op == "ag" else "matmul_reduce_scatter"
+    real = getattr(jax_ub, name)
+    monkeypatch.setattr(jax_ub, name, lambda *args, **kw: 2 * real(*args, **kw))
+    rc = cli.main([op, "--tp", "2", *SMALL, *FAST, "--out", str(tmp_path / "new")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert f"jax_ub at {op} tp=2 64x32x64 bfloat16: WrongOutput: wrong output: relative error 1 against " \
+           f"xla_plain (bound 0.01 in bfloat16)" in err, err
+    assert not (tmp_path / "new").exists()  # no folder either: nothing was measured
+
+
+def test_records_say_their_chain_and_error(tmp_path, capsys):
+    """--chain 2 on CPU: the jitted impls chained, xla_windowed (compiled) not: each record says its
+    own chain, the header states none, and the table says which impls were not chained."""
+    rc = cli.main(["rs", "--tp", "2", *SMALL, *FAST, "--chain", "2", "--out", str(tmp_path),
+                   "--machine", "box"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "timed one op per dispatch (not chainable; the others chained): xla_windowed" in out
+    assert "tp=2: geometric mean speedup vs xla_plain: " in out and "x over 1 of 1 shapes" in out
+    doc = json.loads(next(tmp_path.glob("box-*-rs.json")).read_text())
+    assert "chain" not in doc and doc["complete"] is True and doc["failures"] == [] and doc["config"] == {}
+    recs = {r["impl"]: r for r in doc["records"]}
+    assert recs["xla_windowed"]["chain"] == 1 and recs["jax_ub"]["chain"] == recs["xla_plain"]["chain"] == 2
+    assert recs["jax_ub"]["rel_err"] <= 1e-2 and recs["xla_windowed"]["rel_err"] <= 1e-2
+    assert "rel_err" not in recs["xla_plain"] and "rel_err" not in recs["gemm_alone"]
+
+
+def test_ratios_of_impls_of_different_chains_are_flagged(capsys):
+    r = harness.Times({"gemm_alone": 1.0, "comm_jax_ub": 0.4, "xla_plain": 2.0, "jax_ub": 1.25,
+                       "jax_ub_push": 1.25, "variant_push_merge": 1.2},
+                      {"gemm_alone": 4, "comm_jax_ub": 4, "xla_plain": 4, "jax_ub": 4, "jax_ub_push": 4,
+                       "variant_push_merge": 1})
+    assert harness.ratio(r, "xla_plain", "jax_ub") == 1.6 and harness.ratio(r, "jax_ub", "gemm_alone",
+                                                                            "comm_jax_ub") == 1.25
+    assert math.isnan(harness.ratio(r, "variant_push_merge", "jax_ub_push"))
+    assert math.isnan(harness.ratio(r, "xla_plain", "xla_windowed"))  # missing
+    agrs._table("ag", [(4, 8192, 8192, 8192, r, "push"), (4, 2048, 8192, 28672, harness.Times(), "-"),
+                       (2, 8192, 8192, 8192, r, "push")], "path: cuda")
+    out = capsys.readouterr().out
+    assert "push with merged peer GEMMs / push: tp4 8192,8192,8192 n/a (chain 1 against 4)" in out
+    assert "timed one op per dispatch (not chainable; the others chained): variant_push_merge" in out
+    # one geometric mean per tp, over the shapes that have both times
+    assert "tp=4: geometric mean speedup vs xla_plain: 1.60x over 1 of 2 shapes" in out
+    assert "tp=2: geometric mean speedup vs xla_plain: 1.60x over 1 of 1 shapes" in out
+
+
+def test_a_failing_case_does_not_cost_the_others(tmp_path, capsys, monkeypatch):
+    """A case whose data or impls cannot be made fails alone (a failure in the file, impl "*");
+    the others are timed and written, and jax_ub.shutdown runs after every case."""
+    real = agrs.build
+    shutdowns = []
+
+    def build(op, mesh, M, *rest, **kw):
+        if M == 128:
+            raise MemoryError("out of memory making x")
+        return real(op, mesh, M, *rest, **kw)
+
+    monkeypatch.setattr(agrs, "build", build)
+    monkeypatch.setattr(jax_ub, "shutdown", lambda: shutdowns.append(1))
+    rc = cli.main(["ag", "--tp", "2", "--shapes", "128,32,64", "64,32,64", *FAST, "--out", str(tmp_path),
+                   "--machine", "box"])
+    assert rc == 0 and len(shutdowns) == 2
+    assert "the case failed: MemoryError: out of memory making x" in capsys.readouterr().err
+    doc = json.loads(next(tmp_path.glob("box-*-ag.json")).read_text())
+    assert {r["M"] for r in doc["records"]} == {64} and doc["complete"] is True
+    assert doc["failures"] == [{"op": "ag_gemm", "M": 128, "K": 32, "N": 64, "tp": 2, "dtype": "bfloat16",
+                                "impl": "*", "error": "MemoryError: out of memory making x"}]
+
+
+def test_the_file_is_written_after_every_case(tmp_path, monkeypatch):
+    """A run killed after its first case (here: an interrupt while building the second) leaves the
+    first case's records, marked incomplete."""
+    real = agrs.build
+
+    class Killed(BaseException):
+        pass
+
+    def build(op, mesh, M, *rest, **kw):
+        if M == 128:
+            raise Killed
+        return real(op, mesh, M, *rest, **kw)
+
+    monkeypatch.setattr(agrs, "build", build)
+    with pytest.raises(Killed):
+        cli.main(["ag", "--tp", "2", "--shapes", "64,32,64", "128,32,64", *FAST, "--out", str(tmp_path),
+                  "--machine", "box"])
+    doc = json.loads(next(tmp_path.glob("box-*-ag.json")).read_text())
+    assert doc["complete"] is False and {r["M"] for r in doc["records"]} == {64}
+    assert not list(tmp_path.glob("*.png"))  # the chart comes at the end
+
+
+def test_the_header_names_the_settings_away_from_their_defaults(tmp_path):
+    import argparse
+
+    a = argparse.Namespace(machine="box", date="20261125")
+    with jax_ub.config.override(ag_push_merge=True, gemm_tune=0):
+        harness.write_json(a, str(tmp_path / "new" / "box"),
+                           [{"impl": "x", "chain": 2}, {"impl": "y", "chain": 2}])
+    doc = json.loads((tmp_path / "new" / "box.json").read_text())
+    assert doc["config"] == {"gemm_tune": 0, "ag_push_merge": True} and doc["chain"] == 2
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_a_missing_impl_is_a_gap_in_the_chart(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    texts = []
+    real = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda self, *a, **k: texts.append(a[2]) or real(self, *a, **k))
+    recs = [{"c": "one", "impl": "a", "ms": 1.0}, {"c": "one", "impl": "b", "ms": 2.0},
+            {"c": "two", "impl": "a", "ms": 1.5}]
+    assert harness.plot(recs, str(tmp_path / "x.png"), "t", ["a", "b"], lambda r: r["c"])
+    assert texts == ["n/a"]

@@ -56,8 +56,8 @@ def test_split_floor_where_the_run_timed_the_chunk_gemms(tmp_path):
     assert "| ag_gemm | 4 | 2048,8192,28672 | 0.470 | 0.450 | 1.04x | 1.25 | 1.19 |" in out
     assert "| ag_gemm | 4 | 8192,8192,8192 | 0.800 | 0.500 | 1.60x | 1.25 | 1.00 |" in out
     assert "| ag_gemm | 4 | 16384,12288,12288 | 2.600 | 1.800 | 1.44x | 1.06 | - |" in out
-    assert out.rstrip().endswith("within 1.10x of T_ideal at 1 of 3; the split floor exceeds 1.10 at "
-                                 "2048,8192,28672.")
+    assert ("within 1.10x of T_ideal at 1 of 3; the split floor exceeds 1.10 at 2048,8192,28672.\n"
+            "  Not in the files: 8192,8192,28672 (the targets are for 4 shapes).") in out
 
 
 def test_missed_target_and_filters(tmp_path):
@@ -69,11 +69,17 @@ def test_missed_target_and_filters(tmp_path):
     assert "no float16 case" in summary.markdown(summary.load([rs]), dtype="float16")
 
 
-def test_a_later_file_replaces_the_same_record(tmp_path):
-    old = _write(tmp_path / "old.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
-    new = _write(tmp_path / "new.json", "ag_gemm", {(8192, 8192, 8192): {"jax_ub": 0.8}})
+def test_a_later_file_replaces_the_whole_case(tmp_path):
+    """A case comes whole from the last file that has it: never one impl from one run and another
+    from the next (a later file with only jax_ub at a shape leaves that shape without a row)."""
+    old = _write(tmp_path / "old.json", "ag_gemm", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5),
+                                                    (2048, 8192, 28672): _impls(0.5, 0.4, 0.35, 0.3)})
+    new = _write(tmp_path / "new.json", "ag_gemm", {(8192, 8192, 8192): _impls(1.6, 0.8, 0.76, 0.4),
+                                                    (2048, 8192, 28672): {"jax_ub": 0.2}})
     out = summary.markdown(summary.load([old, new]))
-    assert "| ag_gemm | 4 | 8192,8192,8192 | 2.000 | 0.800 | 2.50x | 0.84 | - |" in out
+    assert "| ag_gemm | 4 | 8192,8192,8192 | 1.600 | 0.800 | 2.00x | 1.05 | - |" in out
+    assert "| ag_gemm | 4 | 2048,8192,28672 |" not in out
+    assert "no row (a miss) at 2048,8192,28672: no xla_plain, gemm_alone, comm_jax_ub records" in out
 
 
 def test_a_case_without_every_impl_is_left_out(tmp_path):
@@ -179,3 +185,41 @@ def test_readme_performance_table_is_the_summary_of_the_committed_records():
     assert m.group(2) == want, ("README's performance table differs from the command's output: run "
                                 "the command above it and paste its output between the markers")
 
+
+
+def test_a_case_without_a_needed_record_is_a_named_miss(tmp_path):
+    """A shape of the selection whose jax_ub failed: no row, but counted (4 shapes, not 3) and
+    named; the geometric mean says over how many shapes it is and the target is not met."""
+    cases = {s: _impls(2.0, 1.0, 0.95, 0.5) for s in summary.REQUIRED["ag_gemm"]}
+    cases[(2048, 8192, 28672)] = {k: v for k, v in _impls(2.0, 1.0, 0.95, 0.5).items() if k != "jax_ub"}
+    out = summary.markdown(summary.load([_write(tmp_path / "ag.json", "ag_gemm", cases)]))
+    assert "| ag_gemm | 4 | 2048,8192,28672 |" not in out
+    assert ("- AG->GEMM (`all_gather_matmul`), tp=4: faster than XLA plain at 3 of 4 shapes; geometric mean "
+            "speedup 2.00x over 3 of 4 shapes (target 1.30x: missed); within 1.10x of T_ideal at 3 of 4; "
+            "no row (a miss) at 2048,8192,28672: no jax_ub record.") in out, out
+    assert "Not in the files" not in out  # every shape of the issue is there
+
+
+def test_records_of_different_chains_make_no_row(tmp_path):
+    """xla_plain chained 8 and jax_ub timed one op per dispatch: no speedup is made of them."""
+    path = tmp_path / "ag.json"
+    records = [{"op": "ag_gemm", "M": 8192, "K": 8192, "N": 8192, "tp": 2, "dtype": "bfloat16", "impl": impl,
+                "ms": ms, **({"chain": 1} if impl == "jax_ub" else {})}
+               for impl, ms in _impls(2.0, 1.0, 0.95, 0.5).items()]
+    path.write_text(json.dumps({"machine": "m", "date": "d", "chain": 8, "records": records}))
+    out = summary.markdown(summary.load([str(path)]))
+    assert out.startswith("no bfloat16 case with"), out
+    extra = _write(tmp_path / "ok.json", "ag_gemm", {(4096, 4096, 4096): _impls(2.0, 1.0, 0.95, 0.5)}, tp=2)
+    out = summary.markdown(summary.load([str(path), extra]))
+    assert ("no row (a miss) at 8192,8192,8192: records of different chains (xla_plain 8, jax_ub 1, "
+            "gemm_alone 8, comm_jax_ub 8)") in out, out
+
+
+def test_required_shapes_missing_at_the_target_tp_are_named(tmp_path):
+    """At tp=4 in bf16 the line names the issue's shapes the files lack (bulk: its three); at
+    another tp there is no such list."""
+    bulk = _write(tmp_path / "bulk.json", "bulk_rs", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)})
+    out = summary.markdown(summary.load([bulk]))
+    assert "  Not in the files: 8192,8192,28672, 16384,12288,12288 (the targets are for 3 shapes)." in out
+    tp2 = _write(tmp_path / "tp2.json", "bulk_rs", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)}, tp=2)
+    assert "Not in the files" not in summary.markdown(summary.load([tp2]))
