@@ -9,7 +9,9 @@ run"); the committed file's other cases stay, and so do their failures (``"failu
 replaced cases go). Each record keeps its run's provenance: before merging, the keys of
 :data:`PROVENANCE` that its file's header has (``chain``: 1 where a header of an older file has
 none) are written into each of its records, timelines and failures that lacks them; the merged
-header then states such a key only where every record agrees on it. Timelines are replaced per
+header then states such a key only where every record agrees on it, except ``date`` and ``jax``,
+which the record format requires: where the records disagree, those are the fresh run's (the
+file's latest). Timelines are replaced per
 (op, tp, M, K, N, dtype, method). Files of different ops (ag, rs, bulk), machines or GPU models
 are refused (exit 2, nothing written), as are wrong arguments. The file is replaced atomically.
 """
@@ -27,6 +29,9 @@ from jax_ub.bench.harness import agreed, write_doc
 USAGE = "usage: python scripts/merge_results.py FRESH.json COMMITTED.json"
 # Header keys that describe one run; a merged file's records come from several.
 PROVENANCE = ("date", "chain", "jax", "jax_ub", "device_kind", "path", "config")
+# Header keys the record format requires ({"machine", "date", "jax", "records"}): where the records
+# disagree, the header has the fresh (latest) run's, and each record its own.
+LATEST = ("date", "jax")
 FILE_OPS = {"ag": {"ag_gemm"}, "rs": {"gemm_rs"}, "bulk": {"bulk_ag", "bulk_rs"}}  # bench subcommand: ops
 
 
@@ -83,6 +88,8 @@ def merge(fresh: dict, old: dict) -> dict:
         value = agreed(records, key)
         if value is not None:
             out[key] = value
+        elif key in LATEST and key in fresh:
+            out[key] = fresh[key]  # the record format's header keys: the latest run's
     out["complete"] = bool(old.get("complete", True) and fresh.get("complete", True))
     if failures or "failures" in fresh or "failures" in old:
         out["failures"] = failures
