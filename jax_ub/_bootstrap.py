@@ -212,7 +212,15 @@ def _default_client() -> Any:
 # The exchange
 
 _FAILED_TAG = "failed"  # announce_failure's key: {namespace}/failed/{rank}
+_SEEN_TAG = "failed-seen-"  # + the failed rank: {namespace}/failed-seen-{failed}/{reader}
 _FAILURE_POLL_S = 0.25  # how often a wait looks for an announced failure
+# How long a rank that ends a step with an error (it failed, or the ranks disagree) waits for its
+# peers to have read what tells them: it may exit at once after raising, and if it hosts
+# jax.distributed's service (process 0), its exit takes the service, and their reads, with it.
+_ACK_S = 5.0
+# Then, once they have read it, a little longer: a peer that read the error still has to raise and
+# report it, and jax.distributed ends every process at once when one of them exits.
+_GRACE_S = 1.0
 
 
 def _plural(ranks: Sequence[int]) -> str:
@@ -277,9 +285,9 @@ class KVExchange:
         return f"{self.namespace}/{tag}/{rank}"
 
     def _claim(self, tag: str) -> None:
-        if not tag or "/" in tag or tag == _FAILED_TAG:
-            raise ValueError(f"tag must be non-empty, contain no '/' and not be {_FAILED_TAG!r} "
-                             f"(reserved for announce_failure); got {tag!r}")
+        if not tag or "/" in tag or tag.startswith(_FAILED_TAG):
+            raise ValueError(f"tag must be non-empty, contain no '/' and not start with "
+                             f"{_FAILED_TAG!r} (reserved for announce_failure); got {tag!r}")
         if tag in self._used_tags:
             raise ValueError(f"jax_ub bootstrap ({self.namespace}): tag {tag!r} was already used on "
                              "this exchange; every operation needs its own tag")
@@ -319,16 +327,59 @@ class KVExchange:
                 "the key exists (a namespace is used by one exchange per rank: next_init_id() "
                 "once per initialize())") from err
 
-    def announce_failure(self, message: str) -> None:
+    def announce_failure(self, message: str, *, wait_for_readers: bool = True) -> None:
         """Tell the other ranks that this rank's part failed (``message``: why): their waits on this
         exchange for this rank then raise :class:`PeerFailedError` with it at once, instead of
-        waiting ``timeout_s`` for a rank that will never publish. Best effort, at most once."""
+        waiting ``timeout_s`` for a rank that will never publish. Best effort, at most once.
+
+        ``wait_for_readers``: then wait (at most ``_ACK_S``) until every peer has read it, or
+        announced a failure of its own. The caller may exit right after raising, and the exit of
+        process 0 takes jax.distributed's service with it, before a slower peer could read why.
+        (False where the peers know already: they disagreed, failed, or never came.)"""
         if _FAILED_TAG in self._used_tags:
             return
         self._used_tags.add(_FAILED_TAG)
         # The store itself may be what failed: the peers' timeout remains then.
-        with contextlib.suppress(Exception):
+        try:
             self._store.set(self._key(_FAILED_TAG, self.rank), message.encode(errors="replace"))
+        except Exception:
+            return
+        if not wait_for_readers or self.world == 1:
+            return
+        deadline = time.monotonic() + min(_ACK_S, self.timeout_s)
+        for r in range(self.world):
+            while r != self.rank:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    if (self._store.wait(self._key(f"{_SEEN_TAG}{self.rank}", r),
+                                         min(left, _FAILURE_POLL_S)) is not None
+                            or self._store.try_get(self._key(_FAILED_TAG, r)) is not None):
+                        break  # read it, or failed too (and will not read)
+                except Exception:
+                    return
+        time.sleep(_GRACE_S)
+
+    def _acknowledge(self, failed: int) -> None:
+        """Tell rank ``failed`` that this rank has read its announced failure (see
+        :meth:`announce_failure`). Best effort, once per failed rank."""
+        tag = f"{_SEEN_TAG}{failed}"
+        if tag in self._used_tags:
+            return
+        self._used_tags.add(tag)
+        with contextlib.suppress(Exception):
+            self._store.set(self._key(tag, self.rank), b"")
+
+    def settle(self, tag: str) -> None:
+        """A short barrier (at most ``_ACK_S``, never raising) that a step ending in the same error
+        on every rank runs before raising it: every rank has then read what it needed, so none
+        can take jax.distributed's service away (by exiting) while a peer still reads."""
+        if self.world == 1:
+            return
+        with contextlib.suppress(Exception):
+            self._all_gather("barrier", f"{tag}-settled", b"", timeout_s=min(_ACK_S, self.timeout_s))
+            time.sleep(_GRACE_S)
 
     def _failed_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerFailedError | None:
         for r in ranks:
@@ -337,6 +388,7 @@ class KVExchange:
             except Exception:  # a failed probe: keep waiting (the deadline still bounds it)
                 continue
             if why is not None:
+                self._acknowledge(r)
                 return PeerFailedError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): {self._who(r)} failed and "
                     f"will not take part: {why.decode(errors='replace')}")
@@ -398,11 +450,12 @@ class KVExchange:
         return self._all_gather("all_gather", tag, payload)
 
     def _all_gather(self, op: str, tag: str, payload: bytes,
-                    reached: str = "call jax_ub.initialize()") -> list[bytes]:
+                    reached: str = "call jax_ub.initialize()",
+                    timeout_s: float | None = None) -> list[bytes]:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes; got {type(payload).__name__}")
         self._claim(tag)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         payload = bytes(payload)
         self._publish(op, tag, payload)
         peers = [r for r in range(self.world) if r != self.rank]
@@ -536,6 +589,7 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
         lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "
                                           "(different jax_ub versions?)"))
     bad = [r for r in range(1, exchange.world) if digests[r] != digests[0]]
+    exchange.settle(tag)  # every rank read every payload before any raises (and maybe exits)
     raise AgreementError(
         f"jax_ub bootstrap: the {exchange.world} ranks of {exchange.namespace} disagree; every "
         "process must call jax_ub.initialize() with the same mesh, arguments, configuration and "

@@ -206,7 +206,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
             shutdown(axis)
         except Exception as err:
             if exchange is not None:
-                exchange.announce_failure(f"{type(err).__name__}: {err}")
+                exchange.announce_failure(f"{type(err).__name__}: {err}",
+                                          wait_for_readers=not _peers_know(err))
             raise
         _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1", exchange)
         log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
@@ -279,7 +280,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         except BaseException as err:
             # The peers' waits on this exchange end at once with this error instead of timing out.
             if exchange is not None:
-                exchange.announce_failure(f"{type(err).__name__}: {err}")
+                exchange.announce_failure(f"{type(err).__name__}: {err}",
+                                          wait_for_readers=not _peers_know(err))
             if s is not None:
                 _destroy_quietly(s)
             raise
@@ -298,6 +300,13 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
                  "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
                  capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
         return s
+
+
+def _peers_know(err: BaseException) -> bool:
+    """Whether the peers learn of ``err`` without this process's announcement: they disagreed
+    (each raises the same AgreementError), one of them failed, or some never came."""
+    return isinstance(err, (_bootstrap.AgreementError, _bootstrap.PeerFailedError,
+                            _bootstrap.PeerTimeoutError))
 
 
 def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float, path: str,

@@ -34,6 +34,10 @@ if f"TUNING_FILE_{rank}" in os.environ:
     os.environ["JAX_UB_TUNING_FILE"] = os.environ[f"TUNING_FILE_{rank}"]
 if scenario == "bad_setting" and rank == 1:
     os.environ["JAX_UB_TIMEOUT"] = "soon"  # not a number: this process's initialize() refuses it
+if scenario == "refuse_exit" and rank == 0:
+    os.environ["JAX_UB_TIMEOUT"] = "soon"  # process 0 (jax.distributed's service) refuses, exits
+if scenario == "mismatch_exit" and rank == 0:
+    os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"
 if scenario == "schedule_mismatch" and rank == 1:
     os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
 
@@ -132,6 +136,26 @@ if os.environ.get("CAPTURE_LOG"):  # with JAX_UB_LOG=INFO (jax_ub sets its logge
 if scenario in ("ok", "fail", "path_mismatch", "schedule_mismatch", "p2p"):
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     step("shutdown", jax_ub.shutdown)
+elif scenario in ("refuse_exit", "mismatch_exit"):
+    # Process 0 fails and exits at once (os._exit, as README's failure pattern does), taking
+    # jax.distributed's service with it; process 1 arrives 3 s later (and, for the mismatch, reads
+    # process 0's payload a second after publishing its own). It must still get jax_ub's error.
+    if rank == 1:
+        time.sleep(3)
+        if scenario == "mismatch_exit":
+            from jax_ub import _bootstrap
+
+            plain_wait, slowed = _bootstrap._JaxClientStore.wait, []
+
+            def slow_first_wait(self, key, timeout_s):
+                if not slowed:
+                    slowed.append(key)
+                    time.sleep(1.0)
+                return plain_wait(self, key, timeout_s)
+
+            _bootstrap._JaxClientStore.wait = slow_first_wait
+    step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
+    os._exit(0)  # no shutdown: process 0 is gone (or going)
 elif scenario == "bad_setting":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     os.environ.pop("JAX_UB_TIMEOUT", None)  # fixed: the next call must pair with the peer's

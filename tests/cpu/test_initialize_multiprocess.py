@@ -103,6 +103,30 @@ def test_a_setting_refused_on_one_process_fails_the_other_at_once_naming_it():
         assert p["shutdown"]["ok"], p
 
 
+@pytest.mark.parametrize("scenario", ["refuse_exit", "mismatch_exit"])
+def test_process_0_exiting_at_once_after_its_error_still_lets_the_peer_read_why(scenario):
+    """Process 0 hosts jax.distributed's service. When it fails (refuses a setting) or the
+    processes disagree, and it exits right after raising, process 1 (arriving 3 s later) must still
+    get jax_ub's error naming the cause, not a read from a service that is gone: process 0 waits
+    (a few seconds at most) until its peers have read what they need before raising."""
+    res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T)},
+                          timeout_s=120)
+    steps = [{json.loads(line).get("step"): json.loads(line) for line in r.lines("RESULT ")}
+             for r in res]
+    assert all("init" in p for p in steps), format_failures(res)
+    p0, p1 = (p["init"] for p in steps)
+    if scenario == "refuse_exit":
+        assert p0["err"].startswith("ValueError") and "JAX_UB_TIMEOUT" in p0["err"], p0
+        assert p1["err"].startswith("PeerFailedError"), p1
+        assert "rank 0 (process 0) failed and will not take part" in p1["err"], p1
+        assert "JAX_UB_TIMEOUT" in p1["err"], p1
+    else:
+        for p in (p0, p1):
+            assert p["err"].startswith("AgreementError"), p
+            assert "schedule.ag_push_pieces=0 (rank 0: 2)" in p["err"], p
+    assert p1["dt"] < T / 4, p1
+
+
 def test_processes_on_different_paths_fail_naming_the_difference():
     """Process 1 has no CUDA path (the reference), process 0 has: both fail at once instead of
     process 0 waiting for a peer that will never create communicators."""
