@@ -66,6 +66,7 @@ class CommSet:
 
 
 _sets: dict[str, CommSet] = {}
+_named_axes: set[str] = set()  # every axis initialize() accepted (shutdown of another is a slip)
 _next_set_id = 1
 _lock = threading.RLock()
 _warned_axes: set[Any] = set()  # axes warn_no_communicator has warned about
@@ -186,6 +187,7 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     except Exception as err:
         _announce_refused_call(err)
         raise
+    _named_axes.add(axis)
     devices_key = tuple(tuple(d.id for d in g) for g in groups)
     ok, why = _ext.cuda_path_available()
     if not ok:
@@ -610,6 +612,14 @@ def shutdown(axis: str | None = None) -> None:
     XLA's path where there is none), instead of failing on the freed one. Executables the caller
     holds (``jit(f).lower(...).compile()``) fail with an error that names the freed set.
     """
+    if axis is not None and not isinstance(axis, str):
+        raise TypeError(f"jax_ub.shutdown: axis must be a mesh axis name (str) or None (every "
+                        f"axis); got {axis!r}")
+    if axis is not None and axis not in _sets and axis not in _named_axes:
+        # Not an error (shutdown is safe to call twice), but a misspelt axis frees nothing.
+        log.warning("jax_ub.shutdown(axis=%r): no jax_ub.initialize() named this axis, so nothing "
+                    "is freed (initialized: %s)", axis,
+                    ", ".join(map(repr, sorted(_named_axes))) or "none")
     freed = False
     try:
         with _lock:

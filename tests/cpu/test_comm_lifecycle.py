@@ -244,3 +244,20 @@ def test_cuda_method_refuses_a_vmap_axis(monkeypatch):
     jax.vmap(f, axis_name="tp")(jnp.ones((2, 3)))
     assert caught and "axis_name 'tp' is bound here by jax.vmap (or pmap)" in caught[0], caught
     assert "method='ring' needs the shard_map" in caught[0], caught
+
+
+def test_shutdown_of_an_axis_no_initialize_named_says_so(cpu_mesh, caplog):
+    """A misspelt axis frees nothing: shutdown says which axes were initialized (and stays quiet
+    for an initialized axis shut down twice); an axis that is not a name is refused."""
+    with pytest.raises(TypeError, match=r"axis must be a mesh axis name \(str\) or None .*got 3"):
+        comm.shutdown(3)
+    comm.initialize(cpu_mesh(2), "tp")  # the reference path on CPU: no set, but a named axis
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        comm.shutdown("tq")
+    assert "shutdown(axis='tq'): no jax_ub.initialize() named this axis" in caplog.text
+    assert "'tp'" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="jax_ub"):
+        comm.shutdown("tp")
+        comm.shutdown("tp")
+    assert "no jax_ub.initialize() named" not in caplog.text, caplog.text
