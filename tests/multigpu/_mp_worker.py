@@ -140,6 +140,17 @@ def expect_error(tag, f, *args, fragments=()):
         print(f"RESULT {tag}_msg {msg[:300]!r}", flush=True)
 
 
+def fail_then_exit(f, x, w, linger_s: float) -> None:
+    """The failure modes' end: f(x, w) must fail; prints the communicators' errors, and rank 0
+    (jax.distributed's service) stays ``linger_s`` so the others report before it goes."""
+    run_expecting_failure("", f, x, w)
+    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
+    sys.stdout.flush()
+    if rank == 0:
+        time.sleep(linger_s)
+    os._exit(0)
+
+
 def run_expecting_failure(tag, f, *args):
     """Runs f(*args), which should fail: prints how long it took to fail and the error."""
     t0 = time.time()
@@ -536,12 +547,7 @@ elif mode == "crash":
         time.sleep(2.0)  # the others' op is enqueued and waiting by now
         print("RESULT crashing 1", flush=True)
         os._exit(17)
-    run_expecting_failure("", f, x, w)
-    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
-    sys.stdout.flush()
-    if rank == 0:
-        time.sleep(2.0)
-    os._exit(0)
+    fail_then_exit(f, x, w, linger_s=2.0)
 elif mode == "nopoison":
     # nccl: rank 0's watchdog never gets its poison word onto the GPU (as when the copy is stuck
     # past the abort's 2 s fallback) while the last rank skips an op whose connections exist: the
@@ -553,12 +559,7 @@ elif mode == "nopoison":
         time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 15)
         os._exit(0)
     jax_ub.comm._inject_failure("tp", "drop_poison")
-    run_expecting_failure("", f, x, w)
-    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
-    sys.stdout.flush()
-    if rank == 0:
-        time.sleep(5.0)
-    os._exit(0)
+    fail_then_exit(f, x, w, linger_s=5.0)
 elif mode == "timeout":
     # The last rank skips its part: every other rank must fail with the timeout message.
     x, w, f = ring_op()
@@ -567,9 +568,4 @@ elif mode == "timeout":
         print("RESULT skipped 1", flush=True)
         time.sleep(float(os.environ["JAX_UB_TIMEOUT"]) + 15)
         os._exit(0)
-    run_expecting_failure("", f, x, w)
-    print(f"RESULT comm_errors {jax_ub.comm.errors()!r}", flush=True)
-    sys.stdout.flush()
-    if rank == 0:
-        time.sleep(5.0)
-    os._exit(0)
+    fail_then_exit(f, x, w, linger_s=5.0)

@@ -170,6 +170,13 @@ def test_dp_by_tp_mesh(capsys, n):
     _dp_by_tp(capsys, n, f"dp2 x tp{n // 2}")
 
 
+def _print_results(capsys, results, width: int, label: str = "") -> None:
+    """Each rank's RESULT lines (cut at ``width`` characters), shown past pytest's capture."""
+    with capsys.disabled():
+        for r in results:
+            print(f"\n{label}rank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:width])
+
+
 @pytest.mark.parametrize("transport", ["ipc", "nccl"])
 def test_failed_op_refused_or_abandoned(capsys, transport):
     """An op refused on every rank before it begins leaves the communicators usable; an op that
@@ -178,10 +185,7 @@ def test_failed_op_refused_or_abandoned(capsys, transport):
     n, timeout = _world(4), 8
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
     results = parallel_launch(n, WORKER, ["fault"], env=env, timeout_s=180, **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\n[{transport}] rank {r.rank} rc={r.returncode}: "
-                  + "; ".join(r.lines("RESULT "))[:900])
+    _print_results(capsys, results, 900, f"[{transport}] ")
     for r in results:
         assert r.ok, format_failures(results)  # exit 0, in time
         assert r.lines("RESULT refused ") == ["True"], format_failures(results)
@@ -213,9 +217,7 @@ def test_nccl_timeout_fails_the_op_even_if_the_poison_word_never_lands(capsys):
     n, timeout = 2, 6
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT="nccl")
     results = parallel_launch(n, WORKER, ["nopoison"], env=env, timeout_s=120, **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:700])
+    _print_results(capsys, results, 700)
     r0 = results[0]
     assert not r0.timed_out and r0.returncode == 0, format_failures(results)
     assert not r0.lines("RESULT completed "), format_failures(results)
@@ -233,10 +235,7 @@ def test_crashed_peer_fails_the_op_at_once(capsys, transport):
     n, timeout = 2, 60
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
     results = parallel_launch(n, WORKER, ["crash"], env=env, timeout_s=150, **_layout(n))
-    with capsys.disabled():
-        for r in results:
-            print(f"\n[{transport}] rank {r.rank} rc={r.returncode}: "
-                  + "; ".join(r.lines("RESULT "))[:900])
+    _print_results(capsys, results, 900, f"[{transport}] ")
     assert results[-1].returncode == 17 and results[-1].lines("RESULT crashing ") == ["1"], \
         format_failures(results)
     for r in results[:-1]:
@@ -300,9 +299,7 @@ def _launch_two(capsys, mode, env, timeout_s, width=900, **kw):
     """``mode`` of the worker on two ranks (sharing one GPU where there is one); prints each
     rank's results and returns them."""
     results = parallel_launch(2, WORKER, [mode], env=env, timeout_s=timeout_s, **_layout(2), **kw)
-    with capsys.disabled():
-        for r in results:
-            print(f"\nrank {r.rank} rc={r.returncode}: " + "; ".join(r.lines("RESULT "))[:width])
+    _print_results(capsys, results, width)
     return results
 
 
