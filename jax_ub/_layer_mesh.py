@@ -89,11 +89,27 @@ class Placement:
     mesh: Any = None
 
 
-def placement(axis_name: str, mesh: Any = None, fallbacks: Sequence[Any] = ()) -> Placement:
-    """The mode a layer is in right now (see the module docstring); never raises.
+def check_layer_axis(where: str, axis_name: Any) -> None:
+    """A layer shards over one mesh axis, named by a str; anything else is a TypeError here, before
+    jax reads it as an axis name (an int would give jax's own, unrelated error)."""
+    if isinstance(axis_name, str):
+        return
+    hint = (f" Pass {axis_name[0]!r}: the layers take one axis name, not a {type(axis_name).__name__}."
+            if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1
+            and isinstance(axis_name[0], str) else "")
+    raise TypeError(
+        f"{where}: `axis_name` must be the name (a str) of the mesh's tensor-parallel axis, e.g. "
+        f"'tp'; got {axis_name!r} ({type(axis_name).__name__}).{hint}")
+
+
+def placement(where: str, axis_name: str, mesh: Any = None,
+              fallbacks: Sequence[Any] = ()) -> Placement:
+    """The mode a layer is in right now (see the module docstring). Raises only for an
+    ``axis_name`` that is not a str (:func:`check_layer_axis`).
 
     ``fallbacks``: meshes to use, in order, when neither ``mesh`` nor a context mesh is set.
     """
+    check_layer_axis(where, axis_name)
     size = bound_axis_size(axis_name)
     if size is not None:
         return Placement(local=True, tp=size)
@@ -115,7 +131,7 @@ def check_axis_in_mesh(where: str, axis_name: str, p: Placement) -> None:
 
 
 def require_placement(where: str, axis_name: str, mesh: Any, fallbacks: Sequence[Any] = ()) -> Placement:
-    p = placement(axis_name, mesh, fallbacks)
+    p = placement(where, axis_name, mesh, fallbacks)
     if p.tp is None:
         if p.mesh is not None:
             raise ValueError(

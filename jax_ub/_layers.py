@@ -557,4 +557,4 @@ def check_gated(where: str, ffn_features: int, axis_name: str, mesh: Any,
                 fallbacks: Sequence[Any] = ()) -> None:
     """A gated MLP's ``ffn_features`` must split into whole gate/linear pairs per device."""
     check_divisible(where, "ffn_features (gated: each device holds whole gate/linear pairs)",
-                    ffn_features, placement(axis_name, mesh, fallbacks).tp, axis_name)
+                    ffn_features, placement(where, axis_name, mesh, fallbacks).tp, axis_name)

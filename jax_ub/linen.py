@@ -73,7 +73,7 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
     (:func:`jax_ub._layer_params.inherited_names`).
     """
     where = type(module).__name__
-    p = _layer_mesh.placement(axis_name, mesh)
+    p = _layer_mesh.placement(where, axis_name, mesh)
     _layer_mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
     _layer_params.check_param_divisible(where, name, shape, names, dim_names, p.tp, axis_name)
@@ -201,7 +201,7 @@ class RowParallelDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         _layers.check_seq_axis(where, self.seq_axis)
-        p = _layer_mesh.placement(self.axis_name, self.mesh)
+        p = _layer_mesh.placement(where, self.axis_name, self.mesh)
         x_in = x.shape[-1] if x.ndim else 0
         in_features = x_in * p.tp if p.local and p.tp else x_in
         kernel, bias = _dense_params(self, in_features)
@@ -301,7 +301,7 @@ class ParallelMLP(nn.Module):
         where = type(self).__name__
         norm_cls = _NORMS[_layers.check_norm(where, self.norm)]
         _layer_mesh.check_axis_in_mesh(where, self.axis_name,
-                                   _layer_mesh.placement(self.axis_name, self.mesh))
+                                   _layer_mesh.placement(where, self.axis_name, self.mesh))
         _layers.check_seq_axis(where, self.seq_axis)
         _layers.check_x(where, x, None, "features", seq_axis=self.seq_axis,
                         sequence_parallel=self.sequence_parallel)

@@ -77,7 +77,7 @@ def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
     layer keeps whole over ``axis_name`` and its other metadata is kept. ``default``: the names of
     an ``init`` that returns no box (:func:`jax_ub._layer_params.inherited_names`).
     """
-    p = _layer_mesh.placement(axis_name, mesh)
+    p = _layer_mesh.placement(where, axis_name, mesh)
     _layer_mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
     _layer_params.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
@@ -314,7 +314,7 @@ class ParallelMLP(nnx.Module):
                  rngs: nnx.Rngs):
         where = type(self).__name__
         norm = _layers.check_norm(where, norm)
-        _layer_mesh.check_axis_in_mesh(where, axis_name, _layer_mesh.placement(axis_name, mesh))
+        _layer_mesh.check_axis_in_mesh(where, axis_name, _layer_mesh.placement(where, axis_name, mesh))
         if gated:
             _layers.check_gated(where, ffn_features, axis_name, mesh)
         self.activation = activation

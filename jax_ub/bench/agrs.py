@@ -127,7 +127,8 @@ def run(a: argparse.Namespace) -> int:
     print(path)
     cases = list(h.cases(a, h.DEFAULT_SHAPES))
     if not cases:
-        return h.nothing_to_run(a)
+        return h.nothing_to_run(a, cuda)
+    h.warn_gpu_sized_defaults(a, cuda, h.DEFAULT_SHAPES)
     stem = h.out_stem(a, a.op)
     out = h.Results(a, stem, path)
     timeline_ok = h.timeline_wanted(a, cuda, path)

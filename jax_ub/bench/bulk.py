@@ -123,7 +123,8 @@ def run(a: argparse.Namespace) -> int:
         h.progress("comm_jax_ub skipped: the copy-engine collective needs the CUDA path")
     cases = list(h.cases(a, h.BULK_SHAPES))
     if not cases:
-        return h.nothing_to_run(a)
+        return h.nothing_to_run(a, cuda)
+    h.warn_gpu_sized_defaults(a, cuda, h.BULK_SHAPES)
     stem = h.out_stem(a, "bulk")
     out = h.Results(a, stem, path)
     rows = []

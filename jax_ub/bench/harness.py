@@ -506,14 +506,28 @@ def cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
             yield tp, M, K, N
 
 
-def nothing_to_run(a: argparse.Namespace) -> int:
+def warn_gpu_sized_defaults(a: argparse.Namespace, cuda: bool, default: list[tuple[int, int, int]]) -> None:
+    """Off the CUDA path (a CPU trial of the harness), the default shapes, sized for GPUs, take
+    minutes each: say so, and how to pick small ones, before the first starts."""
+    if cuda or a.shapes:
+        return
+    largest = max(default, key=lambda s: s[0] * s[1] * s[2])
+    progress(f"note: the default shapes are sized for GPUs (up to {'x'.join(map(str, largest))}); on "
+             f"the XLA reference path each may take minutes: --shapes 512,256,768 tries the harness "
+             f"quickly")
+
+
+def nothing_to_run(a: argparse.Namespace, cuda: bool = True) -> int:
     """Exit status 2 with a message for a run whose every case was skipped (no JSON is written:
     an empty record file would only mislead a later merge)."""
     import jax
 
-    print(f"error: nothing to measure with --tp {' '.join(map(str, a.tp))} on {len(jax.devices())} "
+    ndev = len(jax.devices())
+    hint = ("; off the CUDA path, XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial "
+            "4 devices" if not cuda and ndev < max(a.tp) else "")
+    print(f"error: nothing to measure with --tp {' '.join(map(str, a.tp))} on {ndev} "
           f"device(s): each tp needs that many devices and shapes whose M, K and N it divides "
-          f"(the skip lines above say which)", file=sys.stderr)
+          f"(the skip lines above say which){hint}", file=sys.stderr)
     return 2
 
 

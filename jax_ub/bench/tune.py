@@ -123,6 +123,13 @@ def run(a: argparse.Namespace) -> int:
                      f"measured")
     cuda, path = h.path_info()
     print(path)
+    # The first reason, checked before the device count: without CUDA no device count would do.
+    if not cuda:  # only xla_plain and jax_ub (auto runs the reference) could be timed: no choice
+        print(f"error: nothing to tune on this machine: a tuning file needs the times of the "
+              f"jax_ub_<method> impls, which need the CUDA path ({path}); run bench tune on the GPU "
+              f"machine the program runs on (recording the shapes, JAX_UB_RECORD_SHAPES, works "
+              f"anywhere); no file written", file=sys.stderr, flush=True)
+        return 2
     ndev = len(jax.devices())
     groups: dict[int, list[Case]] = {}
     for tp in sorted({c.shape.tp for c in todo}):
@@ -134,12 +141,6 @@ def run(a: argparse.Namespace) -> int:
     if not groups:
         return _fail(f"no shape of {names} can be measured on these {ndev} device(s) (the skip lines "
                      f"above say why); run tune where the recorded tp fits")
-    if not cuda:  # only xla_plain and jax_ub (auto runs the reference) could be timed: no choice
-        print(f"error: nothing to tune on this machine: a tuning file needs the times of the "
-              f"jax_ub_<method> impls, which need the CUDA path ({path}); run bench tune on the GPU "
-              f"machine the program runs on (recording the shapes, JAX_UB_RECORD_SHAPES, works "
-              f"anywhere); no file written", file=sys.stderr, flush=True)
-        return 2
     stem = h.out_stem(a, "tune")
     records: list[dict[str, Any]] = []
     rows: list[tuple[Case, dict[str, float], str]] = []

@@ -189,7 +189,31 @@ def test_a_run_with_nothing_to_measure_fails_and_writes_nothing(op, args, tmp_pa
     assert cli.main([op, *args, *FAST, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: nothing to measure with --tp" in err and "on 8 device(s)" in err, err
+    # Off the CUDA path with too few devices, the error says how a CPU trial gets more.
+    assert ("XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial 4 devices" in err) \
+        == (op != "rs"), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("op", ["ag", "rs", "bulk"])
+def test_default_shapes_off_the_cuda_path_are_announced_as_gpu_sized(op, monkeypatch, capsys, tmp_path):
+    """A CPU trial without --shapes would start 8192x8192x28672 silently; the harness says first
+    that the defaults are GPU-sized and how to try small ones (and says nothing with --shapes)."""
+    started = []
+
+    def stop(*args, **kw):  # the first case's mesh: stop there, nothing is timed
+        started.append(args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness, "make_mesh", stop)
+    for shapes in ([], ["--shapes", "64,32,64"]):
+        with pytest.raises(KeyboardInterrupt):
+            cli.main([op, "--tp", "2", *FAST, *shapes, "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        note = "note: the default shapes are sized for GPUs (up to 16384x12288x12288); on the XLA " \
+               "reference path each may take minutes: --shapes 512,256,768 tries the harness quickly"
+        assert (note in err) == (not shapes), err
+    assert len(started) == 2
 
 
 def test_same_program_spread_compares_auto_with_its_own_method():

@@ -67,6 +67,30 @@ def test_missing_axis_at_call_when_built_without_a_mesh(cpu_mesh):
         layer(data(B, S, H))
 
 
+@pytest.mark.parametrize("axis_name, hint", [
+    (("tp",), r"got \('tp',\) \(tuple\)\. Pass 'tp': the layers take one axis name, not a tuple"),
+    # (linen turns a list attribute into a tuple)
+    (["tp"], r"got (\['tp'\] \(list\)|\('tp',\) \(tuple\))\. Pass 'tp'"),
+    (0, r"got 0 \(int\)\.(?! Pass)"),
+    (("dp", "tp"), r"got \('dp', 'tp'\) \(tuple\)\.(?! Pass)"),
+])
+def test_axis_name_not_a_str_is_the_layers_own_type_error(cpu_mesh, axis_name, hint):
+    """Not jax's "axis 0 is out of bounds" (an int) or "('tp',) is not an axis of the mesh (axes
+    ('tp',))" (a tuple of one name): the layer says it wants one name, a str."""
+    head = r"`axis_name` must be the name \(a str\) of the mesh's tensor-parallel axis, e\.g\. 'tp'; "
+    mesh = cpu_mesh(2, dp=2)
+    for cls, args in ((ubnn.ColumnParallelDense, (H, F)), (ubnn.RowParallelDense, (F, H)),
+                      (ubnn.ParallelMLP, (H, F)), (ubnn.LayerNorm, (H,)), (ubnn.RMSNorm, (H,))):
+        with pytest.raises(TypeError, match=cls.__name__ + ": " + head + hint):
+            cls(*args, axis_name=axis_name, mesh=mesh, rngs=nnx.Rngs(0))
+    for module, x in ((ubl.ColumnParallelDense(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
+                      (ubl.RowParallelDense(H, axis_name=axis_name, mesh=mesh), data(B, S, F)),
+                      (ubl.ParallelMLP(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
+                      (ubl.LayerNorm(axis_name=axis_name, mesh=mesh), data(B, S, H))):
+        with pytest.raises(TypeError, match=type(module).__name__ + ": " + head + hint):
+            module.init(jax.random.key(0), x)
+
+
 # ------------------------------------------------------------------------------------------------
 # No mesh in context: the parameters' mesh, or the one the layer was built under.
 
