@@ -89,7 +89,7 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
     tp = _validate.bound_axis_size(what, axis_name)
     if kind == "rs":
         _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)
-    m = ops._resolve_for_size(method, tp, x, a, b)
+    m = ops._resolve_for_size(method, tp, x, a, b, fn=what)
     if m == "auto":
         m = ("ring" if comm.get(axis_name) is not None and _validate.bound_by_shard_map(axis_name)
              else "xla")

@@ -269,8 +269,12 @@ def describe_unknown(env: Mapping[str, str]) -> list[str]:
 
 def closest_setting(name: str) -> str | None:
     """The jax_ub variable ``name`` most likely misspells, or None."""
-    near = difflib.get_close_matches(name, KNOB_VARIABLES + OTHER_VARIABLES, n=1, cutoff=0.75)
-    return near[0] if near else None
+    # Compared without the shared "JAX_UB_" (which alone made JAX_UB_FOO look like JAX_UB_LOG).
+    prefix = "JAX_UB_"
+    names = {v[len(prefix):]: v for v in KNOB_VARIABLES + OTHER_VARIABLES if v.startswith(prefix)}
+    stem = name[len(prefix):] if name.startswith(prefix) else name
+    near = difflib.get_close_matches(stem, list(names), n=1, cutoff=0.6)
+    return names[near[0]] if near else None
 
 
 def _setup_logging(cfg: Config, from_env: bool) -> None:

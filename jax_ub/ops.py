@@ -20,6 +20,7 @@ The method is resolved when the call is traced: a ``jax.jit`` cache keeps the pa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import logging
 from collections.abc import Callable
@@ -103,10 +104,13 @@ def _requested(method: str | None, fn: str | None = None) -> str:
     if isinstance(requested, str) and any(name == requested for _, name in _IMPLS):
         return requested  # an implementation registered by name (register_impl, tests)
     where = f"{fn}: " if fn else ""
-    raise ValueError(f"{where}`method` must be None or one of {config.METHODS}; got {requested!r}")
+    near = (difflib.get_close_matches(requested.strip().lower(), config.METHODS, n=1, cutoff=0.6)
+            if isinstance(requested, str) else [])
+    raise ValueError(f"{where}`method` must be None or one of {config.METHODS}; got {requested!r}"
+                     + (f" (did you mean {near[0]!r}?)" if near else ""))
 
 
-def _resolve_for_size(method: str | None, tp: int, *operands: Any) -> str:
+def _resolve_for_size(method: str | None, tp: int, *operands: Any, fn: str | None = None) -> str:
     """:func:`_resolve_method` for an axis of ``tp`` devices. An axis of size 1 has nothing to
     gather or scatter: every method runs the reference there (a plain dot, exactly XLA's), and
     :func:`jax_ub.initialize` creates no communicator for it. Nor is there anything to overlap
@@ -121,18 +125,19 @@ def _resolve_for_size(method: str | None, tp: int, *operands: Any) -> str:
         _log.debug("jax_ub: method %r -> 'xla': zero-size operand %s (nothing to overlap)",
                    _requested(method), ", ".join(empty))
         return "xla"
-    return _resolve_method(method)
+    return _resolve_method(method, fn)
 
 
-def _resolve_method(method: str | None) -> str:
-    """The registered implementation name to use for ``method`` (``None``: the configured one).
+def _resolve_method(method: str | None, fn: str | None = None) -> str:
+    """The registered implementation name to use for ``method`` (``None``: the configured one);
+    ``fn`` names the caller in the error.
 
     ``JAX_UB_DISABLE=1`` (``config.disable``) and ``"xla"`` give ``"xla"``; ``"auto"`` gives
     ``"auto"`` (which picks a CUDA algorithm per shape, or the reference when the mesh axis has no
     communicator) when the CUDA path can run, else ``"xla"``; the CUDA algorithms need it.
     """
     cfg = config.get()
-    requested = _requested(method)
+    requested = _requested(method, fn)
     if cfg.disable or requested == "xla":
         _log.debug("jax_ub: method %r -> 'xla' (the pure-XLA reference): %s", requested,
                    "JAX_UB_DISABLE=1" if cfg.disable else "requested")
@@ -145,7 +150,8 @@ def _resolve_method(method: str | None) -> str:
         return "auto" if ok else "xla"
     if not ok:
         raise ValueError(
-            f"method={requested!r} needs the CUDA overlap extension, which is not available: "
+            (f"{fn}: " if fn else "")
+            + f"method={requested!r} needs the CUDA overlap extension, which is not available: "
             f"{why}. Use method='auto' or 'xla' (the pure-XLA path), or set JAX_UB_DISABLE=1 to "
             "force that path everywhere"
         )
@@ -334,6 +340,26 @@ def _overlap_bwd(call, residuals, cotangents):
 _overlap.defvjp(_overlap_fwd, _overlap_bwd)
 
 
+def _under_forward_mode(e: TypeError, x: Any, w: Any) -> bool:
+    """Whether ``e``, raised by the custom_vjp, is jax refusing forward mode: its own message, or
+    (jvp of an eager ``shard_map``) another TypeError with a jvp tracer among the operands. (Under
+    jit, jax applies the jvp to the traced custom_vjp after this code has run: its own message then
+    stands, its stack trace pointing at the op.)"""
+
+    from jax.interpreters import ad
+
+    return "forward-mode" in str(e) or any(isinstance(a, ad.JVPTracer) for a in (x, w))
+
+
+def _no_forward_mode(call: _Call) -> str:
+    why = ("recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1)" if call.recompute_gathered
+           else f"method {call.method!r} (a CUDA overlap kernel)")
+    return (f"{_PUBLIC_NAME[call.op]}: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot "
+            f"go through {why}: jax_ub gives it a custom_vjp, which jax differentiates in reverse mode "
+            f"only (jax.grad, jax.vjp). For forward mode use method='xla' (or JAX_UB_DISABLE=1) with "
+            f"recompute_gathered=False: the pure-XLA reference, whose derivatives jax derives itself")
+
+
 def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     """The reference path (method ``"xla"``, no recompute) is :mod:`jax_ub.reference`'s expressions
     (AG's gathered x and each output carry their checkpoint names), with no custom_vjp: JAX derives both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work),
@@ -346,7 +372,12 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
         # an axis bound by a shard_map, and the memory that recompute saves does not apply here.
         call = dataclasses.replace(call, method="xla", recompute_gathered=False)
     if call.method != "xla" or call.recompute_gathered:
-        return _overlap(call, x, w)
+        try:
+            return _overlap(call, x, w)
+        except TypeError as e:
+            if _under_forward_mode(e, x, w):
+                raise TypeError(_no_forward_mode(call)) from e
+            raise
     if call.op == AG:
         # reference.all_gather_matmul's two steps, with the gathered x named before its dot uses it:
         # a policy that keeps "jax_ub_gathered" then keeps the dot's input, and the backward's wgrad
@@ -444,7 +475,7 @@ def all_gather_matmul(
     _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
     call = _call_for(
         AG,
-        _resolve_for_size(method, tp, x, w),
+        _resolve_for_size(method, tp, x, w, fn=fn),
         axis_name,
         axis,
         _static(precision, fn),
@@ -513,7 +544,7 @@ def matmul_reduce_scatter(
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
     call = _call_for(
-        RS, _resolve_for_size(method, tp, x, w), axis_name, axis, _static(precision, fn), x, w, return_full=False
+        RS, _resolve_for_size(method, tp, x, w, fn=fn), axis_name, axis, _static(precision, fn), x, w, return_full=False
     )
     _note(call, tp, x, w)
     return _dispatch(call, x, w)

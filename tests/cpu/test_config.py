@@ -178,6 +178,20 @@ def test_a_misspelt_variable_gets_the_setting_it_most_likely_means(caplog):
         "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)"]
 
 
+@pytest.mark.parametrize("name, near", [
+    ("JAX_UB_FOO", None), ("JAX_UB_X", None), ("JAX_UB_DEBUG", None),  # the shared prefix is no likeness
+    ("JAX_UB_LGO", "JAX_UB_LOG"), ("JAX_UB_DISABLED", "JAX_UB_DISABLE"),
+    ("JAX_UB_TUNNING_FILE", "JAX_UB_TUNING_FILE"), ("JAX_UB_TRANSPROT", "JAX_UB_TRANSPORT"),
+])
+def test_the_likely_setting_is_judged_on_the_name_after_the_prefix(name, near):
+    """JAX_UB_FOO once got "did you mean JAX_UB_LOG?": the common JAX_UB_ made any short name look
+    close. Without a close setting the message lists the settings instead."""
+    assert config.closest_setting(name) == near
+    (line,) = config.describe_unknown({name: "1"})
+    assert line.startswith(f"{name}: not a jax_ub setting (")
+    assert (f"did you mean {near}?" in line) if near else ("the settings: JAX_UB_METHOD, " in line), line
+
+
 def test_jax_ub_exp_is_not_a_setting(caplog):
     """Nothing in jax_ub reads it (a temporary C++ change of a probe once did): setting it changes
     nothing, so it is named like any other unknown variable."""

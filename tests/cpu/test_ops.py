@@ -200,7 +200,7 @@ def through_custom_vjp():
     """ops run the reference forward through the custom_vjp (how the CUDA path differentiates), not
     jax_ub.reference directly as they do for method "xla": the xla impls under another name."""
     impls = {(op, "xla_vjp"): ops._IMPLS[(op, "xla")] for op in ops.DUAL}
-    with mock.patch.dict(ops._IMPLS, impls), mock.patch.object(ops, "_resolve_method", lambda m: "xla_vjp"):
+    with mock.patch.dict(ops._IMPLS, impls), mock.patch.object(ops, "_resolve_method", lambda m, fn=None: "xla_vjp"):
         yield
 
 
@@ -437,7 +437,7 @@ def test_backward_uses_same_dispatch(op, cpu_mesh, monkeypatch):
 
     monkeypatch.setitem(ops._IMPLS, ("ag", "spy"), spy("ag"))
     monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
-    monkeypatch.setattr(ops, "_resolve_method", lambda method: "spy")
+    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "spy")
     c = Case(op, 2, F32, (4, 5))
     x, w = c.operands()
     f = c.fn(ops, cpu_mesh(2))
@@ -716,7 +716,7 @@ def test_a_tuple_of_one_axis_reaches_the_implementation_as_its_name(monkeypatch,
         return ops._IMPLS[(ops.AG, "xla")](x, w, axis_name=axis_name, **kw)
 
     monkeypatch.setitem(ops._IMPLS, (ops.AG, "spy"), spy)
-    monkeypatch.setattr(ops, "_resolve_for_size", lambda method, tp, *operands: "spy")
+    monkeypatch.setattr(ops, "_resolve_for_size", lambda method, tp, *operands, fn=None: "spy")
     x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
     jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, ("tp",)), mesh=cpu_mesh(2),
                           in_specs=(P("tp", None), P()), out_specs=P(), check_vma=False))(x, w)

@@ -368,7 +368,7 @@ def test_need_full_tells_the_implementation(cpu_mesh, monkeypatch):
     monkeypatch.setitem(ops._IMPLS, ("ag", "spy"), spy("ag"))
     monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
     # The op calls resolve to the spies; the bulk ops of the backward (given "spy") to the reference.
-    monkeypatch.setattr(ops, "_resolve_method", lambda method: "xla" if method == "spy" else "spy")
+    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "xla" if method == "spy" else "spy")
     mesh = cpu_mesh(TP)
     x, w = operands(0, True, F32)
 
@@ -505,3 +505,35 @@ def test_nnx_column_inside_user_shard_map(cpu_mesh, bulk_calls):
         out[rc] = jax.jit(jax.value_and_grad(lambda x, f=f: jnp.sum(f(x) * ct)))(x)
         assert len(bulk_calls) == (2 if rc else 0)
     _assert_close(out[True], out[False])
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward mode: the custom_vjp is reverse mode only, and the error says which option made it so.
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_forward_mode_through_recompute_names_the_option_and_the_way_out(how, cpu_mesh):
+    """jvp of an eager shard_map gave jax's "unhashable type: 'Unhashable'", naming neither jax_ub
+    nor recompute_gathered. (Under jit, jax applies the jvp to the traced custom_vjp after jax_ub's
+    code has run: its own "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+    stands there, with a stack trace that points at the op.)"""
+    mesh = cpu_mesh(TP)
+    x, w = operands(0, True, F32)
+    kw = {"recompute_gathered": True} if how == "argument" else {}
+    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", **kw), mesh=mesh,
+                      in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
+    with config.override(recompute_gathered=(how == "env")), pytest.raises(TypeError, match=re.escape(
+            "all_gather_matmul: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot go "
+            "through recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1): jax_ub gives "
+            "it a custom_vjp, which jax differentiates in reverse mode only (jax.grad, jax.vjp). "
+            "For forward mode use method='xla'")):
+        jax.jvp(f, (x, w), (rand(3, x.shape), rand(4, w.shape)))
+    # The way out it names works: without recompute, jax derives the jvp of the reference.
+    plain = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=False),
+                          mesh=mesh, in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
+    ref = jax.shard_map(lambda x, w: reference.all_gather_matmul(x, w, "tp"), mesh=mesh,
+                        in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
+    tangents = (rand(3, x.shape), rand(4, w.shape))
+    y, dy = jax.jvp(plain, (x, w), tangents)
+    y_ref, dy_ref = jax.jvp(ref, (x, w), tangents)
+    assert rel_err(y, y_ref) <= GRAD_RTOL[F32] and rel_err(dy, dy_ref) <= GRAD_RTOL[F32]

@@ -198,6 +198,16 @@ def test_unknown_method(fn, axis_kw, cpu_mesh):
         "'ring'",
         "got 'fast'",
     )
+    with pytest.raises(ValueError) as info:  # "fast" is like no method: no guess
+        call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method="fast")
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("typo, meant", [("rng", "ring"), ("all-peer", "all_peer"), ("pipline", "pipeline")])
+def test_a_misspelt_method_gets_the_likely_one(fn, axis_kw, typo, meant, cpu_mesh):
+    expect(ValueError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method=typo),
+           f"{fn.__name__}: `method` must be None or one of", f"got {typo!r} (did you mean {meant!r}?)")
 
 
 @pytest.mark.parametrize("fn,axis_kw", OPS)
@@ -208,7 +218,7 @@ def test_cuda_method_without_extension(fn, axis_kw, method, cpu_mesh):
         expect(
             ValueError,
             lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method=method),
-            f"method={method!r} needs the CUDA overlap extension",
+            f"{fn.__name__}: method={method!r} needs the CUDA overlap extension",
             reason,
         )
 
@@ -250,7 +260,7 @@ def test_errors_come_before_any_kernel(monkeypatch, cpu_mesh):
 
 
 def test_unregistered_method_names_what_exists(monkeypatch, cpu_mesh):
-    monkeypatch.setattr(ops, "_resolve_method", lambda method: "no_such_algo")
+    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "no_such_algo")
     expect(
         ValueError,
         lambda: call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4))),
