@@ -760,7 +760,8 @@ def render_text(r: dict[str, Any]) -> str:
                 L.append(f"  sources       {built}; not compared: {src['error']}")
             else:
                 L.append(f"  sources       {built} (no checkout to compare with: an installed package)")
-    driver = cuda.get("driver") or "unavailable"
+    driver = cuda.get("driver") or ("unavailable" if not cuda.get("libcuda_error") else
+                                    f"none: libcuda.so.1 cannot be loaded ({cuda['libcuda_error']})")
     count = cuda.get("device_count")
     L.append(f"  CUDA driver   {driver}; devices: {'?' if count is None else count}"
              + (f" ({cuda['error']})" if cuda.get("error") else ""))

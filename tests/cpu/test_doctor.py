@@ -635,13 +635,16 @@ def test_no_driver_is_named_as_such(machine, capsys, monkeypatch):
                  "libcuda_error": "libcuda.so.1: cannot open shared object file: No such file or directory"}
     machine(4, versions=v)
     _no_jax_gpu(monkeypatch, "RuntimeError: Unknown backend cuda")
-    rc, _, last = _run(capsys, "--no-live")
+    rc, out, last = _run(capsys, "--no-live")
     assert rc == 1
+    assert ("  CUDA driver   none: libcuda.so.1 cannot be loaded (libcuda.so.1: cannot open shared object "
+            "file: No such file or directory); devices: 0 (cudaErrorInsufficientDriver") in out
     assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu): no NVIDIA driver found (libcuda.so.1 "
                     "cannot be loaded: libcuda.so.1: cannot open shared object file: No such file or "
                     "directory); the CUDA path needs NVIDIA GPUs and their driver")
     v["cuda"]["libcuda_error"] = None  # a driver that is there but too old: the runtime's words
-    rc, _, last = _run(capsys, "--no-live")
+    rc, out, last = _run(capsys, "--no-live")
+    assert "  CUDA driver   unavailable; devices: 0 (cudaErrorInsufficientDriver" in out
     assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu; CUDA runtime: "
                     "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version)")
 

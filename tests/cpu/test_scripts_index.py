@@ -34,3 +34,17 @@ def test_scripts_set_no_jax_ub_variable_that_jax_ub_calls_unknown():
     assert used, "no JAX_UB_* environment use found: the pattern is stale"
     unknown = {n: sorted(used[n]) for n in config.unknown_variables(dict.fromkeys(used, ""))}
     assert unknown == {}, f"variables jax_ub calls unknown, and the scripts that set them: {unknown}"
+
+
+def test_readme_layout_names_every_module():
+    """README's Layout names each module of jax_ub/ and jax_ub/bench/, and each folder of csrc/:
+    a new file that it leaves out is a map with a hole."""
+    root = SCRIPTS.parent
+    text = (root / "README.md").read_text()
+    layout = text[text.index("## Layout"):text.index("## Status")]
+    names = {p.name for folder in ("jax_ub", "jax_ub/bench") for p in (root / folder).glob("*.py")
+             if p.name != "__init__.py"}
+    names |= {p.name + "/" for p in (root / "csrc").iterdir() if p.is_dir()}
+    names |= {p.name for p in (root / "csrc").glob("*.cc")}
+    missing = sorted(n for n in names if not re.search(r"(?<![\w/])" + re.escape(n), layout))
+    assert not missing, f"README.md's Layout does not name {missing}"
