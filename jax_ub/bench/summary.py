@@ -8,9 +8,13 @@ the collective it overlaps, each alone). Where the run timed ``gemm_chunks`` (th
 row-chunk GEMMs the overlapped ops run, back to back), the split floor: max(``gemm_chunks``,
 ``comm_jax_ub``) / T_ideal, the T/T_ideal of a perfect overlap of those chunk GEMMs; above 1.10 the
 T_ideal target is out of reach for a schedule of row chunks. Per op and tp: the geometric mean
-speedup. The targets
+speedup, and by how much it misses its target. The targets
 (``TARGETS``): faster than XLA plain at every shape, a geometric mean speedup of at least 1.30x
-(AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too).
+(AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too). Where jax_ub's
+records name the method auto ran (``"method"``) and the run timed that method too, the line gives
+the run's noise: |jax_ub / jax_ub_<method> - 1| (xla_plain where auto ran XLA's path), the same
+program timed apart, as median and max over the shapes (:meth:`Case.twin_spread`); a speedup
+difference smaller than that is not resolved by the run.
 
 A case (op, tp, dtype, shape) is taken whole from the last file given that has records of it, so
 a row never mixes runs. A case of the selection that lacks one of the records a row needs
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +63,16 @@ class Case:
 
     ms: dict[str, float] = dataclasses.field(default_factory=dict)
     chain: dict[str, int] = dataclasses.field(default_factory=dict)
+    auto: str | None = None  # the method jax_ub (auto) ran, where its record says
+
+    def twin_spread(self) -> float | None:
+        """|jax_ub / its twin - 1|: the same program timed twice in one run (auto and the method it
+        ran, or xla_plain where it ran XLA's path), so that run's noise; None where the records do
+        not say the method or lack the twin, or the two ran different chains."""
+        twin = None if self.auto is None else "xla_plain" if self.auto == "xla" else f"jax_ub_{self.auto}"
+        if twin not in self.ms or "jax_ub" not in self.ms or self.chain[twin] != self.chain["jax_ub"]:
+            return None
+        return abs(self.ms["jax_ub"] / self.ms[twin] - 1.0)
 
     def lacks(self) -> str | None:
         """Why no row can be made of it (a missing record, runs of different chains), or None."""
@@ -95,6 +110,8 @@ def read(path: str) -> tuple[dict[Key, Case], list[str]]:
             case = cases.setdefault(key, Case())
             case.ms[r["impl"]] = float(r["ms"])
             case.chain[r["impl"]] = int(r.get("chain", doc.get("chain", 1)))
+            if r["impl"] == "jax_ub" and isinstance(r.get("method"), str):
+                case.auto = r["method"]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: record {i} ({op}) is not a bench record (expected op, tp, "
                              f"dtype, M, K, N, impl and ms; {type(e).__name__}: {e})") from None
@@ -116,8 +133,9 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
     lines = ["| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal | split floor |",
              "|---|---|---|---|---|---|---|---|"]
     verdicts: list[str] = []
-    # (op, tp) -> [(speedup, T/T_ideal, split floor or None, "M,K,N")], and the shapes without a row
-    groups: dict[tuple[str, int], list[tuple[float, float, float | None, str]]] = {}
+    # (op, tp) -> [(speedup, T/T_ideal, split floor or None, "M,K,N", twin spread or None)], and the
+    # shapes without a row
+    groups: dict[tuple[str, int], list[tuple[float, float, float | None, str, float | None]]] = {}
     misses: dict[tuple[str, int], list[str]] = {}
     for op, tp, _, M, K, N in keys:
         c = cases[(op, tp, dtype, M, K, N)]
@@ -130,7 +148,7 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
         speedup = r["xla_plain"] / r["jax_ub"]
         ideal = max(r["gemm_alone"], r["comm_jax_ub"])
         floor = max(r["gemm_chunks"], r["comm_jax_ub"]) / ideal if "gemm_chunks" in r else None
-        rows.append((speedup, r["jax_ub"] / ideal, floor, f"{M},{K},{N}"))
+        rows.append((speedup, r["jax_ub"] / ideal, floor, f"{M},{K},{N}", c.twin_spread()))
         lines.append(f"| {op} | {tp} | {M},{K},{N} | {r['xla_plain']:.3f} | {r['jax_ub']:.3f} | "
                      f"{speedup:.2f}x | {r['jax_ub'] / ideal:.2f} | "
                      f"{'-' if floor is None else f'{floor:.2f}'} |")
@@ -148,11 +166,18 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
                   if (tp, dtype) == (TARGET_TP, TARGET_DTYPE) else [])
         # the targets hold for the issues' shapes: with one absent, the target is missed
         met = gm is not None and gm >= (goal or 0) and not missed and not absent
+        short = (f" by {100 * (1 - gm / goal):.1f}%" if goal and gm is not None and not met and gm < goal
+                 else "")
         parts = [f"faster than XLA plain at {faster} of {n} shapes",
                  (f"geometric mean speedup {gm:.2f}x{over}" if gm is not None
                   else "no geometric mean speedup")
-                 + (f" (target {goal:.2f}x: {'met' if met else 'missed'})" if goal else ""),
+                 + (f" (target {goal:.2f}x: {'met' if met else 'missed'}{short})" if goal else ""),
                  f"within {T_IDEAL_MAX:.2f}x of T_ideal at {within} of {n}"]
+        spreads = sorted(row[4] for row in rows if row[4] is not None)
+        if spreads:  # what a difference must exceed to be resolved by these runs
+            parts.append(f"noise (auto and the method it ran, timed apart in one run): median "
+                         f"{100 * statistics.median(spreads):.1f}%, max {100 * spreads[-1]:.1f}% over "
+                         f"{len(spreads)} shape{'s' if len(spreads) > 1 else ''}")
         if missed:
             parts.append(f"no row (a miss) at {'; '.join(missed)}")
         floored = [row[3] for row in rows if row[2] is not None and row[2] > T_IDEAL_MAX]

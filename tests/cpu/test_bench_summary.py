@@ -65,7 +65,7 @@ def test_missed_target_and_filters(tmp_path):
     rs = _write(tmp_path / "rs.json", "gemm_rs", {(8192, 8192, 8192): _impls(1.4, 1.0, 0.8, 0.7)})
     rs2 = _write(tmp_path / "rs2.json", "gemm_rs", {(8192, 8192, 8192): _impls(1.4, 1.0, 0.8, 0.7)}, tp=2)
     out = summary.markdown(summary.load([rs, rs2]), tps=[4])
-    assert "geometric mean speedup 1.40x (target 1.45x: missed); within 1.10x of T_ideal at 0 of 1" in out
+    assert "geometric mean speedup 1.40x (target 1.45x: missed by 3.4%); within 1.10x of T_ideal at 0 of 1" in out
     assert "tp=2" not in out and "| gemm_rs | 2 |" not in out
     assert "no float16 case" in summary.markdown(summary.load([rs]), dtype="float16")
 
@@ -234,3 +234,33 @@ def test_required_shapes_missing_at_the_target_tp_are_named(tmp_path):
     assert "  Not in the files: 8192,8192,28672, 16384,12288,12288 (the targets are for 3 shapes: not met without them)." in out
     tp2 = _write(tmp_path / "tp2.json", "bulk_rs", {(8192, 8192, 8192): _impls(2.0, 1.0, 0.95, 0.5)}, tp=2)
     assert "Not in the files" not in summary.markdown(summary.load([tp2]))
+
+
+def test_noise_line_from_auto_and_the_method_it_ran(tmp_path):
+    """jax_ub's record names the method auto ran; that method's own record is the same program
+    timed apart in the same run: their difference is the run's noise, which a miss of the target
+    can be set against. A case without the method, or whose twin ran another chain, adds nothing."""
+    def records(shape, ub, twin_impl, twin_ms, method, chain=1):
+        M, K, N = shape
+        base = {"op": "ag_gemm", "M": M, "K": K, "N": N, "tp": 4, "dtype": "bfloat16", "chain": 1}
+        out = [{**base, "impl": i, "ms": ms} for i, ms in _impls(1.3 * ub, ub, 0.9 * ub, 0.5 * ub).items()]
+        for r in out:
+            if r["impl"] == "jax_ub" and method is not None:
+                r["method"] = method
+        return out + [{**base, "impl": twin_impl, "ms": twin_ms, "chain": chain}]
+
+    recs = (records((8192, 8192, 8192), 1.00, "jax_ub_push", 1.02, "push")        # 2.0% apart
+            + records((8192, 8192, 28672), 2.00, "jax_ub_ring", 2.01, "ring")      # 0.5%
+            + records((16384, 12288, 12288), 3.00, "xla_plain", 3.9, "xla")        # |3/3.9 - 1| = 23.1%
+            + records((2048, 8192, 28672), 0.50, "jax_ub_push", 0.40, None))       # no method: none
+    path = tmp_path / "ag.json"
+    path.write_text(json.dumps({"machine": "t", "date": "20261124", "records": recs}))
+    out = summary.markdown(summary.load([str(path)]))
+    assert ("; noise (auto and the method it ran, timed apart in one run): median 2.0%, max 23.1% over "
+            "3 shapes.") in out, out
+    # the twin timed with another chain is no twin: no noise line from one shape of two
+    recs = (records((8192, 8192, 8192), 1.00, "jax_ub_push", 1.02, "push", chain=8)
+            + records((8192, 8192, 28672), 2.00, "jax_ub_ring", 2.01, "ring"))
+    path.write_text(json.dumps({"machine": "t", "date": "20261124", "records": recs}))
+    out = summary.markdown(summary.load([str(path)]))
+    assert "median 0.5%, max 0.5% over 1 shape." in out, out
