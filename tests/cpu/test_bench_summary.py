@@ -247,7 +247,7 @@ def test_noise_line_from_auto_and_the_method_it_ran(tmp_path):
         for r in out:
             if r["impl"] == "jax_ub" and method is not None:
                 r["method"] = method
-        return out + [{**base, "impl": twin_impl, "ms": twin_ms, "chain": chain}]
+        return [*out, {**base, "impl": twin_impl, "ms": twin_ms, "chain": chain}]
 
     recs = (records((8192, 8192, 8192), 1.00, "jax_ub_push", 1.02, "push")        # 2.0% apart
             + records((8192, 8192, 28672), 2.00, "jax_ub_ring", 2.01, "ring")      # 0.5%
