@@ -467,6 +467,16 @@ elif mode == "checks":
     _, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))  # ring_ag_case's x
     check("checks_empty_n_gathered", smap(empty_n, P("tp", None), P())(x), xf, 0.0)
     check("checks_after_empty_n", f(x, w), ref, 1e-2)
+    # Forward mode through a CUDA method: its custom_vjp is reverse mode only. A jvp of an eager
+    # shard_map traces through the op, which says so (naming the method and the way out) before
+    # anything runs; the communicators stay usable.
+    eager = jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"), mesh=mesh,
+                          in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"),
+                          check_vma=False)
+    expect_error("checks_jvp", lambda x, w: jax.jvp(eager, (x, w), (x, w)), x, w,
+                 fragments=("all_gather_matmul: forward-mode autodiff", "method 'ring' (a CUDA overlap "
+                            "kernel)", "reverse mode only", "use method='xla'"))
+    check("checks_after_jvp", f(x, w), ref, 1e-2)
     # A jax.vmap axis named like the TP axis (no shard_map): `auto` must run XLA's collective over
     # the vmap axis on this device, not the CUDA path (one rank per mesh device: it would wait for
     # peers that never come).

@@ -324,13 +324,14 @@ def test_busy_gpu_does_not_time_out_an_op_it_has_not_reached(capsys, transport):
 def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
     """Result types that do not match x (the FFI target called directly) are refused naming the
     shapes and dtypes, and leave the communicators usable; x[m, 0] @ w[0, n] gives zeros over
-    NaN-poisoned memory; x @ w[k, 0] still returns the gathered x and leaves them usable; a jax.vmap axis named like the TP axis runs XLA's collective (not the
-    CUDA path); a buffer growth that cannot be allocated fails, and so does the next op, naming the
+    NaN-poisoned memory; x @ w[k, 0] still returns the gathered x and leaves them usable; a jvp
+    through method="ring" is refused naming the method (its custom_vjp is reverse mode only); a
+    jax.vmap axis named like the TP axis runs XLA's collective (not the CUDA path); a buffer growth that cannot be allocated fails, and so does the next op, naming the
     allocation (not a vague "not connected")."""
     results = _launch_two(capsys, "checks", ENV, 180, fail_fast_s=30)
     assert all(r.ok for r in results), format_failures(results)
     for r in results:
-        for name in ("bad_dtype", "grow", "after_grow"):
+        for name in ("bad_dtype", "jvp", "grow", "after_grow"):
             assert r.lines(f"RESULT checks_{name} ") == ["True"], (name, format_failures(results))
         assert r.lines("RESULT checks_empty_k_max ") == ["0.000e+00"], format_failures(results)
         assert r.lines("RESULT checks_empty_n_gathered ") == ["0.000e+00"], format_failures(results)
