@@ -181,7 +181,7 @@ def same_program_spread(rows: list) -> list[float]:
     than this are not resolved by the run."""
     out = []
     for *_, r, auto in rows:
-        twin = "xla_plain" if auto == "xla" else f"jax_ub_{auto}"  # auto may run XLA's path
+        twin = h.twin_impl(auto)
         spread = h.ratio(r, "jax_ub", twin)
         if spread == spread:
             out.append(abs(spread - 1.0))

@@ -476,6 +476,12 @@ def ratio(res: dict[str, float], num: str, *dens: str) -> float:
     return res[num] / max(res[d] for d in dens)
 
 
+def twin_impl(auto: str) -> str:
+    """The impl that times the same program as ``jax_ub`` when auto ran method ``auto``: its
+    ``jax_ub_<method>``, or ``xla_plain`` where auto ran XLA's path."""
+    return "xla_plain" if auto == "xla" else f"jax_ub_{auto}"
+
+
 def geomean(values: Sequence[float]) -> float | None:
     """The geometric mean of the finite positive values, or None where there is none."""
     good = [v for v in values if math.isfinite(v) and v > 0]

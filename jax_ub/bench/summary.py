@@ -38,7 +38,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jax_ub.bench.harness import BULK_SHAPES, DEFAULT_SHAPES, geomean
+from jax_ub.bench.harness import BULK_SHAPES, DEFAULT_SHAPES, geomean, twin_impl
 
 # op -> (title, minimum geometric-mean speedup over xla_plain or None); T/T_ideal <= T_IDEAL_MAX.
 TARGETS: dict[str, tuple[str, float | None]] = {
@@ -69,7 +69,7 @@ class Case:
         """|jax_ub / its twin - 1|: the same program timed twice in one run (auto and the method it
         ran, or xla_plain where it ran XLA's path), so that run's noise; None where the records do
         not say the method or lack the twin, or the two ran different chains."""
-        twin = None if self.auto is None else "xla_plain" if self.auto == "xla" else f"jax_ub_{self.auto}"
+        twin = None if self.auto is None else twin_impl(self.auto)
         if twin not in self.ms or "jax_ub" not in self.ms or self.chain[twin] != self.chain["jax_ub"]:
             return None
         return abs(self.ms["jax_ub"] / self.ms[twin] - 1.0)
