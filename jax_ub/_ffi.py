@@ -68,11 +68,21 @@ def workspace_bytes() -> int:
     return max(int(config.get().gemm_workspace_mib) << 20, 256)
 
 
-def tf32_allowed(precision: Any) -> bool:
-    """Whether a float32 GEMM may use TF32, following jax's precision rules.
+# Precision names (any case) under which XLA lets a float32 GEMM use TF32 on NVIDIA GPUs: at most
+# HIGH (XLA's rule for a dot without an algorithm), or the TF32 dot algorithm.
+_TF32_NAMES = frozenset({"default", "fastest", "bfloat16", "high", "tensorfloat32", "bfloat16_3x",
+                         "tf32_tf32_f32"})
 
-    ``HIGHEST``/``HIGH``/"float32"/"highest" forbid it; ``None``/``DEFAULT`` follow
-    ``jax_default_matmul_precision`` (whose default lets XLA use TF32 on GPUs).
+
+def tf32_allowed(precision: Any) -> bool:
+    """Whether a float32 GEMM may use TF32, following what XLA does on NVIDIA GPUs.
+
+    ``DEFAULT`` and ``HIGH`` (also spelled "default", "fastest", "bfloat16", "high",
+    "tensorfloat32", "bfloat16_3x") allow it; ``HIGHEST`` ("highest", "float32") forbids it;
+    ``None`` follows ``jax_default_matmul_precision`` (unset: TF32 allowed). A dot algorithm
+    preset (or its name): ``TF32_TF32_F32`` and ``DEFAULT`` allow it, and every
+    other (``F32_F32_F32``, ``BF16_BF16_F32``, ...) gets full float32, which cuBLASLt can always
+    honour and which is at least as precise as asked. A pair needs both entries to allow it.
     """
     if precision is None:
         precision = jax.config.jax_default_matmul_precision
@@ -80,6 +90,8 @@ def tf32_allowed(precision: Any) -> bool:
         return True
     if isinstance(precision, (tuple, list)):
         return all(tf32_allowed(p) for p in precision)
+    if isinstance(precision, lax.DotAlgorithmPreset):
+        precision = precision.name
     if isinstance(precision, str):
-        return precision.lower() in ("default", "bfloat16", "tensorfloat32", "fastest")
-    return precision == lax.Precision.DEFAULT
+        return precision.strip().lower() in _TF32_NAMES
+    return precision in (lax.Precision.DEFAULT, lax.Precision.HIGH)

@@ -162,7 +162,8 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None, method: str | N
     Args:
       x: `[..., m, k]` with `bfloat16`, `float16` or `float32`; leading dims are folded into m.
       w: `[k, n]`, same dtype as x.
-      precision: ``None``/``DEFAULT`` lets float32 use TF32 like XLA does; ``HIGHEST`` forbids it.
+      precision: as XLA on GPUs: ``None``/``DEFAULT``/``HIGH`` let float32 use TF32; ``HIGHEST`` forbids it
+        (:func:`jax_ub._ffi.tf32_allowed`).
       method: ``"auto"`` (cuBLASLt when available), ``"xla"`` (``jnp.matmul``) or ``"cublaslt"``.
 
     Returns:
