@@ -189,8 +189,9 @@ def _matmul_fwd(x, w, precision, use_cuda):
 def _matmul_bwd(precision, use_cuda, res, dy):
     x, w = res
     dx = _gemm(dy, w, False, True, precision, use_cuda)  # dy @ wᵀ
-    x2 = x.reshape(-1, x.shape[-1])
-    dy2 = dy.reshape(-1, dy.shape[-1])
+    rows = math.prod(x.shape[:-1])  # explicit: reshape(-1, 0) cannot infer it (k or n of 0)
+    x2 = x.reshape(rows, x.shape[-1])
+    dy2 = dy.reshape(rows, dy.shape[-1])
     dw = _gemm(x2, dy2, True, False, precision, use_cuda)  # xᵀ @ dy over all rows
     return dx, dw
 

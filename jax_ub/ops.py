@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import functools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -294,14 +295,15 @@ def _recompute_bwd(call, x, w, dy):
     from jax_ub import bulk  # bulk imports this module
 
     k, n = w.shape
-    dy2 = dy.reshape(-1, n)
+    rows = math.prod(dy.shape[:-1])  # explicit: reshape(-1, 0) cannot infer it (an empty w shard)
+    dy2 = dy.reshape(rows, n)
     x_full, dgrad = bulk.bulk_all_gather(
         x, dy2, w.T, call.axis_name, axis=call.axis, precision=call.precision, method=call.method
     )
     dgrad = dgrad.reshape(*dy.shape[:-1], k)
     dx, dw = bulk.bulk_reduce_scatter(
         dgrad,
-        x_full.reshape(-1, k).T,
+        x_full.reshape(rows, k).T,
         dy2,
         call.axis_name,
         axis=call.axis,

@@ -537,3 +537,33 @@ def test_forward_mode_through_recompute_names_the_option_and_the_way_out(how, cp
     y, dy = jax.jvp(plain, (x, w), tangents)
     y_ref, dy_ref = jax.jvp(ref, (x, w), tangents)
     assert rel_err(y, y_ref) <= GRAD_RTOL[F32] and rel_err(dy, dy_ref) <= GRAD_RTOL[F32]
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_grad_with_an_empty_w_shard(recompute, cpu_mesh):
+    """w with no columns here: the forward gives [m, 0]; its gradient is zeros of x's shape and an
+    empty dw. The recompute backward flattened dy with reshape(-1, 0), which jax cannot infer (a
+    bare ZeroDivisionError). Run under GSPMD: Shardy refuses this program itself (a jax bug that a
+    plain lax.all_gather + dot meets too)."""
+    from jax._src import config as jax_config  # the partitioner switch has no public context manager
+
+    mesh = cpu_mesh(2)
+    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=recompute),
+                      mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))
+    x, w = rand(0, (8, 16)), jnp.ones((16, 0))
+    with jax_config.use_shardy_partitioner(False):
+        dx, dw = jax.grad(lambda x, w: f(x, w).sum(), argnums=(0, 1))(x, w)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    assert not np.asarray(dx).any()
+
+
+@pytest.mark.parametrize("k, n", [(0, 8), (8, 0)])
+def test_matmul_backward_with_an_empty_dim(k, n):
+    """jax_ub.matmul's backward (the cuBLASLt path's, here on its XLA GEMMs) with k or n of 0."""
+    from jax_ub import gemm
+
+    x, w = rand(0, (2, 4, k)), rand(1, (k, n))
+    dy = rand(2, (2, 4, n))
+    dx, dw = gemm._matmul_bwd(None, False, (x, w), dy)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    assert not np.asarray(dw).any() and not np.asarray(dx).any()
