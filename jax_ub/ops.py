@@ -150,11 +150,15 @@ def _resolve_method(method: str | None, fn: str | None = None) -> str:
                    else f"'xla' (the pure-XLA reference): {why}")
         return "auto" if ok else "xla"
     if not ok:
+        if method is None:  # the configured method: JAX_UB_METHOD (or config.override)
+            asked, fix = (f"JAX_UB_METHOD={requested}", "Unset JAX_UB_METHOD or set it to 'auto' or 'xla' "
+                          "(the pure-XLA path)")
+        else:
+            asked, fix = f"method={requested!r}", "Use method='auto' or 'xla' (the pure-XLA path)"
         raise ValueError(
             (f"{fn}: " if fn else "")
-            + f"method={requested!r} needs the CUDA overlap extension, which is not available: "
-            f"{why}. Use method='auto' or 'xla' (the pure-XLA path), or set JAX_UB_DISABLE=1 to "
-            "force that path everywhere"
+            + f"{asked} needs the CUDA overlap extension, which is not available: "
+            f"{why}. {fix}, or set JAX_UB_DISABLE=1 to force that path everywhere"
         )
     _log.debug("jax_ub: method %r: requested (the CUDA path is available)", requested)
     return requested

@@ -539,7 +539,7 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
     empty = [_validate.shape_str(tuple(a.shape)) for a in (x, w) if 0 in a.shape]
     if empty:
         return f"xla: zero-size operand {', '.join(empty)} (nothing to overlap: the reference runs){call}"
-    name = ops._resolve_method(requested, fn)  # raises as the op does (a CUDA method without the CUDA path)
+    name = ops._resolve_method(method, fn)  # raises as the op does (a CUDA method without the CUDA path)
     if name == "xla":
         why = ("JAX_UB_DISABLE=1 forces the pure-XLA reference path" if config.get().disable
                else f"requested ({asked})" if requested == "xla" else _ext.cuda_path_available()[1])

@@ -100,7 +100,7 @@ def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
 
 @pytest.mark.parametrize("argv,env,fragment", [
     (["--method", "ring"], {}, "error: method='ring' needs the CUDA overlap extension"),
-    ([], {"JAX_UB_METHOD": "ring"}, "error: method='ring' needs the CUDA overlap extension"),
+    ([], {"JAX_UB_METHOD": "ring"}, "error: JAX_UB_METHOD=ring needs the CUDA overlap extension"),
     ([], {"JAX_UB_METHOD": "sideways"}, "error: JAX_UB_METHOD must be one of"),
     (["--method", "sideways"], {}, "argument --method: invalid choice: 'sideways'"),
 ], ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag"])

@@ -221,14 +221,13 @@ def test_cuda_method_without_extension(fn, axis_kw, method, cpu_mesh):
             f"{fn.__name__}: method={method!r} needs the CUDA overlap extension",
             reason,
         )
-
-
-def test_cuda_method_from_config(cpu_mesh):
-    with config.override(method="ring", disable=False):
+    # The same method from JAX_UB_METHOD: the error names the variable, not an argument never given.
+    with config.override(disable=False, method=method):
         expect(
             ValueError,
-            lambda: call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4))),
-            "method='ring' needs",
+            lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4))),
+            f"{fn.__name__}: JAX_UB_METHOD={method} needs the CUDA overlap extension",
+            "Unset JAX_UB_METHOD or set it to 'auto' or 'xla'",
         )
 
 
