@@ -76,14 +76,20 @@ def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...], *, las
     return int(axis) % ndim
 
 
-def bound_axis_size(fn: str, axis_name: Any) -> int:
-    """The size of mesh axis ``axis_name``, or a ValueError when no enclosing shard_map binds it."""
+def check_axis_name(fn: str, axis_name: Any) -> None:
+    """``axis_name`` is a mesh axis name (str) or a tuple of distinct names, else a TypeError or a
+    ValueError naming ``fn``."""
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     if not names or not all(isinstance(n, str) for n in names):
         # An int would be taken by lax.axis_size as a positional axis and fail deep inside jax.
         raise TypeError(
             f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}")
     check_axis_names(fn, axis_name)
+
+
+def bound_axis_size(fn: str, axis_name: Any) -> int:
+    """The size of mesh axis ``axis_name``, or a ValueError when no enclosing shard_map binds it."""
+    check_axis_name(fn, axis_name)
     try:
         return int(lax.axis_size(axis_name))
     except NameError:

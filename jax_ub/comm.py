@@ -612,9 +612,11 @@ def shutdown(axis: str | None = None) -> None:
     XLA's path where there is none), instead of failing on the freed one. Executables the caller
     holds (``jit(f).lower(...).compile()``) fail with an error that names the freed set.
     """
+    if axis is not None:
+        axis = _validate.one_axis(axis) or axis  # ("tp",) is "tp", as for initialize and the ops
     if axis is not None and not isinstance(axis, str):
-        raise TypeError(f"jax_ub.shutdown: axis must be a mesh axis name (str) or None (every "
-                        f"axis); got {axis!r}")
+        raise TypeError(f"jax_ub.shutdown: axis must be a mesh axis name (str), a tuple of one, or "
+                        f"None (every axis); got {axis!r}")
     if axis is not None and axis not in _sets and axis not in _named_axes:
         # Not an error (shutdown is safe to call twice), but a misspelt axis frees nothing.
         log.warning("jax_ub.shutdown(axis=%r): no jax_ub.initialize() named this axis, so nothing "

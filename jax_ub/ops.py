@@ -560,8 +560,11 @@ def _note(call: _Call, tp: int, x: jax.Array, w: jax.Array) -> None:
     """Records the call's shape for ``python -m jax_ub.bench tune`` when recording is on
     (:mod:`jax_ub.tuning`), with the dual op its backward runs unless that backward re-gathers
     (bulk ops). An axis of size 1 communicates nothing, and an empty operand runs the reference:
-    there is nothing to tune (and ``bench tune`` refuses zero sizes)."""
-    if tp > 1 and 0 not in (*x.shape, *w.shape):
+    there is nothing to tune (and ``bench tune`` refuses zero sizes). Nor is there over several
+    mesh axes, or over an axis that a ``jax.vmap``/``pmap`` binds: those calls never run the CUDA
+    path."""
+    if (tp > 1 and 0 not in (*x.shape, *w.shape) and isinstance(call.axis_name, str)
+            and _validate.bound_by_shard_map(call.axis_name)):
         tuning.note_call(call.op, tp, x.dtype, x.shape, w.shape, backward=not call.recompute_gathered)
 
 

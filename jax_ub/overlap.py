@@ -526,6 +526,8 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
     _validate.check_nonempty_axis(fn, kw, axis, tuple(x.shape), coll)
     requested = ops._requested(method, fn)
     asked = f"method={method!r}" if method is not None else f"JAX_UB_METHOD={requested}"
+    _validate.check_axis_name(fn, axis_name)  # as the op checks it
+    axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     s = comm.get(axis_name)
     call = f"(call x {_validate.shape_str(tuple(x.shape))} @ w {_validate.shape_str(tuple(w.shape))})"
     if s is not None:

@@ -7,6 +7,8 @@ it freed a set, so the function is traced anew (here faked: CPU has no communica
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,8 +251,10 @@ def test_cuda_method_refuses_a_vmap_axis(monkeypatch):
 def test_shutdown_of_an_axis_no_initialize_named_says_so(cpu_mesh, caplog):
     """A misspelt axis frees nothing: shutdown says which axes were initialized (and stays quiet
     for an initialized axis shut down twice); an axis that is not a name is refused."""
-    with pytest.raises(TypeError, match=r"axis must be a mesh axis name \(str\) or None .*got 3"):
-        comm.shutdown(3)
+    for bad in (3, ("tp", "dp")):
+        with pytest.raises(TypeError, match=r"axis must be a mesh axis name \(str\), a tuple of one, or "
+                                            r"None .*got " + re.escape(repr(bad))):
+            comm.shutdown(bad)
     comm.initialize(cpu_mesh(2), "tp")  # the reference path on CPU: no set, but a named axis
     with caplog.at_level("WARNING", logger="jax_ub"):
         comm.shutdown("tq")
@@ -258,6 +262,6 @@ def test_shutdown_of_an_axis_no_initialize_named_says_so(cpu_mesh, caplog):
     assert "'tp'" in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="jax_ub"):
-        comm.shutdown("tp")
+        comm.shutdown(("tp",))  # a tuple of one axis, as initialize and the ops take it
         comm.shutdown("tp")
     assert "no jax_ub.initialize() named" not in caplog.text, caplog.text

@@ -119,3 +119,24 @@ def test_a_cuda_method_without_the_cuda_path_raises_as_the_op_does(monkeypatch):
     with pytest.raises(ValueError, match=r"method='ring' needs the CUDA overlap extension, which is not "
                                          r"available: jax has no CUDA GPU \(stand-in\)"):
         jax_ub.explain("ag", AG_X, AG_W, method="ring")
+
+
+@pytest.mark.parametrize("axis_name, exc, fragment", [
+    (0, TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got 0"),
+    (["tp"], TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got ['tp']"),
+    (("tp", "tp"), ValueError, "names an axis more than once"),
+])
+def test_explain_checks_axis_name_as_the_op_does(axis_name, exc, fragment):
+    """It answered "xla: ..." for axis names the op refuses (and, with a communicator, said an int
+    "names several mesh axes")."""
+    with pytest.raises(exc) as info:
+        jax_ub.explain("ag", AG_X, AG_W, axis_name)
+    assert str(info.value).startswith("explain('ag'): ") and fragment in str(info.value), str(info.value)
+
+
+def test_explain_takes_a_tuple_of_one_axis_as_its_name(cuda):
+    """As the op does: ("tp",) is "tp", whose communicator decides (not "names several axes")."""
+    cuda("ipc")
+    by_name = jax_ub.explain("ag", AG_X, AG_W, "tp")
+    assert jax_ub.explain("ag", AG_X, AG_W, ("tp",)) == by_name
+    assert "tp=4" in by_name and "several" not in by_name

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -95,6 +96,21 @@ def test_nested_recordings_and_size_one_axis(cpu_mesh):
     assert {s["tp"] for s in outer.shapes()} == {2, 4}
     assert len(outer.shapes()) == 8 and outer.shapes()[4:] == inner.shapes()
     assert inner.shapes(roles=("forward",)) == [s for s in inner.shapes() if s["role"] == "forward"]
+
+
+def test_calls_that_never_run_the_cuda_path_are_not_recorded(cpu_mesh):
+    """Over a jax.vmap axis named like the TP axis, or over several mesh axes, a call runs XLA's
+    collectives whatever the method: recording them gave bench tune made-up shapes to time."""
+    w = jnp.ones((16, 32), jnp.bfloat16)
+    two_axes = jax.sharding.Mesh(np.array(jax.devices("cpu")[:4]).reshape(2, 2), ("dp", "tp"))
+    with tuning.record() as rec:
+        jax.vmap(lambda a: jax_ub.all_gather_matmul(a, w, "tp"), axis_name="tp")(
+            jnp.ones((4, 2, 16), jnp.bfloat16))
+        jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, ("dp", "tp")), mesh=two_axes,
+                              in_specs=(P(("dp", "tp")), P()), out_specs=P(None, ("dp", "tp"))))(
+            jnp.ones((8, 16), jnp.bfloat16), w)
+        _program(cpu_mesh(2)).lower(jnp.ones((1, 8, 16)), jnp.ones((16, 8)), jnp.ones((8, 16)))
+    assert {s["tp"] for s in rec.shapes()} == {2} and len(rec.shapes()) == 4, rec.shapes()
 
 
 def test_layers_record_their_ops(cpu_mesh):
