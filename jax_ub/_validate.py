@@ -30,15 +30,21 @@ def one_axis(axis_name: Any) -> str | None:
     return axis_name if isinstance(axis_name, str) else None
 
 
-def check_array(fn: str, name: str, a: Any) -> None:
+def check_array(fn: str, name: str, a: Any, abstract_ok: bool = False) -> None:
+    """``a`` is an array (a jax or numpy array, or a tracer). ``abstract_ok``: a
+    ``jax.ShapeDtypeStruct`` will do too (:func:`jax_ub.explain`, which computes nothing)."""
     if not (hasattr(a, "shape") and hasattr(a, "dtype")):
         raise TypeError(f"{fn}: `{name}` must be a jax array; got {type(a).__name__}")
+    if isinstance(a, jax.ShapeDtypeStruct) and not abstract_ok:
+        raise TypeError(f"{fn}: `{name}` must be a jax array; got a jax.ShapeDtypeStruct (a shape "
+                        f"without values): pass an array, or trace with jax.eval_shape(f, ...) to "
+                        f"work with shapes only")
 
 
-def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> None:
+def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str, abstract_ok: bool = False) -> None:
     """``x`` at least 2-D, ``w`` 2-D, same supported float dtype, matching contracting dims."""
-    check_array(fn, "x", x)
-    check_array(fn, "w", w)
+    check_array(fn, "x", x, abstract_ok)
+    check_array(fn, "w", w, abstract_ok)
     if x.ndim < 2:
         raise ValueError(f"{fn}: `x` must be at least 2-D `{x_layout}`; got shape {shape_str(x.shape)}")
     if w.ndim != 2:

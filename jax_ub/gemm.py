@@ -146,6 +146,8 @@ def _gemm(a, b, trans_a, trans_b, precision, use_cuda):
 
 def _use_cuda(method: str | None) -> bool:
     method = "auto" if method is None else method
+    if isinstance(method, str):  # any case, as the ops take theirs
+        method = method.strip().lower()
     if method not in ("auto", "xla", "cublaslt"):
         raise ValueError(f"matmul: method must be 'auto', 'xla' or 'cublaslt'; got {method!r}")
     if method == "xla":

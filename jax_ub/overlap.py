@@ -520,7 +520,7 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
                          f"(matmul_reduce_scatter); got {op!r}")
     fn = f"explain({op!r})"
     layouts = {ops.AG: ("[..., m, k]", "[k, n_local]"), ops.RS: ("[..., M, k_local]", "[k_local, n]")}
-    _validate.check_operands(fn, x, w, *layouts[op])
+    _validate.check_operands(fn, x, w, *layouts[op], abstract_ok=True)
     kw, coll = ("gather_axis", "all-gather") if op == ops.AG else ("scatter_axis", "reduce-scatter")
     axis = _validate.normalize_axis(fn, kw, axis, tuple(x.shape))
     _validate.check_nonempty_axis(fn, kw, axis, tuple(x.shape), coll)

@@ -245,6 +245,10 @@ def test_return_gathered_type(cpu_mesh):
 @pytest.mark.parametrize("fn,axis_kw", OPS)
 def test_not_an_array(fn, axis_kw):
     expect(TypeError, lambda: fn([[1.0, 2.0]], arr((2, 3)), "tp"), "`x` must be a jax array", "got list")
+    # A ShapeDtypeStruct has a shape and a dtype but no values: refused by name (jax's own error
+    # about an invalid JAX type came later), with the way to trace shapes.
+    expect(TypeError, lambda: fn(jax.ShapeDtypeStruct((4, 2), jnp.float32), arr((2, 3)), "tp"),
+           f"{fn.__name__}: `x` must be a jax array; got a jax.ShapeDtypeStruct", "jax.eval_shape")
 
 
 def test_errors_come_before_any_kernel(monkeypatch, cpu_mesh):
@@ -406,6 +410,10 @@ def test_matmul_arguments():
     from jax_ub import gemm
 
     expect(TypeError, lambda: gemm.matmul([[1.0]], [[1.0]]), "matmul: `x` must be a jax array", "got list")
+    # The method in any case, as the ops take theirs; a wrong name is still refused.
+    assert gemm.matmul(arr((4, 5)), arr((5, 2)), method=" XLA").shape == (4, 2)
+    expect(ValueError, lambda: gemm.matmul(arr((4, 5)), arr((5, 2)), method="cublas"),
+           "matmul: method must be 'auto', 'xla' or 'cublaslt'; got 'cublas'")
     expect(ValueError, lambda: gemm.matmul(arr((4, 5)), arr((6, 2))),
            "matmul: contracting dims differ: x is [4, 5] (k=5), w is [6, 2] (k=6)")
     expect(ValueError, lambda: gemm.matmul(arr((4, 5)), arr((5, 2)), precision="bogus"),
