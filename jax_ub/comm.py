@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -74,7 +75,8 @@ _warned_axes: set[Any] = set()  # axes warn_no_communicator has warned about
 
 def _number(name: str, value: Any, kind: type) -> Any:
     """``kind(value)`` for initialize's numeric arguments, or a message naming the argument."""
-    if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+    if (isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real)
+            or (kind is int and isinstance(value, float) and not value.is_integer())):
         raise TypeError(f"initialize: {name} must be a{'n int' if kind is int else ' number'}; got {value!r}")
     try:
         return kind(value)
@@ -120,8 +122,9 @@ def _checked_arguments(mesh: Any, axis: Any, bootstrap: str | None, transport: s
     if not (math.isfinite(timeout_s) and timeout_s >= config.MIN_TIMEOUT_S):
         raise ValueError(f"initialize: timeout_s must be a finite number of seconds >= "
                          f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}")
-    if buffer_mib < 0:
-        raise ValueError(f"initialize: buffer_mib must be >= 0 (MiB per GPU); got {buffer_mib!r}")
+    if not 0 <= buffer_mib <= config.MAX_MIB:
+        raise ValueError(f"initialize: buffer_mib must be in [0, {config.MAX_MIB}] (MiB per GPU; "
+                         f"{config.MAX_MIB} is 1 TiB); got {buffer_mib!r}")
     if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops
         axis = axis[0]
     if bootstrap not in config.BOOTSTRAPS:

@@ -79,6 +79,9 @@ _NUMBER_NAMES = {int: "an integer", float: "a number"}
 
 # The shortest bound on a wait for a peer, in seconds (JAX_UB_TIMEOUT, Config and initialize).
 MIN_TIMEOUT_S = 1e-3
+# buffer_mib / gemm_workspace_mib above this (1 TiB) are typos, not memory a GPU has: refused by
+# name here, not left to overflow a size in the extension.
+MAX_MIB = 1 << 20
 
 
 def _parse_number(name: str, value: str, kind: type, minimum: float) -> float | int:
@@ -165,9 +168,10 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 8]; got {getattr(self, name)!r}")
         if not 0 <= self.ag_push_pieces <= 4:
             raise ValueError(f"ag_push_pieces must be in [0, 4]; got {self.ag_push_pieces!r}")
-        if self.buffer_mib < 0 or self.gemm_workspace_mib < 0:
-            raise ValueError("buffer_mib and gemm_workspace_mib must be >= 0; got "
-                             f"{self.buffer_mib!r}, {self.gemm_workspace_mib!r}")
+        for name in ("buffer_mib", "gemm_workspace_mib"):
+            if not 0 <= getattr(self, name) <= MAX_MIB:
+                raise ValueError(f"{name} must be in [0, {MAX_MIB}] (MiB; {MAX_MIB} is 1 TiB); got "
+                                 f"{getattr(self, name)!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -194,9 +198,10 @@ class Config:
             ("JAX_UB_ON_STALL", "on_stall", lambda v: _parse_choice("JAX_UB_ON_STALL", v, ON_STALL)),
             ("JAX_UB_BOOTSTRAP", "bootstrap", lambda v: _parse_choice("JAX_UB_BOOTSTRAP", v, BOOTSTRAPS)),
             ("JAX_UB_TRANSPORT", "transport", lambda v: _parse_choice("JAX_UB_TRANSPORT", v, TRANSPORTS)),
-            ("JAX_UB_BUFFER_MIB", "buffer_mib", lambda v: int(_parse_number("JAX_UB_BUFFER_MIB", v, int, 0))),
+            ("JAX_UB_BUFFER_MIB", "buffer_mib",
+             lambda v: _bounded_int("JAX_UB_BUFFER_MIB", v, MAX_MIB, " (MiB: 1 TiB)")),
             ("JAX_UB_GEMM_WORKSPACE_MIB", "gemm_workspace_mib",
-             lambda v: int(_parse_number("JAX_UB_GEMM_WORKSPACE_MIB", v, int, 0))),
+             lambda v: _bounded_int("JAX_UB_GEMM_WORKSPACE_MIB", v, MAX_MIB, " (MiB: 1 TiB)")),
             ("JAX_UB_GEMM_TUNE", "gemm_tune",
              lambda v: _bounded_int("JAX_UB_GEMM_TUNE", v, 16, " (cuBLASLt candidates)")),
             ("JAX_UB_RECOMPUTE_GATHERED", "recompute_gathered",

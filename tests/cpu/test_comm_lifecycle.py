@@ -158,7 +158,12 @@ def test_initialize_refuses_several_axes(cpu_mesh):
     (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds >= 0.001"),
     (dict(timeout_s=1e-4), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got 0.0001"),
     (dict(timeout_s="soon"), TypeError, "timeout_s must be a number; got 'soon'"),
-    (dict(buffer_mib=-5), ValueError, "buffer_mib must be >= 0 (MiB per GPU); got -5"),
+    (dict(buffer_mib=-5), ValueError, "buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got -5"),
+    # Numbers only (Config refuses strings too), and no size a GPU cannot have: 2**70 MiB would
+    # overflow the extension's size_t, far from a jax_ub message.
+    (dict(timeout_s="5"), TypeError, "timeout_s must be a number; got '5'"),
+    (dict(buffer_mib="4"), TypeError, "buffer_mib must be an int; got '4'"),
+    (dict(buffer_mib=2**70), ValueError, f"buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got {2**70}"),
     (dict(buffer_mib=1.5), TypeError, "buffer_mib must be an int; got 1.5"),
     (dict(buffer_mib=True), TypeError, "buffer_mib must be an int; got True"),
 ])

@@ -389,3 +389,13 @@ def test_readme_env_table_gives_the_configs_defaults():
     assert readme_vars == set(config.KNOB_VARIABLES), readme_vars ^ set(config.KNOB_VARIABLES)
     assert set(doc_rows.values()) == set(defaults), set(doc_rows.values()) ^ set(defaults)
     assert checked == len(config.KNOB_VARIABLES), checked
+
+
+@pytest.mark.parametrize("name", ["JAX_UB_BUFFER_MIB", "JAX_UB_GEMM_WORKSPACE_MIB"])
+def test_sizes_above_a_tebibyte_are_refused_by_name(name):
+    """Not left to overflow a size in the extension: 1 TiB is more than any GPU has."""
+    assert getattr(Config.from_env({name: str(1 << 20)}), name[len("JAX_UB_"):].lower()) == 1 << 20
+    with pytest.raises(ValueError, match=f"{name} must be <= 1048576 \\(MiB: 1 TiB\\); got '99999999999999999999'"):
+        Config.from_env({name: "99999999999999999999"})
+    with pytest.raises(ValueError, match=r"must be in \[0, 1048576\]"):
+        Config(**{name[len("JAX_UB_"):].lower(): (1 << 20) + 1})
