@@ -209,3 +209,31 @@ def test_gemm_tuning_off_keeps_the_heuristics_first(jax_ub):
     with config.override(gemm_tune=0):
         r = gemm.warm([dev], 1024, 2304, 4096, jnp.bfloat16, None)[0]
     assert not r["tuned"] and r["candidates"] == 0, r
+
+
+@pytest.mark.parametrize("precision, tf32", [
+    (lax.Precision.HIGH, True), ("high", True), ("tensorfloat32", True), (None, True),
+    (lax.DotAlgorithmPreset.TF32_TF32_F32, True),
+    (lax.Precision.HIGHEST, False), ("float32", False), ("F32_F32_F32", False),
+], ids=str)
+def test_float32_precision_follows_xla(jax_ub, precision, tf32):
+    """The cuBLASLt GEMM uses TF32 exactly where XLA's dot does, whatever the spelling: its error
+    against float64 is TF32's (well above 1e-5) or float32's (below), as XLA's is."""
+    kx, kw = jax.random.split(jax.random.key(11))
+    x = jax.random.normal(kx, (512, 1024), jnp.float32)
+    w = jax.random.normal(kw, (1024, 256), jnp.float32)
+    ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    ours = _rel_err(jax.jit(lambda x, w: jax_ub.matmul(x, w, precision=precision, method="cublaslt"))(x, w), ref)
+    xla = _rel_err(jax.jit(lambda x, w: jnp.matmul(x, w, precision=precision))(x, w), ref)
+    print(f"precision {precision}: jax_ub {ours:.2e}, XLA {xla:.2e}")
+    assert (ours > 1e-5) == tf32 and (xla > 1e-5) == tf32, (ours, xla)
+
+
+@pytest.mark.parametrize("k, n", [(0, 64), (64, 0)])
+def test_matmul_gradient_with_an_empty_dim(jax_ub, k, n):
+    """jax.grad through the cuBLASLt matmul with k or n of 0: zeros of the operands' shapes."""
+    x = jax.random.normal(jax.random.key(1), (2, 32, k), jnp.float32)
+    w = jax.random.normal(jax.random.key(2), (k, n), jnp.float32)
+    dx, dw = jax.jit(jax.grad(lambda x, w: jax_ub.matmul(x, w, method="cublaslt").sum(), argnums=(0, 1)))(x, w)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    assert not np.asarray(dx).any() and not np.asarray(dw).any()
