@@ -3,6 +3,7 @@
 
     python examples/failfast.py script.py [args...]
     python examples/failfast.py -m package.module [args...]
+    python examples/failfast.py -c "code" [args...]
 
 After ``jax.distributed.initialize()``, a process whose program raises or calls ``sys.exit(N)``
 with N != 0 does not exit: the interpreter first runs its atexit handlers, and jax's calls
@@ -32,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-USAGE = "usage: failfast.py SCRIPT.py [ARGS...]  |  failfast.py -m MODULE [ARGS...]"
+USAGE = "usage: failfast.py SCRIPT.py [ARGS...]  |  failfast.py -m MODULE [ARGS...]  |  failfast.py -c CODE [ARGS...]"
 
 
 def leave_now(status: int) -> NoReturn:
@@ -57,11 +58,18 @@ def _report(exc: BaseException) -> None:
 
 
 def _program(argv: list[str]) -> Callable[[], object]:
-    """How to run ``argv`` (a script or ``-m module``) as ``__main__``; sets sys.argv and sys.path[0]
-    as the interpreter does for ``python argv...``."""
-    if not argv or (argv[0] == "-m" and len(argv) < 2):
+    """How to run ``argv`` (a script, ``-m module`` or ``-c code``) as ``__main__``; sets sys.argv
+    and sys.path[0] as the interpreter does for ``python argv...``, and exits 2 as it does for a
+    script it cannot open."""
+    if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
+    if argv[0] == "-c":
+        code = argv[1]
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""  # the current directory, as for python -c
+        main_globals = {"__name__": "__main__", "__builtins__": __builtins__}
+        return lambda: exec(compile(code, "<string>", "exec"), main_globals)
     if argv[0] == "-m":
         module = argv[1]
         sys.argv = [module, *argv[2:]]  # run_module(alter_sys=True) puts the module's path in argv[0]
@@ -71,6 +79,10 @@ def _program(argv: list[str]) -> Callable[[], object]:
         print(f"{USAGE}\n(interpreter options such as {argv[0]!r} go before failfast.py)", file=sys.stderr)
         sys.exit(2)
     script = argv[0]
+    if not os.path.exists(script):
+        print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or "
+              f"directory", file=sys.stderr)
+        sys.exit(2)
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.realpath(script))
     return lambda: runpy.run_path(script, run_name="__main__")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start N local processes of a jax program, one per GPU, for jax.distributed.initialize().
 #
-#   examples/launch.sh N script.py [args...]      (or: N -m package.module [args...])
+#   examples/launch.sh N script.py [args...]      (or: N -m package.module [args...], N -c code [args...])
 #
 # Process i gets
 #   LAUNCH_COORDINATOR_ADDRESS=127.0.0.1:<free port>  (process 0 hosts the coordinator)
@@ -18,12 +18,19 @@
 # to 300 s) for the other processes. So each script runs through examples/failfast.py, which ends a
 # failed program with os._exit(status) instead (LAUNCH_FAIL_FAST=0: run it as `python script.py`).
 #
-# Other knobs: PYTHON (interpreter, default python3), LAUNCH_PORT (coordinator port).
+# Other knobs: PYTHON (interpreter and its options, default python3), LAUNCH_PORT (coordinator
+# port). LAUNCH_TIMEOUT, LAUNCH_GRACE and LAUNCH_KILL_AFTER must be seconds. Needs bash >= 5.1.
 
 set -uo pipefail
 
+# `wait -n -p` (below) needs bash 5.1; an older bash refuses -p and the wait loop would spin.
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+    echo "$0: needs bash >= 5.1 (for wait -n -p); this is bash $BASH_VERSION" >&2
+    exit 2
+fi
+
 usage() {
-    echo "usage: $0 NUM_PROCESSES SCRIPT.py [ARGS...]" >&2
+    echo "usage: $0 NUM_PROCESSES SCRIPT.py [ARGS...]  (or: NUM_PROCESSES -m package.module [ARGS...], NUM_PROCESSES -c CODE [ARGS...])" >&2
     exit 2
 }
 
@@ -36,14 +43,19 @@ python=${PYTHON:-python3}
 timeout_s=${LAUNCH_TIMEOUT:-1800}
 grace_s=${LAUNCH_GRACE:-10}
 kill_after_s=${LAUNCH_KILL_AFTER:-5}
-for knob in LAUNCH_GRACE="$grace_s" LAUNCH_KILL_AFTER="$kill_after_s"; do
+for knob in LAUNCH_TIMEOUT="$timeout_s" LAUNCH_GRACE="$grace_s" LAUNCH_KILL_AFTER="$kill_after_s"; do
     [[ ${knob#*=} =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "$0: ${knob%%=*} must be seconds; got '${knob#*=}'" >&2; exit 2; }
 done
-run=("$python")
-if [[ ${LAUNCH_FAIL_FAST:-1} != 0 && ($1 != -* || $1 == -m) ]]; then
+read -r -a run <<< "$python"  # PYTHON may carry interpreter options: PYTHON="python3 -X dev"
+if [[ ${LAUNCH_FAIL_FAST:-1} != 0 ]]; then
+    if [[ $1 == -* && $1 != -m && $1 != -c ]]; then  # an interpreter option: failfast.py cannot go after it
+        echo "$0: '$1' is an interpreter option; put it in PYTHON (e.g. PYTHON=\"python3 $1\"), or set" \
+             "LAUNCH_FAIL_FAST=0 to run without failfast.py (a failed rank then waits in jax's shutdown)" >&2
+        exit 2
+    fi
     run+=("$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/failfast.py")
 fi
-port=${LAUNCH_PORT:-$("$python" -c 'import socket
+port=${LAUNCH_PORT:-$("${run[0]}" -c 'import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 
 pids=()
@@ -84,7 +96,11 @@ while ((${#pids[@]} > 0)); do
     finished=""
     wait -n -p finished "${pids[@]}" 2>/dev/null  # bash's "Killed ..." job notice: reported below
     rc=$?
-    [[ -n $finished ]] || continue  # interrupted by a signal
+    if [[ -z $finished ]]; then
+        ((rc > 128)) && continue  # interrupted by a signal
+        echo "$0: wait -n failed (status $rc)" >&2
+        exit 2
+    fi
     for i in "${!pids[@]}"; do
         [[ ${pids[$i]} == "$finished" ]] && unset "pids[$i]"
     done

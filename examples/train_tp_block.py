@@ -144,6 +144,11 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
                 f"to detect the others from mpirun or srun)")
         kw = {{"coordinator": "coordinator_address"}.get(name, name): getattr(args, name)
               for name in BY_HAND.values() if getattr(args, name) is not None}
+        address = kw.get("coordinator_address")
+        host, _, port = (address or "").rpartition(":")
+        if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"--coordinator must be HOST:PORT (process 0's host, and a free port "
+                             f"there); got {address!r}")
     elif "LAUNCH_COORDINATOR_ADDRESS" in env:  # examples/launch.sh
         kw = {}
         for var, name in zip(LAUNCH_VARS, ("coordinator_address", "num_processes", "process_id"),
@@ -180,6 +185,10 @@ def prepare_environment(args: argparse.Namespace) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if _FORCE_DEVICES not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FORCE_DEVICES}={args.cpu_devices}".strip()
+
+
+def _kw_text(kw: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kw.items())
 
 
 def initialize_distributed(kw: dict[str, Any]) -> None:
@@ -224,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.distributed_kw is None:  # one process
         return _configure_and_run(args)
     try:
-        initialize_distributed(args.distributed_kw)
+        try:
+            initialize_distributed(args.distributed_kw)
+        except ValueError as e:  # jax found no cluster to detect, or refused an argument
+            print(f"error: jax.distributed.initialize({_kw_text(args.distributed_kw)}) refused: {e}"
+                  + (" (--distributed found no mpirun or srun environment: pass --coordinator, "
+                     "--num-processes and --process-id)" if not args.distributed_kw.get("coordinator_address")
+                     else ""), file=sys.stderr)
+            leave_now(2)
         status = _configure_and_run(args)
     except SystemExit as e:  # sys.exit() below main(): its status, as Python would exit with
         code = e.code

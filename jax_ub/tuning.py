@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -223,7 +224,11 @@ def load(path: str) -> list[tuple[OpShape, str, int]]:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"shapes file {path!r}: cannot read it as JSON: {e}") from None
+        stem, ext = os.path.splitext(path)
+        per_process = sorted(glob.glob(f"{glob.escape(stem)}.process*{glob.escape(ext or '.json')}"))
+        hint = (f" (a run of several processes writes one file each: {', '.join(per_process)}; give "
+                f"them all)" if not os.path.exists(path) and per_process else "")
+        raise ValueError(f"shapes file {path!r}: cannot read it as JSON: {e}{hint}") from None
     if not isinstance(doc, dict) or FORMAT not in doc:
         raise ValueError(f"shapes file {path!r}: not a jax_ub shapes file (no {FORMAT!r} key); write "
                          f"one with JAX_UB_RECORD_SHAPES=PATH or jax_ub.tuning.record()")

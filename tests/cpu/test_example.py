@@ -146,8 +146,11 @@ _BY_HAND = "a multi-process run by hand needs all of --coordinator, --num-proces
      "error: --init-timeout and --heartbeat-timeout only apply to a multi-process run"),
     ([], {"LAUNCH_COORDINATOR_ADDRESS": "127.0.0.1:1234"},
      "error: LAUNCH_COORDINATOR_ADDRESS is set but LAUNCH_NUM_PROCESSES is not"),
+    # jax's own IndexError (coordinator_address.rsplit(':', 1)[1]) before this check
+    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], {},
+     "error: --coordinator must be HOST:PORT (process 0's host, and a free port there); got 'localhost'"),
 ], ids=["coordinator-alone", "no-process-id", "no-coordinator", "process-id-too-big", "timeout-one-process",
-        "timeouts-one-process", "launch-env-incomplete"])
+        "timeouts-one-process", "launch-env-incomplete", "coordinator-without-port"])
 def test_incomplete_multi_process_flags_are_argparse_errors(argv, env, fragment):
     """--coordinator without the others used to end in a KeyError, --num-processes/--process-id
     without --coordinator trained one process silently: now an argparse error (exit 2, before jax
@@ -437,3 +440,43 @@ def test_loss_check_judges_only_runs_long_enough():
     # noise is not learning: a loss that wanders down by 2% (as an untrained model's does) fails
     flat = [4.7, 4.6, 4.7, 4.65, 4.62, 4.68, 4.6, 4.64, 4.61, 4.6]
     assert "did not decrease by 5%" in mod._check(flat, "run")
+
+
+def test_failfast_runs_code_and_refuses_a_missing_script_as_python_does(tmp_path):
+    """-c CODE as `python -c` (so launch.sh can run it through failfast.py too); a script that does
+    not exist exits 2 with python's own words, not 1 with a traceback."""
+    failfast = str(FAILFAST)
+    code = "import atexit, sys\natexit.register(lambda: print('atexit ran'))\nprint(__name__, sys.argv)\nsys.exit(3)"
+    proc = _run([sys.executable, failfast, "-c", code, "a", "b"], timeout=30)
+    assert proc.returncode == 3 and proc.stdout.splitlines() == ["__main__ ['-c', 'a', 'b']"], _describe(proc)
+    proc = _run([sys.executable, failfast, str(tmp_path / "missing.py")], timeout=30)
+    assert proc.returncode == 2 and "can't open file" in proc.stderr and "Traceback" not in proc.stderr, \
+        _describe(proc)
+
+
+def test_launch_sh_refuses_what_it_would_misrun():
+    """An interpreter option in the script's place (failfast.py was silently skipped, so a failure
+    took jax's shutdown timeout to end) and a LAUNCH_TIMEOUT that is not seconds (timeout(1) failed
+    every rank with status 125): exit 2 naming the problem; PYTHON may carry the options."""
+    if shutil.which("timeout") is None:
+        pytest.skip("coreutils `timeout` is not installed")
+    hello = "import os; print('hi', os.environ['LAUNCH_PROCESS_ID'])"
+    proc = _run(["bash", str(LAUNCH), "2", "-u", "-c", hello], timeout=60)
+    assert proc.returncode == 2 and "'-u' is an interpreter option; put it in PYTHON" in proc.stderr, \
+        _describe(proc)
+    proc = _run(["bash", str(LAUNCH), "2", "-c", hello], timeout=60, LAUNCH_TIMEOUT="abc")
+    assert proc.returncode == 2 and "LAUNCH_TIMEOUT must be seconds; got 'abc'" in proc.stderr, _describe(proc)
+    proc = _run(["bash", str(LAUNCH), "2", "-c", hello], timeout=60, PYTHON=f"{sys.executable} -u")
+    assert proc.returncode == 0 and "[rank 1] hi 1" in proc.stdout, _describe(proc)
+
+
+def test_distributed_with_no_cluster_to_detect_is_a_configuration_error():
+    """--distributed in a plain shell: jax's ValueError ("coordinator_address should be defined")
+    was a traceback and exit 1; now one error line, exit 2, saying what to pass instead."""
+    if any(k.startswith(("SLURM_", "OMPI_")) for k in os.environ):
+        pytest.skip("a cluster environment is set here: --distributed would detect it")
+    proc = _run([sys.executable, str(SCRIPT), "--distributed", "--steps", "3", *TINY], timeout=90)
+    assert proc.returncode == 2, _describe(proc)
+    assert "error: jax.distributed.initialize() refused: " in proc.stderr, _describe(proc)
+    assert "--distributed found no mpirun or srun environment: pass --coordinator, --num-processes and " \
+           "--process-id" in proc.stderr and "Traceback" not in proc.stderr, _describe(proc)

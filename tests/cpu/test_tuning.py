@@ -477,3 +477,18 @@ def test_a_process_that_shut_jax_distributed_down_still_names_its_own_file(tmp_p
         own = tmp_path / f"{stem}.process{r.rank}.json"
         assert f"wrote {str(own)!r} without shapes" in r.stderr, r.stderr[-2000:]
         assert tuning.load(str(own)) == []
+
+
+def test_a_missing_shapes_file_names_the_per_process_files(tmp_path):
+    """Under launch.sh, JAX_UB_RECORD_SHAPES=shapes.json wrote shapes.process<i>.json: tune given
+    shapes.json (as the one-process steps say) names them instead of only "No such file"."""
+    for i in range(2):
+        (tmp_path / f"shapes.process{i}.json").write_text("{}")
+    with pytest.raises(ValueError) as info:
+        tuning.load(str(tmp_path / "shapes.json"))
+    msg = str(info.value)
+    assert "No such file" in msg and "a run of several processes writes one file each: " in msg, msg
+    assert f"{tmp_path}/shapes.process0.json, {tmp_path}/shapes.process1.json; give them all" in msg, msg
+    with pytest.raises(ValueError) as info:  # nothing of the kind there: no hint
+        tuning.load(str(tmp_path / "other.json"))
+    assert "several processes" not in str(info.value)
