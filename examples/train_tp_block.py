@@ -47,6 +47,7 @@ import traceback
 from typing import Any, NoReturn
 
 _FORCE_DEVICES = "--xla_force_host_platform_device_count"
+CPU_DEVICES = 4  # simulated CPU devices where neither --cpu-devices nor XLA_FLAGS says
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("jax_ub") is None:  # running from a source checkout
     sys.path.insert(0, _REPO)
@@ -90,8 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "loss difference and the speedup")
     p.add_argument("--log-every", type=int, default=None, help="print the loss every N steps (default: steps/10)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-devices", type=int, default=4,
-                   help="simulated CPU devices per process when XLA_FLAGS does not set them")
+    p.add_argument("--cpu-devices", type=int, default=None,
+                   help=f"simulated CPU devices per process; replaces a count XLA_FLAGS sets "
+                        f"(default: XLA_FLAGS's {_FORCE_DEVICES}, else {CPU_DEVICES})")
     p.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun); "
                         "--coordinator/--num-processes/--process-id, where given, override what it detects")
@@ -144,6 +146,10 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
                 f"to detect the others from mpirun or srun)")
         kw = {{"coordinator": "coordinator_address"}.get(name, name): getattr(args, name)
               for name in BY_HAND.values() if getattr(args, name) is not None}
+        if not args.distributed:
+            # By hand means by hand: under srun or mpirun, jax's cluster detection would still give
+            # each process one GPU by its local task id (a process per host would see only GPU 0).
+            kw["cluster_detection_method"] = "deactivate"
         address = kw.get("coordinator_address")
         host, _, port = (address or "").rpartition(":")
         if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
@@ -181,10 +187,17 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
 
 
 def prepare_environment(args: argparse.Namespace) -> None:
-    """Before jax is imported: simulated CPU devices (ignored by GPU backends)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _FORCE_DEVICES not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_FORCE_DEVICES}={args.cpu_devices}".strip()
+    """Before jax is imported: simulated CPU devices (ignored by GPU backends). --cpu-devices
+    replaces a count in XLA_FLAGS (the flag is the more specific); without it XLA_FLAGS's count
+    stands, else CPU_DEVICES."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    has_count = any(f.startswith(_FORCE_DEVICES) for f in flags)
+    if args.cpu_devices is not None:
+        flags = [f for f in flags if not f.startswith(_FORCE_DEVICES)]
+        flags.append(f"{_FORCE_DEVICES}={args.cpu_devices}")
+    elif not has_count:
+        flags.append(f"{_FORCE_DEVICES}={CPU_DEVICES}")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def _kw_text(kw: dict[str, Any]) -> str:
@@ -408,8 +421,9 @@ def _train(args: argparse.Namespace, mesh: Any, method: str | None) -> tuple[lis
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
 
 
-def _resolved(method: str | None) -> str:
-    """What ``method`` resolves to in jax_ub.ops, and whether the CUDA path is active."""
+def _resolved(method: str | None) -> tuple[str, str]:
+    """What ``method`` resolves to in jax_ub.ops, and a line that also says whether the CUDA path is
+    active and why."""
     import jax_ub
     from jax_ub import ops
 
@@ -418,7 +432,7 @@ def _resolved(method: str | None) -> str:
     kind = "pure-XLA reference" if name == "xla" else "jax_ub CUDA overlap"
     info = jax_ub.build_info()
     requested = method if method is not None else jax_ub.config.get().method
-    return f"method={requested!r} -> {name!r} ({kind}; build: {info.get('path')}: {info.get('reason')})"
+    return name, f"method={requested!r} -> {name!r} ({kind}; build: {info.get('path')}: {info.get('reason')})"
 
 
 LEARNED = 0.95  # the last steps' mean loss must be below this share of the first steps'
@@ -443,43 +457,63 @@ def _check(losses: list[float], label: str) -> str | None:
     return None
 
 
-def _run(args: argparse.Namespace) -> int:
-    import jax
-
-    n = jax.device_count()
-    tp = args.tp or n // args.dp
+def _configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | None:
+    """Why this configuration cannot run on ``n`` devices with this ``tp``, or None."""
     if args.dp * tp != n:
-        print(f"error: dp ({args.dp}) * tp ({tp}) must equal the device count ({n})", file=sys.stderr)
-        return 2
+        return f"dp ({args.dp}) * tp ({tp}) must equal the device count ({n})"
     for what, value in (("--heads", args.heads), ("--ffn", args.ffn), ("--seq", args.seq)):
         if value % tp:
-            print(f"error: {what} ({value}) must be divisible by tp ({tp})", file=sys.stderr)
-            return 2
+            return f"{what} ({value}) must be divisible by tp ({tp})"
     for what, value, by, size in (("--hidden", args.hidden, "--heads", args.heads),
                                   ("--batch", args.batch, "--dp", args.dp)):
         if value % size:
-            print(f"error: {what} ({value}) must be divisible by {by} ({size})", file=sys.stderr)
-            return 2
+            return f"{what} ({value}) must be divisible by {by} ({size})"
+    return None
+
+
+# What may differ between the processes of one run: who they are, and how they were started.
+PER_PROCESS = ("process_id", "distributed_kw")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import jax
+
+    import jax_ub
+
+    n = jax.device_count()
+    tp = args.tp or n // args.dp
+    runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
+    paths: dict[str, tuple[str, str]] = {}
+    problem = _configuration_problem(args, n, tp)
+    if problem is None:
+        try:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable: a configuration error
+            paths = {label: _resolved(method) for label, method in runs}
+        except ValueError as e:
+            problem = str(e)
+    # Every process learns here whether any of them cannot run, and whether they were all started
+    # with the same flags (--steps or --seed differing would train different things, or hang),
+    # then all stop together, naming the process and why, instead of leaving the others to wait
+    # for it in their first collective until jax.distributed's heartbeat timeout.
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in PER_PROCESS}
+    try:
+        jax_ub.check_processes({**settings, "devices": n,  # the methods, not the why (host paths)
+                                "methods": {label: name for label, (name, _) in paths.items()}},
+                               problem=problem)
+    except (jax_ub.ProcessCheckError, jax_ub.AgreementError, jax_ub.PeerTimeoutError) as e:
+        print(f"error: {problem if jax.process_count() == 1 else e}", file=sys.stderr)
+        return 2
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)
     _log(f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
          f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
          f"{args.heads} heads, ffn {args.ffn} ({args.mlp}), seq {args.seq}, batch {args.batch}, {args.dtype}")
 
-    import jax_ub
-
-    runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
-    try:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable: a configuration error
-        paths = {label: _resolved(method) for label, method in runs}
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     # Userbuffers communicators for the TP groups. Without the CUDA path it creates none, but with
     # several processes it still checks that every process got the same mesh and settings.
     jax_ub.initialize(mesh, "tp")
     results = {}
     for label, method in runs:
-        _log(f"[{label}] path: {paths[label]}")
+        _log(f"[{label}] path: {paths[label][1]}")
         losses, tps = _train(args, mesh, method)
         _log(f"[{label}] tokens/s: {tps:,.0f}  final loss {losses[-1]:.4f}")
         results[label] = (losses, tps)

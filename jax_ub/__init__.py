@@ -8,6 +8,8 @@ Public API:
   (backward-pass bulk overlap).
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
 * :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
+* :func:`check_processes` — every process of a ``jax.distributed`` run stops together naming
+  why (a process's own problem, or settings that differ), or goes on together.
 * :func:`build_info` — which path is active and why; :func:`explain` — what a call runs
   (``method="auto"``'s choice, or the method asked for) and why.
 * :func:`checkpoint_policy` — a ``jax.checkpoint`` policy that also keeps jax_ub's op outputs
@@ -31,6 +33,7 @@ from jax_ub.comm import initialize, shutdown
 from jax_ub.gemm import matmul
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 from jax_ub.overlap import explain
+from jax_ub.processes import ProcessCheckError, check_processes
 
 __version__ = "0.1.0"
 
@@ -39,11 +42,13 @@ __all__ = [
     "AgreementError",
     "PeerFailedError",
     "PeerTimeoutError",
+    "ProcessCheckError",
     "__version__",
     "all_gather_matmul",
     "build_info",
     "bulk_all_gather",
     "bulk_reduce_scatter",
+    "check_processes",
     "checkpoint_policy",
     "config",
     "explain",

@@ -184,7 +184,10 @@ def check_precision(fn: str, precision: Any) -> None:
     try:
         canonicalize_precision(precision)
     except (TypeError, ValueError) as e:
-        raise ValueError(
+        # A wrong type (3, a pair holding one) is a TypeError, a wrong name a ValueError.
+        parts = precision if isinstance(precision, (tuple, list)) else (precision,)
+        typed = all(isinstance(p, (str, jax.lax.Precision)) for p in parts)
+        raise (ValueError if typed else TypeError)(
             f"{fn}: `precision` must be None, a jax.lax.Precision or one of its names (e.g. "
             f"'highest'), a pair of them, or a jax.lax.DotAlgorithmPreset; got {precision!r}") from e
 

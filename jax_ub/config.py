@@ -307,6 +307,13 @@ def override(**changes: object) -> Iterator[Config]:
     """Temporarily replace fields of the active configuration: ``with override(method="xla"):``."""
     global _active
     previous = get()
+    fields = [f.name for f in dataclasses.fields(Config)]
+    unknown = sorted(k for k in changes if k not in fields)
+    if unknown:  # dataclasses' own message ("unexpected keyword argument") names no field
+        guesses = [(k, difflib.get_close_matches(k, fields, n=1, cutoff=0.6)) for k in unknown]
+        raise TypeError("config.override: " + "; ".join(
+            f"{k!r} is not a jax_ub setting" + (f" (did you mean {g[0]!r}?)" if g else "")
+            for k, g in guesses) + f". The settings: {', '.join(fields)}")
     _active = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
     if "log_level" in changes:
         logging.getLogger("jax_ub").setLevel(_active.log_level)

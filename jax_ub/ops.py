@@ -105,8 +105,10 @@ def _requested(method: str | None, fn: str | None = None) -> str:
     if isinstance(requested, str) and any(name == requested for _, name in _IMPLS):
         return requested  # an implementation registered by name (register_impl, tests)
     where = f"{fn}: " if fn else ""
-    near = (difflib.get_close_matches(requested.strip().lower(), config.METHODS, n=1, cutoff=0.6)
-            if isinstance(requested, str) else [])
+    if not isinstance(requested, str):  # a wrong type, as Python's own calls say it
+        raise TypeError(f"{where}`method` must be None or a str, one of {config.METHODS}; got "
+                        f"{requested!r} ({type(requested).__name__})")
+    near = difflib.get_close_matches(requested.strip().lower(), config.METHODS, n=1, cutoff=0.6)
     raise ValueError(f"{where}`method` must be None or one of {config.METHODS}; got {requested!r}"
                      + (f" (did you mean {near[0]!r}?)" if near else ""))
 

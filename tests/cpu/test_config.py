@@ -269,7 +269,12 @@ def test_override_with_invalid_value_leaves_config_unchanged():
 
 def test_override_unknown_field():
     before = config.get()
-    with pytest.raises(TypeError, match="no_such_knob"), config.override(no_such_knob=1):
+    with pytest.raises(TypeError, match="no_such_knob") as info, config.override(no_such_knob=1):
+        pass
+    assert "'no_such_knob' is not a jax_ub setting. The settings: " in str(info.value)
+    assert config.get() is before
+    with pytest.raises(TypeError, match=r"^config.override: 'methd' is not a jax_ub setting \(did you "
+                                        r"mean 'method'\?\)"), config.override(methd="xla"):
         pass
     assert config.get() is before
 

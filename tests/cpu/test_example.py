@@ -180,7 +180,9 @@ def test_distributed_kwargs_from_flags_and_launch_env(monkeypatch):
     assert mod.parse_args([]).distributed_kw is None
     by_hand = mod.parse_args(["--coordinator", "h:1", "--num-processes", "2", "--process-id", "1",
                               "--init-timeout", "7", "--heartbeat-timeout", "9"]).distributed_kw
+    # By hand, jax's cluster detection is off: under srun it would pick one GPU per process.
     assert by_hand == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1,
+                       "cluster_detection_method": "deactivate",
                        "initialization_timeout": 7, "heartbeat_timeout_seconds": 9}
     assert mod.parse_args(["--distributed"]).distributed_kw == {}  # jax detects the cluster
     assert mod.parse_args(["--distributed", "--coordinator", "h:2"]).distributed_kw == {"coordinator_address": "h:2"}
@@ -193,6 +195,20 @@ def test_distributed_kwargs_from_flags_and_launch_env(monkeypatch):
         "initialization_timeout": 30}
     params = inspect.signature(jax.distributed.initialize).parameters
     assert set(by_hand) <= set(params) and "local_device_ids" in params, sorted(params)
+
+
+@pytest.mark.parametrize("argv,xla_flags,count", [
+    ([], "", "4"),
+    ([], "--xla_force_host_platform_device_count=2", "2"),
+    (["--cpu-devices", "8"], "--xla_force_host_platform_device_count=2 --xla_cpu_foo=1", "8"),
+])
+def test_cpu_devices_flag_replaces_the_count_in_xla_flags(monkeypatch, argv, xla_flags, count):
+    mod = _example_module()
+    monkeypatch.setenv("XLA_FLAGS", xla_flags)
+    mod.prepare_environment(mod.parse_args(argv))
+    flags = os.environ["XLA_FLAGS"].split()
+    assert [f for f in flags if "device_count" in f] == [f"--xla_force_host_platform_device_count={count}"]
+    assert ("--xla_cpu_foo=1" in flags) == ("--xla_cpu_foo=1" in xla_flags)
 
 
 @pytest.mark.parametrize("argv,line", [
@@ -314,7 +330,10 @@ def failing_run(args):
     if os.environ["LAUNCH_PROCESS_ID"] == "1":
         if {how!r} == "raise":
             raise RuntimeError("injected failure on process 1")
-        args.tp = 3  # dp * tp != the 4 devices
+        if {how!r} == "seed":
+            args.seed = 1  # started otherwise than process 0
+        else:
+            args.tp = 3  # dp * tp != the 4 devices
     return run(args)
 mod._run = failing_run
 sys.exit(mod.main())
@@ -325,14 +344,24 @@ sys.exit(mod.main())
 FAIL_FAST_LIMIT = 25.0
 
 
-@pytest.mark.parametrize("how,status,line", [
-    ("status", 2, "[rank 1] error: dp (1) * tp (3) must equal the device count (4)"),
-    ("raise", 1, "[rank 1] RuntimeError: injected failure on process 1"),
+_BAD_TP = "error: 1 of 2 processes cannot go on: process 1: dp (1) * tp (3) must equal the device count (4)"
+_SEED = "process 1: seed=1 (process 0: 0)"
+
+
+@pytest.mark.parametrize("how,status,lines", [
+    ("status", 2, [f"[rank 0] {_BAD_TP}", f"[rank 1] {_BAD_TP}"]),
+    ("seed", 2, ["[rank 0] error: jax_ub.check_processes: the 2 processes disagree; every process must "
+                 "be started with the same settings. Process 1 differs from process 0:", f"[rank 0]   {_SEED}",
+                 f"[rank 1]   {_SEED}"]),
+    ("raise", 1, ["[rank 1] RuntimeError: injected failure on process 1"]),
 ])
-def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, line):
+def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, lines):
     """A failed process of the example leaves with os._exit (not through jax's atexit shutdown
     barrier), so launch.sh sees the failure and stops the other process within its grace period.
-    LAUNCH_FAIL_FAST=0: the example's own handling, not launch.sh's failfast.py wrapper."""
+    A configuration that process 1 cannot run, or flags that differ from process 0's, stop both
+    processes themselves, each naming process 1 and why (jax_ub.check_processes), before any
+    collective. LAUNCH_FAIL_FAST=0: the example's own handling, not launch.sh's failfast.py
+    wrapper."""
     reason = _gloo_reason()
     if reason:
         pytest.skip(reason)
@@ -343,8 +372,14 @@ def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, 
                                  LAUNCH_KILL_AFTER="1")
     assert proc.returncode == status, f"{took:.1f} s\n{_describe(proc)}"
     assert took < FAIL_FAST_LIMIT
-    assert line in proc.stderr, _describe(proc)
-    assert "launch.sh: rank 1 (pid " in proc.stderr and f"exited with status {status}" in proc.stderr
+    for line in lines:
+        assert line in proc.stderr, _describe(proc)
+    if how == "raise":
+        assert re.search(rf"launch.sh: rank 1 \(pid \d+\) exited with status {status}", proc.stderr)
+    else:  # both stop by themselves, with status 2 (not launch.sh's SIGTERM or SIGKILL)
+        assert "Traceback" not in proc.stderr, _describe(proc)
+        assert "[rank 0] error:" in proc.stderr and "[rank 1] error:" in proc.stderr, _describe(proc)
+        assert re.search(r"launch.sh: rank [01] \(pid \d+\) exited with status 2", proc.stderr)
 
 
 _RAISE_ON_ONE = """import os, time

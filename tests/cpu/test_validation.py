@@ -364,10 +364,20 @@ def test_method_names_in_any_case(fn, axis_kw, cpu_mesh):
 
 
 @pytest.mark.parametrize("fn,axis_kw", OPS)
-@pytest.mark.parametrize("precision", ["bogus", 3, ("highest", "nope")], ids=["str", "int", "pair"])
-def test_bad_precision(fn, axis_kw, precision, cpu_mesh):
-    expect(ValueError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), precision=precision),
+@pytest.mark.parametrize("precision,exc", [("bogus", ValueError), (3, TypeError),
+                                           (("highest", "nope"), ValueError), (("highest", 3), TypeError)],
+                         ids=["str", "int", "pair", "pair-int"])
+def test_bad_precision(fn, axis_kw, precision, exc, cpu_mesh):
+    """A bad name is a ValueError, a value of the wrong type a TypeError."""
+    expect(exc, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), precision=precision),
            f"{fn.__name__}: `precision` must be None, a jax.lax.Precision", f"got {precision!r}")
+
+
+@pytest.mark.parametrize("fn,axis_kw", OPS)
+@pytest.mark.parametrize("method", [3, b"ring", ("ring",)], ids=["int", "bytes", "tuple"])
+def test_a_method_that_is_not_a_str_is_a_type_error(fn, axis_kw, method, cpu_mesh):
+    expect(TypeError, lambda: call_in_mesh(cpu_mesh(2), fn, arr((4, 5)), arr((5, 4)), method=method),
+           f"{fn.__name__}: `method` must be None or a str, one of", f"got {method!r} ({type(method).__name__})")
 
 
 @pytest.mark.parametrize("precision", [None, "highest", jax.lax.Precision.HIGH, ("high", "default"),
