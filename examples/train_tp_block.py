@@ -112,11 +112,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}; got {value}")
+    # What every process of a run must be given alike, as typed (before the GPU/CPU defaults fill
+    # the rest in): compared across processes before the first collective (see _run).
+    args.compared = {k: v for k, v in sorted(vars(args).items()) if k not in PER_PROCESS}
     try:
         args.distributed_kw = distributed_kwargs(args, os.environ)
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+# Flags that may differ between the processes of one run: who a process is, how it reaches the
+# coordinator (one host may name it "localhost", another by address), how long it waits, how often
+# it prints, and the simulated CPU devices (whose count the device checks see).
+PER_PROCESS = ("process_id", "coordinator", "num_processes", "distributed", "init_timeout",
+               "heartbeat_timeout", "log_every", "cpu_devices")
 
 
 # The lowest value of each int option that has one (None: the option is not set).
@@ -471,10 +481,6 @@ def _configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | N
     return None
 
 
-# What may differ between the processes of one run: who they are, and how they were started.
-PER_PROCESS = ("process_id", "distributed_kw")
-
-
 def _run(args: argparse.Namespace) -> int:
     import jax
 
@@ -484,23 +490,30 @@ def _run(args: argparse.Namespace) -> int:
     tp = args.tp or n // args.dp
     runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
     paths: dict[str, tuple[str, str]] = {}
-    problem = _configuration_problem(args, n, tp)
-    if problem is None:
-        try:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable: a configuration error
+    try:
+        problem = _configuration_problem(args, n, tp)
+        if problem is None:
             paths = {label: _resolved(method) for label, method in runs}
-        except ValueError as e:
-            problem = str(e)
+    except ValueError as e:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable
+        problem = str(e)
+    except Exception as e:  # anything else: the peers hear of it too (the traceback stays here)
+        traceback.print_exc()
+        problem = f"{type(e).__name__}: {e}"
+    if problem is not None:  # said here first, whatever the other processes do
+        print(f"error: {problem}", file=sys.stderr, flush=True)
     # Every process learns here whether any of them cannot run, and whether they were all started
     # with the same flags (--steps or --seed differing would train different things, or hang),
     # then all stop together, naming the process and why, instead of leaving the others to wait
     # for it in their first collective until jax.distributed's heartbeat timeout.
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in PER_PROCESS}
+    methods = {label: name for label, (name, _) in paths.items()}  # not the why: it names host paths
     try:
-        jax_ub.check_processes({**settings, "devices": n,  # the methods, not the why (host paths)
-                                "methods": {label: name for label, (name, _) in paths.items()}},
-                               problem=problem)
-    except (jax_ub.ProcessCheckError, jax_ub.AgreementError, jax_ub.PeerTimeoutError) as e:
-        print(f"error: {problem if jax.process_count() == 1 else e}", file=sys.stderr)
+        jax_ub.check_processes({**args.compared, "methods": methods}, problem=problem)
+    except jax_ub.ProcessCheckError as e:
+        if set(e.problems) - {jax.process_index()} or e.differences:  # more than this one's own
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (jax_ub.AgreementError, jax_ub.PeerTimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)

@@ -223,12 +223,8 @@ _ACK_S = 5.0
 _GRACE_S = 1.0
 
 
-def _many(unit: str) -> str:
-    return unit + ("es" if unit.endswith("s") else "s")
-
-
-def _plural(ranks: Sequence[int], unit: str = "rank") -> str:
-    return (unit if len(ranks) == 1 else _many(unit)) + " " + ", ".join(map(str, ranks))
+def _plural(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 class KVExchange:
@@ -534,7 +530,8 @@ def _show(table: dict[str, Any], name: str) -> str:
 def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "",
            unit: str = "rank") -> list[tuple[str, str]]:
     """(field, "rank r's value (rank 0: its value)") for every field that differs; a field whose
-    values are both dicts (the schedule) names only its keys that differ (``schedule.rs_pieces``)."""
+    values are both dicts (the schedule) names only its keys that differ (``schedule.rs_pieces``).
+    ``unit``: what a rank is called ("process" for a process-wide check)."""
     out = []
     for name in sorted(set(base) | set(table)):
         a, b = base.get(name), table.get(name)
@@ -545,13 +542,8 @@ def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "",
     return out
 
 
-_MUST = ("every process must call jax_ub.initialize() with the same mesh, arguments, configuration "
-         "and jax_ub version")
-
-
 def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree",
-          notes: Mapping[str, str] | None = None, must: str = _MUST, unit: str = "rank",
-          caller: str | None = None) -> None:
+          notes: Mapping[str, str] | None = None) -> None:
     """Check that every rank of ``exchange`` passed equal ``fields``.
 
     Each rank publishes a canonical JSON of ``fields`` (keys sorted; tuples compare equal to
@@ -562,10 +554,6 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
     ``notes``: per field name, what this rank found (a file's path, why it could not be read).
     Published with the fields but not compared (ranks may name one file by different paths);
     shown with both ranks' notes after a field that differs.
-
-    ``must``: what the message says the caller should have done; ``unit``: what a rank is called
-    in it ("rank", or "process" for a process-wide exchange); ``caller``: the message's prefix
-    (default: "jax_ub bootstrap", with the exchange's namespace).
 
     Raises:
       AgreementError: the ranks disagree.
@@ -586,8 +574,8 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
     def note(name: str, r: int) -> str:
         if name not in said[r] and name not in said[0]:
             return ""
-        return (f" [{unit} {r}: {said[r].get(name, '<no note>')}; "
-                f"{unit} 0: {said[0].get(name, '<no note>')}]")
+        return (f" [rank {r}: {said[r].get(name, '<no note>')}; "
+                f"rank 0: {said[0].get(name, '<no note>')}]")
 
     lines = []
     for r in range(1, exchange.world):
@@ -595,19 +583,18 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
             continue
         base, table = tables[0], tables[r]
         if base is None or table is None:
-            lines.append(f"  {unit} {r}: unreadable agreement payload from {unit} "
+            lines.append(f"  rank {r}: unreadable agreement payload from rank "
                          f"{0 if base is None else r}")
             continue
         diffs = [f"{name}={values}{note(name.split('.', 1)[0], r)}"
-                 for name, values in _diffs(base, table, unit=unit)]
-        lines.append(f"  {unit} {r}: " + ("; ".join(diffs) or "equal fields, different hash "
-                                            "(different jax_ub versions?)"))
+                 for name, values in _diffs(base, table)]
+        lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "
+                                          "(different jax_ub versions?)"))
     bad = [r for r in range(1, exchange.world) if digests[r] != digests[0]]
     exchange.settle(tag)  # every rank read every payload before any raises (and maybe exits)
     raise AgreementError(
-        (f"jax_ub bootstrap: the {exchange.world} {_many(unit)} of {exchange.namespace}"
-         if caller is None else f"{caller}: the {exchange.world} {_many(unit)}")
-        + f" disagree; {must}. "
-        f"{_plural(bad, unit).capitalize()} {'differs' if len(bad) == 1 else 'differ'} "
-        f"from {unit} 0:\n" + "\n".join(lines))
+        f"jax_ub bootstrap: the {exchange.world} ranks of {exchange.namespace} disagree; every "
+        "process must call jax_ub.initialize() with the same mesh, arguments, configuration and "
+        f"jax_ub version. {_plural(bad).capitalize()} {'differs' if len(bad) == 1 else 'differ'} "
+        "from rank 0:\n" + "\n".join(lines))
 

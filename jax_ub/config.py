@@ -310,7 +310,9 @@ def override(**changes: object) -> Iterator[Config]:
     fields = [f.name for f in dataclasses.fields(Config)]
     unknown = sorted(k for k in changes if k not in fields)
     if unknown:  # dataclasses' own message ("unexpected keyword argument") names no field
-        guesses = [(k, difflib.get_close_matches(k, fields, n=1, cutoff=0.6)) for k in unknown]
+        # JAX_UB_METHOD names the field method: compared without the prefix, in lower case.
+        guesses = [(k, difflib.get_close_matches(k.lower().removeprefix("jax_ub_"), fields, n=1, cutoff=0.6))
+                   for k in unknown]
         raise TypeError("config.override: " + "; ".join(
             f"{k!r} is not a jax_ub setting" + (f" (did you mean {g[0]!r}?)" if g else "")
             for k, g in guesses) + f". The settings: {', '.join(fields)}")

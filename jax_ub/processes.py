@@ -7,18 +7,22 @@ them with a message about a missing task rather than the cause. And processes st
 different settings (``--steps``, a seed, a dtype) run different programs: they hang in a collective
 or quietly train something else. :func:`check_processes` is the step in between: every process
 passes its own verdict (``problem``: None, or why it cannot run) and the settings that must be
-equal; every process then stops with the same message, naming each process that failed and why,
-or each setting that differs, or goes on together::
+equal; then every process goes on, or every process stops with the same message, naming each
+process that failed and why, and each setting that differs::
 
     problem = validate(args)            # None, or "--heads (6) must be divisible by tp (4)"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)   # said here, whatever the others do
     try:
         jax_ub.check_processes({"steps": args.steps, "seed": args.seed}, problem=problem)
-    except jax_ub.ProcessCheckError as e:   # also AgreementError, PeerTimeoutError
+    except (jax_ub.ProcessCheckError, jax_ub.AgreementError, jax_ub.PeerTimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         os._exit(2)
 
-It runs over jax.distributed's key-value store (no device, no collective), so it works before any
-mesh exists and on every backend. Every process must call it the same number of times.
+It runs over jax.distributed's key-value store (no device, no collective, no backend), so it works
+before any mesh exists and on every backend. Every process of the run must make the same calls:
+the calls are numbered, counting only those made after ``jax.distributed.initialize()`` in a run of
+several processes.
 """
 
 from __future__ import annotations
@@ -28,113 +32,232 @@ import json
 import math
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from jax_ub import _bootstrap, config
 
 __all__ = ["ProcessCheckError", "check_processes"]
 
+_WHO = "jax_ub.check_processes"
+
 
 class ProcessCheckError(RuntimeError):
-    """Some process of the run passed a ``problem`` to :func:`check_processes` (the same message on
-    every process, naming each such process and its problem)."""
+    """Some process of the run passed a ``problem`` to :func:`check_processes`: the same message
+    on every process, naming each such process and its problem. ``problems`` maps each such
+    process index to its problem; ``differences``: one line per process whose settings differ
+    from process 0's as well."""
+
+    def __init__(self, message: str, problems: Mapping[int, str],
+                 differences: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = dict(problems)
+        self.differences = list(differences or [])
 
 
 _calls = itertools.count(1)
 _lock = threading.Lock()
+_NEARBY = 8  # on a timeout, how many call numbers around this one to look at for a peer
 
 
-def _exchange(timeout_s: float) -> _bootstrap.KVExchange | None:
-    """This call's process-wide exchange; None without jax.distributed or with one process.
-
-    From jax.distributed's own state, not ``jax.process_count()``: that one starts the backend,
-    and on CPU with several processes starting it is a collective (Gloo's), which would wait for
-    the very process that failed its checks before reaching any backend."""
-    with _lock:
-        call = next(_calls)
+def _distributed() -> tuple[Any, int, int] | None:
+    """(jax.distributed's client, this process, the process count), or None without
+    jax.distributed or with one process. From jax.distributed's own state, not
+    ``jax.process_count()``: that one starts the backend, and on CPU with several processes
+    starting it is a collective (Gloo's), which would wait for the very process that failed its
+    checks before reaching any backend."""
     try:
         from jax._src import distributed
     except ImportError:  # pragma: no cover - jax without the module: no jax.distributed either
         return None
     state = distributed.global_state
-    count, index = int(getattr(state, "num_processes", 1) or 1), int(getattr(state, "process_id", 0) or 0)
-    if getattr(state, "client", None) is None or count == 1:
+    client = getattr(state, "client", None)
+    count = int(getattr(state, "num_processes", 1) or 1)
+    if client is None or count == 1:
         return None
-    return _bootstrap.KVExchange(f"jax_ub/check{call}/processes", index, count, timeout_s,
-                                 client=state.client,
-                                 peer_names=[f"process {p}" for p in range(count)])
+    return client, int(getattr(state, "process_id", 0) or 0), count
+
+
+def _namespace(call: int) -> str:
+    return f"jax_ub/check{call}/processes"
+
+
+def _argument_error(fields: Any, problem: Any, timeout_s: Any) -> Exception | None:
+    """What is wrong with the arguments (an exception to raise once the others know), or None."""
+    if fields is not None and not isinstance(fields, Mapping):
+        return TypeError(f"{_WHO}: `fields` must be a mapping of setting names to values "
+                         f"(e.g. vars(args)); got {type(fields).__name__}")
+    if fields is not None and not all(isinstance(k, str) for k in fields):
+        return TypeError(f"{_WHO}: the names in `fields` must be str; got {sorted(map(repr, fields))}")
+    if problem is not None and not isinstance(problem, str):
+        return TypeError(f"{_WHO}: `problem` must be None or a str saying why this process cannot "
+                         f"go on; got {type(problem).__name__}")
+    if problem is not None and not problem.strip():
+        return ValueError(f"{_WHO}: `problem` must say why this process cannot go on; got an empty "
+                          f"string (pass None where there is no problem)")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not (math.isfinite(timeout_s) and timeout_s > 0)):
+        return ValueError(f"{_WHO}: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}")
+    return None
+
+
+def _default_timeout() -> float:
+    try:
+        return config.get().timeout_s
+    except ValueError:  # a bad JAX_UB_* setting: likely this process's problem; still take part
+        return config.Config.timeout_s
 
 
 def check_processes(fields: Mapping[str, object] | None = None, *, problem: str | None = None,
                     timeout_s: float | None = None) -> None:
     """Collective over every process of a ``jax.distributed`` run: returns on every process, or
-    raises on every process.
+    raises on every process that takes part.
 
     Args:
       fields: settings that must be equal on every process (names to JSON-able values; tuples equal
-        lists, other values compare by ``str``). Leave out what differs by design (the process id).
-      problem: None where this process can go on; else why it cannot (one line, shown to every
-        process as ``process i: problem``).
+        lists, other values compare by ``str``; None is no settings). Leave out what may differ:
+        the process id, how a process was launched or reaches the coordinator.
+      problem: None where this process can go on; else why it cannot (shown to every process as
+        ``process i: problem``). Print it yourself too: should a peer never come, this process
+        learns nothing from the others, and its peers may be aborted by jax before they read it.
       timeout_s: how long to wait for the other processes (default ``JAX_UB_TIMEOUT``; its own
         default where a JAX_UB_* setting cannot be read, so that a process whose problem is a bad
         setting still takes part).
 
     Raises:
       ProcessCheckError: some process passed a ``problem``; lists every such process and its
-        problem. Raised before the fields are compared (a process that failed its own checks has
-        settings that may not mean anything).
-      AgreementError: the ``fields`` differ; names each process that differs from process 0 and
-        each differing field with both values.
-      PeerTimeoutError: some process did not call within ``timeout_s``; names every such process.
+        problem, and any setting that differs as well. The same message on every process.
+        Also raised, with this process's problem, where this process passed one and a peer did not
+        come within ``timeout_s`` (its message names the peer).
+      AgreementError: no problem, but the ``fields`` differ: names each process that differs from
+        process 0 and each differing field with both values. The same message on every process.
+      PeerTimeoutError: some process did not call within ``timeout_s``; names every such process,
+        and where one is at another call of check_processes, which.
+      TypeError, ValueError: bad arguments, on the process that passed them, after it took part
+        (the others get a ProcessCheckError naming it), so that none of them waits for it.
 
     With one process (no ``jax.distributed``, or a run of one), it raises ProcessCheckError where
-    ``problem`` is given and otherwise returns; there is nothing to compare.
+    ``problem`` is given and otherwise returns; there is nothing to compare. Such a call is not
+    counted among the numbered calls.
     """
-    if fields is not None and not isinstance(fields, Mapping):
-        raise TypeError(f"check_processes: `fields` must be a mapping of setting names to values "
-                        f"(e.g. vars(args)); got {type(fields).__name__}")
-    if fields is not None and not all(isinstance(k, str) for k in fields):
-        raise TypeError(f"check_processes: the names in `fields` must be str; got "
-                        f"{sorted(map(repr, fields))}")
-    if problem is not None and not isinstance(problem, str):
-        raise TypeError(f"check_processes: `problem` must be None or a str saying why this process "
-                        f"cannot go on; got {type(problem).__name__}")
-    if problem is not None and not problem.strip():
-        raise ValueError("check_processes: `problem` must say why this process cannot go on; got an "
-                         "empty string (pass None where there is no problem)")
-    if timeout_s is None:
-        try:
-            timeout_s = config.get().timeout_s
-        except ValueError:  # a bad JAX_UB_* setting: likely this process's problem; still take part
-            timeout_s = config.Config.timeout_s
-    elif isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
-            math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"check_processes: timeout_s must be a finite number of seconds > 0; "
-                         f"got {timeout_s!r}")
-    exchange = _exchange(float(timeout_s))
-    if exchange is None:
+    bad_arguments = _argument_error(fields, problem, timeout_s)
+    if bad_arguments is not None:
+        problem = f"{_WHO} refused its arguments: {bad_arguments}"
+        fields, timeout_s = None, None
+    timeout = _default_timeout() if timeout_s is None else float(timeout_s)
+    where = _distributed()
+    if where is None:
+        if bad_arguments is not None:
+            raise bad_arguments
         if problem is not None:
-            raise ProcessCheckError(f"process 0: {problem}")
+            raise ProcessCheckError(f"{_WHO}: process 0 cannot go on: {problem}", {0: problem})
         return
-    blobs = exchange._all_gather("check_processes", "problems",
-                                 json.dumps({"problem": problem}).encode(),
-                                 reached="call jax_ub.check_processes()")
-    problems = {}
-    for p, blob in enumerate(blobs):
-        try:
-            said = json.loads(blob)["problem"]
-        except (ValueError, KeyError, TypeError):
-            said = f"<unreadable answer {blob[:80]!r}: another jax_ub version?>"
-        if said is not None:
-            problems[p] = said
+    client, me, count = where
+    with _lock:
+        call = next(_calls)
+    exchange = _bootstrap.KVExchange(_namespace(call), me, count, timeout, client=client,
+                                     peer_names=[f"process {p}" for p in range(count)])
+    text = _bootstrap._canonical(dict(fields or {}))
+    payload = json.dumps({"problem": problem, "fields": text}).encode()
+    try:
+        blobs = exchange._all_gather("check_processes", "answers", payload,
+                                     reached=f"call {_WHO}()")
+    except _bootstrap.PeerTimeoutError as err:
+        missing = _missing(exchange, count, me)
+        message = _timeout_message(exchange, call, timeout_s is None, missing)
+        if problem is not None:
+            raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
+                                    {me: problem}) from err
+        raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
+    answers = [_decode(blob) for blob in blobs]
+    problems = {p: said for p, (said, _) in enumerate(answers) if said is not None}
+    differ = _differences([table for _, table in answers])
+    if problems or differ:
+        exchange.settle("answers")  # every process has read the answers before any leaves
+    if bad_arguments is not None:
+        raise bad_arguments
     if problems:
-        exchange.settle("problems")  # every process has read the answers before any leaves
         many = len(problems) > 1
+        body = "\n".join(f"{'  ' if many else ''}process {p}: {_indent(said, many)}"
+                         for p, said in problems.items())
+        also = ("\nThe processes' settings differ as well:\n" + "\n".join(differ)) if differ else ""
         raise ProcessCheckError(
-            f"{len(problems)} of {exchange.world} processes cannot go on"
-            + (":\n" if many else ": ")
-            + "\n".join(f"{'  ' if many else ''}process {p}: {text}" for p, text in problems.items()))
-    if fields is not None:
-        _bootstrap.agree(exchange, dict(fields), tag="fields",
-                         must="every process must be started with the same settings", unit="process",
-                         caller="jax_ub.check_processes")
+            f"{_WHO}: {len(problems)} of {count} processes cannot go on" + (":\n" if many else ": ")
+            + body + also, problems, differ)
+    if differ:
+        bad = len(differ)
+        raise _bootstrap.AgreementError(
+            f"{_WHO}: the {count} processes disagree; every process must be started with the same "
+            f"settings. {bad} process{'es differ' if bad > 1 else ' differs'} from process 0:\n"
+            + "\n".join(differ))
 
+
+def _decode(blob: bytes) -> tuple[str | None, dict[str, Any] | None]:
+    """(problem, fields) of one process's answer; an unreadable answer is a problem."""
+    try:
+        answer = json.loads(blob)
+        fields = json.loads(answer["fields"])
+        said = answer["problem"]
+        if said is not None and not isinstance(said, str):
+            raise TypeError
+        return said, fields if isinstance(fields, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return f"<unreadable answer {blob[:80]!r}: another jax_ub version?>", None
+
+
+def _differences(tables: list[dict[str, Any] | None]) -> list[str]:
+    """One line per process whose fields differ from process 0's: each field with both values."""
+    base = tables[0]
+    lines = []
+    for p, table in enumerate(tables[1:], start=1):
+        if base is None or table is None:
+            continue  # its unreadable answer is listed among the problems
+        diffs = _bootstrap._diffs(base, table, unit="process")
+        if diffs:
+            lines.append(f"  process {p}: " + "; ".join(f"{name}={values}" for name, values in diffs))
+    return lines
+
+
+def _indent(text: str, many: bool) -> str:
+    return text.replace("\n", "\n    " if many else "\n  ")
+
+
+def _missing(exchange: _bootstrap.KVExchange, count: int, me: int) -> list[int]:
+    out = []
+    for p in range(count):
+        if p == me:
+            continue
+        try:
+            seen = exchange._store.try_get(exchange._key("answers", p))
+        except Exception:  # a failed probe still means "not received"
+            seen = None
+        if seen is None:
+            out.append(p)
+    return out
+
+
+def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
+                     missing: list[int]) -> str:
+    """Which processes did not call within the timeout, and where one of them is at another
+    numbered call of check_processes, which (the processes did not make the same calls)."""
+    me, count, timeout = exchange.rank, exchange.world, exchange.timeout_s
+    elsewhere = []
+    for p in missing:
+        for other in range(max(1, call - _NEARBY), call + _NEARBY + 1):
+            if other == call:
+                continue
+            try:
+                found = exchange._store.try_get(f"{_namespace(other)}/answers/{p}")
+            except Exception:  # a failed probe: nothing found
+                found = None
+            if found is not None:
+                elsewhere.append(f"process {p} made its call {other} of {_WHO}(), this process "
+                                 f"its call {call}: every process must make the same calls")
+                break
+    names = ", ".join(map(str, missing)) or "?"
+    several = len(missing) > 1
+    return (f"process {me} waited {timeout:g} s for process{'es' if several else ''} {names} of "
+            f"{count}, which did not call {_WHO}() (this process's call {call}); "
+            + ("; ".join(elsewhere) + "; " if elsewhere else "")
+            + f"{'are they' if several else 'is it'} running, and did {'they' if several else 'it'} "
+            f"stop before the check? (timeout: "
+            + ("JAX_UB_TIMEOUT" if default else "timeout_s") + ")")

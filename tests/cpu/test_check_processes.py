@@ -18,75 +18,112 @@ except ImportError:  # tests/ is not a package: import launcher.py from its fold
     from launcher import format_failures, parallel_launch
 
 WORKER = Path(__file__).resolve().with_name("_check_worker.py")
-T = 20.0  # the workers' timeout: every answer but "missing" must come long before it
+T = 20.0  # the workers' timeout: every answer but the missing peer's must come long before it
+WHO = "jax_ub.check_processes"
 
 
-def _launch(scenario: str, t: float = T) -> tuple[list[dict | None], list]:
+def _launch(scenario: str, t: float = T) -> tuple[list[list[dict]], str]:
+    """Each process's results (one per call), and the processes' output for a failure message."""
     res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(t)},
                           timeout_s=120)
-    out = []
-    for r in res:
-        lines = r.lines("RESULT ")
-        out.append(json.loads(lines[0]) if lines else None)
-    return out, res
+    return [[json.loads(line) for line in r.lines("RESULT ")] for r in res], format_failures(res)
 
 
 def test_equal_fields_go_on_together():
-    (p0, p1), res = _launch("ok")
-    assert p0 == {"ok": True, "dt": p0["dt"]} and p1["ok"], format_failures(res)
+    (p0, p1), why = _launch("ok")
+    assert [r["ok"] for r in p0] == [True], why
+    assert [r["ok"] for r in p1] == [True, True], why  # the call before initialize, then the check
 
 
 def test_a_problem_on_one_process_stops_both_at_once_naming_it():
-    (p0, p1), res = _launch("problem")
-    for p in (p0, p1):
-        assert p is not None and not p["ok"], format_failures(res)
-        assert p["type"] == "ProcessCheckError", p
-        assert p["err"] == "1 of 2 processes cannot go on: process 1: --heads (6) must be divisible by tp (4)"
+    (p0, p1), why = _launch("problem")
+    for (p,) in (p0, p1):
+        assert p["type"] == "ProcessCheckError", why
+        assert p["err"] == f"{WHO}: 1 of 2 processes cannot go on: process 1: --heads (6) must be divisible by tp (4)"
+        assert p["problems"] == {"1": "--heads (6) must be divisible by tp (4)"} and p["differences"] == []
         assert p["dt"] < T / 2, p  # not after the timeout
 
 
-def test_problems_on_every_process_are_all_listed():
-    (p0, p1), res = _launch("problems")
-    assert p0["err"] == p1["err"], format_failures(res)
-    assert p0["err"] == ("2 of 2 processes cannot go on:\n"
-                         "  process 0: --heads (6) must be divisible by tp (3)\n"
-                         "  process 1: --heads (6) must be divisible by tp (4)")
+def test_problems_on_every_process_are_all_listed_with_the_settings_that_differ():
+    (p0, p1), why = _launch("problems")
+    assert p0[0]["err"] == p1[0]["err"], why
+    assert p0[0]["err"] == (f"{WHO}: 2 of 2 processes cannot go on:\n"
+                            "  process 0: --heads (6) must be divisible by tp (3)\n"
+                            "  process 1: --heads (6) must be divisible by tp (4)\n"
+                            "The processes' settings differ as well:\n"
+                            "  process 1: cpu_devices=4 (process 0: <absent>)")
 
 
 def test_different_settings_name_each_field_and_both_values():
-    (p0, p1), res = _launch("fields")
-    for p in (p0, p1):
-        assert p is not None and p["type"] == "AgreementError", format_failures(res)
-        assert p["err"].startswith("jax_ub.check_processes: the 2 processes disagree; every process "
-                                   "must be started with the same settings. Process 1 differs"), p
-        assert "process 1: seed=1 (process 0: 0); steps=20 (process 0: 10)" in p["err"], p
-        assert "shape" not in p["err"], p  # [4, 8] equals (4, 8)
-    assert p0["err"] == p1["err"]
+    (p0, p1), why = _launch("fields")
+    for (p,) in (p0, p1):
+        assert p["type"] == "AgreementError", why
+        assert p["err"] == (f"{WHO}: the 2 processes disagree; every process must be started with the "
+                            "same settings. 1 process differs from process 0:\n"
+                            "  process 1: seed=1 (process 0: 0); steps=20 (process 0: 10)")  # shape: [4, 8] == (4, 8)
+
+
+def test_no_fields_on_one_process_is_a_difference_not_a_hang():
+    (p0, p1), why = _launch("no_fields")
+    for (p,) in (p0, p1):
+        assert p["type"] == "AgreementError" and p["dt"] < T / 2, why
+        assert "process 1: seed=<absent> (process 0: 0); shape=<absent> (process 0: [4,8]); " \
+               "steps=<absent> (process 0: 10)" in p["err"], p
 
 
 def test_a_process_that_never_calls_is_named_after_the_timeout():
     t = 6.0
-    (p0, _), res = _launch("missing", t)
-    assert p0 is not None and p0["type"] == "PeerTimeoutError", format_failures(res)
-    assert ("waited 6 s for rank 1 (process 1) of world 2, which never published; is process 1 "
-            "running and did it call jax_ub.check_processes()?") in p0["err"], p0
-    assert t - 0.5 < p0["dt"] < t + 5, p0
+    (p0, _), why = _launch("missing", t)
+    (p,) = p0
+    assert p["type"] == "PeerTimeoutError", why
+    assert p["err"] == (f"{WHO}: process 0 waited 6 s for process 1 of 2, which did not call {WHO}() "
+                        "(this process's call 1); is it running, and did it stop before the check? "
+                        "(timeout: timeout_s)"), p
+    assert t - 0.5 < p["dt"] < t + 5, p
+
+
+def test_a_process_with_a_problem_keeps_it_when_a_peer_never_comes():
+    """It raises its own problem (as ProcessCheckError) with the timeout's message, not only the
+    timeout: the problem is what its user must fix."""
+    (p0, _), why = _launch("problem_missing", 6.0)
+    (p,) = p0
+    assert p["type"] == "ProcessCheckError" and p["problems"] == {"0": "the CUDA extension is missing on this host"}, why
+    assert p["err"].startswith(f"{WHO}: process 0 cannot go on: the CUDA extension is missing on this host; "
+                               f"and process 0 waited 6 s for process 1 of 2"), p
+
+
+def test_calls_made_unevenly_are_named_as_such():
+    (p0, p1), why = _launch("twice", 6.0)
+    assert [r["ok"] for r in p0] == [True] and p1[0]["ok"], why
+    second = p1[1]
+    assert second["type"] == "PeerTimeoutError", why
+    assert ("process 0 made its call 1 of jax_ub.check_processes(), this process its call 2: every "
+            "process must make the same calls") in second["err"], second
+
+
+def test_bad_arguments_are_raised_after_taking_part():
+    (p0, p1), why = _launch("bad_argument")
+    assert p1[0]["type"] == "TypeError" and "`problem` must be None or a str" in p1[0]["err"], why
+    assert p0[0]["type"] == "ProcessCheckError" and p0[0]["dt"] < T / 2, why
+    assert p0[0]["err"].startswith(f"{WHO}: 1 of 2 processes cannot go on: process 1: {WHO} refused its "
+                                   "arguments: "), p0
 
 
 def test_the_service_host_leaving_at_once_still_tells_the_other():
     """Process 0 hosts jax.distributed's service and exits right after raising: the settle step
     keeps it until process 1 has read the answers."""
-    (p0, p1), res = _launch("problem_exit0")
-    expected = "1 of 2 processes cannot go on: process 0: the CUDA extension is missing on this host"
-    assert p0 is not None and p0["err"] == expected, format_failures(res)
-    assert p1 is not None and p1["err"] == expected, format_failures(res)
+    (p0, p1), why = _launch("problem_exit0")
+    expected = f"{WHO}: 1 of 2 processes cannot go on: process 0: the CUDA extension is missing on this host"
+    assert p0 and p0[0]["err"] == expected, why
+    assert p1 and p1[0]["err"] == expected, why
 
 
 def test_one_process_raises_its_own_problem_and_otherwise_returns():
     assert jax_ub.check_processes({"steps": 10}) is None
     assert jax_ub.check_processes() is None
-    with pytest.raises(jax_ub.ProcessCheckError, match=r"^process 0: no GPU$"):
+    with pytest.raises(jax_ub.ProcessCheckError, match=rf"^{WHO}: process 0 cannot go on: no GPU$") as info:
         jax_ub.check_processes({"steps": 10}, problem="no GPU")
+    assert info.value.problems == {0: "no GPU"} and info.value.differences == []
 
 
 @pytest.mark.parametrize("kwargs,exc,fragment", [

@@ -276,6 +276,9 @@ def test_override_unknown_field():
     with pytest.raises(TypeError, match=r"^config.override: 'methd' is not a jax_ub setting \(did you "
                                         r"mean 'method'\?\)"), config.override(methd="xla"):
         pass
+    with pytest.raises(TypeError, match=r"'JAX_UB_TIMEOUT' is not a jax_ub setting \(did you mean "
+                                        r"'timeout_s'\?\)"), config.override(JAX_UB_TIMEOUT=5):
+        pass
     assert config.get() is before
 
 

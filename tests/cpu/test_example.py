@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -297,6 +298,34 @@ def test_launch_sh_two_processes():
     assert len(losses) == 4 and losses[-1] < losses[0], losses
 
 
+def test_by_hand_processes_may_name_the_coordinator_differently():
+    """Two processes started by hand (cluster detection off) with flags that may differ between
+    processes (the coordinator's spelling, --log-every, the timeouts) run together; the flags that
+    must not differ are compared as typed, before the GPU/CPU defaults fill the rest in."""
+    reason = _gloo_reason()
+    if reason:
+        pytest.skip(reason)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    per_process = [["--coordinator", f"127.0.0.1:{port}", "--log-every", "4"],
+                   ["--coordinator", f"localhost:{port}", "--log-every", "6", "--init-timeout", "90"]]
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), *flags, "--num-processes", "2", "--process-id",
+                               str(i), "--cpu-devices", "2", "--steps", "12", *TINY], cwd=REPO, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for i, flags in enumerate(per_process)]
+    try:
+        outs = [p.communicate(timeout=110) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+    assert "devices: 4 x cpu in 2 process(es); mesh dp=1 tp=4" in outs[0][0] and "OK" in outs[0][0]
+    assert len(_losses(outs[0][0])) == 4  # process 0's --log-every 4
+
+
 def _launch_bounded(argv: list[str], limit: float, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """Runs launch.sh; past `limit` seconds it gets SIGTERM (its trap stops its processes: each
     runs under timeout(1), in a process group of its own), then its process group SIGKILL. Returns
@@ -330,12 +359,12 @@ def failing_run(args):
     if os.environ["LAUNCH_PROCESS_ID"] == "1":
         if {how!r} == "raise":
             raise RuntimeError("injected failure on process 1")
-        if {how!r} == "seed":
-            args.seed = 1  # started otherwise than process 0
-        else:
+        if {how!r} == "status":
             args.tp = 3  # dp * tp != the 4 devices
     return run(args)
 mod._run = failing_run
+if os.environ["LAUNCH_PROCESS_ID"] == "1" and {how!r} == "seed":
+    sys.argv += ["--seed", "1"]  # started otherwise than process 0
 sys.exit(mod.main())
 """
 
@@ -344,14 +373,16 @@ sys.exit(mod.main())
 FAIL_FAST_LIMIT = 25.0
 
 
-_BAD_TP = "error: 1 of 2 processes cannot go on: process 1: dp (1) * tp (3) must equal the device count (4)"
+_BAD_TP = "dp (1) * tp (3) must equal the device count (4)"
 _SEED = "process 1: seed=1 (process 0: 0)"
 
 
 @pytest.mark.parametrize("how,status,lines", [
-    ("status", 2, [f"[rank 0] {_BAD_TP}", f"[rank 1] {_BAD_TP}"]),
+    # Process 1 says its own problem; process 0 says which process cannot go on, and why.
+    ("status", 2, [f"[rank 1] error: {_BAD_TP}",
+                   f"[rank 0] error: jax_ub.check_processes: 1 of 2 processes cannot go on: process 1: {_BAD_TP}"]),
     ("seed", 2, ["[rank 0] error: jax_ub.check_processes: the 2 processes disagree; every process must "
-                 "be started with the same settings. Process 1 differs from process 0:", f"[rank 0]   {_SEED}",
+                 "be started with the same settings. 1 process differs from process 0:", f"[rank 0]   {_SEED}",
                  f"[rank 1]   {_SEED}"]),
     ("raise", 1, ["[rank 1] RuntimeError: injected failure on process 1"]),
 ])
