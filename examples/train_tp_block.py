@@ -490,15 +490,14 @@ def _run(args: argparse.Namespace) -> int:
     tp = args.tp or n // args.dp
     runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
     paths: dict[str, tuple[str, str]] = {}
-    try:
-        problem = _configuration_problem(args, n, tp)
-        if problem is None:
-            paths = {label: _resolved(method) for label, method in runs}
+    problem = _configuration_problem(args, n, tp)
+    try:  # also where the sizes are wrong: the methods are compared across processes below
+        paths = {label: _resolved(method) for label, method in runs}
     except ValueError as e:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable
-        problem = str(e)
+        problem = problem or str(e)
     except Exception as e:  # anything else: the peers hear of it too (the traceback stays here)
         traceback.print_exc()
-        problem = f"{type(e).__name__}: {e}"
+        problem = problem or f"{type(e).__name__}: {e}"
     if problem is not None:  # said here first, whatever the other processes do
         print(f"error: {problem}", file=sys.stderr, flush=True)
     # Every process learns here whether any of them cannot run, and whether they were all started
