@@ -176,9 +176,9 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
     if bad_arguments is not None:
         raise bad_arguments
     if problems:
-        many = len(problems) > 1
-        body = "\n".join(f"{'  ' if many else ''}process {p}: {_indent(said, many)}"
-                         for p, said in problems.items())
+        groups = _grouped(problems)  # 64 processes with one bad flag: one line, not 64
+        many = len(groups) > 1
+        body = "\n".join(f"{'  ' if many else ''}{who}: {_indent(said, many)}" for who, said in groups)
         also = ("\nThe processes' settings differ as well:\n" + "\n".join(differ)) if differ else ""
         raise ProcessCheckError(
             f"{_WHO}: {len(problems)} of {count} processes cannot go on" + (":\n" if many else ": ")
@@ -215,6 +215,22 @@ def _differences(tables: list[dict[str, Any] | None]) -> list[str]:
         if diffs:
             lines.append(f"  process {p}: " + "; ".join(f"{name}={values}" for name, values in diffs))
     return lines
+
+
+def _grouped(problems: Mapping[int, str]) -> list[tuple[str, str]]:
+    """("process 3" or "processes 0-2, 5", problem) per distinct problem, in process order."""
+    by_text: dict[str, list[int]] = {}
+    for p, said in sorted(problems.items()):
+        by_text.setdefault(said, []).append(p)
+    out = []
+    for said, procs in by_text.items():
+        runs, start = [], procs[0]
+        for a, b in zip(procs, [*procs[1:], None], strict=True):
+            if b is None or b != a + 1:  # a run of consecutive processes ends at a
+                runs.append(str(start) if start == a else f"{start}-{a}")
+                start = b
+        out.append((f"process{'es' if len(procs) > 1 else ''} {', '.join(runs)}", said))
+    return out
 
 
 def _indent(text: str, many: bool) -> str:

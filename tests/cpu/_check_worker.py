@@ -6,7 +6,8 @@ unless said):
 
 * ``ok``: equal fields (a tuple on one process, a list on the other); both go on. Process 1 first
   calls check_processes before jax.distributed.initialize (a one-process call, not numbered).
-* ``problem``: process 1 passes a problem; ``problems``: both do, and their fields differ too.
+* ``problem``: process 1 passes a problem; ``problems``: both do, and their fields differ too;
+  ``same_problem``: both pass the same problem.
 * ``fields``: process 1 was started with other ``steps`` and ``seed``; ``no_fields``: process 1
   passes no fields at all.
 * ``missing``: process 1 never calls (it sleeps past ``T``); process 0 waits ``T`` seconds.
@@ -60,6 +61,8 @@ fields = {"steps": 10, "seed": 0, "shape": (4, 8)}
 kw = {}
 if scenario in ("problem", "problems") and (rank == 1 or scenario == "problems"):
     kw["problem"] = f"--heads (6) must be divisible by tp ({rank + 3})"
+if scenario == "same_problem":
+    kw["problem"] = "--heads (6) must be divisible by tp (4)"
 if scenario == "problems" and rank == 1:
     fields = {"steps": 10, "seed": 0, "shape": (4, 8), "cpu_devices": 4}
 if scenario in ("problem_exit0", "problem_missing") and rank == 0:

@@ -54,6 +54,20 @@ def test_problems_on_every_process_are_all_listed_with_the_settings_that_differ(
                             "  process 1: cpu_devices=4 (process 0: <absent>)")
 
 
+def test_one_problem_on_many_processes_is_one_line():
+    (p0, p1), why = _launch("same_problem")
+    assert p0[0]["err"] == p1[0]["err"] == (f"{WHO}: 2 of 2 processes cannot go on: processes 0-1: "
+                                            "--heads (6) must be divisible by tp (4)"), why
+
+
+def test_processes_with_the_same_problem_are_named_in_runs():
+    from jax_ub.processes import _grouped
+
+    assert _grouped({0: "a", 1: "a", 2: "a", 5: "a", 3: "b"}) == [("processes 0-2, 5", "a"), ("process 3", "b")]
+    assert _grouped({4: "x", 0: "x", 2: "x", 3: "y"}) == [("processes 0, 2, 4", "x"), ("process 3", "y")]
+    assert _grouped({7: "z"}) == [("process 7", "z")]
+
+
 def test_different_settings_name_each_field_and_both_values():
     (p0, p1), why = _launch("fields")
     for (p,) in (p0, p1):
