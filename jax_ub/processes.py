@@ -134,6 +134,8 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         and where one is at another call of check_processes, which.
       TypeError, ValueError: bad arguments, on the process that passed them, after it took part
         (the others get a ProcessCheckError naming it), so that none of them waits for it.
+      RuntimeError: jax.distributed's key-value service failed or is gone (e.g.
+        ``jax.distributed.shutdown()`` ran already); the message says which key could not be read.
 
     With one process (no ``jax.distributed``, or a run of one), it raises ProcessCheckError where
     ``problem`` is given and otherwise returns; there is nothing to compare. Such a call is not
