@@ -172,7 +172,8 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
     answers = [_decode(blob) for blob in blobs]
     problems = {p: said for p, (said, _) in enumerate(answers) if said is not None}
-    differ = _differences([table for _, table in answers])
+    differing = _differences([table for _, table in answers])
+    differ = [f"  {who}: {diffs}" for who, diffs in _grouped(differing)]  # alike: one line
     if problems or differ:
         exchange.settle("answers")  # every process has read the answers before any leaves
     if bad_arguments is not None:
@@ -186,7 +187,7 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
             f"{_WHO}: {len(problems)} of {count} processes cannot go on" + (":\n" if many else ": ")
             + body + also, problems, differ)
     if differ:
-        bad = len(differ)
+        bad = len(differing)
         raise _bootstrap.AgreementError(
             f"{_WHO}: the {count} processes disagree; every process must be started with the same "
             f"settings. {bad} process{'es differ' if bad > 1 else ' differs'} from process 0:\n"
@@ -206,23 +207,24 @@ def _decode(blob: bytes) -> tuple[str | None, dict[str, Any] | None]:
         return f"<unreadable answer {blob[:80]!r}: another jax_ub version?>", None
 
 
-def _differences(tables: list[dict[str, Any] | None]) -> list[str]:
-    """One line per process whose fields differ from process 0's: each field with both values."""
+def _differences(tables: list[dict[str, Any] | None]) -> dict[int, str]:
+    """Each process whose fields differ from process 0's: each such field with both values."""
     base = tables[0]
-    lines = []
+    out = {}
     for p, table in enumerate(tables[1:], start=1):
         if base is None or table is None:
             continue  # its unreadable answer is listed among the problems
         diffs = _bootstrap._diffs(base, table, unit="process")
         if diffs:
-            lines.append(f"  process {p}: " + "; ".join(f"{name}={values}" for name, values in diffs))
-    return lines
+            out[p] = "; ".join(f"{name}={values}" for name, values in diffs)
+    return out
 
 
-def _grouped(problems: Mapping[int, str]) -> list[tuple[str, str]]:
-    """("process 3" or "processes 0-2, 5", problem) per distinct problem, in process order."""
+def _grouped(texts: Mapping[int, str]) -> list[tuple[str, str]]:
+    """("process 3" or "processes 0-2, 5", text) per distinct text (a problem, or how settings
+    differ), in process order."""
     by_text: dict[str, list[int]] = {}
-    for p, said in sorted(problems.items()):
+    for p, said in sorted(texts.items()):
         by_text.setdefault(said, []).append(p)
     out = []
     for said, procs in by_text.items():

@@ -9,7 +9,7 @@ unless said):
 * ``problem``: process 1 passes a problem; ``problems``: both do, and their fields differ too;
   ``same_problem``: both pass the same problem.
 * ``fields``: process 1 was started with other ``steps`` and ``seed``; ``no_fields``: process 1
-  passes no fields at all.
+  passes no fields at all; ``fields_many``: every process but 0 has another seed (run it with 3).
 * ``missing``: process 1 never calls (it sleeps past ``T``); process 0 waits ``T`` seconds.
   ``problem_missing``: the same, and process 0 has a problem of its own.
 * ``twice``: process 1 calls twice, process 0 once: process 1's second call names the mismatch.
@@ -69,6 +69,8 @@ if scenario in ("problem_exit0", "problem_missing") and rank == 0:
     kw["problem"] = "the CUDA extension is missing on this host"
 if scenario == "fields" and rank == 1:
     fields = {"steps": 20, "seed": 1, "shape": [4, 8]}
+if scenario == "fields_many" and rank >= 1:
+    fields = {"steps": 10, "seed": 1, "shape": (4, 8)}
 if scenario == "no_fields" and rank == 1:
     fields = None
 if scenario == "ok" and rank == 1:

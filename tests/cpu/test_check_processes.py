@@ -22,9 +22,9 @@ T = 20.0  # the workers' timeout: every answer but the missing peer's must come 
 WHO = "jax_ub.check_processes"
 
 
-def _launch(scenario: str, t: float = T) -> tuple[list[list[dict]], str]:
+def _launch(scenario: str, t: float = T, n: int = 2) -> tuple[list[list[dict]], str]:
     """Each process's results (one per call), and the processes' output for a failure message."""
-    res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(t)},
+    res = parallel_launch(n, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(t)},
                           timeout_s=120)
     return [[json.loads(line) for line in r.lines("RESULT ")] for r in res], format_failures(res)
 
@@ -75,6 +75,14 @@ def test_different_settings_name_each_field_and_both_values():
         assert p["err"] == (f"{WHO}: the 2 processes disagree; every process must be started with the "
                             "same settings. 1 process differs from process 0:\n"
                             "  process 1: seed=1 (process 0: 0); steps=20 (process 0: 10)")  # shape: [4, 8] == (4, 8)
+
+
+def test_processes_that_differ_alike_are_one_line():
+    results, why = _launch("fields_many", n=3)
+    errors = {r[0]["err"] for r in results}
+    assert errors == {f"{WHO}: the 3 processes disagree; every process must be started with the same "
+                      "settings. 2 processes differ from process 0:\n"
+                      "  processes 1-2: seed=1 (process 0: 0)"}, why
 
 
 def test_no_fields_on_one_process_is_a_difference_not_a_hang():
