@@ -486,12 +486,14 @@ def _run(args: argparse.Namespace) -> int:
 
     import jax_ub
 
-    n = jax.device_count()
-    tp = args.tp or n // args.dp
     runs = [("xla", "xla"), ("default", args.method)] if args.compare else [("run", args.method)]
     paths: dict[str, tuple[str, str]] = {}
-    problem = _configuration_problem(args, n, tp)
-    try:  # also where the sizes are wrong: the methods are compared across processes below
+    problem = None
+    try:
+        n = jax.device_count()
+        tp = args.tp or n // args.dp
+        problem = _configuration_problem(args, n, tp)
+        # Also where the sizes are wrong: the methods are compared across processes below.
         paths = {label: _resolved(method) for label, method in runs}
     except ValueError as e:  # a CUDA method without the CUDA path, or a bad JAX_UB_* variable
         problem = problem or str(e)
@@ -508,7 +510,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         jax_ub.check_processes({**args.compared, "methods": methods}, problem=problem)
     except jax_ub.ProcessCheckError as e:
-        if set(e.problems) - {jax.process_index()} or e.differences:  # more than this one's own
+        if set(e.problems) - {jax.process_index()} or e.differences or e.missing:  # more than its own
             print(f"error: {e}", file=sys.stderr)
         return 2
     except (jax_ub.AgreementError, jax_ub.PeerTimeoutError) as e:

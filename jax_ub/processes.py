@@ -27,6 +27,7 @@ several processes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -45,18 +46,21 @@ class ProcessCheckError(RuntimeError):
     """Some process of the run passed a ``problem`` to :func:`check_processes`: the same message
     on every process, naming each such process and its problem. ``problems`` maps each such
     process index to its problem; ``differences``: one line per process whose settings differ
-    from process 0's as well."""
+    from process 0's as well; ``missing``: the processes that never came (then only this
+    process's own problem is known)."""
 
     def __init__(self, message: str, problems: Mapping[int, str],
-                 differences: list[str] | None = None) -> None:
+                 differences: list[str] | None = None, missing: list[int] | None = None) -> None:
         super().__init__(message)
         self.problems = dict(problems)
         self.differences = list(differences or [])
+        self.missing = list(missing or [])
 
 
 _calls = itertools.count(1)
 _lock = threading.Lock()
 _NEARBY = 8  # on a timeout, how many call numbers around this one to look at for a peer
+_GAVE_UP = "gave-up"  # the key a process that timed out leaves: {namespace}/gave-up/{process}
 
 
 def _distributed() -> tuple[Any, int, int] | None:
@@ -81,23 +85,33 @@ def _namespace(call: int) -> str:
     return f"jax_ub/check{call}/processes"
 
 
-def _argument_error(fields: Any, problem: Any, timeout_s: Any) -> Exception | None:
-    """What is wrong with the arguments (an exception to raise once the others know), or None."""
+def _argument_errors(fields: Any, problem: Any, timeout_s: Any) -> dict[str, Exception]:
+    """What is wrong with each argument ("fields", "problem", "timeout_s"): an exception to raise
+    once the others know; the arguments not named here are fine and are used."""
+    out: dict[str, Exception] = {}
     if fields is not None and not isinstance(fields, Mapping):
-        return TypeError(f"{_WHO}: `fields` must be a mapping of setting names to values "
-                         f"(e.g. vars(args)); got {type(fields).__name__}")
-    if fields is not None and not all(isinstance(k, str) for k in fields):
-        return TypeError(f"{_WHO}: the names in `fields` must be str; got {sorted(map(repr, fields))}")
+        out["fields"] = TypeError(f"{_WHO}: `fields` must be a mapping of setting names to values "
+                                  f"(e.g. vars(args)); got {type(fields).__name__}")
+    elif fields is not None and not all(isinstance(k, str) for k in fields):
+        out["fields"] = TypeError(f"{_WHO}: the names in `fields` must be str; got "
+                                  f"{sorted(map(repr, fields))}")
+    elif fields is not None:
+        try:
+            _bootstrap._canonical(dict(fields))
+        except (TypeError, ValueError) as e:  # a tuple-keyed dict inside, a cycle
+            out["fields"] = TypeError(f"{_WHO}: `fields` cannot be encoded as JSON (values are "
+                                      f"compared as JSON; keys inside must be str): {e}")
     if problem is not None and not isinstance(problem, str):
-        return TypeError(f"{_WHO}: `problem` must be None or a str saying why this process cannot "
-                         f"go on; got {type(problem).__name__}")
-    if problem is not None and not problem.strip():
-        return ValueError(f"{_WHO}: `problem` must say why this process cannot go on; got an empty "
-                          f"string (pass None where there is no problem)")
+        out["problem"] = TypeError(f"{_WHO}: `problem` must be None or a str saying why this process "
+                                   f"cannot go on; got {type(problem).__name__}")
+    elif problem is not None and not problem.strip():
+        out["problem"] = ValueError(f"{_WHO}: `problem` must say why this process cannot go on; got "
+                                    f"an empty string (pass None where there is no problem)")
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not (math.isfinite(timeout_s) and timeout_s > 0)):
-        return ValueError(f"{_WHO}: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}")
-    return None
+        out["timeout_s"] = ValueError(f"{_WHO}: timeout_s must be a finite number of seconds > 0; "
+                                      f"got {timeout_s!r}")
+    return out
 
 
 def _default_timeout() -> float:
@@ -131,7 +145,9 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
       AgreementError: no problem, but the ``fields`` differ: names each process that differs from
         process 0 and each differing field with both values. The same message on every process.
       PeerTimeoutError: some process did not call within ``timeout_s``; names every such process,
-        and where one is at another call of check_processes, which.
+        and its latest call of check_processes where it made another one (a later one: the
+        processes did not make the same calls). Also raised on a process that arrives after a peer
+        gave up waiting for it: it does not go on alone.
       TypeError, ValueError: bad arguments, on the process that passed them, after it took part
         (the others get a ProcessCheckError naming it), so that none of them waits for it.
       RuntimeError: jax.distributed's key-value service failed or is gone (e.g.
@@ -141,10 +157,13 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
     ``problem`` is given and otherwise returns; there is nothing to compare. Such a call is not
     counted among the numbered calls.
     """
-    bad_arguments = _argument_error(fields, problem, timeout_s)
-    if bad_arguments is not None:
-        problem = f"{_WHO} refused its arguments: {bad_arguments}"
-        fields, timeout_s = None, None
+    refused = _argument_errors(fields, problem, timeout_s)
+    bad_arguments = next(iter(refused.values()), None)
+    if bad_arguments is not None:  # take part anyway, with what is usable, and say why
+        fields = None if "fields" in refused else fields
+        timeout_s = None if "timeout_s" in refused else timeout_s
+        why = f"{_WHO}() refused its arguments here: " + str(bad_arguments).removeprefix(f"{_WHO}: ")
+        problem = why if "problem" in refused or problem is None else f"{problem}; and {why}"
     timeout = _default_timeout() if timeout_s is None else float(timeout_s)
     where = _distributed()
     if where is None:
@@ -164,12 +183,27 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         blobs = exchange._all_gather("check_processes", "answers", payload,
                                      reached=f"call {_WHO}()")
     except _bootstrap.PeerTimeoutError as err:
+        # Say so before looking once more: a late process that then reads every answer sees this
+        # mark and raises too, instead of going on alone into a collective.
+        with contextlib.suppress(Exception):
+            exchange._store.set(exchange._key(_GAVE_UP, me), b"")
         missing = _missing(exchange, count, me)
-        message = _timeout_message(exchange, call, timeout_s is None, missing)
-        if problem is not None:
-            raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
-                                    {me: problem}) from err
-        raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
+        if missing:
+            message = _timeout_message(exchange, call, timeout_s is None, missing)
+            if problem is not None:
+                raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
+                                        {me: problem}, missing=missing) from err
+            raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
+        blobs = [payload if p == me else exchange._store.try_get(exchange._key("answers", p))
+                 for p in range(count)]  # every answer came in the end
+    else:
+        gave_up = _gave_up(exchange, count, me)
+        if gave_up:
+            names = ", ".join(map(str, gave_up))
+            raise _bootstrap.PeerTimeoutError(
+                f"{_WHO}: process {me} arrived after process{'es' if len(gave_up) > 1 else ''} "
+                f"{names} had given up waiting for it (their timeout: JAX_UB_TIMEOUT or timeout_s), "
+                f"so they have stopped and this process stops too")
     answers = [_decode(blob) for blob in blobs]
     problems = {p: said for p, (said, _) in enumerate(answers) if said is not None}
     differing = _differences([table for _, table in answers])
@@ -241,6 +275,18 @@ def _indent(text: str, many: bool) -> str:
     return text.replace("\n", "\n    " if many else "\n  ")
 
 
+def _gave_up(exchange: _bootstrap.KVExchange, count: int, me: int) -> list[int]:
+    out = []
+    for p in range(count):
+        if p != me:
+            try:
+                if exchange._store.try_get(exchange._key(_GAVE_UP, p)) is not None:
+                    out.append(p)
+            except Exception:  # a failed probe: not seen
+                pass
+    return out
+
+
 def _missing(exchange: _bootstrap.KVExchange, count: int, me: int) -> list[int]:
     out = []
     for p in range(count):
@@ -262,7 +308,9 @@ def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
     me, count, timeout = exchange.rank, exchange.world, exchange.timeout_s
     elsewhere = []
     for p in missing:
-        for other in range(max(1, call - _NEARBY), call + _NEARBY + 1):
+        # Its latest call among the nearby numbers. Later than this one: the processes did not make
+        # the same calls. Earlier: it may just be slow, or have stopped since.
+        for other in range(call + _NEARBY, max(0, call - _NEARBY), -1):
             if other == call:
                 continue
             try:
@@ -270,8 +318,10 @@ def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
             except Exception:  # a failed probe: nothing found
                 found = None
             if found is not None:
-                elsewhere.append(f"process {p} made its call {other} of {_WHO}(), this process "
-                                 f"its call {call}: every process must make the same calls")
+                elsewhere.append(
+                    f"process {p} made its call {other} of {_WHO}() already, this process is at "
+                    f"its call {call}: every process must make the same calls" if other > call else
+                    f"process {p}'s latest call of {_WHO}() was its call {other}")
                 break
     names = ", ".join(map(str, missing)) or "?"
     several = len(missing) > 1

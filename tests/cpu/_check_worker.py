@@ -13,7 +13,8 @@ unless said):
 * ``missing``: process 1 never calls (it sleeps past ``T``); process 0 waits ``T`` seconds.
   ``problem_missing``: the same, and process 0 has a problem of its own.
 * ``twice``: process 1 calls twice, process 0 once: process 1's second call names the mismatch.
-* ``bad_argument``: process 1 passes ``problem=3``.
+* ``bad_argument``: process 1 passes ``problem=3``; ``bad_fields``: fields JSON cannot encode.
+* ``late``: process 1 calls only after process 0 timed out: both raise.
 * ``problem_exit0``: process 0 (jax.distributed's service) passes a problem and exits with
   ``os._exit`` at once after raising; process 1 must still get the message.
 """
@@ -81,6 +82,10 @@ if scenario == "bad_argument" and rank == 1:
 if scenario in ("missing", "problem_missing") and rank == 1:
     time.sleep(T + 5)  # never calls
     os._exit(0)
+if scenario == "late" and rank == 1:
+    time.sleep(T + 2)  # calls after process 0 gave up
+if scenario == "bad_fields" and rank == 1:
+    fields = {"steps": 10, "seed": 0, "shape": (4, 8), "table": {(4, 8): 1}}  # a tuple key
 
 check(fields, **kw)
 if scenario == "twice" and rank == 1:
@@ -89,5 +94,5 @@ if scenario == "twice" and rank == 1:
 # jax.distributed's service, and its exit ends every other process: it stays while they may still
 # read (a successful check does not wait for that), except where leaving at once is the test.
 if rank == 0 and scenario != "problem_exit0":
-    time.sleep(T + 3 if scenario == "twice" else 2)
+    time.sleep(T + 3 if scenario in ("twice", "late") else 2)
 os._exit(0)

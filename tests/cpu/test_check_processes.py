@@ -119,16 +119,52 @@ def test_calls_made_unevenly_are_named_as_such():
     assert [r["ok"] for r in p0] == [True] and p1[0]["ok"], why
     second = p1[1]
     assert second["type"] == "PeerTimeoutError", why
-    assert ("process 0 made its call 1 of jax_ub.check_processes(), this process its call 2: every "
-            "process must make the same calls") in second["err"], second
+    assert "process 0's latest call of jax_ub.check_processes() was its call 1" in second["err"], second
+
+
+def test_a_peer_at_a_later_call_is_named_as_making_other_calls():
+    """On a timeout, where the missing process made a *later* call, the calls differ; where it
+    made an earlier one, it may only be slow (both said, over a LocalStore)."""
+    from jax_ub import _bootstrap, processes
+
+    store = _bootstrap.LocalStore()
+    store.set(f"{processes._namespace(3)}/answers/1", b"{}")
+    ex = _bootstrap.KVExchange(processes._namespace(2), 0, 2, 5.0, client=store)
+    said = processes._timeout_message(ex, 2, True, [1])
+    assert ("process 1 made its call 3 of jax_ub.check_processes() already, this process is at its "
+            "call 2: every process must make the same calls") in said, said
+    assert said.endswith("(timeout: JAX_UB_TIMEOUT)")
+    ex = _bootstrap.KVExchange(processes._namespace(5), 0, 2, 5.0, client=store)
+    said = processes._timeout_message(ex, 5, False, [1])
+    assert "process 1's latest call of jax_ub.check_processes() was its call 3" in said, said
+    assert "same calls" not in said and said.endswith("(timeout: timeout_s)")
+
+
+def test_a_process_that_arrives_after_its_peer_gave_up_stops_too():
+    t = 6.0
+    (p0, p1), why = _launch("late", t)
+    assert p0[0]["type"] == "PeerTimeoutError" and "waited 6 s for process 1" in p0[0]["err"], why
+    assert p1[0]["type"] == "PeerTimeoutError", why
+    assert p1[0]["err"] == (f"{WHO}: process 1 arrived after process 0 had given up waiting for it "
+                            "(their timeout: JAX_UB_TIMEOUT or timeout_s), so they have stopped and this "
+                            "process stops too"), p1
+
+
+def test_fields_json_cannot_encode_are_refused_after_taking_part():
+    (p0, p1), why = _launch("bad_fields")
+    assert p1[0]["type"] == "TypeError" and "`fields` cannot be encoded as JSON" in p1[0]["err"], why
+    assert p0[0]["type"] == "ProcessCheckError" and p0[0]["dt"] < T / 2, why
+    assert p0[0]["err"].startswith(f"{WHO}: 1 of 2 processes cannot go on: process 1: {WHO}() refused its "
+                                   "arguments here: `fields` cannot be encoded"), p0
 
 
 def test_bad_arguments_are_raised_after_taking_part():
     (p0, p1), why = _launch("bad_argument")
     assert p1[0]["type"] == "TypeError" and "`problem` must be None or a str" in p1[0]["err"], why
     assert p0[0]["type"] == "ProcessCheckError" and p0[0]["dt"] < T / 2, why
-    assert p0[0]["err"].startswith(f"{WHO}: 1 of 2 processes cannot go on: process 1: {WHO} refused its "
-                                   "arguments: "), p0
+    assert p0[0]["err"] == (f"{WHO}: 1 of 2 processes cannot go on: process 1: {WHO}() refused its "
+                            "arguments here: `problem` must be None or a str saying why this process "
+                            "cannot go on; got int"), p0  # its valid fields are still compared: equal
 
 
 def test_the_service_host_leaving_at_once_still_tells_the_other():
@@ -156,6 +192,7 @@ def test_one_process_raises_its_own_problem_and_otherwise_returns():
     (dict(timeout_s=0), ValueError, "timeout_s must be a finite number of seconds > 0; got 0"),
     (dict(timeout_s="5"), ValueError, "got '5'"),
     (dict(timeout_s=float("inf")), ValueError, "got inf"),
+    (dict(fields={"table": {(4, 8): 1}}), TypeError, "`fields` cannot be encoded as JSON"),
 ])
 def test_bad_arguments_say_what_was_expected(kwargs, exc, fragment):
     with pytest.raises(exc, match="check_processes") as info:
