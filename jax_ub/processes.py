@@ -187,17 +187,17 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         # mark and raises too, instead of going on alone into a collective.
         with contextlib.suppress(Exception):
             exchange._store.set(exchange._key(_GAVE_UP, me), b"")
-        missing = _missing(exchange, count, me)
+        missing = _peers_with(exchange, "answers", present=False)
         if missing:
             message = _timeout_message(exchange, call, timeout_s is None, missing)
             if problem is not None:
                 raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
                                         {me: problem}, missing=missing) from err
             raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
-        blobs = [payload if p == me else exchange._store.try_get(exchange._key("answers", p))
+        blobs = [payload if p == me else _peek(exchange, exchange._key("answers", p))
                  for p in range(count)]  # every answer came in the end
     else:
-        gave_up = _gave_up(exchange, count, me)
+        gave_up = _peers_with(exchange, _GAVE_UP)
         if gave_up:
             names = ", ".join(map(str, gave_up))
             raise _bootstrap.PeerTimeoutError(
@@ -275,30 +275,18 @@ def _indent(text: str, many: bool) -> str:
     return text.replace("\n", "\n    " if many else "\n  ")
 
 
-def _gave_up(exchange: _bootstrap.KVExchange, count: int, me: int) -> list[int]:
-    out = []
-    for p in range(count):
-        if p != me:
-            try:
-                if exchange._store.try_get(exchange._key(_GAVE_UP, p)) is not None:
-                    out.append(p)
-            except Exception:  # a failed probe: not seen
-                pass
-    return out
+def _peek(exchange: _bootstrap.KVExchange, key: str) -> bytes | None:
+    """The value of ``key`` if present now; None if not, or if the probe failed."""
+    try:
+        return exchange._store.try_get(key)
+    except Exception:  # a failed probe: not seen
+        return None
 
 
-def _missing(exchange: _bootstrap.KVExchange, count: int, me: int) -> list[int]:
-    out = []
-    for p in range(count):
-        if p == me:
-            continue
-        try:
-            seen = exchange._store.try_get(exchange._key("answers", p))
-        except Exception:  # a failed probe still means "not received"
-            seen = None
-        if seen is None:
-            out.append(p)
-    return out
+def _peers_with(exchange: _bootstrap.KVExchange, tag: str, present: bool = True) -> list[int]:
+    """The other processes whose ``tag`` key is present now (or, with ``present=False``, absent)."""
+    return [p for p in range(exchange.world) if p != exchange.rank
+            and (_peek(exchange, exchange._key(tag, p)) is not None) == present]
 
 
 def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
@@ -313,11 +301,7 @@ def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
         for other in range(call + _NEARBY, max(0, call - _NEARBY), -1):
             if other == call:
                 continue
-            try:
-                found = exchange._store.try_get(f"{_namespace(other)}/answers/{p}")
-            except Exception:  # a failed probe: nothing found
-                found = None
-            if found is not None:
+            if _peek(exchange, f"{_namespace(other)}/answers/{p}") is not None:
                 elsewhere.append(
                     f"process {p} made its call {other} of {_WHO}() already, this process is at "
                     f"its call {call}: every process must make the same calls" if other > call else
