@@ -204,6 +204,15 @@ def through_custom_vjp():
         yield
 
 
+def on_both_paths(run):
+    """``run()`` as the ops differentiate on the reference path (JAX's own autodiff of
+    jax_ub.reference) and through the custom_vjp (the CUDA path's backward, run with the xla impls):
+    comparing ops with jax_ub.reference on CPU checks something only on the second."""
+    direct = run()
+    with through_custom_vjp():
+        return [direct, run()]
+
+
 def check(c: Case, mesh):
     """Forward against the float64 global product and against the reference; gradients against
     jax.grad of the reference, both on the reference path (method "xla": jax_ub.reference itself)
@@ -369,11 +378,11 @@ def test_inside_scan(dtype, cpu_mesh):
         g = jax.shard_map(lambda *a: _mlp(lib, *a), mesh=mesh, in_specs=specs, out_specs=P(None, "tp"))
         return lambda *a: jnp.sum(jnp.sin(g(*a).astype(F32)))
 
-    v1, g1 = jax.jit(jax.value_and_grad(loss(ops), argnums=(0, 1, 2)))(x, w1, w2)
     v2, g2 = jax.jit(jax.value_and_grad(loss(reference), argnums=(0, 1, 2)))(x, w1, w2)
-    assert rel_err(v1, v2) <= AGRAD_RTOL[dtype]
-    for a, r in zip(g1, g2, strict=True):
-        assert rel_err(a, r) <= AGRAD_RTOL[dtype]
+    for v1, g1 in on_both_paths(lambda: jax.jit(jax.value_and_grad(loss(ops), argnums=(0, 1, 2)))(x, w1, w2)):
+        assert rel_err(v1, v2) <= AGRAD_RTOL[dtype]
+        for a, r in zip(g1, g2, strict=True):
+            assert rel_err(a, r) <= AGRAD_RTOL[dtype]
 
 
 def test_several_shapes_in_one_jit(cpu_mesh):
@@ -402,9 +411,10 @@ def test_several_shapes_in_one_jit(cpu_mesh):
         )
 
     shapes = (x1.repeat(4, 0), w1.repeat(4, 0), x2.repeat(4, 0), w2.repeat(4, 0))
-    got, want = run(ops)(*shapes), run(reference)(*shapes)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert rel_err(a, b) <= 1e-5
+    want = run(reference)(*shapes)
+    for got in on_both_paths(lambda: run(ops)(*shapes)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert rel_err(a, b) <= 1e-5
 
 
 @pytest.mark.parametrize("op", ["ag", "rs"])
@@ -567,8 +577,10 @@ def test_replicated_x_gradient_is_summed(check_vma, cpu_mesh):
         )
         return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1)))(x, w)
 
-    for a, b in zip(grads(ops), grads(reference), strict=True):
-        assert rel_err(a, b) <= 1e-5
+    want = grads(reference)
+    for got in on_both_paths(lambda: grads(ops)):
+        for a, b in zip(got, want, strict=True):
+            assert rel_err(a, b) <= 1e-5
 
 
 # ----------------------------------------------------------------------------------------------
@@ -632,10 +644,12 @@ def test_resolve_method_logs_its_choice(cfg, method, want, caplog):
     assert any(want in m and repr(got) in m for m in msgs), msgs
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["reference", "custom_vjp"])
-def test_vmap_over_microbatches(cpu_mesh, recompute):
+@pytest.mark.parametrize("path", ["reference", "custom_vjp", "recompute"])
+def test_vmap_over_microbatches(cpu_mesh, path):
     """jax.vmap over the ops inside shard_map equals the ops on each batch element, values and
-    gradients (recompute_gathered: the custom_vjp path with its bulk backward)."""
+    gradients: on the reference path, through the custom_vjp (the CUDA path's backward) and with
+    recompute_gathered (the custom_vjp with its bulk backward)."""
+    recompute = path == "recompute"
     mesh = cpu_mesh(4)
     k = jax.random.split(jax.random.key(5), 3)
     x, w1, w2 = rand(k[0], (3, 16, 8), F32), rand(k[1], (8, 12), F32), rand(k[2], (12, 8), F32)
@@ -648,13 +662,20 @@ def test_vmap_over_microbatches(cpu_mesh, recompute):
         return jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp")),
                              out_specs=P(None, "tp"))
 
+    def plain(x, w1, w2):  # the same model without jax_ub, on the global arrays
+        h = jnp.matmul(x, w1, precision=lax.Precision.HIGHEST)
+        return jnp.matmul(jnp.tanh(h), w2, precision=lax.Precision.HIGHEST)
+
+    want = plain(x, w1, w2)
+    g_want = jax.grad(lambda *a: jnp.sum(plain(*a) ** 2), (0, 1, 2))(x, w1, w2)
     batched = wrap(jax.vmap(one, in_axes=(0, None, None)))
     looped = wrap(lambda x, w1, w2: jnp.stack([one(x[i], w1, w2) for i in range(x.shape[0])]))
-    np.testing.assert_allclose(batched(x, w1, w2), looped(x, w1, w2), rtol=1e-5, atol=1e-6)
-    g1 = jax.grad(lambda *a: jnp.sum(batched(*a) ** 2), (0, 1, 2))(x, w1, w2)
-    g2 = jax.grad(lambda *a: jnp.sum(looped(*a) ** 2), (0, 1, 2))(x, w1, w2)
-    for a, b in zip(g1, g2, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    with through_custom_vjp() if path == "custom_vjp" else contextlib.nullcontext():
+        for f in (batched, looped):
+            np.testing.assert_allclose(f(x, w1, w2), want, rtol=1e-5, atol=1e-6)
+            g = jax.grad(lambda *a, f=f: jnp.sum(f(*a) ** 2), (0, 1, 2))(x, w1, w2)
+            for name, a, b in zip(("dx", "dw1", "dw2"), g, g_want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_zero_size_operand_resolves_to_the_reference():

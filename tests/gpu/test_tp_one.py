@@ -26,7 +26,7 @@ def _gpus() -> list:
         return []
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpus(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 HP = lax.Precision.HIGHEST
 TOL = {jnp.bfloat16: 1e-2, jnp.float32: 1e-5}

@@ -12,28 +12,21 @@ and reaped.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests._gpus import driver_gpus
 from tests.launcher import format_failures, parallel_launch
 
 WORKER = Path(__file__).with_name("_mp_worker.py")
 
 
-def _n_gpus() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return out.stdout.count("GPU ") if out.returncode == 0 else 0
-
-
-NGPU = _n_gpus()
-# Marked gpu, not multigpu: the ipc cases run with the ranks sharing one GPU.
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
+NGPU = driver_gpus()
+# Marked gpu, not multigpu: the ipc cases run with the ranks sharing one GPU (tests/conftest.py
+# skips it without a GPU).
+pytestmark = pytest.mark.gpu
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_UB_TIMEOUT": "60"}
 
 

@@ -3,7 +3,7 @@ host all-gather's lengths check, a normal gather, a creation that a peer never j
 refusals that must not lose the communicator.
 
 Two processes share the GPU where there is one (the launcher makes each its own NCCL host).
-Skips without a CUDA GPU or without a loadable NCCL.
+Skipped without a GPU; fails where NCCL cannot be loaded on a GPU machine.
 """
 
 from __future__ import annotations
@@ -12,28 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from tests._gpus import nccl
 from tests.launcher import format_failures, parallel_launch
-from tests.multigpu.test_multiprocess import NGPU, _layout
+from tests.multigpu.test_multiprocess import _layout
 
 WORKER = Path(__file__).with_name("_nccl_host_worker.py")
 
 
-def _nccl_error() -> str:
-    try:
-        from jax_ub import _nccl
-
-        return _nccl.load_error()
-    except Exception as e:  # no extension: the reason is the skip message
-        return str(e)
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 1, reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 
 def _run(tmp_path, mode, timeout_s=60):
-    err = _nccl_error()
-    if err:
-        pytest.skip(f"NCCL unavailable: {err}")
+    nccl()  # a GPU machine without a loadable NCCL fails here
     results = parallel_launch(2, WORKER, [mode], env={"JAX_UB_TEST_DIR": str(tmp_path)},
                               timeout_s=timeout_s, **_layout(2))
     assert all(r.ok for r in results), format_failures(results)

@@ -15,6 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from tests._gpus import nccl  # noqa: E402
 from tests.multigpu.test_overlap import (  # noqa: E402
     HP,
     MAX_TP,
@@ -29,25 +30,12 @@ from tests.multigpu.test_overlap import (  # noqa: E402
     check_bare_collectives,
 )
 
-
-def _nccl_error() -> str:
-    try:
-        from jax_ub import _nccl
-
-        return _nccl.load_error()
-    except Exception as e:
-        return str(e)
-
-
-pytestmark = [pytest.mark.multigpu,
-              pytest.mark.skipif(_n_gpus() < 2, reason="needs >= 2 CUDA GPUs")]
+pytestmark = pytest.mark.multigpu  # tests/conftest.py skips it without 2 GPUs
 
 
 @pytest.fixture(scope="module")
 def ub():
-    err = _nccl_error()
-    if err:
-        pytest.skip(f"NCCL unavailable: {err}")
+    nccl()  # a GPU machine without a loadable NCCL fails here
     import jax_ub
 
     jax_ub.shutdown()

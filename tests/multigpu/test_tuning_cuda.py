@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.multigpu.test_overlap import MAX_TP, _mesh, _n_gpus, _rand, _rel  # noqa: E402
 
-pytestmark = [pytest.mark.multigpu, pytest.mark.skipif(_n_gpus() < 2, reason="needs >= 2 CUDA GPUs")]
+pytestmark = pytest.mark.multigpu  # tests/conftest.py skips it without 2 GPUs
 
 
 @pytest.fixture(scope="module")
