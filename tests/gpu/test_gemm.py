@@ -14,6 +14,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+from tests import _checks  # noqa: E402
+
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 TOL = {jnp.bfloat16: 1e-2, jnp.float16: 5e-3, jnp.float32: 1e-5}
@@ -69,6 +71,7 @@ def test_matmul_matches_float32_reference(jax_ub, shape, dtype):
     assert not bool(jnp.any(jnp.isnan(out))), "unwritten (NaN-poisoned) output elements"
     err = _rel_err(out, ref)
     assert err <= TOL[dtype], f"relative error {err:.3e} > {TOL[dtype]:.0e}"
+    _checks.assert_close(out, _checks.matmul_expected(x, w), "cuBLASLt matmul")  # every element
     # The lowered program really contains the custom call (not a silent fallback).
     assert "jax_ub_gemm" in f.lower(x, w).as_text()
 
@@ -91,11 +94,17 @@ def test_matmul_gradients(jax_ub, dtype):
     def loss(fn):
         return lambda x, w: jnp.sum((fn(x, w).astype(jnp.float32)) * dy.astype(jnp.float32))
 
-    g = jax.jit(jax.grad(loss(lambda x, w: jax_ub.matmul(x, w, precision=hp, method="cublaslt")), (0, 1)))(x, w)
+    grad = jax.jit(jax.grad(loss(lambda x, w: jax_ub.matmul(x, w, precision=hp, method="cublaslt")), (0, 1)))
+    g = grad(x, w)
     x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
     r = jax.grad(loss(lambda x, w: jnp.matmul(x, w, precision=hp)), (0, 1))(x32, w32)
     for got, want in zip(g, r, strict=True):
         assert _rel_err(got, want) <= TOL[dtype]
+    # Element by element: dx = dy @ w^T, dw = x^T @ dy over every batch row.
+    _checks.assert_close(g[0], _checks.matmul_expected(dy, w.T, dtype), "dx")
+    _checks.assert_close(g[1], _checks.matmul_expected(x.reshape(-1, 48).T, dy.reshape(-1, 40), dtype), "dw")
+    # Both backward GEMMs run through cuBLASLt too (dx and dw; grad alone drops the forward's).
+    assert grad.lower(x, w).as_text().count("jax_ub_gemm") == 2
 
 
 def test_backward_gemms_are_prepared_at_trace_time_not_inside_the_call(jax_ub):

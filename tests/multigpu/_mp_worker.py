@@ -35,6 +35,9 @@ if os.environ.get("JAX_UB_TEST_HOSTS"):
     socket.gethostname = lambda: _host
 from _cache_probe import count_cache_events, digest  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+import _checks  # noqa: E402  (tests/_checks.py)
+
 import jax_ub  # noqa: E402
 from jax_ub import _bootstrap  # noqa: E402
 
@@ -53,6 +56,10 @@ def global_array(seed, shape, dtype, spec):
 
 
 def check(name, arr, want, tol):
+    """Every shard this process holds against ``want`` (an array, or a _checks.Expected whose
+    element-wise bounds must hold too): the worst relative Frobenius error is the RESULT."""
+    expected = want if isinstance(want, _checks.Expected) else None
+    want = want.value if expected is not None else want
     worst = 0.0
     for shard in arr.addressable_shards:
         got = np.asarray(shard.data, np.float64)
@@ -64,6 +71,26 @@ def check(name, arr, want, tol):
     print(f"RESULT {name} {worst:.3e}", flush=True)
     if worst > tol:
         sys.exit(4)
+    if expected is not None:
+        try:
+            _checks.assert_close(arr, expected, name)
+        except AssertionError as e:
+            print(f"FAILED {e}", flush=True)
+            sys.exit(4)
+
+
+def mm(xf, wf, roundings=1):
+    """The float64 product of two host arrays with each element's bound (tests/_checks.py)."""
+    return _checks.matmul_expected(xf, wf, roundings=roundings)
+
+
+def poison(shape, dtype):
+    """Fill this process's allocator with NaN buffers of an output's shape and free them, so an
+    element the next op leaves unwritten shows up as NaN (not a stale right answer)."""
+    bufs = [jax.device_put(jnp.full(shape, jnp.nan, dtype), d)
+            for d in jax.local_devices() for _ in range(2)]
+    jax.block_until_ready(bufs)
+    del bufs
 
 
 def smap(f, in_specs, out_specs):
@@ -88,7 +115,7 @@ def ring_ag_case(cols_per_rank):
     w, wf = global_array(2, (512, cols_per_rank * tp), jnp.bfloat16, P(None, "tp"))
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
-    return x, w, xf.astype(np.float64) @ wf.astype(np.float64), f
+    return x, w, mm(xf, wf), f
 
 
 def ring_op():
@@ -179,9 +206,7 @@ def unaligned_ops():
         w2, w2f = global_array(63, (tp * k, n), dtype, P("tp", None))
         a, af = global_array(64, (300, k), dtype, P())
         b, bf = global_array(65, (k, n), dtype, P())
-        ref = xf.astype(np.float64) @ wf.astype(np.float64)
-        ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
-        gref = af.astype(np.float64) @ bf.astype(np.float64)
+        ref, ref2, gref = mm(xf, wf), mm(x2f, w2f, roundings=tp + 1), mm(af, bf)
         ag_variants = ([("ring", {}), ("all_peer", {}), ("push", {}), ("push", dict(ag_push_pieces=2)),
                         ("push", dict(ag_push_merge=True))] if cs.transport == "ipc" else [("ring", {})])
         rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
@@ -198,7 +223,10 @@ def unaligned_ops():
                  (P("tp", None), P(), P()), P())
         cases.append((f"unaligned_bulk_ag_{name}", f.lower(x, a, b).compile(), (x, a, b), gref, tol))
     before = _ext.extension().gemm_plan_cache_size()
-    outs = [jax.block_until_ready(c(*args)) for _, c, args, _, _ in cases]
+    outs = []
+    for _, c, args, want, _ in cases:
+        poison(c.output_shardings.shard_shape(want.value.shape), args[0].dtype)
+        outs.append(jax.block_until_ready(c(*args)))
     built = _ext.extension().gemm_plan_cache_size() - before
     for (name, _, _, want, tol), out in zip(cases, outs, strict=True):
         check(name, out, want, tol)
@@ -215,66 +243,77 @@ ex = _bootstrap.KVExchange("jax_ub-test/final", rank, nprocs, 60.0)
 if mode == "exchange":
     # Bare transport: random pattern from every rank to every peer, verified exactly.
     x, xf = global_array(1, (tp * 256, 1000), jnp.bfloat16, P("tp", None))
+    poison(xf.shape, xf.dtype)
     ag = smap(lambda x: jax_ub.overlap.all_gather(x, "tp"), P("tp", None), P())(x)
     check("all_gather", ag, xf, 0.0)
+    poison((256 // tp, 1000), xf.dtype)
     rs = smap(lambda x: jax_ub.overlap.reduce_scatter(x, "tp"), P("tp", None), P("tp", None))(x)
-    # rank q's shard is rows [q*256, (q+1)*256) of x; RS sums the tp shards, chunk c -> rank c.
-    shards = xf.astype(np.float32).reshape(tp, 256, 1000)
-    rs_want = shards.sum(axis=0)  # [256, 1000], split in tp row chunks across ranks
+    # rank q's shard is rows [q*256, (q+1)*256) of x; RS sums the tp shards, chunk c -> rank c:
+    # [256, 1000], split in tp row chunks across ranks.
+    rs_want = _checks.sum_expected(xf.reshape(tp, 256, 1000), roundings=tp + 1)
     check("reduce_scatter", rs, rs_want, 5e-3)
     for dtype, tol in ((jnp.bfloat16, 1e-2), (jnp.float32, 1e-5)):
         name = jnp.dtype(dtype).name
         x, xf = global_array(2, (1536, 1280), dtype, P("tp", None))
         w, wf = global_array(3, (1280, 1024), dtype, P(None, "tp"))
-        ref = xf.astype(np.float64) @ wf.astype(np.float64)
+        ref = mm(xf, wf)
         x2, x2f = global_array(4, (1536, 1280), dtype, P(None, "tp"))
         w2, w2f = global_array(5, (1280, 1024), dtype, P("tp", None))
-        ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
+        ref2 = mm(x2f, w2f, roundings=tp + 1)
         # Every schedule (each has its own step order over the ranks); the nccl transport runs its
-        # own schedule whatever the method, so one of each op is enough there.
+        # own schedule whatever the method, so one of each op is enough there. Each method gets
+        # operands of its own and NaN-poisoned memory: a previous method's right answer, left in
+        # a reused buffer, cannot pass for this one's.
         ag_methods = ("ring", "all_peer", "push") if cs.transport == "ipc" else ("ring",)
         rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
-        for method in ag_methods:
+        for i, method in enumerate(ag_methods):
+            xm, xmf = (x, xf) if i == 0 else global_array(100 + i, (1536, 1280), dtype, P("tp", None))
+            poison((1536, 1024 // tp), dtype)
             y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", method=m, precision=HP),
-                     (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
-            check(f"ag_gemm_{name}" if method == "ring" else f"ag_gemm_{method}_{name}", y, ref, tol)
-        for method in rs_methods:
+                     (P("tp", None), P(None, "tp")), P(None, "tp"))(xm, w)
+            check(f"ag_gemm_{name}" if method == "ring" else f"ag_gemm_{method}_{name}", y,
+                  ref if i == 0 else mm(xmf, wf), tol)
+        for i, method in enumerate(rs_methods):
             # chain: partial sums hop rank to rank (peer pointers across processes), no final sum
+            xm, xmf = (x2, x2f) if i == 0 else global_array(200 + i, (1536, 1280), dtype, P(None, "tp"))
+            poison((1536 // tp, 1024), dtype)
             y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m,
                                                                           precision=HP),
-                      (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
-            check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2, ref2, tol)
+                      (P(None, "tp"), P("tp", None)), P("tp", None))(xm, w2)
+            check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2,
+                  ref2 if i == 0 else mm(xmf, w2f, roundings=tp + 1), tol)
         # Bulk forms across processes: the gather exactly, the independent GEMM (big enough that
         # with ipc its first rows run beside the gather's copy kernel: two GEMMs), the RS's sum.
         a, af = global_array(10, (2048, 2048), dtype, P())
         b, bf = global_array(11, (2048, 2048), dtype, P())
-        gref = af.astype(np.float64) @ bf.astype(np.float64)
+        gref = mm(af, bf)
+        poison((1536, 1280), dtype)
         g, gy = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP),
                      (P("tp", None), P(), P()), (P(), P()))(x, a, b)
         check(f"bulk_ag_{name}", g, xf, 0.0)
         check(f"bulk_ag_gemm_{name}", gy, gref, tol)
+        poison((1536 // tp // tp, 1280), dtype)
         r, ry = smap(lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp", precision=HP),
                      (P("tp", None), P(), P()), (P("tp", None), P()))(x, a, b)
         # rank q's [1536/tp, 1280] rows of x are its partial of a [1536/tp, 1280] sum.
-        check(f"bulk_rs_{name}", r, xf.astype(np.float64).reshape(tp, -1, 1280).sum(axis=0), tol)
+        check(f"bulk_rs_{name}", r, _checks.sum_expected(xf.reshape(tp, -1, 1280), roundings=tp + 1), tol)
         check(f"bulk_rs_gemm_{name}", ry, gref, tol)
         if cs.transport == "ipc":
             # The piece variants across processes: push's last chunk in kPiece-signalled row
             # pieces, the chain's pieces as 2-D copies of column blocks.
+            poison((1536, 1024 // tp), dtype)
             with jax_ub.config.override(ag_push_pieces=2):
                 y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
                          (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
             check(f"ag_gemm_push2_{name}", y, ref, tol)
             # Push with the peers' chunks in at most two GEMMs (two at a middle rank), over
             # NaN-poisoned memory: a row range left out would show.
-            poison = [jax.device_put(jnp.full((1536, 1024 // tp), jnp.nan, dtype), d)
-                      for d in jax.local_devices() for _ in range(2)]
-            jax.block_until_ready(poison)
-            del poison
+            poison((1536, 1024 // tp), dtype)
             with jax_ub.config.override(ag_push_merge=True):
                 y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
                          (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
             check(f"ag_gemm_push_merge_{name}", y, ref, tol)
+            poison((1536 // tp, 1024), dtype)
             with jax_ub.config.override(rs_chain_split="cols"):
                 y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
                           (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
@@ -291,7 +330,7 @@ elif mode == "lifecycle":
     x, xf = global_array(21, (tp * 384, 768), jnp.bfloat16, P("tp", None))
     w, wf = global_array(22, (768, 256 * tp), jnp.bfloat16, P(None, "tp"))
     w2, w2f = global_array(23, (256 * tp, 768), jnp.bfloat16, P("tp", None))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    ref = mm(xf, wf)
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
     mlp = smap(lambda x, w, w2: jax_ub.matmul_reduce_scatter(
@@ -299,9 +338,10 @@ elif mode == "lifecycle":
         (P("tp", None), P(None, "tp"), P("tp", None)), P("tp", None))
     grad = jax.jit(jax.grad(lambda *a: mlp(*a).astype(jnp.float32).sum(), (0, 1, 2)))
     held = f.lower(x, w).compile()
+    poison((tp * 384, 256), jnp.bfloat16)
     check("lifecycle_first", f(x, w), ref, 1e-2)
     outs = [f(x, w), mlp(x, w, w2), *grad(x, w, w2)]
-    mlp_ref = np.tanh(ref).astype(np.float64) @ w2f.astype(np.float64)
+    mlp_ref = np.tanh(ref.value) @ w2f.astype(np.float64)
     check("lifecycle_mlp", outs[1], mlp_ref, 2e-2)
     print(f"RESULT lifecycle_digest {digest(outs)}", flush=True)
     print(f"RESULT lifecycle_cache hits {events['hits']} misses {events['misses']}", flush=True)
@@ -315,6 +355,7 @@ elif mode == "lifecycle":
         print(f"RESULT lifecycle_after_shutdown {'no jax_ub communicator' in str(e)}", flush=True)
     cs = jax_ub.initialize(mesh, "tp")
     print(f"RESULT lifecycle_new_set {cs.set_id != first_set}", flush=True)
+    poison((tp * 384, 256), jnp.bfloat16)
     check("lifecycle_reinitialized", f(x, w), ref, 1e-2)
     try:
         jax.block_until_ready(held(x, w))
@@ -330,16 +371,18 @@ elif mode == "dptp":
     dtype, tol = jnp.bfloat16, 1e-2
     x, xf = global_array(6, (4, 96 * tp, 640), dtype, P("dp", "tp", None))
     w, wf = global_array(7, (640, 128 * tp), dtype, P(None, "tp"))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    ref = mm(xf, wf)
     for method in ("push", "ring", "all_peer"):
+        poison((2, 96 * tp, 128), dtype)
         y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", gather_axis=1, method=m,
                                                                  precision=HP),
                  (P("dp", "tp", None), P(None, "tp")), P("dp", None, "tp"))(x, w)
         check(f"dptp_ag_{method}", y, ref, tol)
     x2, x2f = global_array(8, (4, 96 * tp, 160 * tp), dtype, P("dp", None, "tp"))
     w2, w2f = global_array(9, (160 * tp, 512), dtype, P("tp", None))
-    ref2 = x2f.astype(np.float64) @ w2f.astype(np.float64)
+    ref2 = mm(x2f, w2f, roundings=tp + 1)
     for method in ("ring", "pipeline", "chain", "columns"):
+        poison((2, 96, 512), dtype)
         y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", scatter_axis=1,
                                                                       method=m, precision=HP),
                   (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)
@@ -351,7 +394,7 @@ elif mode == "fault":
     #    gets its own error, every other rank times out naming it (never a hang).
     x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    ref = xf.astype(np.float64) @ wf.astype(np.float64)
+    ref = mm(xf, wf)
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
     check("fault_before_warm", f(x, w), ref, 1e-2)
@@ -529,7 +572,7 @@ elif mode == "gaveup":
     w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
     f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
              (P("tp", None), P(None, "tp")), P(None, "tp"))
-    check("gaveup_warm", f(x, w), xf.astype(np.float64) @ wf.astype(np.float64), 1e-2)
+    check("gaveup_warm", f(x, w), mm(xf, wf), 1e-2)
     if late == "gpu":  # calibrated with both ranks on the GPU (maybe one shared): twice as long
         burn, a, _, _ = gpu_burner(2 * (timeout + 8))
     ex.barrier("gaveup-warm")
