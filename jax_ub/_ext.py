@@ -166,10 +166,40 @@ def cuda_path_available() -> tuple[bool, str]:
     mod, reason = _load()
     if mod is None:
         return False, reason
+    if too_old := driver_too_old(mod):
+        return False, too_old
     lt = mod.cublaslt_description()
     if not lt.startswith("cuBLASLt "):
         return False, lt
     return True, ""
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def driver_too_old(mod) -> str:
+    """Why the NVIDIA driver cannot run the extension's CUDA runtime (linked statically: the
+    nvcc that built it decides), or "". A CUDA 13 build on a CUDA 12 driver is the usual case: jax
+    with its cuda12 plugin runs, every CUDA call of the extension fails."""
+    try:
+        rt = dict(mod.runtime_info())
+        runtime = int(dict(mod.build_info()).get("cuda_runtime_version") or 0)
+    except Exception:  # an extension without these facts: nothing to judge
+        return ""
+    driver = int(rt.get("driver_version") or 0)
+    err = str(rt.get("error") or "")
+    if not driver:  # no driver at all (a CPU machine): not this function's case
+        return ""
+    if "InsufficientDriver" not in err and not (runtime and driver // 1000 < runtime // 1000):
+        return ""
+    have = f"supports CUDA {_cuda_version(driver)}"
+    built = _build_facts().get("nvcc_version") or "?"
+    return (f"the jax_ub extension was built with CUDA {_cuda_version(runtime) if runtime else '?'} "
+            f"(nvcc {built}), but this NVIDIA driver {have}"
+            f"{f' ({err})' if err else ''}: rebuild jax_ub with an nvcc no newer than the driver's "
+            "CUDA version (e.g. `CUDACXX=/usr/local/cuda-12/bin/nvcc pip install --no-cache-dir "
+            "--force-reinstall --no-deps .`), or upgrade the driver")
 
 
 def ensure_registered() -> None:

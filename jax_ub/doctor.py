@@ -155,6 +155,7 @@ def gather_versions() -> dict[str, Any]:
         except Exception as e:
             ext["build_info"] = {"error": _err(e)}
         ext["source"] = gather_source(mod)
+        ext["driver_too_old"] = _ext.driver_too_old(mod)
         try:
             rt = dict(mod.runtime_info())
             cuda["driver_version"] = rt.get("driver_version") or None
@@ -608,6 +609,8 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
                        f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`")
     elif (ext.get("source") or {}).get("stale"):
         reasons.append(ext["source"]["stale"])
+    elif ext.get("driver_too_old"):
+        reasons.append(ext["driver_too_old"])
     if c.get("error"):
         reasons.append(f"invalid jax_ub configuration: {c['error']}")
     elif (c.get("tuning") or {}).get("ok") is False:

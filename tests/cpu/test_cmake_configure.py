@@ -1,0 +1,49 @@
+"""CMakeLists.txt's build decisions, by running CMake's configure step (no compilation): a wrong
+JAX_UB_CUDA_ARCHS names the knob; a build directory configured once without nvcc finds it later
+(editable and --no-build-isolation installs keep CMake's cache); a bad CUDACXX is named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CMAKE = shutil.which("cmake")
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+
+pytestmark = pytest.mark.skipif(CMAKE is None, reason="needs cmake on PATH")
+
+
+def _configure(build: Path, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("CUDACXX", "JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA")}
+    full.update(env)
+    return subprocess.run([CMAKE, "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}"],
+                          capture_output=True, text=True, env=full, timeout=300)
+
+
+def _flat(p: subprocess.CompletedProcess) -> str:
+    return " ".join((p.stdout + p.stderr).split())  # CMake wraps its messages
+
+
+@pytest.mark.parametrize("archs", ["sm_90", "75", "80,90"])
+def test_a_wrong_arch_list_names_the_knob(tmp_path, archs):
+    p = _configure(tmp_path / "b", JAX_UB_CUDA_ARCHS=archs)
+    assert p.returncode != 0
+    assert f'JAX_UB_CUDA_ARCHS="{archs}"' in _flat(p) and "compute capability of 80 or more" in _flat(p), _flat(p)
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (/usr/local/cuda/bin or PATH)")
+def test_a_cached_missing_nvcc_is_looked_up_again(tmp_path):
+    build = tmp_path / "b"
+    first = _configure(build, CUDACXX="/nonexistent/nvcc")
+    assert first.returncode == 0, _flat(first)
+    assert "CUDACXX=/nonexistent/nvcc is not a working nvcc" in _flat(first)
+    path = os.path.dirname(NVCC) + os.pathsep + os.environ.get("PATH", "")
+    again = _configure(build, PATH=path)  # the same build directory, nvcc now on PATH
+    assert again.returncode == 0, _flat(again)
+    assert "jax_ub: building the CUDA extension with nvcc" in _flat(again), _flat(again)
