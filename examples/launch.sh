@@ -49,7 +49,7 @@ done
 read -r -a run <<< "$python"  # PYTHON may carry interpreter options: PYTHON="python3 -X dev"
 if [[ ${LAUNCH_FAIL_FAST:-1} != 0 ]]; then
     if [[ $1 == -* && $1 != -m && $1 != -c ]]; then  # an interpreter option: failfast.py cannot go after it
-        echo "$0: '$1' is an interpreter option; put it in PYTHON (e.g. PYTHON=\"python3 $1\"), or set" \
+        echo "$0: '$1' is an interpreter option; put it and its value in PYTHON (e.g. PYTHON=\"python3 -X dev\"), or set" \
              "LAUNCH_FAIL_FAST=0 to run without failfast.py (a failed rank then waits in jax's shutdown)" >&2
         exit 2
     fi

@@ -473,7 +473,10 @@ def _configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | N
         return f"dp ({args.dp}) * tp ({tp}) must equal the device count ({n})"
     for what, value in (("--heads", args.heads), ("--ffn", args.ffn), ("--seq", args.seq)):
         if value % tp:
-            return f"{what} ({value}) must be divisible by tp ({tp})"
+            hint = ("" if args.tp else f"; tp = the {n} devices / --dp {args.dp} unless --tp says "
+                    f"otherwise: pass --tp and --dp with dp * tp = {n} (tp dividing {what}), or "
+                    f"run on fewer devices (--cpu-devices on CPU)")
+            return f"{what} ({value}) must be divisible by tp ({tp}){hint}"
     for what, value, by, size in (("--hidden", args.hidden, "--heads", args.heads),
                                   ("--batch", args.batch, "--dp", args.dp)):
         if value % size:

@@ -217,7 +217,9 @@ _FAILURE_POLL_S = 0.25  # how often a wait looks for an announced failure
 # How long a rank that ends a step with an error (it failed, or the ranks disagree) waits for its
 # peers to have read what tells them: it may exit at once after raising, and if it hosts
 # jax.distributed's service (process 0), its exit takes the service, and their reads, with it.
-_ACK_S = 5.0
+# A peer that reads returns the wait at once, so the bound only matters for a peer that is slow to
+# arrive (still importing or compiling on a loaded host: 5 s proved too short there) or gone.
+_ACK_S = 30.0
 # Then, once they have read it, a little longer: a peer that read the error still has to raise and
 # report it, and jax.distributed ends every process at once when one of them exits.
 _GRACE_S = 1.0
@@ -524,7 +526,11 @@ def _decode_fields(blob: bytes, part: int = 1) -> dict[str, Any] | None:
 
 
 def _show(table: dict[str, Any], name: str) -> str:
-    return _canonical(table[name]) if name in table else "<absent>"
+    """A field's value as a difference line shows it; None (a flag or setting left out) is
+    "not set", not JSON's null."""
+    if name not in table:
+        return "<absent>"
+    return "not set" if table[name] is None else _canonical(table[name])
 
 
 def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "",

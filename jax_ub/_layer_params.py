@@ -283,4 +283,13 @@ def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Bo
         return _layer_logical.resolve_linen(where, param, layer_names, names, user.rules,
                                             axis_name, mesh_axes)
     merged = layer_names if user.names is None else merge(names)
+    if mesh_axes is not None and user.names is not None:
+        for dim, (name, entry) in enumerate(zip(names, merged, strict=False)):
+            missing = [a for a in _layer_logical.axes_of(entry) if a not in mesh_axes]
+            if missing:  # else jax's bare "Resource axis ... is not found in mesh" when placed
+                raise ValueError(
+                    f"{where}: `{param}` dim {dim} (the layer names `{param}` {layer_names}): "
+                    f"{param}_init's partitioning names it {name!r}, but the mesh has no axis "
+                    f"{missing[0]!r} (its axes: {mesh_axes}). Name an axis of the mesh, or None "
+                    f"to keep the dim whole.")
     return _layer_logical.Resolved(merged, merged)

@@ -114,8 +114,11 @@ def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
     """``(lax.all_gather(x, axis_name, axis=axis, tiled=True), a @ b)``, overlapped on GPUs.
 
     x: the local shard; a[m, k], b[k, n]: an independent GEMM (e.g. the dgrad of the layer whose
-    input x is re-gathered). method: ``None`` (the configured one), ``"auto"``, ``"xla"`` or an
-    all-gather algorithm (``"ring"``, ``"all_peer"``, ``"push"``).
+    input x is re-gathered). axis: the dimension of x gathered. precision: the GEMM's, as for
+    ``jnp.matmul`` (float32 operands follow XLA's TF32 rule). method: ``None`` (the configured
+    one), ``"auto"``, ``"xla"`` or an all-gather algorithm (``"ring"``, ``"all_peer"``,
+    ``"push"``); the other names that :func:`jax_ub.all_gather_matmul` accepts run the all-gather
+    algorithm they run there.
     """
     return _run("ag", x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
 
@@ -126,8 +129,9 @@ def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any
     on GPUs (fp32 accumulation in the reduction).
 
     x: the full-extent partial sums (dimension ``axis`` divisible by the axis size); a[m, k],
-    b[k, n]: an independent GEMM (e.g. the wgrad while the dgrad is reduce-scattered).
-    method: ``None`` (the configured one), ``"auto"``, ``"xla"`` or a reduce-scatter algorithm
-    (``"ring"``, ``"pipeline"``).
+    b[k, n]: an independent GEMM (e.g. the wgrad while the dgrad is reduce-scattered). precision:
+    the GEMM's, as for ``jnp.matmul``. method: ``None`` (the configured one), ``"auto"``,
+    ``"xla"`` or a reduce-scatter algorithm (``"ring"``, ``"pipeline"``); the other names that
+    :func:`jax_ub.matmul_reduce_scatter` accepts run the reduce-scatter algorithm they run there.
     """
     return _run("rs", x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")

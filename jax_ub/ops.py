@@ -454,7 +454,10 @@ def all_gather_matmul(
     (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) only on the reference path, i.e. when the method
     resolves to ``"xla"`` (``method="xla"``, ``JAX_UB_DISABLE=1``, or ``"auto"`` where the CUDA
     path is unavailable) and ``recompute_gathered`` is off. The CUDA path (and
-    ``recompute_gathered``) is a ``jax.custom_vjp``: reverse mode only.
+    ``recompute_gathered``) is a ``jax.custom_vjp``: reverse mode only. A jvp of an eager
+    ``shard_map`` through it gets jax_ub's message naming the option; under ``jax.jit`` jax
+    applies the jvp after jax_ub's code has run, so its own ("can't apply forward-mode autodiff
+    (jvp) to a custom_vjp function") stands.
 
     Example (4 host devices or more: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 

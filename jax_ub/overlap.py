@@ -512,8 +512,11 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
     ``x`` and ``w`` are one device's shards, as the op sees them inside ``shard_map`` (arrays or
     ``jax.ShapeDtypeStruct``): AG x `[..., m, k]` @ w `[k, n_local]`, RS x `[..., M, k_local]` @ w
     `[k_local, n]`; ``axis`` is the op's ``gather_axis``/``scatter_axis``. ``method`` is the call's
-    (``None``: ``JAX_UB_METHOD``, as a call without ``method=`` does). It checks the operands as the
-    op does and raises the op's error where the call would fail.
+    (``None``: ``JAX_UB_METHOD``, as a call without ``method=`` does). ``axis_name``: the op's mesh
+    axis. It checks the operands as the op does and raises the op's error where the call would
+    fail, as far as it can know the axis: the global shape, tp and the divisibility of an RS input
+    need a communicator for ``axis_name`` (``jax_ub.initialize``); without one (the reference path)
+    the answer names the local shapes only.
     """
     if op not in (ops.AG, ops.RS):
         raise ValueError(f"explain: op must be {ops.AG!r} (all_gather_matmul) or {ops.RS!r} "

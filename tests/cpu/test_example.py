@@ -104,7 +104,10 @@ def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
     ([], {"JAX_UB_METHOD": "ring"}, "error: JAX_UB_METHOD=ring needs the CUDA overlap extension"),
     ([], {"JAX_UB_METHOD": "sideways"}, "error: JAX_UB_METHOD must be one of"),
     (["--method", "sideways"], {}, "argument --method: invalid choice: 'sideways'"),
-], ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag"])
+    (["--cpu-devices", "8", "--heads", "4"], {},
+     "error: --heads (4) must be divisible by tp (8); tp = the 8 devices / --dp 1 unless --tp says "
+     "otherwise: pass --tp and --dp with dp * tp = 8"),
+], ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag", "default-tp"])
 def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
     """A configuration the CPU cannot run is a configuration error (exit 2, one `error:` line, no
     traceback), as examples/README.md says."""
@@ -528,7 +531,7 @@ def test_launch_sh_refuses_what_it_would_misrun():
         pytest.skip("coreutils `timeout` is not installed")
     hello = "import os; print('hi', os.environ['LAUNCH_PROCESS_ID'])"
     proc = _run(["bash", str(LAUNCH), "2", "-u", "-c", hello], timeout=60)
-    assert proc.returncode == 2 and "'-u' is an interpreter option; put it in PYTHON" in proc.stderr, \
+    assert proc.returncode == 2 and "'-u' is an interpreter option; put it and its value in PYTHON" in proc.stderr, \
         _describe(proc)
     proc = _run(["bash", str(LAUNCH), "2", "-c", hello], timeout=60, LAUNCH_TIMEOUT="abc")
     assert proc.returncode == 2 and "LAUNCH_TIMEOUT must be seconds; got 'abc'" in proc.stderr, _describe(proc)

@@ -238,3 +238,17 @@ def test_linen_local_params_of_another_size_are_refused(cpu_mesh):
                        in_specs=(P(), P(None, "tp")), out_specs=P(None, None, "tp"))
     with pytest.raises(Exception, match=r"kernel"):
         fn(params, data(B, S, H))
+
+
+@pytest.mark.parametrize("framework", ["nnx", "linen"])
+def test_a_mesh_axis_the_mesh_lacks_is_named_by_both(cpu_mesh, framework):
+    """with_partitioning naming an axis the mesh does not have: the layer's own message (linen
+    used to end in jax's bare "Resource axis: data ... is not found in mesh")."""
+    msg = r"ColumnParallelDense: `kernel` dim 0 .*but the mesh has no axis 'data' \(its axes: \('fsdp', 'tp'\)"
+    with jax.set_mesh(fsdp_mesh(cpu_mesh)), pytest.raises(ValueError, match=msg):
+        if framework == "nnx":
+            ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, ("data", None)),
+                                     rngs=nnx.Rngs(0))
+        else:
+            ubl.ColumnParallelDense(F, kernel_init=nn.with_partitioning(LECUN, ("data", None))).init(
+                jax.random.key(0), data(B, S, H))
