@@ -45,5 +45,7 @@ def test_a_cached_missing_nvcc_is_looked_up_again(tmp_path):
     assert "CUDACXX=/nonexistent/nvcc is not a working nvcc" in _flat(first)
     path = os.path.dirname(NVCC) + os.pathsep + os.environ.get("PATH", "")
     again = _configure(build, PATH=path)  # the same build directory, nvcc now on PATH
-    assert again.returncode == 0, _flat(again)
-    assert "jax_ub: building the CUDA extension with nvcc" in _flat(again), _flat(again)
+    # Found and enabled (the configure may stop later where nanobind is not installed: CI's venv
+    # builds in pip's isolated environment).
+    assert "The CUDA compiler identification is NVIDIA" in _flat(again), _flat(again)
+    assert "installing without the CUDA extension" not in _flat(again), _flat(again)
