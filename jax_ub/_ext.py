@@ -178,10 +178,12 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
+@functools.cache
 def driver_too_old(mod) -> str:
     """Why the NVIDIA driver cannot run the extension's CUDA runtime (linked statically: the
     nvcc that built it decides), or "". A CUDA 13 build on a CUDA 12 driver is the usual case: jax
-    with its cuda12 plugin runs, every CUDA call of the extension fails."""
+    with its cuda12 plugin runs, every CUDA call of the extension fails. Asked once per process
+    (cuda_path_available runs at every traced op; neither the driver nor the build changes)."""
     try:
         rt = dict(mod.runtime_info())
         runtime = int(dict(mod.build_info()).get("cuda_runtime_version") or 0)
