@@ -23,6 +23,7 @@
 #include "common/dynlib.h"
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
+#include "ffi/test_hooks.h"
 #include "gemm/cublaslt.h"
 #include "kernels/copy.h"
 #include "kernels/fill.h"
@@ -55,6 +56,7 @@ nb::dict Registrations() {
   d["jax_ub_gemm_rs"] = Capsule(JaxUbGemmRs);
   d["jax_ub_reduce_scatter"] = Capsule(JaxUbReduceScatter);
   d["jax_ub_bulk"] = Capsule(JaxUbBulk);
+  d["jax_ub_test_unwritten"] = Capsule(JaxUbTestUnwritten);  // tests/gpu/test_poison.py
   return d;
 }
 

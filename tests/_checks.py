@@ -66,6 +66,21 @@ def sum_expected(parts, dtype=None, roundings: int = 1) -> Expected:
                     * np.abs(p64).sum(axis=0) + _TINY)
 
 
+def poison(shape, dtype, devices=None, copies: int = 2, fill: float = float("nan")) -> None:
+    """Fill each device's allocator with ``copies`` NaN (``fill``) buffers of an output's shape and free them,
+    so that an element the next op leaves unwritten reads NaN, not a right answer left over from an
+    earlier op. Call it right before the op (nothing may allocate in between). ``devices``:
+    default the default device. That XLA's allocator hands such a block back to the next output is
+    not a given; tests/gpu/test_poison.py shows it with a custom call that writes nothing."""
+    import jax
+    import jax.numpy as jnp
+
+    devices = [jax.devices()[0]] if devices is None else list(devices)
+    bufs = [jax.device_put(jnp.full(shape, fill, dtype), d) for d in devices for _ in range(copies)]
+    jax.block_until_ready(bufs)
+    del bufs
+
+
 def _buffers(out):
     """(device, the buffer's data, the index of the global array it holds) of every device's
     buffer of ``out``; a host array is one buffer holding everything."""

@@ -99,6 +99,18 @@ def pure(module):
     return nnx.to_pure_dict(nnx.state(module, nnx.Param))
 
 
+def randomized(params, seed=5):
+    """``params`` with every 1-D leaf (biases, norm scale and bias) moved by N(0, 1) noise, each
+    keeping its sharding: with zero biases and an identity norm, a forward check cannot see a bias
+    added twice or a norm parameter ignored (only the gradients would)."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    new = [jax.device_put(np.asarray(v) + np.asarray(jax.random.normal(k, v.shape, v.dtype)),
+                          getattr(v, "sharding", None)) if v.ndim == 1 else v
+           for v, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(tree, new)
+
+
 def param_specs(module):
     return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
 
@@ -139,12 +151,14 @@ def nnx_matches(mesh, build, oracle, x, ct):
     return got
 
 
-def linen_matches(mesh, model, oracle, x, ct):
+def linen_matches(mesh, model, oracle, x, ct, perturb=False):
     """The linen ``model``, initialised and applied under ``mesh`` on global arrays, against
     ``oracle`` on its parameters gathered whole: output and gradients (w.r.t. parameters and x)
-    close. Returns the model's output."""
+    close. ``perturb``: the 1-D parameters :func:`randomized` first. Returns the model's output."""
     with jax.set_mesh(mesh):
         params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
+        if perturb:
+            params = randomized(params)
         got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
     want, want_g = value_and_grads(oracle, jax.device_get(params), x, ct)
     assert_close(got, want)

@@ -30,6 +30,7 @@ from _layer_helpers import (
     plain_dense,
     plain_mlp,
     pure,
+    randomized,
     value_and_grads,
 )
 from flax import nnx
@@ -97,7 +98,7 @@ def test_nnx_global_mode_matches_plain(cpu_mesh, kind, tp):
     mesh = cpu_mesh(tp)
     with jax.set_mesh(mesh):
         module = nnx_layer(kind, precision=HIGHEST)
-        params = pure(module)
+        params = randomized(pure(module))  # non-zero biases, a norm that is not the identity
         x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
         got, got_g = value_and_grads(nnx_fn(module), params, x, ct)
     want, want_g = value_and_grads(PLAIN[kind], jax.device_get(params), x, ct)
@@ -114,7 +115,7 @@ def test_linen_global_mode_matches_plain(cpu_mesh, kind):
            "mlp": lambda: ubl.ParallelMLP(F, precision=HIGHEST)}[kind]
     model = cls()
     x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
-    linen_matches(cpu_mesh(2), model, PLAIN[kind], x, ct)
+    linen_matches(cpu_mesh(2), model, PLAIN[kind], x, ct, perturb=True)
 
 
 def test_nnx_and_linen_agree_on_same_params(cpu_mesh):

@@ -35,12 +35,6 @@ def _rel_err(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def _poison(shape, dtype) -> None:
-    bufs = [jnp.full(shape, jnp.nan, dtype) for _ in range(4)]
-    jax.block_until_ready(bufs)
-    del bufs
-
-
 @pytest.fixture(scope="module")
 def jax_ub():
     import jax_ub as mod
@@ -65,7 +59,7 @@ def test_matmul_matches_float32_reference(jax_ub, shape, dtype):
     w = jax.random.normal(kw, (k, n), jnp.float32).astype(dtype)
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)
     f = jax.jit(lambda x, w: jax_ub.matmul(x, w, precision=lax.Precision.HIGHEST, method="cublaslt"))
-    _poison((*batch, m, n), dtype)
+    _checks.poison((*batch, m, n), dtype)
     out = f(x, w)
     assert out.shape == (*batch, m, n) and out.dtype == dtype
     assert not bool(jnp.any(jnp.isnan(out))), "unwritten (NaN-poisoned) output elements"
@@ -196,7 +190,7 @@ def test_gemm_tuning_times_the_candidates_and_keeps_a_right_one(jax_ub):
         x = jax.random.normal(jax.random.key(21), (m, k), jnp.float32).astype(jnp.bfloat16)
         w = jax.random.normal(jax.random.key(22), (k, n), jnp.float32).astype(jnp.bfloat16)
         f = jax.jit(lambda x, w: jax_ub.matmul(x, w, method="cublaslt"))
-        _poison((m, n), jnp.bfloat16)
+        _checks.poison((m, n), jnp.bfloat16)
         out = f(x, w)
     assert not bool(jnp.any(jnp.isnan(out)))
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=lax.Precision.HIGHEST)

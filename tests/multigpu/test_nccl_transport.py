@@ -25,7 +25,6 @@ from tests.multigpu.test_overlap import (  # noqa: E402
     _n_gpus,
     _need,
     _no_worse_than_xla,
-    _poison,
     _rand,
     _rel,
     check_bare_collectives,
@@ -79,8 +78,8 @@ def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                               out_specs=(P(None, "tp"), P() if return_gathered else P("tp", None)),
                               check_vma=False))
-    _poison((M, N // tp), dtype, mesh.devices.flat)
-    _poison(x.shape, dtype, mesh.devices.flat)
+    _checks.poison((M, N // tp), dtype, mesh.devices.flat)
+    _checks.poison(x.shape, dtype, mesh.devices.flat)
     y, xg = g(x, w)
     want = _checks.matmul_expected(x, w)
     assert _rel(y, want.value) <= TOL[dtype]
@@ -93,7 +92,7 @@ def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
     h = jax.jit(jax.shard_map(
         lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="nccl", precision=HP), mesh=mesh,
         in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None), check_vma=False))
-    _poison((M // tp, N), dtype, mesh.devices.flat)
+    _checks.poison((M // tp, N), dtype, mesh.devices.flat)
     y2, want2 = h(x2, w2), _checks.matmul_expected(x2, w2, roundings=tp + 1)
     assert _rel(y2, want2.value) <= TOL[dtype]
     _checks.assert_close(y2, want2, "nccl RS y")
@@ -139,7 +138,7 @@ def test_bulk_scan_gradients_and_dp_over_nccl(ub):
     x2 = _rand(31, (tp * 640, 1000), jnp.bfloat16)
     gb = jax.jit(jax.shard_map(fb, mesh=mesh, in_specs=(P("tp", None), P("tp", None), P(), P()),
                                out_specs=(P(), P(), P("tp", None), P()), check_vma=False))
-    _poison((tp * 640, 1000), jnp.bfloat16, mesh.devices.flat)
+    _checks.poison((tp * 640, 1000), jnp.bfloat16, mesh.devices.flat)
     g, y1, rr, y2 = gb(x2, z, a, b)
     _checks.assert_equal(g, x2, "nccl bulk all-gather")  # every device's copy
     gemm = _checks.matmul_expected(a, b)

@@ -55,12 +55,6 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def _poison(shape, dtype, devices) -> None:
-    bufs = [jax.device_put(jnp.full(shape, jnp.nan, dtype), d) for d in devices for _ in range(2)]
-    jax.block_until_ready(bufs)
-    del bufs
-
-
 @pytest.fixture(scope="module")
 def ub():
     import jax_ub
@@ -106,8 +100,8 @@ def _ag_case(ub, tp, dtype, M, K, N, method, batch=None):
     y_spec = P(None, "tp") if batch is None else P(None, None, "tp")
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(xspec, P(None, "tp")),
                               out_specs=(y_spec, P(*([None] * x.ndim))), check_vma=False))
-    _poison((M, N // tp) if batch is None else (batch, M, N // tp), dtype, mesh.devices.flat)
-    _poison(x.shape, dtype, mesh.devices.flat)  # the gathered input's buffers too
+    _checks.poison((M, N // tp) if batch is None else (batch, M, N // tp), dtype, mesh.devices.flat)
+    _checks.poison(x.shape, dtype, mesh.devices.flat)  # the gathered input's buffers too
     y, xg = g(x, w)
     want = _checks.matmul_expected(x, w)
     assert _rel(y, want.value) <= TOL[dtype]
@@ -133,7 +127,7 @@ def _push_without_gathered(ub, tp, seed):
     g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
                               mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                               out_specs=P(None, "tp"), check_vma=False))
-    _poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
+    _checks.poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
     y, want = g(x, w), _checks.matmul_expected(x, w)
     assert _rel(y, want.value) <= TOL[jnp.bfloat16]
     _checks.assert_close(y, want, "push y without the gathered x")
@@ -218,7 +212,7 @@ def _rs_case(ub, tp, dtype, shape, method):
 
     spec = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None), check_vma=False)
     g = jax.jit(jax.shard_map(f, **spec))
-    _poison((M // tp, N), dtype, mesh.devices.flat)
+    _checks.poison((M // tp, N), dtype, mesh.devices.flat)
     y = g(x, w)
     want = _checks.matmul_expected(x, w, roundings=tp + 1)  # chain: a rounding per hop
     ref = want.value
@@ -279,7 +273,7 @@ def test_reduce_scatter_pieces(ub, tp, method, pieces):
         with ub.config.override(rs_pieces=pieces):
             got = jax.jit(jax.shard_map(lambda z: ub.overlap.reduce_scatter(z, "tp", method=method), **spec))
             assert f"splits = {min(pieces, rows)} : i32" in got.lower(z).as_text()
-            _poison((rows, cols), dtype, mesh.devices.flat)
+            _checks.poison((rows, cols), dtype, mesh.devices.flat)
             r = got(z)
         want = _checks.sum_expected(z.reshape(tp, tp * rows, cols), roundings=tp + 1)
         assert _rel(r, want.value) <= (5e-3 if dtype == jnp.bfloat16 else 1e-6), (dtype, rows)
@@ -321,7 +315,7 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     outs = (P(), P(), P("tp", None), P())
     got = jax.jit(jax.shard_map(f, in_specs=ins, out_specs=outs, **spec))
     ref = jax.jit(jax.shard_map(f_ref, in_specs=ins, out_specs=outs, **spec))
-    _poison((tp * 640, 1000), dtype, mesh.devices.flat)
+    _checks.poison((tp * 640, 1000), dtype, mesh.devices.flat)
     with ub.config.override(bulk_copy_sms=copy_sms):
         g, y1, r, y2 = got(x, z, a, b)
     rg, ry, rr, _ = ref(x, z, a, b)
@@ -358,7 +352,7 @@ def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
     spec = dict(mesh=mesh, check_vma=False, in_specs=(P("tp", None), P(), P()), out_specs=(P(), P()))
     with ub.config.override(bulk_copy_sms=8):
         got = jax.jit(jax.shard_map(lambda x, a, b: ub.bulk_all_gather(x, a, b, "tp", precision=HP), **spec))
-        _poison((tp * rows, cols), jnp.bfloat16, mesh.devices.flat)
+        _checks.poison((tp * rows, cols), jnp.bfloat16, mesh.devices.flat)
         g, y = got(x, a, b)
     rg, ry = jax.jit(jax.shard_map(
         lambda x, a, b: (lax.all_gather(x, "tp", axis=0, tiled=True),
@@ -622,7 +616,7 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
         f(x, w)  # traced again: ring needs a communicator
     second = ub.initialize(mesh, "tp")
     assert second.set_id != first.set_id
-    _poison((256 * n, 128), jnp.bfloat16, mesh.devices.flat)
+    _checks.poison((256 * n, 128), jnp.bfloat16, mesh.devices.flat)
     assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]
     with pytest.raises(Exception, match=rf"no communicator for device \d+ in set {first.set_id} "
                                         r"\(was jax_ub.shutdown\(\) called"):
@@ -758,7 +752,7 @@ def test_vmap_over_microbatches(ub, w_batched):
 
     cuda, ref = model("ring"), model("xla")
     f32 = [a.astype(jnp.float32) for a in (x, w1, w2)]
-    _poison((B, 128, 256), jnp.bfloat16, mesh.devices.flat)
+    _checks.poison((B, 128, 256), jnp.bfloat16, mesh.devices.flat)
     y = jax.jit(cuda)(x, w1, w2)
     _no_worse_than_xla([y], [jax.jit(ref)(x, w1, w2)], [jax.jit(ref)(*f32)], "vmap forward")
     text = jax.jit(cuda).lower(x, w1, w2).as_text()
