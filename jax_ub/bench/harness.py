@@ -109,11 +109,14 @@ def chain_fn(fn: Any, n: int) -> Any | None:
 class Times(dict):
     """:func:`time_impls`' result: ``{impl: median ms per op}``, and in ``chain`` the ops each timed
     dispatch of an impl ran (``--chain`` where it could be chained; 1 for a compiled executable,
-    which :func:`chain_fn` cannot chain). A plain dict elsewhere (fakes in tests) means chain 1."""
+    which :func:`chain_fn` cannot chain), in ``spread`` the fastest and slowest of its ``--reps``
+    bursts (ms per op). A plain dict elsewhere (fakes in tests) means chain 1 and no spread."""
 
-    def __init__(self, ms: dict[str, float] | None = None, chain: dict[str, int] | None = None):
+    def __init__(self, ms: dict[str, float] | None = None, chain: dict[str, int] | None = None,
+                 spread: dict[str, tuple[float, float]] | None = None):
         super().__init__(ms or {})
         self.chain = dict(chain or {})
+        self.spread = dict(spread or {})
 
 
 def chain_of(res: dict[str, float], impl: str) -> int:
@@ -185,7 +188,9 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
     if line:
         progress(f"  {line}")
     timed = {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
-    return Times(timed, {name: per_call[name] for name in timed})
+    return Times(timed, {name: per_call[name] for name in timed},
+                 {name: (min(samples[name]) / per_call[name], max(samples[name]) / per_call[name])
+                  for name in timed})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,13 +351,19 @@ def case_records(common: dict[str, Any], res: dict[str, float],
     """One record per impl; each says which cuBLASLt plans it ran (``gemm_tune``: candidates timed
     per GEMM shape, 0 for the heuristic's first), how many ops a timed dispatch ran (``chain``:
     ``--chain``, or 1 where the impl could not be chained), and, where its output was checked
-    against its :func:`reference`'s, the relative error (``rel_err``); merged files mix runs."""
+    against its :func:`reference`'s, the relative error (``rel_err``), and where ``res`` is a
+    :class:`Times`, the fastest and slowest of the impl's timed bursts (``ms_min``, ``ms_max``, ms
+    per op: ``ms`` is their median; a wide range says the run was noisy, for this impl alone);
+    merged files mix runs."""
     from jax_ub import config
 
     tune = config.get().gemm_tune
     out = []
     for impl, ms in res.items():
         r = {**common, "impl": impl, "ms": round(ms, 4), "gemm_tune": tune, "chain": chain_of(res, impl)}
+        lo_hi = getattr(res, "spread", {}).get(impl)
+        if lo_hi is not None:
+            r["ms_min"], r["ms_max"] = round(lo_hi[0], 4), round(lo_hi[1], 4)
         if rel_errs and rel_errs.get(impl) is not None:
             r["rel_err"] = float(f"{rel_errs[impl]:.3g}")
         out.append(r)

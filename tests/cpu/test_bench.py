@@ -825,6 +825,25 @@ def test_records_say_their_chain_and_error(tmp_path, capsys):
     assert recs["xla_windowed"]["chain"] == 1 and recs["jax_ub"]["chain"] == recs["xla_plain"]["chain"] == 2
     assert recs["jax_ub"]["rel_err"] <= 1e-2 and recs["xla_windowed"]["rel_err"] <= 1e-2
     assert "rel_err" not in recs["xla_plain"] and "rel_err" not in recs["gemm_alone"]
+    for r in doc["records"]:  # one burst (--reps 1): its range is the median itself
+        assert r["ms_min"] == r["ms"] == r["ms_max"] > 0, r
+
+
+def test_records_carry_the_spread_of_their_bursts(monkeypatch):
+    """Each record keeps the fastest and slowest of its impl's bursts around their median: an impl
+    whose bursts are 1, 2 and 5 ms per call (chained 2: per op half that) records 0.5/1.0/2.5."""
+    from types import SimpleNamespace
+
+    x = jnp.arange(4.0)
+    times = iter([1.0, 2.0, 5.0])  # ms per call of the three timed bursts
+    real = harness._burst
+    impls = {"jax_ub": (jax.jit(lambda x: x + 1), (x,))}
+    a = SimpleNamespace(warmup=1, iters=1, reps=3, settle_ms=0, chain=2)
+    monkeypatch.setattr(harness, "_burst",
+                        lambda fn, args, iters: next(times) if iters == a.iters else real(fn, args, iters))
+    res = harness.time_impls("t", impls, a)
+    (r,) = harness.case_records({"op": "x"}, res)
+    assert (r["ms_min"], r["ms"], r["ms_max"], r["chain"]) == (0.5, 1.0, 2.5, 2)
 
 
 def test_ratios_of_impls_of_different_chains_are_flagged(capsys):
