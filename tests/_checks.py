@@ -66,19 +66,40 @@ def sum_expected(parts, dtype=None, roundings: int = 1) -> Expected:
                     * np.abs(p64).sum(axis=0) + _TINY)
 
 
-def poison(shape, dtype, devices=None, copies: int = 2, fill: float = float("nan")) -> None:
-    """Fill each device's allocator with ``copies`` NaN (``fill``) buffers of an output's shape and free them,
-    so that an element the next op leaves unwritten reads NaN, not a right answer left over from an
-    earlier op. Call it right before the op (nothing may allocate in between). ``devices``:
-    default the default device. That XLA's allocator hands such a block back to the next output is
-    not a given; tests/gpu/test_poison.py shows it with a custom call that writes nothing."""
-    import jax
-    import jax.numpy as jnp
+# The poison's spacers (see poison): kept alive until the next call, so the freed NaN blocks stay
+# holes of exactly an output's size while the op that follows allocates.
+_held: list = []
 
+
+def poison(shape, dtype, devices=None, copies: int = 4, fill: float = float("nan")) -> dict:
+    """Leave ``copies`` freed blocks full of NaN (``fill``), each of exactly an output's size, on
+    each device, so that an element the next op leaves unwritten reads NaN, not a right answer
+    left over from an earlier op. Call it right before the op. ``devices``: default the default
+    device. Returns ``{device: [address of each freed block]}``.
+
+    XLA's allocator (best fit) gives a new buffer the smallest free block it fits in. Freed one
+    after another, adjacent NaN buffers merge into one larger block (and with free space beside
+    them), and another hole of the right size wins: the output then lands in old memory. So the
+    buffers go in pairs, allocated from the host (no program, no constants of its own): the first
+    of each pair is freed, the second (a spacer) is held until the next call, which keeps every
+    freed block apart and exactly the output's size. The first allocations also take up any older
+    hole of that size (a previous op's output, with its right answer). tests/gpu/test_poison.py
+    shows, with a custom call that writes nothing, that the output lands in one of these blocks."""
+    import jax
+
+    global _held
+    _held = []  # the previous call's spacers: free them before allocating anew
     devices = [jax.devices()[0]] if devices is None else list(devices)
-    bufs = [jax.device_put(jnp.full(shape, fill, dtype), d) for d in devices for _ in range(copies)]
-    jax.block_until_ready(bufs)
-    del bufs
+    host = np.full(shape, fill, np.dtype(dtype))
+    pairs = [(jax.device_put(host, d), jax.device_put(host, d)) for d in devices for _ in range(copies)]
+    jax.block_until_ready(pairs)
+    holes: dict = {}
+    for free, spacer in pairs:
+        (dev,) = free.devices()
+        holes.setdefault(dev, []).append(free.unsafe_buffer_pointer())
+        free.delete()
+        _held.append(spacer)
+    return holes
 
 
 def _buffers(out):

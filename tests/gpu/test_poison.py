@@ -47,13 +47,19 @@ def _id(case):
 def test_poison_reaches_an_unwritten_output(case):
     shape, dtype = case
     f = _unwritten(shape, dtype)
-    _checks.poison(shape, dtype)
-    out = np.asarray(f(), np.float32)
+    holes = _checks.poison(shape, dtype)
+    got = f()
+    out = np.asarray(got, np.float32)
     assert out.shape == shape
     n_nan = int(np.isnan(out).sum())
-    assert n_nan == out.size, (f"{out.size - n_nan} of {out.size} elements of an unwritten output are "
-                               "not the poison's NaN: the allocator did not hand the poisoned block "
-                               "back, so the GPU tiers' NaN checks would miss unwritten elements")
+    (dev,) = got.devices()
+    at = got.unsafe_buffer_pointer()
+    assert n_nan == out.size, (
+        f"{out.size - n_nan} of {out.size} elements of an unwritten output are not the poison's NaN: "
+        f"the output is at {at:#x}, {'one' if at in holes[dev] else 'none'} of the poisoned blocks "
+        f"({', '.join(f'{h:#x}' for h in holes[dev])}), so the GPU tiers' NaN checks would miss "
+        "unwritten elements")
+    assert at in holes[dev]
 
 
 @pytest.mark.parametrize("case", SHAPES[:3], ids=_id)
@@ -76,9 +82,29 @@ def test_poison_reaches_every_device_of_a_shard_map():
         lambda: jax.ffi.ffi_call("jax_ub_test_unwritten", jax.ShapeDtypeStruct(shard, jnp.bfloat16))(),
         mesh=mesh, in_specs=(), out_specs=P("tp"), check_vma=False))
     del f
-    _checks.poison(shard, jnp.bfloat16, devs)
+    holes = _checks.poison(shard, jnp.bfloat16, devs)
     out = g()
     for s in out.addressable_shards:
         data = np.asarray(s.data, np.float32)
+        at = s.data.unsafe_buffer_pointer()
         assert np.isnan(data).all(), (f"device {s.device}: {int((~np.isnan(data)).sum())} of "
-                                      f"{data.size} unwritten elements are not the poison's NaN")
+                                      f"{data.size} unwritten elements are not the poison's NaN "
+                                      f"(at {at:#x}; poisoned: {[hex(h) for h in holes[s.device]]})")
+        assert at in holes[s.device]
+
+
+@pytest.mark.parametrize("case", SHAPES, ids=_id)
+def test_a_previous_right_answer_is_not_what_an_unwritten_output_reads(case):
+    """The case the poison exists for: an earlier op's output of the same shape, freed, leaves a
+    hole of exactly the right size holding a right answer. The poison takes it up first."""
+    shape, dtype = case
+    f = _unwritten(shape, dtype)
+    f()  # compiled, so the poison below comes right before a call that only runs
+    for _ in range(3):
+        stale = jax.jit(lambda: jnp.full(shape, 3.0, dtype))()
+        jax.block_until_ready(stale)
+        stale.delete()
+    _checks.poison(shape, dtype)
+    out = np.asarray(f(), np.float32)
+    assert np.isnan(out).all(), (f"{int((out == 3.0).sum())} of {out.size} elements read an earlier "
+                                 "output's value, not the poison's NaN")
