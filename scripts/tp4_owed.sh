@@ -4,6 +4,8 @@
 #   bash scripts/tp4_owed.sh b    # the same ops chained 4 to a dispatch, rs with the heuristic's GEMMs, probes
 #   bash scripts/tp4_owed.sh c    # ag with the heuristic's GEMMs, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE),
 #                                 # the split/tuning probes, the bare reduce-scatter by method and pieces
+#   bash scripts/tp4_owed.sh t    # the one-process multi-GPU tier whole (its element-wise checks of session 39
+#                                 # have run on one GPU only); first on any 2- or 4-GPU machine
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
 # records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
@@ -41,5 +43,10 @@ case "${1:-}" in
       'split|110|python3 scripts/tune_ab_probe.py 7 10 && python3 scripts/split_gemm_probe.py 7 10' \
       'bare_rs|80|python3 scripts/rs_pieces_probe.py 4 8192,28672 16384,12288 8192,8192 2048,28672'
     ;;
-  *) echo "usage: bash scripts/tp4_owed.sh a|b|c" >&2; exit 2 ;;
+  t)
+    TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
+      'overlap|330|python3 -m pytest -q -rs -x tests/multigpu/test_overlap.py tests/multigpu/test_nccl_transport.py' \
+      'rest|200|python3 -m pytest -q -rs tests/multigpu/test_one_process.py tests/multigpu/test_layers_cuda.py tests/multigpu/test_tuning_cuda.py'
+    ;;
+  *) echo "usage: bash scripts/tp4_owed.sh a|b|c|t" >&2; exit 2 ;;
 esac
