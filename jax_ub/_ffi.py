@@ -23,6 +23,15 @@ def varying_axes_of_type(aval: Any) -> frozenset:
     return frozenset(vma)
 
 
+def vary(x: Any, axes: Any) -> Any:
+    """``x``, made to vary over the mesh ``axes`` too where it does not yet (``lax.pcast`` to
+    varying; ``lax.pvary`` on a jax without it). A no-op outside ``shard_map(check_vma=True)``."""
+    missing = tuple(sorted(frozenset(axes) - varying_axes(x), key=str))
+    if not missing:
+        return x
+    return lax.pcast(x, missing, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, missing)
+
+
 def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
     """FFI result type that keeps shard_map's varying-axes info (vma) of the inputs.
 

@@ -55,7 +55,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import _validate, gemm, ops
+from jax_ub import _validate, gemm, ops, reference
 from jax_ub._layer_mesh import array_mesh, placement, require_placement
 from jax_ub._layer_params import check_divisible
 
@@ -257,7 +257,7 @@ def _local_dot(x: Array, kernel: Array, precision: Any) -> Array:
     Named like :func:`jax_ub.matmul`'s output, so that :func:`jax_ub.checkpoint_policy` and
     ``save_only_these_names(*jax_ub.CHECKPOINT_NAMES)`` keep it as they keep the overlapped ops'.
     """
-    return checkpoint_name(jnp.matmul(x, kernel, precision=_validate.static_precision(precision)),
+    return checkpoint_name(reference.matmul(x, kernel, precision=_validate.static_precision(precision)),
                            gemm.OUT_NAME)
 
 

@@ -23,11 +23,10 @@ import logging
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_ub import _validate, comm, ops
+from jax_ub import _validate, comm, ops, reference
 
 log = logging.getLogger("jax_ub")
 
@@ -39,7 +38,7 @@ def _reference(kind: str, x, a, b, axis_name, axis, precision):
         out = lax.all_gather(x, axis_name, axis=axis, tiled=True)
     else:
         out = lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
-    return out, jnp.matmul(a, b, precision=precision)
+    return out, reference.matmul(a, b, precision=precision)
 
 
 def _cuda(kind, x, a, b, axis_name, axis, precision, method):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_ub import _ext, _ffi, _validate
+from jax_ub import _ext, _ffi, _validate, reference
 
 _log = logging.getLogger("jax_ub")
 
@@ -131,7 +131,7 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
 def _ref(a, b, trans_a, trans_b, precision):
     a2 = a.T if trans_a else a
     b2 = b.T if trans_b else b
-    return jnp.matmul(a2, b2, precision=precision)
+    return reference.matmul(a2, b2, precision=precision)
 
 
 def _gemm(a, b, trans_a, trans_b, precision, use_cuda):

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -192,10 +191,10 @@ def _match_vma(ct: jax.Array, target: frozenset) -> jax.Array:
     extra = tuple(sorted(have - target, key=str))
     if extra:  # primal replicated over these axes: sum the per-device contributions
         ct = lax.psum(ct, extra)
-    missing = tuple(sorted(target - have, key=str))
-    if missing:  # primal varies where the cotangent does not (e.g. it came from a replicated dy)
-        ct = lax.pcast(ct, missing, to="varying") if hasattr(lax, "pcast") else lax.pvary(ct, missing)
-    return ct
+    # where the primal varies and the cotangent does not (e.g. it came from a replicated dy)
+    from jax_ub._ffi import vary
+
+    return vary(ct, target)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,7 +334,7 @@ def _overlap_bwd(call, residuals, cotangents):
     )
     dx, dy_full = _overlap(dual, dy, wt)
     lead = tuple(range(x_full.ndim - 1))
-    dw = lax.dot_general(x_full, dy_full, ((lead, lead), ((), ())), precision=call.precision)
+    dw = reference.dot_general(x_full, dy_full, ((lead, lead), ((), ())), precision=call.precision)
     if dx_full is not None:
         # x_full was an output too (return_gathered): its cotangent goes back to x through the
         # transpose of the bare collective, a reduce-scatter for AG and the identity for RS.
@@ -392,7 +391,7 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
         # does not gather x again.
         x_full = checkpoint_name(
             lax.all_gather(x, call.axis_name, axis=call.axis, tiled=True), GATHERED_NAME)
-        y = checkpoint_name(jnp.matmul(x_full, w, precision=call.precision), OUT_NAMES[AG])
+        y = checkpoint_name(reference.matmul(x_full, w, precision=call.precision), OUT_NAMES[AG])
         return (y, x_full) if call.return_full else y
     y = reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
                                         precision=call.precision)

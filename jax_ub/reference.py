@@ -20,13 +20,45 @@ Example (4 host devices or more, e.g. ``XLA_FLAGS=--xla_force_host_platform_devi
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_ub import _ffi
+
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter"]
+
+
+def _product(dot: Callable[[Any, Any], jax.Array], x: jax.Array, w: jax.Array) -> jax.Array:
+    """``dot(x, w)``; where ``x`` or ``w`` has no elements, the zeros that product equals (an empty
+    result, or a sum over an empty contraction), made without a dot.
+
+    XLA of jax 0.11.2 dies (SIGSEGV) compiling a dot whose result has no elements inside a
+    ``shard_map``, on CPU and GPU alike (``scripts/xla_empty_probe.py``): jax_ub's ops send every
+    zero-size operand here, and would have taken the process down. Zeros also differentiate to
+    the right (zero) gradients, with no dot in the backward either. The zeros vary over the mesh
+    axes the operands vary over, as the dot's result would."""
+    if x.size and w.size:
+        return dot(x, w)
+    out = jax.eval_shape(dot, x, w)
+    return _ffi.vary(jnp.zeros(out.shape, out.dtype), _ffi.varying_axes(x) | _ffi.varying_axes(w))
+
+
+def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None) -> jax.Array:
+    """``jnp.matmul(x, w, precision=precision)``, with no dot where an operand is empty
+    (:func:`_product`)."""
+    return _product(functools.partial(jnp.matmul, precision=precision), x, w)
+
+
+def dot_general(x: jax.Array, w: jax.Array, dimension_numbers: Any, *,
+                precision: Any = None) -> jax.Array:
+    """``lax.dot_general``, with no dot where an operand is empty (:func:`_product`)."""
+    return _product(functools.partial(lax.dot_general, dimension_numbers=dimension_numbers,
+                                      precision=precision), x, w)
 
 
 def all_gather_matmul(
@@ -53,7 +85,7 @@ def all_gather_matmul(
       ``return_gathered`` also the gathered x `[..., m*tp, k]`.
     """
     x_gathered = lax.all_gather(x, axis_name, axis=gather_axis % x.ndim, tiled=True)
-    y = jnp.matmul(x_gathered, w, precision=precision)
+    y = matmul(x_gathered, w, precision=precision)
     return (y, x_gathered) if return_gathered else y
 
 
@@ -78,6 +110,6 @@ def matmul_reduce_scatter(
       `[..., M/tp, n]` (``scatter_axis`` shrinks by ``tp``) with the dtype of ``x``: this shard's
       slice of the sum over ``axis_name`` of the partial products.
     """
-    partial = jnp.matmul(x, w, precision=precision)
+    partial = matmul(x, w, precision=precision)
     # x's axes before the last are y's axes too, so scatter_axis (even negative) names the same one.
     return lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis % x.ndim, tiled=True)

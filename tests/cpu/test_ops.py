@@ -706,6 +706,58 @@ def test_zero_width_output_on_the_reference(cpu_mesh):
     assert rs(x, w).shape == (16, 0)
 
 
+def _dots(f, *args) -> int:
+    return f.lower(*args).as_text().count("dot_general")
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+@pytest.mark.parametrize("empty", ["n", "k"])
+@pytest.mark.parametrize("check_vma", [False, True], ids=["no_vma", "vma"])
+def test_an_empty_operand_compiles_no_dot(cpu_mesh, op, empty, check_vma):
+    """XLA of jax 0.11.2 dies with SIGSEGV compiling a dot with an empty result inside shard_map
+    (scripts/xla_empty_probe.py), which every zero-size operand of these ops used to emit. Now the
+    program has no dot, forward or backward, and the results and gradients are the zeros the
+    product equals: an empty output (n = 0), or a sum over nothing (k = 0, a full-size output)."""
+    mesh = cpu_mesh(2)
+    n, k = (0, 8) if empty == "n" else (6, 0)
+    x = jax.random.normal(jax.random.key(1), (16, k), jnp.float32)
+    w = jax.random.normal(jax.random.key(2), (k, n), jnp.float32)
+    if op == "ag":
+        fn, specs, out = ops.all_gather_matmul, (P("tp", None), P(None, "tp")), P(None, "tp")
+    else:
+        fn, specs, out = ops.matmul_reduce_scatter, (P(None, "tp"), P("tp", None)), P("tp", None)
+    want = (16, n)
+    sm = jax.shard_map(lambda x, w: fn(x, w, "tp", method="ring"), mesh=mesh, in_specs=specs,
+                       out_specs=out, check_vma=check_vma)
+    f = jax.jit(sm)
+    y = f(x, w)
+    assert y.shape == want and _dots(f, x, w) == 0
+    np.testing.assert_array_equal(np.asarray(y), np.zeros(want, np.float32))
+    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(sm(x, w) * 3.0), argnums=(0, 1)))
+    dx, dw = grad(x, w)
+    assert _dots(grad, x, w) == 0
+    assert dx.shape == x.shape and dw.shape == w.shape
+    np.testing.assert_array_equal(np.asarray(dx), np.zeros(x.shape, np.float32))
+    np.testing.assert_array_equal(np.asarray(dw), np.zeros(w.shape, np.float32))
+
+
+def test_empty_products_of_matmul_and_the_layers_dot_compile_no_dot():
+    """jax_ub.matmul's reference and reference.matmul itself: no dot where an operand is empty,
+    the dot where none is (with its value)."""
+    import jax_ub
+
+    for a, b in [((0, 4), (4, 3)), ((5, 0), (0, 3)), ((5, 4), (4, 0)), ((2, 0, 4), (4, 3))]:
+        x, w = jnp.ones(a, jnp.bfloat16), jnp.ones(b, jnp.bfloat16)
+        for f in (jax.jit(lambda x, w: jax_ub.matmul(x, w, method="xla")), jax.jit(reference.matmul)):
+            y = f(x, w)
+            assert y.shape == jnp.matmul(x, w).shape and y.dtype == jnp.bfloat16 and _dots(f, x, w) == 0
+            assert not np.asarray(y, np.float32).any()
+    x, w = jax.random.normal(jax.random.key(3), (5, 4)), jax.random.normal(jax.random.key(4), (4, 3))
+    f = jax.jit(reference.matmul)
+    assert _dots(f, x, w) == 1
+    np.testing.assert_array_equal(np.asarray(f(x, w)), np.asarray(jax.jit(jnp.matmul)(x, w)))
+
+
 def test_axis_name_tuples(cpu_mesh):
     """("tp",) is the axis "tp" (the ops see the plain name); a tuple of several axes gathers and
     scatters over their product on the reference path."""
