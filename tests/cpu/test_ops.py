@@ -715,7 +715,7 @@ def _dots(f, *args) -> int:
 @pytest.mark.parametrize("check_vma", [False, True], ids=["no_vma", "vma"])
 def test_an_empty_operand_compiles_no_dot(cpu_mesh, op, empty, check_vma):
     """XLA of jax 0.11.2 dies with SIGSEGV compiling a dot with an empty result inside shard_map
-    (scripts/xla_empty_probe.py), which every zero-size operand of these ops used to emit. Now the
+    (scripts/zero_size_probe.py), which every zero-size operand of these ops used to emit. Now the
     program has no dot, forward or backward, and the results and gradients are the zeros the
     product equals: an empty output (n = 0), or a sum over nothing (k = 0, a full-size output)."""
     mesh = cpu_mesh(2)
@@ -798,8 +798,9 @@ def test_a_tuple_of_one_axis_reaches_the_implementation_as_its_name(monkeypatch,
 
 def test_bulk_gather_beside_an_empty_gemm(cpu_mesh):
     """The bulk all-gather whose independent GEMM is empty (x[0, K] @ w[K, 0]): the gather is whole
-    and the GEMM's result has its zero size (the case XLA crashes compiling on two GPUs, see
-    tests/multigpu/test_overlap.py::test_zero_size_operands_give_xla_results)."""
+    and the GEMM's result has its zero size (with a dot, the program XLA of jax 0.11.2 crashed
+    compiling, on two GPUs and on CPU: tests/multigpu/test_overlap.py::
+    test_zero_size_operands_give_xla_results, scripts/zero_size_probe.py)."""
     from jax_ub import bulk
 
     mesh = cpu_mesh(2)
