@@ -9,9 +9,10 @@ test_zero_size_operands_give_xla_results[bulk_ag] died with SIGSEGV inside XLA's
 backend_compile_and_load, for a program with no jax_ub custom call (the lowered text was checked):
 an all-gather of a[256, 64] beside x[0, 128] @ w[128, 0]. On one H200 every case below passed (a
 1-device mesh: the all-gather is trivial there). Session 40 ran it with ``cpu`` on the H100
-machine's jax 0.11.2: every dot with an empty result inside a shard_map crashed (the plain dots
-below, with or without an all-gather beside them); a dot over an empty contraction did not, nor a
-dot under jit alone. jax_ub's ops no longer emit such a dot (jax_ub/reference.py, ``_product``),
+machine's jax 0.11.2: a dot with an empty result crashed in a shard_map that also took an operand
+split over the axis (an all-gather of it beside the dot, or that operand merely passed through);
+the same dot with only replicated operands did not, nor under jit alone. (A dot over an empty
+contraction, both operands empty, is refused by shardy in jax 0.10 and 0.11: an error, no crash.) jax_ub's ops no longer emit such a dot (jax_ub/reference.py, ``_product``),
 and their cases here passed there, as they did on one GPU."""
 import os
 import subprocess

@@ -714,8 +714,9 @@ def _dots(f, *args) -> int:
 @pytest.mark.parametrize("empty", ["n", "k"])
 @pytest.mark.parametrize("check_vma", [False, True], ids=["no_vma", "vma"])
 def test_an_empty_operand_compiles_no_dot(cpu_mesh, op, empty, check_vma):
-    """XLA of jax 0.11.2 dies with SIGSEGV compiling a dot with an empty result inside shard_map
-    (scripts/zero_size_probe.py), which every zero-size operand of these ops used to emit. Now the
+    """XLA of jax 0.11.2 dies with SIGSEGV compiling a dot with an empty result in a shard_map
+    with a split operand (scripts/zero_size_probe.py), which every zero-size operand of these ops
+    used to emit. Now the
     program has no dot, forward or backward, and the results and gradients are the zeros the
     product equals: an empty output (n = 0), or a sum over nothing (k = 0, a full-size output)."""
     mesh = cpu_mesh(2)

@@ -627,8 +627,8 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
 
 # XLA of jax 0.11.2 died with SIGSEGV compiling the bulk_ag case's program on two H200s (2026-11-24,
 # twice, taking the rest of the test session with it): an all-gather beside an empty dot. On that
-# jax every dot with an empty result inside a shard_map crashes XLA's compiler, on CPU too
-# (scripts/zero_size_probe.py, 2026-11-25); jax_ub's ops no longer emit one (reference._product:
+# jax a dot with an empty result crashes XLA's compiler in a shard_map with an operand split over
+# the axis, on CPU too (scripts/zero_size_probe.py, 2026-11-25); jax_ub's ops no longer emit one (reference._product:
 # the zeros, without a dot), and the lowered text is checked for that below.
 @pytest.mark.parametrize("op", ["ag", "rs", "bulk_ag"])
 def test_zero_size_operands_give_xla_results(ub, op):
