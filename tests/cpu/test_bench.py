@@ -36,8 +36,19 @@ def _env() -> dict[str, str]:
     flags = [f for f in env.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
-    env.pop("JAX_UB_METHOD", None)
+    for name in jax_ub.config.KNOB_VARIABLES:  # the bench's defaults, whatever the caller set
+        env.pop(name, None)
     return env
+
+
+@pytest.fixture(autouse=True)
+def _default_settings(monkeypatch):
+    """Every test here starts from jax_ub's default settings: the records name the settings away
+    from their defaults, and a JAX_UB_* variable of the caller's (the GPU machines' scripts set
+    JAX_UB_TIMEOUT) showed up there and failed two tests."""
+    for name in jax_ub.config.KNOB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(jax_ub.config, "_active", None)  # read again, from the cleaned environment
 
 
 def _bench(args: list[str], out: Path, tag: str | None = None) -> tuple[dict, str]:
