@@ -28,14 +28,20 @@ SHAPES = [((3, 7), jnp.bfloat16), ((2, 3, 40, 24), jnp.float16), ((1536, 3456), 
           ((1024, 1024), jnp.float32), ((6144, 3456), jnp.bfloat16)]
 
 
-def _unwritten(shape, dtype):
-    """A fresh jitted program (it compiles after the poison, as a test's first call does) whose one
-    output is left as the allocator handed it over."""
+def _unwritten_body(shape, dtype):
+    """A function whose one output, of ``shape``, is left as the allocator handed it over (the
+    extension's target registered first)."""
     extension("registrations")  # fails on a GPU machine without the extension
     from jax_ub import _ext
 
     _ext.ensure_registered()
-    return jax.jit(lambda: jax.ffi.ffi_call("jax_ub_test_unwritten", jax.ShapeDtypeStruct(shape, dtype))())
+    return lambda: jax.ffi.ffi_call("jax_ub_test_unwritten", jax.ShapeDtypeStruct(shape, dtype))()
+
+
+def _unwritten(shape, dtype):
+    """:func:`_unwritten_body`, jitted afresh (it compiles after the poison, as a test's first
+    call does)."""
+    return jax.jit(_unwritten_body(shape, dtype))
 
 
 def _id(case):
@@ -77,11 +83,8 @@ def test_poison_reaches_every_device_of_a_shard_map():
     devs = jax.devices()
     mesh = Mesh(np.array(devs), ("tp",))
     shard = (1536, 1000)
-    f = _unwritten(shard, jnp.bfloat16)  # registers the target; the program below is another
-    g = jax.jit(jax.shard_map(
-        lambda: jax.ffi.ffi_call("jax_ub_test_unwritten", jax.ShapeDtypeStruct(shard, jnp.bfloat16))(),
-        mesh=mesh, in_specs=(), out_specs=P("tp"), check_vma=False))
-    del f
+    g = jax.jit(jax.shard_map(_unwritten_body(shard, jnp.bfloat16), mesh=mesh, in_specs=(),
+                              out_specs=P("tp"), check_vma=False))
     holes = _checks.poison(shard, jnp.bfloat16, devs)
     out = g()
     for s in out.addressable_shards:
