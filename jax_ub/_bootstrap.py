@@ -376,11 +376,25 @@ class KVExchange:
     def settle(self, tag: str) -> None:
         """A short barrier (at most ``_ACK_S``, never raising) that a step ending in the same error
         on every rank runs before raising it: every rank has then read what it needed, so none
-        can take jax.distributed's service away (by exiting) while a peer still reads."""
+        can take jax.distributed's service away (by exiting) while a peer still reads.
+
+        The barrier's own reads may still be in flight on a peer when rank 0 leaves it, and
+        rank 0 is (in jax_ub's groups) process 0, the service's host. So each other rank then
+        publishes that it is through, its last call to the store, and returns at once; rank 0
+        waits for all of them, then ``_GRACE_S`` more for them to raise (a peer still in a read
+        when process 0 exited was aborted by jax instead: a loaded 2-core CI machine, once)."""
         if self.world == 1:
             return
         with contextlib.suppress(Exception):
+            deadline = time.monotonic() + min(_ACK_S, self.timeout_s)
             self._all_gather("barrier", f"{tag}-settled", b"", timeout_s=min(_ACK_S, self.timeout_s))
+            through = f"{tag}-settled-through"
+            if self.rank != 0:
+                self._store.set(self._key(through, self.rank), b"")
+                return
+            for r in range(1, self.world):
+                if self._store.wait(self._key(through, r), max(0.0, deadline - time.monotonic())) is None:
+                    break  # the deadline: do not wait for the others either
             time.sleep(_GRACE_S)
 
     def _failed_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerFailedError | None:
