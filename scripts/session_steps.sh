@@ -5,9 +5,13 @@
 # $OUT/out.tgz (results/, logs/) is rewritten after every step, so a call that the device's limit
 # kills still returns what its finished steps wrote, as one file (the device returns at most 8).
 # DEADLINE_S (seconds from the start, optional) cuts each step's limit so that the last tar lands
-# before a device limit shorter than the steps' sum. JAX_UB_WHEEL (a wheel built elsewhere for the
+# before a device limit shorter than the steps' sum. SESSION_WHEEL (a wheel built elsewhere for the
 # device's Python, e.g. .whl/jax_ub-*-cp312-*.whl carried) is installed instead of building, when its
-# extension loads; otherwise the step builds from the checkout as usual.
+# extension loads; otherwise the step builds from the checkout as usual. (Not JAX_UB_*: jax_ub warns
+# at every import about a JAX_UB_ variable that is not one of its settings.) To make the wheel here:
+#   JAX_UB_CUDA_ARCHS=90a JAX_UB_REQUIRE_CUDA=1 <python3.12 with jax==<device's> nanobind
+#   scikit-build-core cmake ninja>/bin/pip wheel --no-build-isolation --no-deps -w .whl .
+# (saved 30-60 s of a 4-GPU call in the forty-first session; .whl/ is git-ignored, name it in carry).
 set -uo pipefail
 OUT_DIR="${OUT:-./gpu_out}"
 WORK="$(mktemp -d)"
@@ -20,8 +24,8 @@ step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 pack() { tar czf "$OUT_DIR/out.tgz.tmp" -C "$WORK" results logs && mv "$OUT_DIR/out.tgz.tmp" "$OUT_DIR/out.tgz"; }
 step build
 built=0
-if [[ -n "${JAX_UB_WHEEL:-}" ]]; then
-  python3 -m pip install --no-deps --force-reinstall "$JAX_UB_WHEEL" > "$L/build.log" 2>&1 \
+if [[ -n "${SESSION_WHEEL:-}" ]]; then
+  python3 -m pip install --no-deps --force-reinstall "$SESSION_WHEEL" > "$L/build.log" 2>&1 \
     && python3 -c "import jax_ub, sys; i = jax_ub.build_info(); print(i['reason']); sys.exit(0 if i['extension_loaded'] else 1)" >> "$L/build.log" 2>&1 \
     && built=1
   tail -2 "$L/build.log"
