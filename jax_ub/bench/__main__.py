@@ -14,6 +14,8 @@ milliseconds of:
 * ``comm_jax_ub``  jax_ub's collective alone (copy engine);
 * ``xla_plain``    collective then dot in ``shard_map`` (no overlap);
 * ``xla_windowed`` the jit-partitioned dot with XLA's windowed-einsum flags;
+* ``xla_windowed_nccl`` (ag, rs) the same without ``xla_gpu_use_memcpy_local_p2p`` (the loop's
+  chunks over NCCL): with it, jax 0.11.2's XLA gave wrong outputs at tp=4 (harness.WINDOWED_NCCL_FLAGS);
 * ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm;
 * ``variant_push_merge`` (ag, CUDA path) push with ``JAX_UB_AG_PUSH_MERGE=1``: the peers' chunks in
   at most two GEMMs (opt-in, so not among the methods ``auto`` chooses from).

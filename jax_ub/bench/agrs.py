@@ -104,11 +104,12 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
 
-    def windowed():  # XLA's windowed einsum: the jit-partitioned dot with sharded operands and output
+    def windowed(flags):  # XLA's windowed einsum: the jit-partitioned dot, sharded operands and output
         fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))
-        return fw.lower(x, w).compile(compiler_options=h.WINDOWED_FLAGS), (x, w)
+        return lambda: (fw.lower(x, w).compile(compiler_options=flags), (x, w))
 
-    impls["xla_windowed"] = windowed
+    impls["xla_windowed"] = windowed(h.WINDOWED_FLAGS)
+    impls["xla_windowed_nccl"] = windowed(h.WINDOWED_NCCL_FLAGS)  # without the local peer memcpys
     if op == "ag" and cuda:
         def push_merge():  # push, the peers' chunks in at most two GEMMs (traced with the knob on)
             f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"), (x_spec, w_spec), y_spec)
@@ -190,7 +191,7 @@ def same_program_spread(rows: list) -> list[float]:
 
 def _table(op: str, rows: list, path: str) -> None:
     alts = "ring/all_peer" if op == "ag" else "ring/pipeline/chain"
-    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  jax_ub  (auto runs)  "
+    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  (nccl)  jax_ub  (auto runs)  "
           f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm); in tp row "
           f"chunks, T/max(them, ub_comm))")
     for tp, M, K, N, r, auto in rows:
@@ -198,7 +199,7 @@ def _table(op: str, rows: list, path: str) -> None:
         alt = (f"{g('jax_ub_all_peer'):.3f}" if op == "ag" else
                f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}")
         print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
-              f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
+              f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('xla_windowed_nccl'):7.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
               f"{g('jax_ub_ring'):.3f}/{alt}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
               f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):8.2f}"
               f"  ({g('gemm_all_gpus'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_all_gpus', 'comm_jax_ub'):.2f}; "

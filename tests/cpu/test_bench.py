@@ -772,6 +772,7 @@ def test_check_compares_each_impl_with_its_reference(capsys):
     for name, out, why in [("jax_ub", ref * 1.02,
                             "relative error 0.02 against xla_plain (bound 0.01 in bfloat16)"),
                            ("xla_windowed", ref.at[0, 0].set(jnp.nan), "relative error nan"),
+                           ("xla_windowed_nccl", ref * 0.5, "relative error 0.5 against xla_plain"),
                            ("comm_jax_ub", ref, "against comm_nccl"),
                            ("variant_push_merge", (ref, ref), "is not the reference's")]:
         with pytest.raises(harness.WrongOutput, match=re.escape(why)):
@@ -828,13 +829,15 @@ def test_records_say_their_chain_and_error(tmp_path, capsys):
                    "--machine", "box"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "timed one op per dispatch (not chainable; the others chained): xla_windowed" in out
+    assert "timed one op per dispatch (not chainable; the others chained): xla_windowed, xla_windowed_nccl" in out
     assert "tp=2: geometric mean speedup vs xla_plain: " in out and "x over 1 of 1 shapes" in out
     doc = json.loads(next(tmp_path.glob("box-*-rs.json")).read_text())
     assert "chain" not in doc and doc["complete"] is True and doc["failures"] == [] and doc["config"] == {}
     recs = {r["impl"]: r for r in doc["records"]}
-    assert recs["xla_windowed"]["chain"] == 1 and recs["jax_ub"]["chain"] == recs["xla_plain"]["chain"] == 2
+    assert recs["xla_windowed"]["chain"] == recs["xla_windowed_nccl"]["chain"] == 1
+    assert recs["jax_ub"]["chain"] == recs["xla_plain"]["chain"] == 2
     assert recs["jax_ub"]["rel_err"] <= 1e-2 and recs["xla_windowed"]["rel_err"] <= 1e-2
+    assert recs["xla_windowed_nccl"]["rel_err"] <= 1e-2
     assert "rel_err" not in recs["xla_plain"] and "rel_err" not in recs["gemm_alone"]
     for r in doc["records"]:  # one burst (--reps 1): its range is the median itself
         assert r["ms_min"] == r["ms"] == r["ms_max"] > 0, r
