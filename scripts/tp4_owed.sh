@@ -5,8 +5,14 @@
 #   bash scripts/tp4_owed.sh c    # ag with the heuristic's GEMMs, ag with push's peer chunks merged (JAX_UB_AG_PUSH_MERGE),
 #                                 # the split/tuning probes, the bare reduce-scatter by method and pieces
 #   bash scripts/tp4_owed.sh t    # the one-process multi-GPU tier whole (its element-wise checks of session 39
-#                                 # have run on one GPU only); first on any 2- or 4-GPU machine. The zero-size
-#                                 # case runs alone first: jax 0.11.2's XLA crashed on it before session 40's fix
+#                                 # ran on 4 GPUs only for 6 AG cases, session 41); first on any 2- or 4-GPU
+#                                 # machine. The zero-size case runs alone first: jax 0.11.2's XLA crashed on it
+#                                 # before session 40's fix
+#   bash scripts/tp4_owed.sh d    # why AG got slower (session 41: push 0.47 -> 0.61 ms at 8192^3): timelines of
+#                                 # the two small shapes, chained 4 against one per dispatch
+# Session 41 ran ag and rs of a (AG 1.16x, RS 1.37x, merged); a again times xla_windowed_nccl, new since.
+# A wheel built here for the device's Python saves the build: SESSION_WHEEL=.whl/<wheel> (session_steps.sh),
+# with .whl in carry; DEADLINE_S=<s> makes the last tarball land inside a short device limit.
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
 # records were taken with the heuristic's GEMMs (JAX_UB_GEMM_TUNE=0), which b and c time again.
 # Each step has its own limit (session_steps.sh); results land in $OUT/out.tgz (results/, logs/).
@@ -50,5 +56,11 @@ case "${1:-}" in
       'overlap|300|python3 -m pytest -q -rs -x tests/multigpu/test_overlap.py tests/multigpu/test_nccl_transport.py -k "not zero_size_operands"' \
       'rest|200|python3 -m pytest -q -rs tests/multigpu/test_one_process.py tests/multigpu/test_layers_cuda.py tests/multigpu/test_tuning_cuda.py'
     ;;
-  *) echo "usage: bash scripts/tp4_owed.sh a|b|c|t" >&2; exit 2 ;;
+  d)
+    TAILN=${TAILN:-20} bash "$here/session_steps.sh" \
+      'ag_small_timeline|150|python3 -m jax_ub.bench ag --tp 4 --timeline --shapes 8192,8192,8192 2048,8192,28672 --out $R/timeline' \
+      'ag_small_chain|120|python3 -m jax_ub.bench ag --tp 4 --chain 4 --shapes 8192,8192,8192 2048,8192,28672 --out $R/chain' \
+      'ag_small_heuristic|120|JAX_UB_GEMM_TUNE=0 python3 -m jax_ub.bench ag --tp 4 --shapes 8192,8192,8192 2048,8192,28672 --out $R/heuristic'
+    ;;
+  *) echo "usage: bash scripts/tp4_owed.sh a|b|c|d|t" >&2; exit 2 ;;
 esac
