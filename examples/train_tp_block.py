@@ -428,7 +428,7 @@ def _train(args: argparse.Namespace, mesh: Any, method: str | None) -> tuple[lis
 
 
 # jax_ub.config.METHODS (not imported here: --help must not wait for jax).
-METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "push_merge", "pipeline", "chain", "columns", "nccl")
 
 
 def _resolved(method: str | None) -> tuple[str, str]:

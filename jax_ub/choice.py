@@ -50,8 +50,13 @@ BENCH_OP = {AG: "ag_gemm", RS: "gemm_rs"}
 # The methods each op's table may name: the CUDA algorithms (bench impl "jax_ub_<method>"), and
 # "xla" (bench impl "xla_plain": XLA's collective, then the dot), last so that a tie goes to the
 # overlap: auto runs XLA's own path only where it measured faster than every algorithm.
-METHODS = {AG: ("push", "ring", "all_peer", "xla"), RS: ("ring", "pipeline", "chain", "columns", "xla")}
+METHODS = {AG: ("push", "push_merge", "ring", "all_peer", "xla"),
+           RS: ("ring", "pipeline", "chain", "columns", "xla")}
 XLA_IMPL = "xla_plain"
+# Bench impls of runs older than the method they time: runs up to 2026-11-28 timed push_merge as
+# "variant_push_merge" (push traced with JAX_UB_AG_PUSH_MERGE=1, no pieces at the bench shapes:
+# the same program).
+LEGACY_IMPLS = {"variant_push_merge": "push_merge"}
 FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
 RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 DTYPES = ("bfloat16", "float16", "float32")  # the dtypes jax_ub's ops take
@@ -129,6 +134,8 @@ def method_of(impl: str) -> str | None:
     for impls that are not a method ``auto`` may run (``jax_ub`` itself, baselines)."""
     if impl == XLA_IMPL:
         return "xla"
+    if impl in LEGACY_IMPLS:
+        return LEGACY_IMPLS[impl]
     return impl[len("jax_ub_"):] if impl.startswith("jax_ub_") else None
 
 
@@ -227,6 +234,8 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         if method not in METHODS[op]:
             unknown.add(f"{op} {method}")
             continue
+        if method == "push_merge" and dims["tp"] <= 2:
+            continue  # one peer chunk, nothing to merge: push's program, timed a second time
         if not (math.isfinite(ms) and ms > 0):
             continue  # not measured
         key = (op, dims["tp"], dtype, dims["M"], dims["K"], dims["N"])
@@ -545,7 +554,7 @@ def render(docs: Sequence[dict]) -> str:
              "DOCS = ["]
     for d in docs:
         recs = [r for r in d.get("records", []) if r.get("op") in BENCH_OP.values()
-                and (str(r.get("impl", "")).startswith("jax_ub_") or r.get("impl") == XLA_IMPL)]
+                and method_of(str(r.get("impl", ""))) is not None]
         if not recs:
             continue
         lines.append(f"    {{'machine': {d.get('machine')!r}, 'date': {d.get('date')!r}, 'records': [")

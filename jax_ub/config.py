@@ -6,7 +6,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
-| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
+| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``push_merge``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
 | auto_chain   | JAX_UB_AUTO_CHAIN    | 0       | ``1``: ``auto`` may choose ``chain`` at tp >= 3 in bfloat16/float16, whose partial sums travel in the op's dtype (one rounding per hop; every other method sums in fp32); ``0``: where ``chain`` measured fastest there, ``auto`` runs the fastest of the others (:mod:`jax_ub.choice`) |
 | disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
 | timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds without progress, counted while this GPU is inside the op) |
@@ -25,7 +25,7 @@ Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that se
 | rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
 | rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
 | ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
-| ag_push_merge | JAX_UB_AG_PUSH_MERGE | 0 | ``1``: the ``push`` AG->GEMM (without pieces, tp > 2) multiplies the peers' chunks as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of one GEMM per chunk (opt-in until measured at tp=4) |
+| ag_push_merge | JAX_UB_AG_PUSH_MERGE | 0 | ``1``: the ``push`` AG->GEMM (without pieces, tp > 2) multiplies the peers' chunks as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of one GEMM per chunk; what method ``push_merge`` runs (which ``auto`` chooses where it measured fastest), for every call of ``push`` |
 | tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench tune`` (or ``ag|rs``) JSON of this machine: where it measured a call's op, tp and dtype, ``method="auto"`` chooses from its records; elsewhere from the shipped ones (:mod:`jax_ub.choice`) |
 | record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op; ``<stem>.process<i>.json`` with several processes), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
 | log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
@@ -43,7 +43,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 
-METHODS = ("auto", "xla", "ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl")
+METHODS = ("auto", "xla", "ring", "all_peer", "push", "push_merge", "pipeline", "chain", "columns", "nccl")
 # JAX_UB_* variables that are not knobs of this table: the build's (CMakeLists.txt), CI's and the
 # test launcher's (JAX_UB_TEST_*).
 OTHER_VARIABLES = ("JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA", "JAX_UB_CI_VENV")

@@ -1,6 +1,6 @@
 """CUDA implementations of the TP primitives (``csrc/ffi/overlap.cc``), registered with
-:mod:`jax_ub.ops` under the method names ``auto``, ``ring``, ``all_peer``, ``push``, ``pipeline``,
-``chain``, ``columns`` and ``nccl``, plus the
+:mod:`jax_ub.ops` under the method names ``auto``, ``ring``, ``all_peer``, ``push``, ``push_merge``,
+``pipeline``, ``chain``, ``columns`` and ``nccl``, plus the
 bare collectives over jax_ub's transport (:func:`all_gather`, :func:`reduce_scatter`), the bulk
 forms (:func:`bulk_all_gather`, :func:`bulk_reduce_scatter`: a collective under an independent
 GEMM) and the timeline hooks (:func:`trace_enable`, :func:`trace_collect`).
@@ -9,9 +9,14 @@ Algorithms (``csrc/overlap/schedules.h``):
 
 * all-gather: ``ring`` pulls peers' shards one after another (r+1, r+2, ...) by copy engine;
   ``all_peer`` pulls all at once; ``push`` has every rank push its shard straight from its input
-  into every peer's registered buffer (no publish copy). ``pipeline`` is ``ring``.
+  into every peer's registered buffer (no publish copy); ``push_merge`` is ``push`` whose peer
+  chunks are multiplied as at most two GEMMs over their contiguous rows of the buffer (ranks
+  r+1..tp-1, then 0..r-1), each once its chunks have landed (fewer, larger GEMMs for a later start:
+  measured fastest at AG 2048,8192,28672 tp=4, slower at larger M; tp=2 has one peer chunk, so it is
+  ``push`` there). ``pipeline`` is ``ring``.
 * reduce-scatter: ``ring`` pushes each destination's partial on one comm stream as soon as it is
-  computed; ``pipeline`` (= ``all_peer``) gives every push its own stream. ``push`` is ``ring``.
+  computed; ``pipeline`` (= ``all_peer``) gives every push its own stream. ``push`` and
+  ``push_merge`` are ``ring``.
   Both end with one fp32 sum of the partials after the last GEMM. ``chain`` has no final sum: each
   rank adds the partial sum received from its ring neighbour in the GEMM's epilogue (fp32) and
   passes it on, the last step writing the output; partial sums travel in the op's dtype (one
@@ -39,8 +44,14 @@ from jax_ub import _ext, _ffi, _mesh_check, _validate, choice, comm, config, ops
 _log = logging.getLogger("jax_ub")
 
 # "nccl": any algorithm on a communicator set with transport nccl runs the NCCL schedule.
-AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "columns": 2, "nccl": 2}
-RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "columns": 3, "nccl": 0}
+AG_ALGOS = {"ring": 0, "all_peer": 1, "push": 2, "pipeline": 0, "chain": 2, "columns": 2, "nccl": 2,
+            "push_merge": 2}
+RS_ALGOS = {"ring": 0, "pipeline": 1, "all_peer": 1, "push": 0, "chain": 2, "columns": 3, "nccl": 0,
+            "push_merge": 0}
+# AG methods that land every peer's shard in the registered buffer by push (the gathered x is an
+# output only where someone uses it). push_merge is push with its peers' chunks merged
+# (ag_push_merge): a schedule of its own, under its own name in explain.
+AG_PUSH = ("push", "push_merge")
 # Row pieces per step of the chain GEMM->RS: a piece is pushed, and the neighbour's next step
 # starts on it, while the next piece is computed (config.rs_chain_pieces overrides).
 RS_CHAIN_PIECES = 2
@@ -196,7 +207,7 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     y_t = _ffi.result_type((*rows, w.shape[1]), x.dtype, x2, w)
     # The gathered x is an output only when someone uses it: push and nccl land peers' chunks in
     # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
-    keep = need_full or (method != "push" and s.transport != "nccl")
+    keep = need_full or (method not in AG_PUSH and s.transport != "nccl")
     xg_t = _ffi.result_type((*rows, x2.shape[-1]) if keep else (0, x2.shape[-1]), x.dtype, x2, w)
     pieces = (ag_push_pieces(method, math.prod(x2.shape[:-1]), w.shape[1], x2.shape[-1], es, s.world)
               if s.transport != "nccl" else 1)
@@ -324,10 +335,11 @@ def ag_push_pieces(method: str, rows: int, n: int, k: int, itemsize: int, world:
 def ag_push_merge(method: str, world: int, pieces: int) -> bool:
     """Whether a push AG->GEMM over ``world`` ranks multiplies the peers' chunks as at most two
     GEMMs over their contiguous rows of the buffer (ranks r+1..world-1, then 0..r-1), each once its
-    chunks have landed, instead of one GEMM per chunk: ``config.ag_push_merge``, for the push
-    algorithm without pieces (the two exclude each other) and more than one peer."""
-    return (config.get().ag_push_merge and AG_ALGOS.get(method) == AG_ALGOS["push"]
-            and pieces == 1 and world > 2)
+    chunks have landed, instead of one GEMM per chunk: method ``push_merge``, or
+    ``config.ag_push_merge`` for the other names of the push algorithm; without pieces (the two
+    exclude each other; push_merge asks for none) and with more than one peer."""
+    asked = method == "push_merge" or (config.get().ag_push_merge and AG_ALGOS.get(method) == AG_ALGOS["push"])
+    return bool(asked and pieces == 1 and world > 2)
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:
@@ -500,6 +512,8 @@ def _algorithm(op: str, method: str) -> str:
     algos = AG_ALGOS if op == ops.AG else RS_ALGOS
     if method not in algos:  # an implementation registered by name (ops.register_impl)
         return method
+    if op == ops.AG and method == "push_merge":  # the push kernel, scheduled otherwise
+        return method
     return next(m for m, a in algos.items() if a == algos[method])
 
 
@@ -594,7 +608,7 @@ def _auto(op: str):
 def _register() -> None:
     ops.register_impl(ops.AG, "auto")(_auto(ops.AG))
     ops.register_impl(ops.RS, "auto")(_auto(ops.RS))
-    for name in ("ring", "all_peer", "push", "pipeline", "chain", "columns", "nccl"):
+    for name in ("ring", "all_peer", "push", "push_merge", "pipeline", "chain", "columns", "nccl"):
         ops.register_impl(ops.AG, name)(
             lambda x, w, *, axis_name, axis, precision, need_full=True, _m=name: ag_gemm(
                 x, w, axis_name=axis_name, axis=axis, precision=precision, method=_m,

@@ -16,9 +16,8 @@ milliseconds of:
 * ``xla_windowed`` the jit-partitioned dot with XLA's windowed-einsum flags;
 * ``xla_windowed_nccl`` (ag, rs) the same without ``xla_gpu_use_memcpy_local_p2p`` (the loop's
   chunks over NCCL): with it, jax 0.11.2's XLA gave wrong outputs at tp=4 (harness.WINDOWED_NCCL_FLAGS);
-* ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm;
-* ``variant_push_merge`` (ag, CUDA path) push with ``JAX_UB_AG_PUSH_MERGE=1``: the peers' chunks in
-  at most two GEMMs (opt-in, so not among the methods ``auto`` chooses from).
+* ``jax_ub``       the overlapped op (``method="auto"``), plus ``jax_ub_<algo>`` per algorithm
+  (ag: push, push_merge, ring, all_peer; rs: ring, pipeline, chain, columns).
 
 With ``--timeline`` (``ag``, ``rs``, ``bulk``; CUDA path only), each shape's ``jax_ub`` op also
 runs traced (``jax_ub.overlap.trace_enable``/``trace_collect``), ``TIMELINE_CALLS`` calls back to
@@ -65,7 +64,7 @@ clocks under its power cap follow the last few ms of load); the median per-call 
 With ``--chain N`` (``ag``, ``rs``, ``bulk``, default 1; ``tune``, default 8) a call runs the op N
 times in a row in one program (:func:`jax_ub.bench.harness.chain_fn`) and the time per op is
 recorded: a lone dispatch of a small op is bound by the host, which a model's step, many ops per
-dispatch, is not. A compiled program (``xla_windowed``, ``variant_push_merge``) cannot be chained
+dispatch, is not. A compiled program (``xla_windowed``, ``xla_windowed_nccl``) cannot be chained
 and runs one op per dispatch: each record says its own ``chain``, and a ratio of two impls of
 different chains is not printed ("n/a").
 
@@ -101,7 +100,7 @@ from typing import Any
 MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing it here
 DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops take
 # The jax_ub_<method> impls of bench ag / rs (jax_ub.choice.METHODS less "xla"; see agrs.build).
-CUDA_METHODS = {"ag": ("push", "ring", "all_peer"), "rs": ("ring", "pipeline", "chain", "columns")}
+CUDA_METHODS = {"ag": ("push", "push_merge", "ring", "all_peer"), "rs": ("ring", "pipeline", "chain", "columns")}
 
 
 def at_least(low: float, kind: type = int) -> Any:

@@ -31,7 +31,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     from jax.sharding import PartitionSpec as P
 
     import jax_ub
-    from jax_ub import config, overlap
+    from jax_ub import overlap
 
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
@@ -84,7 +84,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "push", "ring", "all_peer"):
+        for m in ("auto", "push", "push_merge", "ring", "all_peer"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
@@ -110,13 +110,6 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
 
     impls["xla_windowed"] = windowed(h.WINDOWED_FLAGS)
     impls["xla_windowed_nccl"] = windowed(h.WINDOWED_NCCL_FLAGS)  # without the local peer memcpys
-    if op == "ag" and cuda:
-        def push_merge():  # push, the peers' chunks in at most two GEMMs (traced with the knob on)
-            f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push"), (x_spec, w_spec), y_spec)
-            with config.override(ag_push_merge=True):
-                return f.lower(x, w).compile(), (x, w)
-
-        impls["variant_push_merge"] = push_merge  # not a method auto may run: no jax_ub_ prefix
     if not cuda:  # the copy-engine collective and the explicit CUDA algorithms need the CUDA path
         for name in [n for n in impls if n == "comm_jax_ub" or n.startswith("jax_ub_")]:
             del impls[name]
@@ -216,10 +209,10 @@ def _table(op: str, rows: list, path: str) -> None:
               + (f"{gm:.2f}x over {k} of {len(speedups)} shapes" if gm is not None else
                  f"none (no shape of {len(speedups)} has both times)"))
     merged = [(tp, M, K, N, r) for tp, M, K, N, r, _ in rows
-              if "variant_push_merge" in r and "jax_ub_push" in r]
-    if merged:  # JAX_UB_AG_PUSH_MERGE=1 against plain push, same run
-        print("push with merged peer GEMMs / push: " + ", ".join(
-            f"tp{tp} {M},{K},{N} {_ratio_text(r, 'variant_push_merge', 'jax_ub_push')}"
+              if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp > 2]  # tp=2: the same program
+    if merged:
+        print("push_merge / push: " + ", ".join(
+            f"tp{tp} {M},{K},{N} {_ratio_text(r, 'jax_ub_push_merge', 'jax_ub_push')}"
             for tp, M, K, N, r in merged))
     spread = same_program_spread(rows)
     if spread:

@@ -518,17 +518,19 @@ def test_host_line_reports_the_slowest_device_per_op():
 
 def test_table_prints_split_floor_and_merged_push(capsys):
     """The ag table's last columns: T over max(the GEMM in tp row chunks, ub_comm); and, where the
-    run timed it, push with merged peer GEMMs over plain push, per shape."""
+    run timed both, push_merge over plain push, per shape (tp > 2: at tp=2 they are one program)."""
     r = {"gemm_alone": 1.0, "gemm_all_gpus": 1.1, "gemm_chunks": 1.2, "comm_nccl": 0.5,
          "comm_jax_ub": 0.4, "xla_plain": 2.0, "xla_windowed": 2.5, "jax_ub": 1.32,
-         "jax_ub_push": 1.32, "jax_ub_ring": 1.5, "jax_ub_all_peer": 1.6, "variant_push_merge": 1.254}
+         "jax_ub_push": 1.32, "jax_ub_ring": 1.5, "jax_ub_all_peer": 1.6, "jax_ub_push_merge": 1.254}
     agrs._table("ag", [(4, 8192, 8192, 28672, r, "push")], "path: cuda")
     out = capsys.readouterr().out
     assert "(1.100, 1.20; 1.200, 1.10)" in out  # T/max(all GPUs, comm) 1.20; T/max(chunks, comm) 1.10
-    assert "push with merged peer GEMMs / push: tp4 8192,8192,28672 0.950" in out
-    agrs._table("ag", [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "variant_push_merge"},
+    assert "push_merge / push: tp4 8192,8192,28672 0.950" in out
+    agrs._table("ag", [(2, 8192, 8192, 28672, r, "push")], "path: cuda")
+    assert "push_merge / push" not in capsys.readouterr().out
+    agrs._table("ag", [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "jax_ub_push_merge"},
                         "push")], "path: cuda")
-    assert "merged" not in capsys.readouterr().out
+    assert "push_merge / push" not in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -862,18 +864,18 @@ def test_records_carry_the_spread_of_their_bursts(monkeypatch):
 
 def test_ratios_of_impls_of_different_chains_are_flagged(capsys):
     r = harness.Times({"gemm_alone": 1.0, "comm_jax_ub": 0.4, "xla_plain": 2.0, "jax_ub": 1.25,
-                       "jax_ub_push": 1.25, "variant_push_merge": 1.2},
+                       "jax_ub_push": 1.25, "jax_ub_push_merge": 1.2},
                       {"gemm_alone": 4, "comm_jax_ub": 4, "xla_plain": 4, "jax_ub": 4, "jax_ub_push": 4,
-                       "variant_push_merge": 1})
+                       "jax_ub_push_merge": 1})
     assert harness.ratio(r, "xla_plain", "jax_ub") == 1.6 and harness.ratio(r, "jax_ub", "gemm_alone",
                                                                             "comm_jax_ub") == 1.25
-    assert math.isnan(harness.ratio(r, "variant_push_merge", "jax_ub_push"))
+    assert math.isnan(harness.ratio(r, "jax_ub_push_merge", "jax_ub_push"))
     assert math.isnan(harness.ratio(r, "xla_plain", "xla_windowed"))  # missing
     agrs._table("ag", [(4, 8192, 8192, 8192, r, "push"), (4, 2048, 8192, 28672, harness.Times(), "-"),
                        (2, 8192, 8192, 8192, r, "push")], "path: cuda")
     out = capsys.readouterr().out
-    assert "push with merged peer GEMMs / push: tp4 8192,8192,8192 n/a (chain 1 against 4)" in out
-    assert "timed one op per dispatch (not chainable; the others chained): variant_push_merge" in out
+    assert "push_merge / push: tp4 8192,8192,8192 n/a (chain 1 against 4)" in out
+    assert "timed one op per dispatch (not chainable; the others chained): jax_ub_push_merge" in out
     # one geometric mean per tp, over the shapes that have both times
     assert "tp=4: geometric mean speedup vs xla_plain: 1.60x over 1 of 2 shapes" in out
     assert "tp=2: geometric mean speedup vs xla_plain: 1.60x over 1 of 1 shapes" in out

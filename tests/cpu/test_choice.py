@@ -450,3 +450,25 @@ def test_a_file_no_float_or_stack_can_hold_is_a_value_error_naming_it(case, tmp_
         assert status["ok"] is False and message in status["error"], status
     finally:
         choice._forget_agreed()
+
+
+def test_an_older_runs_variant_push_merge_is_method_push_merge(tuning):
+    """Runs before push_merge was a method timed it as ``variant_push_merge`` (the same program at
+    their shapes): read as push_merge, so auto may choose it from those records."""
+    assert choice.method_of("variant_push_merge") == "push_merge"
+    assert choice.method_of("jax_ub_push_merge") == "push_merge"
+    doc = _doc([("ag_gemm", 4, 2048, 8192, 28672, {"push": 0.52, "ring": 0.57, "xla": 0.49})])
+    doc["records"].append({**doc["records"][0], "impl": "variant_push_merge", "ms": 0.46})
+    c = choice.choose("ag", 4, "bfloat16", 2048, 8192, 28672, tuning(doc))
+    assert c.method == "push_merge" and "push_merge 0.460" in c.why, c
+    # at tp=2 there is one peer chunk, nothing to merge: its records time push again and are skipped
+    doc2 = _doc([("ag_gemm", 2, 2048, 8192, 28672, {"push": 0.52, "ring": 0.57, "push_merge": 0.40})])
+    c = choice.choose("ag", 2, "bfloat16", 2048, 8192, 28672, tuning(doc2))
+    assert c.method == "push" and "push_merge 0.4" not in c.why, c
+
+
+def test_shipped_choice_at_the_ag_shape_where_push_merge_measured_fastest():
+    """The committed 4xH200 run of 2026-11-28: push_merge 0.460 ms, XLA 0.485, push 0.521 at AG
+    2048,8192,28672 tp=4; at 8192,8192,8192 push (0.613) beat push_merge (0.705)."""
+    assert choice.choose("ag", 4, "bfloat16", 2048, 8192, 28672).method == "push_merge"
+    assert choice.choose("ag", 4, "bfloat16", 8192, 8192, 8192).method == "push"

@@ -110,6 +110,21 @@ def test_ag_push_merge_is_opt_in_for_push_without_pieces():
         assert not overlap.ag_push_merge("all_peer", 4, 1)
 
 
+def test_method_push_merge_is_push_with_merged_peer_chunks():
+    """method="push_merge" merges without the knob, asks for no pieces (where push would take
+    them), lands the peers' shards by push like push, and is ring for the reduce-scatter."""
+    assert overlap.ag_push_merge("push_merge", 4, 1) and overlap.ag_push_merge("push_merge", 8, 1)
+    assert not overlap.ag_push_merge("push_merge", 2, 1)  # one peer chunk: it is push
+    # chunks whose copy outlasts their GEMM (16384,8192,2048 at tp 2): push takes pieces, push_merge none
+    assert overlap.ag_push_pieces("push", 8192, 1024, 8192, 2, 2) == 4
+    assert overlap.ag_push_pieces("push_merge", 8192, 1024, 8192, 2, 2) == 1
+    with config.override(ag_push_pieces=4):
+        assert overlap.ag_push_pieces("push_merge", 2048, 8192, 1024, 2, 4) == 1
+    assert overlap.AG_ALGOS["push_merge"] == overlap.AG_ALGOS["push"]
+    assert overlap.RS_ALGOS["push_merge"] == overlap.RS_ALGOS["ring"]
+    assert set(overlap.AG_PUSH) == {"push", "push_merge"}
+
+
 @pytest.mark.parametrize("n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1),
                                              (1000, 4, 5)])
 def test_column_blocks_are_equal_whole_vectors(n, itemsize, want):

@@ -58,7 +58,7 @@ def _rand(key, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("op,method", [("ag", "auto"), ("ag", "ring"), ("ag", "push"), ("ag", "all_peer"),
+@pytest.mark.parametrize("op,method", [("ag", "auto"), ("ag", "ring"), ("ag", "push"), ("ag", "all_peer"), ("ag", "push_merge"),
                                        ("rs", "auto"), ("rs", "ring"), ("rs", "pipeline"),
                                        ("rs", "chain"), ("rs", "columns")])
 def test_every_method_is_a_plain_dot(ub, op, method, dtype):

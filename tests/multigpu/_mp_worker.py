@@ -205,7 +205,8 @@ def unaligned_ops():
         b, bf = global_array(65, (k, n), dtype, P())
         ref, ref2, gref = mm(xf, wf), mm(x2f, w2f, roundings=tp + 1), mm(af, bf)
         ag_variants = ([("ring", {}), ("all_peer", {}), ("push", {}), ("push", dict(ag_push_pieces=2)),
-                        ("push", dict(ag_push_merge=True))] if cs.transport == "ipc" else [("ring", {})])
+                        ("push", dict(ag_push_merge=True)), ("push_merge", {})]
+                       if cs.transport == "ipc" else [("ring", {})])
         rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
         for i, (method, over) in enumerate(ag_variants):
             with jax_ub.config.override(**over):

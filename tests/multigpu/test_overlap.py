@@ -110,7 +110,7 @@ def _ag_case(ub, tp, dtype, M, K, N, method, batch=None):
     assert "jax_ub_ag_gemm" in g.lower(x, w).as_text()
 
 
-@pytest.mark.parametrize("method", ["ring", "all_peer", "push"])
+@pytest.mark.parametrize("method", ["ring", "all_peer", "push", "push_merge"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -119,18 +119,18 @@ def test_all_gather_matmul(ub, tp, dtype, shape, method):
     _ag_case(ub, tp, dtype, *shape, method)
 
 
-def _push_without_gathered(ub, tp, seed):
+def _push_without_gathered(ub, tp, seed, method="push"):
     """Push AG->GEMM whose gathered input nobody uses (the kernel skips the copies into it)."""
     M, K, N = 2048, 1024, 1536
     mesh = _mesh(tp)
     x, w = _rand(seed, (M, K), jnp.bfloat16), _rand(seed + 1, (K, N), jnp.bfloat16)
-    g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+    g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
                               mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                               out_specs=P(None, "tp"), check_vma=False))
     _checks.poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
     y, want = g(x, w), _checks.matmul_expected(x, w)
     assert _rel(y, want.value) <= TOL[jnp.bfloat16]
-    _checks.assert_close(y, want, "push y without the gathered x")
+    _checks.assert_close(y, want, f"{method} y without the gathered x")
 
 
 @pytest.mark.parametrize("pieces", [1, 2, 3, 4])
@@ -155,6 +155,7 @@ def test_all_gather_matmul_push_merge(ub, tp):
             for dtype in (jnp.bfloat16, jnp.float32):
                 _ag_case(ub, tp, dtype, *shape, "push")
         _push_without_gathered(ub, tp, 7)
+    _push_without_gathered(ub, tp, 9, method="push_merge")  # the method, without the knob
 
 
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
