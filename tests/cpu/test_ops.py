@@ -675,7 +675,10 @@ def test_vmap_over_microbatches(cpu_mesh, path):
             np.testing.assert_allclose(f(x, w1, w2), want, rtol=1e-5, atol=1e-6)
             g = jax.grad(lambda *a, f=f: jnp.sum(f(*a) ** 2), (0, 1, 2))(x, w1, w2)
             for name, a, b in zip(("dx", "dw1", "dw2"), g, g_want, strict=True):
-                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+                # fp32 sums in another order: an element's error scales with the terms summed (up
+                # to ~170 here), not with the element (a CI run: dw1 0.091053 against 0.091028)
+                scale = float(np.max(np.abs(b)))
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=max(1e-5, 1e-6 * scale), err_msg=name)
 
 
 def test_zero_size_operand_resolves_to_the_reference():
