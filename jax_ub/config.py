@@ -1,6 +1,7 @@
 """Every jax_ub knob in one place.
 
-Each field of :class:`Config` has an environment variable (``JAX_UB_*``) that sets its default;
+Each field of :class:`Config` has an environment variable (``JAX_UB_*``; empty or blank is unset)
+that sets its default;
 :func:`get` returns the active configuration and :func:`override` changes it for a ``with`` block
 (tests, benchmarks). Nothing else in the package reads ``os.environ``.
 
@@ -183,7 +184,9 @@ class Config:
         errors: list[str] = []
 
         def take(var: str, field: str, parse: Callable[[str], object]) -> None:
-            if var in env:
+            # Empty (or blank) is unset, for every variable (`JAX_UB_METHOD=${M:-}` in a script);
+            # the boolean and path variables read it so already.
+            if env.get(var, "").strip():
                 try:
                     kw[field] = parse(env[var])
                 except ValueError as e:

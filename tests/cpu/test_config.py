@@ -91,6 +91,16 @@ def test_ub_skipmc_turns_multicast_off(env, want):
     assert Config.from_env(env).multicast is want
 
 
+def test_an_empty_value_is_the_variable_unset():
+    """Every variable, empty or blank, gives the defaults: none is an error and none a value (they
+    were: JAX_UB_METHOD= failed, JAX_UB_DISABLE= did not)."""
+    names = [v[0] for v in VARIABLES] + ["UB_SKIPMC"]
+    for blank in ("", "  "):
+        assert Config.from_env({n: blank for n in names}) == Config()
+        for n in names:
+            assert Config.from_env({n: blank}) == Config(), n
+
+
 BAD_VALUES = [
     ("JAX_UB_METHOD", "fast", "one of ('auto', 'xla', 'ring'"),
     ("JAX_UB_DISABLE", "maybe", "one of ('1', 'true'"),
