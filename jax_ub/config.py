@@ -1,9 +1,8 @@
 """Every jax_ub knob in one place.
 
 Each field of :class:`Config` has an environment variable (``JAX_UB_*``; empty or blank is unset)
-that sets its default;
-:func:`get` returns the active configuration and :func:`override` changes it for a ``with`` block
-(tests, benchmarks). Nothing else in the package reads ``os.environ``.
+that sets its default; :func:`get` returns the active configuration and :func:`override` changes it
+for a ``with`` block (tests, benchmarks). Nothing else in the package reads ``os.environ``.
 
 | field        | env var              | default | meaning |
 |--------------|----------------------|---------|---------|
