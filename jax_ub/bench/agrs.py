@@ -84,7 +84,8 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "push", "push_merge", "ring", "all_peer"):
+        # push_merge at tp <= 2 (one peer chunk, nothing to merge) is push's program: not timed twice
+        for m in ("auto", "push", *(("push_merge",) if tp > 2 else ()), "ring", "all_peer"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
