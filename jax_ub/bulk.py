@@ -116,8 +116,8 @@ def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
     input x is re-gathered). axis: the dimension of x gathered. precision: the GEMM's, as for
     ``jnp.matmul`` (float32 operands follow XLA's TF32 rule). method: ``None`` (the configured
     one), ``"auto"``, ``"xla"`` or an all-gather algorithm (``"ring"``, ``"all_peer"``,
-    ``"push"``; ``"push_merge"`` runs push's all-gather); the other names that :func:`jax_ub.all_gather_matmul` accepts run the all-gather
-    algorithm they run there.
+    ``"push"``; ``"push_merge"`` runs push's all-gather); the other names that
+    :func:`jax_ub.all_gather_matmul` accepts run the all-gather algorithm they run there.
     """
     return _run("ag", x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
 

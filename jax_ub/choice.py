@@ -57,6 +57,9 @@ XLA_IMPL = "xla_plain"
 # "variant_push_merge" (push traced with JAX_UB_AG_PUSH_MERGE=1, no pieces at the bench shapes:
 # the same program).
 LEGACY_IMPLS = {"variant_push_merge": "push_merge"}
+# push_merge merges the peers' chunks: below this group size there is one peer chunk, and it runs
+# push's program (the CUDA path, the bench and the tables all go by this).
+PUSH_MERGE_MIN_TP = 3
 FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
 RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 DTYPES = ("bfloat16", "float16", "float32")  # the dtypes jax_ub's ops take
@@ -234,8 +237,8 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         if method not in METHODS[op]:
             unknown.add(f"{op} {method}")
             continue
-        if method == "push_merge" and dims["tp"] <= 2:
-            continue  # one peer chunk, nothing to merge: push's program, timed a second time
+        if method == "push_merge" and dims["tp"] < PUSH_MERGE_MIN_TP:
+            continue  # push's program, timed a second time
         if not (math.isfinite(ms) and ms > 0):
             continue  # not measured
         key = (op, dims["tp"], dtype, dims["M"], dims["K"], dims["N"])

@@ -429,8 +429,8 @@ def all_gather_matmul(
       return_gathered: also return the gathered ``x`` (e.g. to reuse in another GEMM).
       precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
       method: ``None`` (``jax_ub.config.get().method``), ``"auto"``, ``"xla"`` or a CUDA
-        algorithm: ``"push"``, ``"push_merge"``, ``"ring"``, ``"all_peer"`` for the all-gather, ``"ring"``,
-        ``"pipeline"``, ``"chain"``, ``"columns"`` for the reduce-scatter, ``"nccl"`` for either (needs
+        algorithm: ``"push"``, ``"push_merge"``, ``"ring"``, ``"all_peer"`` for the all-gather,
+        ``"ring"``, ``"pipeline"``, ``"chain"``, ``"columns"`` for the reduce-scatter, ``"nccl"`` for either (needs
         ``transport="nccl"``). The backward runs the dual op with the same name; a name of the
         other op maps to one of this op's (``jax_ub/overlap.py``: ``AG_ALGOS``, ``RS_ALGOS``).
       recompute_gathered: save only the local shard ``x`` for the backward instead of the

@@ -338,8 +338,9 @@ def ag_push_merge(method: str, world: int, pieces: int) -> bool:
     chunks have landed, instead of one GEMM per chunk: method ``push_merge``, or
     ``config.ag_push_merge`` for the other names of the push algorithm; without pieces (the two
     exclude each other; push_merge asks for none) and with more than one peer."""
-    asked = method == "push_merge" or (config.get().ag_push_merge and AG_ALGOS.get(method) == AG_ALGOS["push"])
-    return bool(asked and pieces == 1 and world > 2)
+    asked = method == "push_merge" or (config.get().ag_push_merge
+                                       and AG_ALGOS.get(method) == AG_ALGOS["push"])
+    return bool(asked and pieces == 1 and world >= choice.PUSH_MERGE_MIN_TP)
 
 
 def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = "push") -> jax.Array:

@@ -31,7 +31,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     from jax.sharding import PartitionSpec as P
 
     import jax_ub
-    from jax_ub import overlap
+    from jax_ub import choice, overlap
 
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
@@ -84,8 +84,9 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
-        # push_merge at tp <= 2 (one peer chunk, nothing to merge) is push's program: not timed twice
-        for m in ("auto", "push", *(("push_merge",) if tp > 2 else ()), "ring", "all_peer"):
+        # below choice.PUSH_MERGE_MIN_TP push_merge is push's program: not timed twice
+        merge = ("push_merge",) if tp >= choice.PUSH_MERGE_MIN_TP else ()
+        for m in ("auto", "push", *merge, "ring", "all_peer"):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
@@ -209,8 +210,10 @@ def _table(op: str, rows: list, path: str) -> None:
         print(f"tp={tp}: geometric mean speedup vs xla_plain: "
               + (f"{gm:.2f}x over {k} of {len(speedups)} shapes" if gm is not None else
                  f"none (no shape of {len(speedups)} has both times)"))
+    from jax_ub.choice import PUSH_MERGE_MIN_TP
+
     merged = [(tp, M, K, N, r) for tp, M, K, N, r, _ in rows
-              if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp > 2]  # tp=2: the same program
+              if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp >= PUSH_MERGE_MIN_TP]
     if merged:
         print("push_merge / push: " + ", ".join(
             f"tp{tp} {M},{K},{N} {_ratio_text(r, 'jax_ub_push_merge', 'jax_ub_push')}"
