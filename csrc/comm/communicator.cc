@@ -482,8 +482,10 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
   // This GPU is inside op e from here (the watchdog times its waits only while it is).
   JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
-  for (int i = 0; i < o_.world; ++i) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(comm_[i], start_, 0));
-  for (auto s : compute_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, start_, 0));
+  // Side streams follow XLA's work from their first use in this op on (Use).
+  in_op_ = true;
+  used_ = 0;
+  use_error_ = cudaSuccess;
   // NCCL matches sends with receives itself: a rank's buffer is only written once it has posted
   // the receive, i.e. after its previous op (stream order). No handshake. The watchdog follows
   // the op from here: enqueueing can block the host too (NCCL connects peers on first use).
@@ -496,27 +498,31 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
     any_pending_.store(true, std::memory_order_release);
   }
   if (o_.nccl) return Status::Ok();
-  cudaStream_t s = comm_[0];
+  cudaStream_t s = comm(0);
   // The buffer-free signal below must follow every read of this rank's buffer by the previous
   // op, which ran on side streams joined into that op's XLA stream only: XLA may launch this op
   // on another stream. The previous Join's events are still recorded (Abandon records them too).
+  // Streams that op did not use were last used by an earlier op, whose work comm(0) (used and
+  // joined by every op) already follows.
   if (e > 1) {
-    for (auto ev : join_) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ev, 0));
-  }
-  for (int q = 0; q < o_.world; ++q) {
-    if (q != o_.rank && e > 1) JAX_UB_RETURN_IF_ERROR(Wait(s, kAck, q, e - 1, op));
-  }
-  // The op's id first: a peer that saw this rank's buffer-free signal (or any later one on this
-  // stream) sees the id too.
-  for (int q = 0; q < o_.world; ++q) {
-    if (q != o_.rank) {
-      JAX_UB_RETURN_IF_ERROR(StreamWrite(s, peer_flags_[q] + (op_ids_ - flags_) + o_.rank,
-                                         (e << 32) | op_hash_));
+    for (int bit = 0; bit < kMaxWorld + kNumComputeStreams; ++bit) {
+      if (joined_ & (1u << bit)) JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, join_[bit], 0));
     }
   }
+  // The handshake, one batch in this order: the peers' acks of e - 1, the op's id (a peer that
+  // saw this rank's buffer-free signal, or any later one on this stream, sees the id too), the
+  // buffer-free signals.
+  MemOps hs;
   for (int q = 0; q < o_.world; ++q) {
-    if (q != o_.rank) JAX_UB_RETURN_IF_ERROR(Signal(s, kReady, q, e));
+    if (q != o_.rank && e > 1) Wait(&hs, kAck, q, e - 1, op);
   }
+  for (int q = 0; q < o_.world; ++q) {
+    if (q != o_.rank) hs.Write(peer_flags_[q] + (op_ids_ - flags_) + o_.rank, (e << 32) | op_hash_);
+  }
+  for (int q = 0; q < o_.world; ++q) {
+    if (q != o_.rank) Signal(&hs, kReady, q, e);
+  }
+  JAX_UB_RETURN_IF_ERROR(hs.Enqueue(s));
   JAX_UB_CUDA_RETURN(cudaEventRecord(begun_, s));
   std::lock_guard<std::mutex> lock(mu_);
   begun_epoch_ = e;
@@ -572,14 +578,23 @@ Status Communicator::HostMeet(uint64_t e, const char* op) {
 }
 
 Status Communicator::Join(cudaStream_t xla) {
-  int j = 0;
-  for (int i = 0; i < o_.world; ++i, ++j) {
-    JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], comm_[i]));
-    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
+  // Whatever happens below, the op is over: later uses of a stream fan out no more.
+  const uint32_t used = used_;
+  in_op_ = false;
+  used_ = 0;
+  joined_ = 0;
+  for (int bit = 0; bit < kMaxWorld + kNumComputeStreams; ++bit) {
+    if ((used & (1u << bit)) == 0) continue;
+    cudaStream_t side = bit < kMaxWorld ? comm_[bit] : compute_[bit - kMaxWorld];
+    JAX_UB_CUDA_RETURN(cudaEventRecord(join_[bit], side));
+    joined_ |= 1u << bit;
+    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[bit], 0));
   }
-  for (int i = 0; i < kNumComputeStreams; ++i, ++j) {
-    JAX_UB_CUDA_RETURN(cudaEventRecord(join_[j], compute_[i]));
-    JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(xla, join_[j], 0));
+  if (use_error_ != cudaSuccess) {
+    const cudaError_t err = use_error_;
+    use_error_ = cudaSuccess;
+    return Status::Error(StrCat() << "a side stream's wait for XLA's work (cudaStreamWaitEvent): "
+                                  << cudaGetErrorString(err));
   }
   return Status::Ok();
 }
@@ -611,6 +626,10 @@ void Communicator::Abandon(cudaStream_t xla, const std::string& why) {
 Status Communicator::Signal(cudaStream_t s, int slot, int peer, uint64_t value) {
   uint64_t* remote = peer_flags_[peer] + slot * o_.world + o_.rank;
   return StreamWrite(s, remote, value);
+}
+
+void Communicator::Signal(MemOps* b, int slot, int peer, uint64_t value) {
+  b->Write(peer_flags_[peer] + slot * o_.world + o_.rank, value);
 }
 
 // ----------------------------------------------------------------------------- registry

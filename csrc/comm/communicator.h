@@ -50,6 +50,7 @@ enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kPiece = 3, kNumFlag
 constexpr uint64_t kPieceScale = 64;  // pieces per op: (world - 1) * pieces <= 15 * 4
 constexpr int kMaxWorld = 16;
 constexpr int kNumComputeStreams = 2;
+static_assert(kMaxWorld + kNumComputeStreams <= 32, "stream bits of Communicator::Use");
 
 class Communicator {
  public:
@@ -103,17 +104,19 @@ class Communicator {
 
   // --- per op (execute time) ---
   // Starts an op on XLA's stream: returns its epoch (left 0 if it fails before taking one: a
-  // failure after that must abandon the communicator); side streams wait for XLA's work so far;
-  // waits kAck(e-1) from every peer and signals kReady(e) to every peer on stream comm(0).
+  // failure after that must abandon the communicator); each side stream waits for XLA's work so
+  // far at its first use in the op (comm(), compute()); waits kAck(e-1) from every peer and
+  // signals kReady(e) to every peer on stream comm(0), in one batch of memory operations.
   // Peers in this process (ConnectLocal) first meet on the host (HostMeet) before anything of
   // the op is enqueued.
   // `what` describes the op (kind, algorithm, dtype, shapes: equal on every rank that runs the same
   // op); ipc transport: its hash goes to every peer with the epoch, and End's check kernel fails
   // the call where a peer ran another op at this epoch (the judge then names both).
   Status Begin(const char* op, cudaStream_t xla, uint64_t* epoch, const std::string& what = "");
-  // Joins every side stream back into XLA's stream, then (one tiny kernel on XLA's stream) fails
-  // the call if the watchdog force-released a wait of this communicator. Transport nccl: the
-  // watchdog also watches the op's completion and aborts the NCCL communicator after timeout_s.
+  // Joins every side stream the op used back into XLA's stream, then (one tiny kernel on XLA's
+  // stream) fails the call if the watchdog force-released a wait of this communicator. Transport
+  // nccl: the watchdog also watches the op's completion and aborts the NCCL communicator after
+  // timeout_s.
   Status End(cudaStream_t xla);
   // An op whose body failed between Begin and End (its error goes back to XLA): its epoch is half
   // done and peers may wait for signals it never sent, so the communicator is marked unusable with
@@ -129,6 +132,10 @@ class Communicator {
   Status Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op);
   // Stream-ordered write of `value` into peer's flags[slot][my rank].
   Status Signal(cudaStream_t s, int slot, int peer, uint64_t value);
+  // The same, added to a batch that the caller enqueues (MemOps::Enqueue) on the stream it
+  // would have passed: the wait is watched from here on, like Wait's.
+  void Wait(MemOps* b, int slot, int peer, uint64_t value, const char* op);
+  void Signal(MemOps* b, int slot, int peer, uint64_t value);
 
   const Options& options() const { return o_; }
   int rank() const { return o_.rank; }
@@ -138,8 +145,14 @@ class Communicator {
   int sms() const { return sms_; }  // multiprocessors of this member's GPU
   void* buffer() const { return buffer_; }
   void* peer_buffer(int q) const { return peer_buffer_[q]; }
-  cudaStream_t comm(int i) const { return comm_[i]; }
-  cudaStream_t compute(int i) const { return compute_[i % kNumComputeStreams]; }
+  // The side streams. Inside an op (Begin .. End) a stream's first use makes it wait for XLA's
+  // work before the op, and End joins exactly the streams the op used back into XLA's stream:
+  // an op pays host calls only for the streams its schedule touches (push at tp=4 uses 3 of 6).
+  cudaStream_t comm(int i) { return Use(comm_[i], i); }
+  cudaStream_t compute(int i) {
+    const int j = i % kNumComputeStreams;
+    return Use(compute_[j], kMaxWorld + j);
+  }
   cudaEvent_t event(int i) const { return events_[i]; }  // scratch events, i < kNumEvents
   static constexpr int kNumEvents = 4 * kMaxWorld;
 
@@ -322,7 +335,7 @@ class Communicator {
   cudaEvent_t begun_ = nullptr;
   uint64_t begun_epoch_ = 0;      // with mu_ held
   const char* begun_op_ = "";     // with mu_ held
-  cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};
+  cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};  // indexed like Use's bits
   cudaEvent_t events_[kNumEvents] = {};
   uint64_t epoch_ = 0;
   std::atomic<uint64_t> entered_{0};  // the latest epoch whose Begin this member's host entered
@@ -358,7 +371,23 @@ class Communicator {
   std::chrono::steady_clock::time_point async_polled_at_{};  // reader
   static constexpr double kAsyncPollS = 0.05;
   const char* op_ = "";                  // op of the current Begin..End
-  Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream
+  Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream the op used
+  // Inside an op: the stream waits for start_ on its first use (bit: comm i -> i, compute j ->
+  // kMaxWorld + j); a failed wait is reported by End.
+  cudaStream_t Use(cudaStream_t s, int bit) {
+    if (in_op_ && (used_ & (1u << bit)) == 0) {
+      used_ |= 1u << bit;
+      const cudaError_t err = cudaStreamWaitEvent(s, start_, 0);
+      if (err != cudaSuccess && use_error_ == cudaSuccess) use_error_ = err;
+    }
+    return s;
+  }
+  // Registers a stream wait for flags[slot][peer] >= value with the watchdog; returns the flag.
+  const uint64_t* Watch(int slot, int peer, uint64_t value, const char* op);
+  bool in_op_ = false;                // between Begin's start_ and the op's Join
+  uint32_t used_ = 0;                 // streams used by the current op (Use's bits)
+  uint32_t joined_ = 0;               // streams whose join_ events the latest Join recorded
+  cudaError_t use_error_ = cudaSuccess;
   Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
   void PollNcclGpu();                     // reader side of the nccl transport
   void PollNcclAsync();                   // reader: NCCL's asynchronous error, while ops pend

@@ -26,6 +26,7 @@ Status Entry(const char* name, Fn* out) {
 Status Load(Driver* d) {
   JAX_UB_RETURN_IF_ERROR(Entry("cuStreamWaitValue64", &d->StreamWaitValue64));
   JAX_UB_RETURN_IF_ERROR(Entry("cuStreamWriteValue64", &d->StreamWriteValue64));
+  JAX_UB_RETURN_IF_ERROR(Entry("cuStreamBatchMemOp", &d->StreamBatchMemOp));
   JAX_UB_RETURN_IF_ERROR(Entry("cuGetErrorString", &d->GetErrorString));
   JAX_UB_RETURN_IF_ERROR(Entry("cuMemCreate", &d->MemCreate));
   JAX_UB_RETURN_IF_ERROR(Entry("cuMemRelease", &d->MemRelease));
@@ -79,6 +80,50 @@ Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value) {
                                      CU_STREAM_WRITE_VALUE_DEFAULT);
   if (r != CUDA_SUCCESS) {
     return Status::Error(StrCat() << "cuStreamWriteValue64 failed: " << CuError(d, r));
+  }
+  return Status::Ok();
+}
+
+void MemOps::WaitGeq(const uint64_t* addr, uint64_t value) {
+  if (n_ == kMax) {
+    ++overflow_;
+    return;
+  }
+  CUstreamBatchMemOpParams& p = ops_[n_++];
+  p = {};
+  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  p.waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
+  p.waitValue.value64 = value;
+  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+}
+
+void MemOps::Write(uint64_t* addr, uint64_t value) {
+  if (n_ == kMax) {
+    ++overflow_;
+    return;
+  }
+  CUstreamBatchMemOpParams& p = ops_[n_++];
+  p = {};
+  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
+  p.writeValue.value64 = value;
+  p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+}
+
+Status MemOps::Enqueue(cudaStream_t s) {
+  const int n = n_, over = overflow_;
+  n_ = overflow_ = 0;
+  if (over > 0) {
+    return Status::Error(StrCat() << "a batch of " << (n + over) << " stream memory operations "
+                                  << "exceeds its " << kMax << " slots");
+  }
+  if (n == 0) return Status::Ok();
+  const Driver* d = nullptr;
+  JAX_UB_RETURN_IF_ERROR(GetDriver(&d));
+  CUresult r = d->StreamBatchMemOp(reinterpret_cast<CUstream>(s), static_cast<unsigned>(n), ops_, 0);
+  if (r != CUDA_SUCCESS) {
+    return Status::Error(StrCat() << "cuStreamBatchMemOp (" << n << " operations) failed: "
+                                  << CuError(d, r));
   }
   return Status::Ok();
 }

@@ -14,6 +14,8 @@ namespace jax_ub {
 struct Driver {
   CUresult (*StreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
   CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
+  CUresult (*StreamBatchMemOp)(CUstream, unsigned int, CUstreamBatchMemOpParams*,
+                               unsigned int) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   // Virtual memory management (buffers shared within one process without cudaDeviceEnablePeerAccess).
   CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
@@ -36,6 +38,25 @@ Status GetDriver(const Driver** out);
 // Stream-ordered 64-bit flag operations (0 SMs): wait until (int64)(*addr - value) >= 0; write value.
 Status StreamWaitGeq(cudaStream_t s, const uint64_t* addr, uint64_t value);
 Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value);
+
+// The same flag operations, collected and enqueued on one stream by one driver call
+// (cuStreamBatchMemOp, in order): an op's handshake with world - 1 peers costs one call instead
+// of 3 * (world - 1), where host enqueueing is what bounds small ops.
+class MemOps {
+ public:
+  static constexpr int kMax = 64;  // cuStreamBatchMemOp takes < 256
+  void WaitGeq(const uint64_t* addr, uint64_t value);
+  void Write(uint64_t* addr, uint64_t value);
+  int size() const { return n_; }
+  // Enqueues everything collected on `s` (nothing when empty) and empties the batch; a batch
+  // that would exceed kMax is an error here, naming the count.
+  Status Enqueue(cudaStream_t s);
+
+ private:
+  CUstreamBatchMemOpParams ops_[kMax] = {};
+  int n_ = 0;
+  int overflow_ = 0;  // operations refused beyond kMax (reported by Enqueue)
+};
 
 // Device memory mapped only where asked (cuMemCreate + cuMemMap + cuMemSetAccess). Used for the
 // buffers of a one-process group instead of cudaDeviceEnablePeerAccess: context-wide peer access

@@ -69,7 +69,14 @@ std::string ReaderBlocked() {
 
 Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
   if (value == 0) return Status::Ok();
-  uint64_t* flag = flags_ + slot * o_.world + peer;
+  return StreamWaitGeq(s, Watch(slot, peer, value, op), value);
+}
+
+void Communicator::Wait(MemOps* b, int slot, int peer, uint64_t value, const char* op) {
+  if (value != 0) b->WaitGeq(Watch(slot, peer, value, op), value);
+}
+
+const uint64_t* Communicator::Watch(int slot, int peer, uint64_t value, const char* op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     PendingWait& p = pending_[slot][peer];
@@ -82,7 +89,7 @@ Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, co
     if (value > p.want) p.want = value;
     any_pending_.store(true, std::memory_order_release);
   }
-  return StreamWaitGeq(s, flag, value);
+  return flags_ + slot * o_.world + peer;
 }
 
 Status Communicator::TrackNccl(cudaStream_t xla) {

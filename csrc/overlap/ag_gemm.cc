@@ -160,8 +160,10 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
                                 pieced ? pbytes : chunk));
         if (pieced) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kPiece, d, base + j));
       }
-      JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kDataReady, d, e));
-      JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(1), kAck, d, e));
+      MemOps done;
+      c->Signal(&done, kDataReady, d, e);
+      c->Signal(&done, kAck, d, e);
+      JAX_UB_RETURN_IF_ERROR(done.Enqueue(c->comm(1)));
     }
     // 3. Peers' chunks as they land in my buffer (r+1 first: it pushes to me at step 1).
     const bool merged = a.merge && a.w != nullptr;
@@ -201,9 +203,11 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 
   // Pull: publish my shard (my buffer is free: Begin waited for every peer's ack of e-1).
   JAX_UB_RETURN_IF_ERROR(same_device_copy("publish", r, buf, a.x, 0));
+  MemOps published;
   for (int q = 0; q < world; ++q) {
-    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(c->comm(0), kDataReady, q, e));
+    if (q != r) c->Signal(&published, kDataReady, q, e);
   }
+  JAX_UB_RETURN_IF_ERROR(published.Enqueue(c->comm(0)));
   if (a.w != nullptr) {
     // The publish is a same-device copy, which runs on SMs: a local GEMM already resident on
     // every SM would hold it (and every peer's pull) back for a whole chunk GEMM.

@@ -79,9 +79,11 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
     }
   }
   // Done touching rank r+1's buffer. Every op's Begin waits for every peer's kAck, so all get one.
+  MemOps acks;
   for (int q = 0; q < world; ++q) {
-    if (q != r) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, q, e));
+    if (q != r) c->Signal(&acks, kAck, q, e);
   }
+  JAX_UB_RETURN_IF_ERROR(acks.Enqueue(s));
   return Status::Ok();
 }
 
@@ -124,8 +126,10 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
       JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + col,
                                               stage + d * part + col, pcol * es, mo, a.n * es, s));
       t.Stop(copy, s);
-      JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, base + p));
-      if (p == pieces - 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
+      MemOps landed;
+      c->Signal(&landed, kPiece, d, base + p);
+      if (p == pieces - 1) c->Signal(&landed, kAck, d, e);
+      JAX_UB_RETURN_IF_ERROR(landed.Enqueue(s));
     }
     // Block p of my output: my rows of it, and every peer's once it has landed.
     JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(red, ready, 0));
@@ -168,8 +172,10 @@ Status RsPiecesBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64
       JAX_UB_CUDA_RETURN(CopyAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + off,
                                    x + d * part + off, bytes, s));
       t.Stop(span, s);
-      JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, d, base + j));
-      if (j == pieces - 1) JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
+      MemOps landed;
+      c->Signal(&landed, kPiece, d, base + j);
+      if (j == pieces - 1) c->Signal(&landed, kAck, d, e);
+      JAX_UB_RETURN_IF_ERROR(landed.Enqueue(s));
     }
   }
   // Enqueued after every push, so a flag wait here never sits ahead of a push in a shared queue.
@@ -247,8 +253,10 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
           CopyAsync(dst, static_cast<const char*>(a.x) + d * part, part, s));
       t.Stop(span, s);
     }
-    JAX_UB_RETURN_IF_ERROR(c->Signal(s, kDataReady, d, e));
-    JAX_UB_RETURN_IF_ERROR(c->Signal(s, kAck, d, e));
+    MemOps done;
+    c->Signal(&done, kDataReady, d, e);
+    c->Signal(&done, kAck, d, e);
+    JAX_UB_RETURN_IF_ERROR(done.Enqueue(s));
   }
   // Own partial last, into my slot (after Begin's buffer-free wait on comm(0)).
   cudaStream_t red = c->comm(0);
