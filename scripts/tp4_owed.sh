@@ -11,6 +11,9 @@
 #   bash scripts/tp4_owed.sh d    # why AG got slower (session 41: push 0.47 -> 0.61 ms at 8192^3): timelines of
 #                                 # the two small shapes, chained 4 against one per dispatch
 # Session 41 ran ag and rs of a (AG 1.16x, RS 1.37x, merged); a again times xla_windowed_nccl, new since.
+# Session 42 cut the CUDA calls per op (push at tp=4: ~75 -> ~40; host us/op -12..-28% with ranks as
+# processes on one GPU, NOTES): the bench's host line at tp=4 (150-260 us per op and device in
+# session 41) says what one process driving 4 GPUs gained; t runs that mode's tests first.
 # A wheel built here for the device's Python saves the build: SESSION_WHEEL=.whl/<wheel> (session_steps.sh),
 # with .whl in carry; DEADLINE_S=<s> makes the last tarball land inside a short device limit.
 # GEMM tuning is on by default (JAX_UB_GEMM_TUNE=8) since the twenty-fifth session; the committed tp=4
