@@ -72,11 +72,12 @@ Writes ``<out>/<machine>-<yyyymmdd>-<op>.json``: ``{"machine", "date", "jax", "j
 "device_kind", "chain" (only where every record has that chain), "config" (the jax_ub settings away
 from their defaults, e.g. ``{"ag_push_merge": true}``), "path", "complete", "failures": [{<the
 case's keys>, "impl" ("*": the case outside its impls), "error"}, ...], "records": [{"op", ...,
-"tp", "dtype", "impl", "ms", "ms_min", "ms_max", "gemm_tune", "chain", ["rel_err"]}, ...]}``
-(``ms``: the median of ``--reps`` timed bursts, per op; ``ms_min``/``ms_max``: the fastest and the
-slowest of them). The file is rewritten
-after every case (``"complete": false`` until the last; replaced whole, so a reader never sees part
-of it), so a crash or a killed run keeps what it timed; a case that fails outside its impls (mesh,
+"tp", "dtype", "impl", "ms", "ms_min", "ms_max", "gemm_tune", "chain", ["rel_err"], ["host_us",
+"host_meet_us"]}, ...]}`` (``ms``: the median of ``--reps`` timed bursts, per op; ``ms_min``/``ms_max``:
+the fastest and the slowest of them; ``host_us``: for an impl that ran jax_ub ops, the slowest
+device's FFI handler time per op, of it ``host_meet_us`` waiting for same-process peers). The file
+is rewritten after every case (``"complete": false`` until the last; replaced whole, so a reader
+never sees part of it), so a crash or a killed run keeps what it timed; a case that fails outside its impls (mesh,
 data) is a failure and the run goes on. Then a PNG bar chart beside it (a missing impl: "n/a"), and a table
 last (``ag``/``rs``: one geometric mean speedup per tp, over the shapes that have both times).
 ``tune`` writes its file once, at the end (no ``complete`` or ``failures``).

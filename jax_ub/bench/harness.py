@@ -116,13 +116,17 @@ class Times(dict):
     """:func:`time_impls`' result: ``{impl: median ms per op}``, and in ``chain`` the ops each timed
     dispatch of an impl ran (``--chain`` where it could be chained; 1 for a compiled executable,
     which :func:`chain_fn` cannot chain), in ``spread`` the fastest and slowest of its ``--reps``
-    bursts (ms per op). A plain dict elsewhere (fakes in tests) means chain 1 and no spread."""
+    bursts (ms per op), and in ``host`` the host us per op of the impls that ran jax_ub ops
+    (:func:`host_per_op`: enqueueing, waiting for peers). A plain dict elsewhere (fakes in tests)
+    means chain 1, no spread and no host time."""
 
     def __init__(self, ms: dict[str, float] | None = None, chain: dict[str, int] | None = None,
-                 spread: dict[str, tuple[float, float]] | None = None):
+                 spread: dict[str, tuple[float, float]] | None = None,
+                 host: dict[str, tuple[float, float]] | None = None):
         super().__init__(ms or {})
         self.chain = dict(chain or {})
         self.spread = dict(spread or {})
+        self.host = dict(host or {})
 
 
 def chain_of(res: dict[str, float], impl: str) -> int:
@@ -194,9 +198,11 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
     if line:
         progress(f"  {line}")
     timed = {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
+    host_us = {name: host_per_op(host[name]) for name in timed if host.get(name)}
     return Times(timed, {name: per_call[name] for name in timed},
                  {name: (min(samples[name]) / per_call[name], max(samples[name]) / per_call[name])
-                  for name in timed})
+                  for name in timed},
+                 {name: us for name, us in host_us.items() if us is not None})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,19 +308,26 @@ def _host_delta(h0: dict, h1: dict) -> dict:
     return {k: {f: h1[k][f] - h0[k][f] for f in h1[k]} for k in h1 if k in h0}
 
 
+def host_per_op(deltas: list[dict]) -> tuple[float, float] | None:
+    """Host us per op of one impl's bursts (:func:`_host_delta` of each): the slowest device's
+    enqueueing, and of it the wait for same-process peers; None where it ran no jax_ub op."""
+    ops = sum(d[k]["ops"] for d in deltas for k in d)
+    if not ops:
+        return None
+    per_dev = ops / max(len(d) for d in deltas)
+    spent, waited = max((sum(d[k]["host_s"] for d in deltas if k in d),
+                         sum(d[k]["meet_s"] for d in deltas if k in d)) for k in deltas[0])
+    return spent / per_dev * 1e6, waited / per_dev * 1e6
+
+
 def host_line(host: dict[str, list[dict]]) -> str:
-    """``host us per op`` of every impl that ran jax_ub ops (the slowest device's enqueueing, and
-    of it the wait for same-process peers): near the ms per op, the impl is bound by the host."""
+    """``host us per op`` of every impl that ran jax_ub ops (:func:`host_per_op`): near the ms per
+    op, the impl is bound by the host."""
     parts = []
     for name, deltas in host.items():
-        ops = sum(d[k]["ops"] for d in deltas for k in d)
-        if not ops:
-            continue
-        n_dev = max(len(d) for d in deltas)
-        per_dev = ops / n_dev
-        spent, waited = max((sum(d[k]["host_s"] for d in deltas if k in d),
-                             sum(d[k]["meet_s"] for d in deltas if k in d)) for k in deltas[0])
-        parts.append(f"{name} {spent / per_dev * 1e6:.0f} ({waited / per_dev * 1e6:.0f})")
+        us = host_per_op(deltas)
+        if us is not None:
+            parts.append(f"{name} {us[0]:.0f} ({us[1]:.0f})")
     return "host us per op (of it waiting for peers): " + ", ".join(parts) if parts else ""
 
 
@@ -359,8 +372,10 @@ def case_records(common: dict[str, Any], res: dict[str, float],
     ``--chain``, or 1 where the impl could not be chained), and, where its output was checked
     against its :func:`reference`'s, the relative error (``rel_err``), and where ``res`` is a
     :class:`Times`, the fastest and slowest of the impl's timed bursts (``ms_min``, ``ms_max``, ms
-    per op: ``ms`` is their median; a wide range says the run was noisy, for this impl alone);
-    merged files mix runs."""
+    per op: ``ms`` is their median; a wide range says the run was noisy, for this impl alone) and,
+    for an impl that ran jax_ub ops, the host us per op (``host_us``, of it ``host_meet_us``
+    waiting for same-process peers: near ``ms`` * 1000, the impl was bound by the host); merged
+    files mix runs."""
     from jax_ub import config
 
     tune = config.get().gemm_tune
@@ -370,6 +385,9 @@ def case_records(common: dict[str, Any], res: dict[str, float],
         lo_hi = getattr(res, "spread", {}).get(impl)
         if lo_hi is not None:
             r["ms_min"], r["ms_max"] = round(lo_hi[0], 4), round(lo_hi[1], 4)
+        host = getattr(res, "host", {}).get(impl)
+        if host is not None:
+            r["host_us"], r["host_meet_us"] = round(host[0], 1), round(host[1], 1)
         if rel_errs and rel_errs.get(impl) is not None:
             r["rel_err"] = float(f"{rel_errs[impl]:.3g}")
         out.append(r)

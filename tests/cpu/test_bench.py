@@ -862,6 +862,41 @@ def test_records_carry_the_spread_of_their_bursts(monkeypatch):
     assert (r["ms_min"], r["ms"], r["ms_max"], r["chain"]) == (0.5, 1.0, 2.5, 2)
 
 
+def test_records_carry_host_time_per_op_of_jax_ub_impls(monkeypatch):
+    """An impl whose ops the FFI handlers counted records its host us per op (the slowest
+    device's, and of it the wait for peers); one that ran no jax_ub op records none. Fake counters:
+    every timed burst of "jax_ub" runs 4 ops per device, device 1 spending 100 us per op (10 of
+    it waiting), device 0 60 us; "xla_plain" moves no counter."""
+    from types import SimpleNamespace
+
+    x = jnp.arange(4.0)
+    clock = {"ops": 0, "h0": 0.0, "h1": 0.0, "m1": 0.0}
+    real = harness._burst
+
+    def burst(fn, args, iters):
+        out = real(fn, args, iters)
+        if fn is impls["jax_ub"][0] and iters == a.iters:
+            clock["ops"] += 4
+            clock["h0"] += 4 * 60e-6
+            clock["h1"] += 4 * 100e-6
+            clock["m1"] += 4 * 10e-6
+        return out
+
+    def stats():
+        return {("tp", 0): {"ops": clock["ops"], "host_s": clock["h0"], "meet_s": 0.0},
+                ("tp", 1): {"ops": clock["ops"], "host_s": clock["h1"], "meet_s": clock["m1"]}}
+
+    impls = {"jax_ub": (jax.jit(lambda x: x + 1), (x,)), "xla_plain": (jax.jit(lambda x: x * 2), (x,))}
+    a = SimpleNamespace(warmup=1, iters=2, reps=3, settle_ms=0, chain=1)
+    monkeypatch.setattr(harness, "_burst", burst)
+    monkeypatch.setattr(harness, "_host_stats", stats)
+    res = harness.time_impls("t", impls, a)
+    recs = {r["impl"]: r for r in harness.case_records({"op": "x"}, res)}
+    assert (recs["jax_ub"]["host_us"], recs["jax_ub"]["host_meet_us"]) == (100.0, 10.0)
+    assert "host_us" not in recs["xla_plain"] and "host_meet_us" not in recs["xla_plain"]
+    assert "host_us" not in harness.case_records({"op": "x"}, {"jax_ub": 1.0})[0]
+
+
 def test_ratios_of_impls_of_different_chains_are_flagged(capsys):
     r = harness.Times({"gemm_alone": 1.0, "comm_jax_ub": 0.4, "xla_plain": 2.0, "jax_ub": 1.25,
                        "jax_ub_push": 1.25, "jax_ub_push_merge": 1.2},
