@@ -84,30 +84,32 @@ Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value) {
   return Status::Ok();
 }
 
-void MemOps::WaitGeq(const uint64_t* addr, uint64_t value) {
+CUstreamBatchMemOpParams* MemOps::Add() {
   if (n_ == kMax) {
     ++overflow_;
-    return;
+    return nullptr;
   }
-  CUstreamBatchMemOpParams& p = ops_[n_++];
-  p = {};
-  p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-  p.waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
-  p.waitValue.value64 = value;
-  p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  CUstreamBatchMemOpParams* p = &ops_[n_++];
+  *p = {};
+  return p;
+}
+
+void MemOps::WaitGeq(const uint64_t* addr, uint64_t value) {
+  if (CUstreamBatchMemOpParams* p = Add()) {
+    p->waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    p->waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p->waitValue.value64 = value;
+    p->waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  }
 }
 
 void MemOps::Write(uint64_t* addr, uint64_t value) {
-  if (n_ == kMax) {
-    ++overflow_;
-    return;
+  if (CUstreamBatchMemOpParams* p = Add()) {
+    p->writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    p->writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p->writeValue.value64 = value;
+    p->writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   }
-  CUstreamBatchMemOpParams& p = ops_[n_++];
-  p = {};
-  p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-  p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
-  p.writeValue.value64 = value;
-  p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
 }
 
 Status MemOps::Enqueue(cudaStream_t s) {
@@ -120,7 +122,8 @@ Status MemOps::Enqueue(cudaStream_t s) {
   if (n == 0) return Status::Ok();
   const Driver* d = nullptr;
   JAX_UB_RETURN_IF_ERROR(GetDriver(&d));
-  CUresult r = d->StreamBatchMemOp(reinterpret_cast<CUstream>(s), static_cast<unsigned>(n), ops_, 0);
+  CUresult r =
+      d->StreamBatchMemOp(reinterpret_cast<CUstream>(s), static_cast<unsigned>(n), ops_, 0);
   if (r != CUDA_SUCCESS) {
     return Status::Error(StrCat() << "cuStreamBatchMemOp (" << n << " operations) failed: "
                                   << CuError(d, r));

@@ -47,13 +47,13 @@ class MemOps {
   static constexpr int kMax = 64;  // cuStreamBatchMemOp takes < 256
   void WaitGeq(const uint64_t* addr, uint64_t value);
   void Write(uint64_t* addr, uint64_t value);
-  int size() const { return n_; }
   // Enqueues everything collected on `s` (nothing when empty) and empties the batch; a batch
   // that would exceed kMax is an error here, naming the count.
   Status Enqueue(cudaStream_t s);
 
  private:
-  CUstreamBatchMemOpParams ops_[kMax] = {};
+  CUstreamBatchMemOpParams* Add();  // the next slot, cleared; null (counted) when full
+  CUstreamBatchMemOpParams ops_[kMax];  // [0, n_) set by Add: no clearing of all kMax per batch
   int n_ = 0;
   int overflow_ = 0;  // operations refused beyond kMax (reported by Enqueue)
 };
