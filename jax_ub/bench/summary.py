@@ -1,31 +1,30 @@
-"""``python -m jax_ub.bench summary FILE.json ... [--tp N] [--dtype D]``: bench records
-(``ag``, ``rs``, ``bulk`` JSON files) checked against jax_ub's performance targets (those of
-issues 4 and 5), as markdown.
+"""``python -m jax_ub.bench summary FILE.json ... [--tp N] [--dtype D] [--target OP=X] [--ideal-max R]``:
+bench records (``ag``, ``rs``, ``bulk`` JSON files) as a markdown table with one line per op and tp.
 
 Per shape: XLA plain and jax_ub (``method="auto"``) in ms, the speedup, and how far jax_ub is from
 its floor: T/T_ideal with T_ideal = max(``gemm_alone``, ``comm_jax_ub``) (for bulk, the GEMM and
 the collective it overlaps, each alone). Where the run timed ``gemm_chunks`` (the GEMM as the tp
 row-chunk GEMMs the overlapped ops run, back to back), the split floor: max(``gemm_chunks``,
-``comm_jax_ub``) / T_ideal, the T/T_ideal of a perfect overlap of those chunk GEMMs; above 1.10 the
-T_ideal target is out of reach for a schedule of row chunks. Per op and tp: the geometric mean
-speedup, and by how much it misses its target. The targets
-(``TARGETS``): faster than XLA plain at every shape, a geometric mean speedup of at least 1.30x
-(AG->GEMM) and 1.45x (GEMM->RS), and T/T_ideal <= 1.10 at every shape (bulk too). Where jax_ub's
-records name the method auto ran (``"method"``) and the run timed that method too, the line gives
-the run's noise: |jax_ub / jax_ub_<method> - 1| (xla_plain where auto ran XLA's path), the same
-program timed apart, as median and max over the shapes (:meth:`Case.twin_spread`); a speedup
+``comm_jax_ub``) / T_ideal, the T/T_ideal of a perfect overlap of those chunk GEMMs.
+
+Per op and tp: at how many shapes jax_ub is faster than XLA plain, the geometric mean speedup and
+the range of T/T_ideal. Thresholds are the caller's, never built in: ``--target ag_gemm=1.3`` (per
+op, repeatable) adds whether the geometric mean speedup meets that value ("meets", or "below" and
+by how much), and ``--ideal-max 1.1`` how many shapes are within that T/T_ideal and where the split
+floor alone exceeds it. A target is met only where every shape of the selection has a row. Where
+jax_ub's records name the method auto ran (``"method"``) and the run timed that method too, the line
+gives the run's noise: |jax_ub / jax_ub_<method> - 1| (xla_plain where auto ran XLA's path), the
+same program timed apart, as median and max over the shapes (:meth:`Case.twin_spread`); a speedup
 difference smaller than that is not resolved by the run.
 
 A case (op, tp, dtype, shape) is taken whole from the last file given that has records of it, so
 a row never mixes runs. A case of the selection that lacks one of the records a row needs
 (:data:`NEEDED`), or whose records ran different numbers of ops per dispatch (``chain``), has no row:
-it counts as a miss in its op's and tp's line, named with what it lacks, and the geometric mean then
-says over how many of the shapes it is. At tp=4 in bfloat16 (what the targets are for), the line
-also names the shapes of the issues (``harness.DEFAULT_SHAPES``, bulk: ``harness.BULK_SHAPES``) that
-the files do not have. A file without ag/rs/bulk records, or a selection (``--tp``, ``--dtype``)
+its op's and tp's line names it with what it lacks, and the geometric mean then says over how many
+of the shapes it is. A file without ag/rs/bulk records, or a selection (``--tp``, ``--dtype``)
 that leaves no case with every impl a row needs, is an error (stderr, exit 2). It reads JSON only
-and needs no GPU. README's performance table is this command's output over the committed tp=4 files
-(the command is written above the table, and a CPU test checks that the two agree).
+and needs no GPU. The README's performance table is this command's output over the committed
+records (the command is written above the table, and a CPU test checks that the two agree).
 """
 
 from __future__ import annotations
@@ -38,21 +37,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jax_ub.bench.harness import BULK_SHAPES, DEFAULT_SHAPES, geomean, twin_impl
+from jax_ub.bench.harness import geomean, twin_impl
 
-# op -> (title, minimum geometric-mean speedup over xla_plain or None); T/T_ideal <= T_IDEAL_MAX.
-TARGETS: dict[str, tuple[str, float | None]] = {
-    "ag_gemm": ("AG->GEMM (`all_gather_matmul`)", 1.30),
-    "gemm_rs": ("GEMM->RS (`matmul_reduce_scatter`)", 1.45),
-    "bulk_ag": ("bulk all-gather beside a GEMM", None),
-    "bulk_rs": ("bulk reduce-scatter beside a GEMM", None),
+TITLES: dict[str, str] = {  # the ops a summary covers, in table order, and each one's line title
+    "ag_gemm": "AG->GEMM (`all_gather_matmul`)",
+    "gemm_rs": "GEMM->RS (`matmul_reduce_scatter`)",
+    "bulk_ag": "bulk all-gather beside a GEMM",
+    "bulk_rs": "bulk reduce-scatter beside a GEMM",
 }
-T_IDEAL_MAX = 1.10
 NEEDED = ("xla_plain", "jax_ub", "gemm_alone", "comm_jax_ub")  # the records a row is made of
-# Where the targets are judged, and at which shapes (the issues' benchmark shapes).
-TARGET_TP, TARGET_DTYPE = 4, "bfloat16"
-REQUIRED = {"ag_gemm": DEFAULT_SHAPES, "gemm_rs": DEFAULT_SHAPES,
-            "bulk_ag": BULK_SHAPES, "bulk_rs": BULK_SHAPES}
 
 Key = tuple[str, int, str, int, int, int]  # op, tp, dtype, M, K, N
 
@@ -86,7 +79,7 @@ class Case:
 
 
 def read(path: str) -> tuple[dict[Key, Case], list[str]]:
-    """One file: ``{(op, tp, dtype, M, K, N): Case}`` of its records of the ops in :data:`TARGETS`
+    """One file: ``{(op, tp, dtype, M, K, N): Case}`` of its records of the ops in :data:`TITLES`
     (a record's ``chain``, else the header's, else 1), and the other ops its records are of (e.g.
     an ``mlp`` run's)."""
     with open(path) as f:
@@ -101,7 +94,7 @@ def read(path: str) -> tuple[dict[Key, Case], list[str]]:
     others: list[str] = []
     for i, r in enumerate(doc["records"]):
         op = r.get("op") if isinstance(r, dict) else None
-        if op not in TARGETS:
+        if op not in TITLES:
             if str(op) not in others:
                 others.append(str(op))
             continue
@@ -126,10 +119,13 @@ def load(paths: Sequence[str]) -> dict[Key, Case]:
     return cases
 
 
-def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype: str = "bfloat16") -> str:
-    """The table and, per op and tp, a line saying which targets hold."""
+def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype: str = "bfloat16",
+             targets: dict[str, float] | None = None, ideal_max: float | None = None) -> str:
+    """The table and, per op and tp, a line of what the rows add up to; ``targets`` (op -> geometric
+    mean speedup) and ``ideal_max`` (a T/T_ideal) add whether the rows reach those values."""
+    targets = targets or {}
     keys = sorted((k for k in cases if k[2] == dtype and (not tps or k[1] in tps)),
-                  key=lambda k: (list(TARGETS).index(k[0]), -k[1], k[3:]))
+                  key=lambda k: (list(TITLES).index(k[0]), -k[1], k[3:]))
     lines = ["| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal | split floor |",
              "|---|---|---|---|---|---|---|---|"]
     verdicts: list[str] = []
@@ -155,38 +151,39 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
     if not any(groups.values()):
         return f"no {dtype} case with xla_plain, jax_ub, gemm_alone and comm_jax_ub records\n"
     for (op, tp), rows in groups.items():
-        title, goal = TARGETS[op]
+        goal = targets.get(op)
         missed = misses.get((op, tp), [])
         n = len(rows) + len(missed)
         gm = geomean([row[0] for row in rows])
         faster = sum(row[0] > 1 for row in rows)
-        within = sum(row[1] <= T_IDEAL_MAX for row in rows)
         over = f" over {len(rows)} of {n} shapes" if missed else ""
-        absent = ([s for s in REQUIRED[op] if (op, tp, dtype, *s) not in cases]
-                  if (tp, dtype) == (TARGET_TP, TARGET_DTYPE) else [])
-        # the targets hold for the issues' shapes: with one absent, the target is missed
-        met = gm is not None and gm >= (goal or 0) and not missed and not absent
-        short = (f" by {100 * (1 - gm / goal):.1f}%" if goal and gm is not None and not met and gm < goal
-                 else "")
+        verdict = ""
+        if goal is not None:  # met only with a row at every shape of the selection
+            met = gm is not None and gm >= goal and not missed
+            by = f" by {100 * (1 - gm / goal):.1f}%" if gm is not None and gm < goal else ""
+            verdict = f" (target {goal:.2f}x: {'meets' if met else 'below' + by})"
+        ratios = sorted(row[1] for row in rows)
         parts = [f"faster than XLA plain at {faster} of {n} shapes",
                  (f"geometric mean speedup {gm:.2f}x{over}" if gm is not None
-                  else "no geometric mean speedup")
-                 + (f" (target {goal:.2f}x: {'met' if met else 'missed'}{short})" if goal else ""),
-                 f"within {T_IDEAL_MAX:.2f}x of T_ideal at {within} of {n}"]
+                  else "no geometric mean speedup") + verdict]
+        if ratios:
+            low, high = f"{ratios[0]:.2f}", f"{ratios[-1]:.2f}"
+            parts.append(f"T/T_ideal {low}" + (f" to {high}" if high != low else ""))
+        if ideal_max is not None:
+            within = sum(x <= ideal_max for x in ratios)
+            parts.append(f"within {ideal_max:.2f}x of T_ideal at {within} of {n}")
         spreads = sorted(row[4] for row in rows if row[4] is not None)
         if spreads:  # what a difference must exceed to be resolved by these runs
             parts.append(f"noise (auto and the method it ran, timed apart in one run): median "
                          f"{100 * statistics.median(spreads):.1f}%, max {100 * spreads[-1]:.1f}% over "
                          f"{len(spreads)} shape{'s' if len(spreads) > 1 else ''}")
         if missed:
-            parts.append(f"no row (a miss) at {'; '.join(missed)}")
-        floored = [row[3] for row in rows if row[2] is not None and row[2] > T_IDEAL_MAX]
+            parts.append(f"no row at {'; '.join(missed)}")
+        floored = [row[3] for row in rows
+                   if ideal_max is not None and row[2] is not None and row[2] > ideal_max]
         if floored:
-            parts.append(f"the split floor exceeds {T_IDEAL_MAX:.2f} at {', '.join(floored)}")
-        verdicts.append(f"- {title}, tp={tp}: " + "; ".join(parts) + ".")
-        if absent:
-            verdicts.append(f"  Not in the files: {', '.join(','.join(map(str, s)) for s in absent)} (the "
-                            f"targets are for {len(REQUIRED[op])} shapes: not met without them).")
+            parts.append(f"the split floor exceeds {ideal_max:.2f} at {', '.join(floored)}")
+        verdicts.append(f"- {TITLES[op]}, tp={tp}: " + "; ".join(parts) + ".")
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
@@ -195,7 +192,7 @@ def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, Case], list
     """Why the files (``per_file``: :func:`read` of each) give no table with this selection, or None."""
     for path, (cases, others) in zip(files, per_file, strict=True):
         if not cases:
-            return (f"{path}: no {', '.join(list(TARGETS)[:-1])} or {list(TARGETS)[-1]} records (expected a "
+            return (f"{path}: no {', '.join(list(TITLES)[:-1])} or {list(TITLES)[-1]} records (expected a "
                     f"file of python -m jax_ub.bench "
                     f"ag|rs|bulk; got " + (f"records of {', '.join(others)})" if others else "no records)"))
     cases = {k: v for c, _ in per_file for k, v in c.items()}
@@ -232,15 +229,40 @@ def run(a: argparse.Namespace) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    print(markdown(load(a.files), tps=a.tp, dtype=a.dtype), end="")
+    print(markdown(load(a.files), tps=a.tp, dtype=a.dtype, targets=dict(a.target or []),
+                   ideal_max=a.ideal_max), end="")
     return 0
 
 
+def _target(text: str) -> tuple[str, float]:
+    """``OP=SPEEDUP`` of ``--target``: an op of :data:`TITLES` and a positive number."""
+    op, sep, value = text.partition("=")
+    if not sep or op not in TITLES:
+        raise argparse.ArgumentTypeError(f"expected OP=SPEEDUP with OP one of {', '.join(TITLES)}; "
+                                         f"got {text!r}")
+    return op, _positive(value)
+
+
+def _positive(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}")
+    return x
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("summary", help="bench JSON files against jax_ub's performance targets "
-                       "(speedup over XLA, T/T_ideal), as markdown")
+    p = sub.add_parser("summary", help="bench JSON files as a markdown table: speedup over XLA, "
+                       "T/T_ideal, and optional targets")
     p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (a later one's case replaces an "
                    "earlier one's whole)")
     p.add_argument("--tp", type=int, action="append", default=None,
                    help="only this tp (repeat for several; default: all)")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--target", type=_target, action="append", default=None, metavar="OP=SPEEDUP",
+                   help="say whether OP's geometric mean speedup over XLA plain meets SPEEDUP "
+                   "(e.g. ag_gemm=1.3; repeat for other ops)")
+    p.add_argument("--ideal-max", type=_positive, default=None, metavar="R",
+                   help="count the shapes within R of T_ideal and name those whose split floor exceeds R")
