@@ -82,5 +82,8 @@ std::string CublasLtLoadError();
 std::string CublasLtDescription();
 // Number of cached plans (for tests and diagnostics).
 size_t GemmPlanCacheSize();
+// Whether this build's cuBLASLt declarations (gemm/cublaslt_api.h) were checked against the real
+// cublasLt.h at compile time (gemm/api_check.cc).
+bool CublasLtApiChecked();
 
 }  // namespace jax_ub
