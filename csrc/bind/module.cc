@@ -21,6 +21,7 @@
 #include "comm/test_hooks.h"
 #include "comm/trace.h"
 #include "common/dynlib.h"
+#include "ffi/bulk.h"
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
 #include "ffi/test_hooks.h"

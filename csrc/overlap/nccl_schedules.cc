@@ -7,7 +7,8 @@
 
 #include "comm/nccl.h"
 #include "kernels/reduce.h"
-#include "overlap/schedules.h"
+#include "overlap/ag_gemm.h"
+#include "overlap/gemm_rs.h"
 
 namespace jax_ub {
 namespace {
