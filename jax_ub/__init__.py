@@ -26,14 +26,14 @@ from jax_ub import (
     reference,
     tuning,
 )
-from jax_ub._bootstrap import AgreementError, PeerFailedError, PeerTimeoutError
 from jax_ub._ext import build_info
 from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
+from jax_ub.comm.bootstrap import AgreementError, PeerFailedError, PeerTimeoutError
+from jax_ub.comm.processes import ProcessCheckError, check_processes
 from jax_ub.gemm import matmul
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 from jax_ub.overlap import explain
-from jax_ub.processes import ProcessCheckError, check_processes
 
 __version__ = "0.1.0"
 

@@ -55,7 +55,7 @@ ENV_VARS = (
     "UB_SKIPMC",
 )
 
-# Extension functions the Python side calls (comm.py, overlap.py); an installed extension without
+# Extension functions the Python side calls (jax_ub.comm, overlap.py); an installed extension without
 # them is an older build than this checkout.
 REQUIRED_EXT_FUNCTIONS = (
     "registrations", "runtime_info", "cublaslt_description", "set_library_candidates",

@@ -91,7 +91,7 @@ def nccl():
     import pytest
 
     extension()
-    from jax_ub import _nccl
+    from jax_ub.comm import nccl as _nccl
 
     if err := _nccl.load_error():
         pytest.fail(f"GPU present but NCCL cannot be loaded: {err}", pytrace=False)

@@ -9,7 +9,7 @@ devices that differ only along ``axis``) for every local device, and wires each 
   ``bootstrap="nccl"``, through an NCCL all-gather (unique id via the key-value store);
 * transport ``nccl`` (chosen when a group spans hosts or two of its GPUs cannot map each other's
   memory, or cannot be checked, or when asked for): ncclSend/ncclRecv, no peer mapping at all.
-  Which pairs can map each other is surveyed across processes by PCI bus id (``_p2p``).
+  Which pairs can map each other is surveyed across processes by PCI bus id (:mod:`jax_ub.comm.p2p`).
 
 Every process calls ``initialize``/``shutdown`` collectively with the same mesh. All ranks first
 agree on (group layout, buffer size, transport, version); any difference fails every rank with the
@@ -29,14 +29,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _bootstrap, _ext, _nccl, _p2p, _validate, choice, config
+from jax_ub import _ext, _validate, choice, config
+from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
+from jax_ub.comm import nccl, p2p
 
 log = logging.getLogger("jax_ub")
 
 _MIB = 1 << 20
 # Transports initialize() can set up (jax_ub.doctor reads this).
 IMPLEMENTED_TRANSPORTS = ("ipc", "nccl")
-# NCCL communicator keys (jax_ub._nccl's table): transport comms are attached to the members under
+# NCCL communicator keys (jax_ub.comm.nccl's table): transport comms are attached to the members under
 # key = set id; bootstrap comms (IPC blobs) stay in the table under this offset + set id.
 _BOOTSTRAP_KEY = 1 << 20
 
@@ -57,7 +59,7 @@ class CommSet:
     exchange: _bootstrap.KVExchange | None  # process-wide, None in single-process mode
     bootstrap: str = "kv"  # how IPC handles travel between processes: "kv" or "nccl"
     transport_reason: str = ""
-    hosts: list[str] = dataclasses.field(default_factory=list)  # host id of each process (_p2p)
+    hosts: list[str] = dataclasses.field(default_factory=list)  # host id of each process (p2p)
     grow_count: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -261,7 +263,7 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
             if bootstrap == "auto":
                 bootstrap = "kv"
             if transport == "nccl" or bootstrap == "nccl":
-                err = _nccl.load_error()
+                err = nccl.load_error()
                 if err:
                     raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
                                        f"bootstrap={bootstrap!r} need NCCL, which cannot be "
@@ -360,8 +362,8 @@ def _destroy_quietly(s: CommSet) -> None:
     mod = _ext.extension()
     for what, free in (("the communicators", lambda: mod.comm_destroy_set(s.set_id)),
                        ("the NCCL bootstrap communicators",
-                        lambda: _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
-                       ("the NCCL communicators", lambda: _nccl.destroy_comm(s.set_id))):
+                        lambda: nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
+                       ("the NCCL communicators", lambda: nccl.destroy_comm(s.set_id))):
         try:
             free()
         except Exception as err:  # logged: the original failure is the one raised
@@ -372,17 +374,17 @@ def _destroy_quietly(s: CommSet) -> None:
 def _survey(exchange: _bootstrap.KVExchange | None, groups: list[list[Any]]
             ) -> tuple[list[str], list[tuple[Any, Any]], list[tuple[Any, Any, str]]]:
     """(host id of every process, pairs of devices of one group that cannot map each other, pairs
-    nobody could check and why): every process reports what it can check (:mod:`jax_ub._p2p`) and
+    nobody could check and why): every process reports what it can check (:mod:`jax_ub.comm.p2p`) and
     all read the same reports, so the transport choice below is the same on every process."""
     import json
 
     me = jax.process_index()
     members = {str(d.id): _ordinal(d) for g in groups for d in g if d.process_index == me}
-    report = _p2p.local_report(_ext.extension(), members, use_nvml=exchange is not None)
+    report = p2p.local_report(_ext.extension(), members, use_nvml=exchange is not None)
     if exchange is None:
-        return _p2p.judge([report], groups)
+        return p2p.judge([report], groups)
     blobs = exchange.all_gather("survey", json.dumps(report).encode())
-    return _p2p.judge([json.loads(b.decode()) for b in blobs], groups)
+    return p2p.judge([json.loads(b.decode()) for b in blobs], groups)
 
 
 def _gpu(d: Any, several_processes: bool) -> str:
@@ -394,7 +396,7 @@ def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
                       unverified: list[tuple[Any, Any, str]] = ()) -> tuple[str, str]:
     """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``). ``hosts``:
     the host id of every process; ``bad_pairs``/``unverified``: from :func:`_survey`."""
-    label = _p2p.host_labels(hosts)
+    label = p2p.host_labels(hosts)
     several = len(hosts) > 1
     spans = []
     for gi, g in enumerate(groups):
@@ -429,22 +431,22 @@ def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
 def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
     """One NCCL communicator per group (unique id through the key-value store), every local member
     created concurrently. Transport nccl: attached to the members. Bootstrap nccl: kept in
-    jax_ub._nccl's table for the IPC-handle all-gathers of this set."""
+    jax_ub.comm.nccl's table for the IPC-handle all-gathers of this set."""
     key = _BOOTSTRAP_KEY + s.set_id if bootstrap_only else s.set_id
     uids: dict[int, bytes] = {}
     for gi, g in enumerate(s.groups):
         if not any(lg == gi for _, lg, _ in s.local):
             continue
         if s.exchange is None:
-            uids[gi] = _nccl.unique_id()
+            uids[gi] = nccl.unique_id()
         else:
-            uids[gi] = _nccl.bootstrap_unique_id(s.exchange, f"{s.set_id}-{gi}",
+            uids[gi] = nccl.bootstrap_unique_id(s.exchange, f"{s.set_id}-{gi}",
                                                  root=g[0].process_index)
     errors: dict[tuple[int, int], BaseException] = {}
 
     def body(dev: int, gi: int, r: int) -> None:
         try:
-            _nccl.create_comm(key, uids[gi], r, s.world, dev, s.timeout_s)
+            nccl.create_comm(key, uids[gi], r, s.world, dev, s.timeout_s)
         except BaseException as err:  # reported below
             errors[(gi, r)] = err
 
@@ -455,7 +457,7 @@ def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
     for t in threads:
         t.join()
     if errors:
-        _nccl.destroy_comm(key)
+        nccl.destroy_comm(key)
         detail = "; ".join(f"group {gi} rank {r}: {e}" for (gi, r), e in sorted(errors.items()))
         raise RuntimeError(f"jax_ub.initialize: creating the NCCL communicators failed: {detail}")
     if not bootstrap_only:
@@ -482,7 +484,7 @@ def _nccl_blobs(s: CommSet) -> dict[str, bytes]:
         try:
             blob = bytes(mod.comm_export_ipc(s.set_id, dev))
             size = len(blob)
-            allb = _nccl.allgather_bytes(key, dev, blob, s.timeout_s)
+            allb = nccl.allgather_bytes(key, dev, blob, s.timeout_s)
             for q in range(s.world):
                 out[f"{gi}/{q}"] = allb[q * size:(q + 1) * size]
         except BaseException as err:  # reported below
@@ -505,7 +507,7 @@ def _connect(s: CommSet, tag: str) -> None:
     if s.transport == "nccl":
         return
     mod = _ext.extension()
-    host = _p2p.host_identity()
+    host = p2p.host_identity()
     if s.exchange is not None and s.bootstrap == "nccl":
         by_member = _nccl_blobs(s)
         proc_of = {(gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)}
@@ -539,7 +541,7 @@ def _connect(s: CommSet, tag: str) -> None:
                 raise RuntimeError(f"jax_ub.initialize: no handles received for group {gi} rank {q}")
             peer_host, blob = entry
             if peer_host != host:
-                label = _p2p.host_labels([host, peer_host])
+                label = p2p.host_labels([host, peer_host])
                 raise ValueError(
                     f"jax_ub.initialize: group {gi} spans hosts {label[host]!r} and "
                     f"{label[peer_host]!r}, which "
@@ -655,7 +657,7 @@ def shutdown(axis: str | None = None) -> None:
                             + (f" Draining this process's ops had failed first: {error}"
                                if error is not None else "")) from err
                 mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
-                _nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
+                nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
                 if error is not None:
                     raise error
     finally:

@@ -21,7 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jax_ub import _bootstrap, _ext
+from jax_ub import _ext
+from jax_ub.comm import bootstrap
 
 __all__ = [
     "UNIQUE_ID_BYTES",
@@ -108,7 +109,7 @@ def unique_id() -> bytes:
     return uid
 
 
-def bootstrap_unique_id(exchange: _bootstrap.KVExchange, key: int | str, *, root: int = 0,
+def bootstrap_unique_id(exchange: bootstrap.KVExchange, key: int | str, *, root: int = 0,
                         make_id: Callable[[], bytes] | None = None) -> bytes:
     """The NCCL unique id of communicator ``key``, identical on every rank of ``exchange``.
 

@@ -35,7 +35,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from jax_ub import _bootstrap, config
+from jax_ub import config
+from jax_ub.comm import bootstrap
 
 __all__ = ["ProcessCheckError", "check_processes"]
 
@@ -97,7 +98,7 @@ def _argument_errors(fields: Any, problem: Any, timeout_s: Any) -> dict[str, Exc
                                   f"{sorted(map(repr, fields))}")
     elif fields is not None:
         try:
-            _bootstrap._canonical(dict(fields))
+            bootstrap._canonical(dict(fields))
         except (TypeError, ValueError) as e:  # a tuple-keyed dict inside, a cycle
             out["fields"] = TypeError(f"{_WHO}: `fields` cannot be encoded as JSON (values are "
                                       f"compared as JSON; keys inside must be str): {e}")
@@ -175,14 +176,14 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
     client, me, count = where
     with _lock:
         call = next(_calls)
-    exchange = _bootstrap.KVExchange(_namespace(call), me, count, timeout, client=client,
+    exchange = bootstrap.KVExchange(_namespace(call), me, count, timeout, client=client,
                                      peer_names=[f"process {p}" for p in range(count)])
-    text = _bootstrap._canonical(dict(fields or {}))
+    text = bootstrap._canonical(dict(fields or {}))
     payload = json.dumps({"problem": problem, "fields": text}).encode()
     try:
         blobs = exchange._all_gather("check_processes", "answers", payload,
                                      reached=f"call {_WHO}()")
-    except _bootstrap.PeerTimeoutError as err:
+    except bootstrap.PeerTimeoutError as err:
         # Say so before looking once more: a late process that then reads every answer sees this
         # mark and raises too, instead of going on alone into a collective.
         with contextlib.suppress(Exception):
@@ -193,14 +194,14 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
             if problem is not None:
                 raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
                                         {me: problem}, missing=missing) from err
-            raise _bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
+            raise bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
         blobs = [payload if p == me else _peek(exchange, exchange._key("answers", p))
                  for p in range(count)]  # every answer came in the end
     else:
         gave_up = _peers_with(exchange, _GAVE_UP)
         if gave_up:
             names = ", ".join(map(str, gave_up))
-            raise _bootstrap.PeerTimeoutError(
+            raise bootstrap.PeerTimeoutError(
                 f"{_WHO}: process {me} arrived after process{'es' if len(gave_up) > 1 else ''} "
                 f"{names} had given up waiting for it (their timeout: JAX_UB_TIMEOUT or timeout_s), "
                 f"so they have stopped and this process stops too")
@@ -222,7 +223,7 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
             + body + also, problems, differ)
     if differ:
         bad = len(differing)
-        raise _bootstrap.AgreementError(
+        raise bootstrap.AgreementError(
             f"{_WHO}: the {count} processes disagree; every process must be started with the same "
             f"settings. {bad} process{'es differ' if bad > 1 else ' differs'} from process 0:\n"
             + "\n".join(differ))
@@ -248,7 +249,7 @@ def _differences(tables: list[dict[str, Any] | None]) -> dict[int, str]:
     for p, table in enumerate(tables[1:], start=1):
         if base is None or table is None:
             continue  # its unreadable answer is listed among the problems
-        diffs = _bootstrap._diffs(base, table, unit="process")
+        diffs = bootstrap._diffs(base, table, unit="process")
         if diffs:
             out[p] = "; ".join(f"{name}={values}" for name, values in diffs)
     return out
@@ -275,7 +276,7 @@ def _indent(text: str, many: bool) -> str:
     return text.replace("\n", "\n    " if many else "\n  ")
 
 
-def _peek(exchange: _bootstrap.KVExchange, key: str) -> bytes | None:
+def _peek(exchange: bootstrap.KVExchange, key: str) -> bytes | None:
     """The value of ``key`` if present now; None if not, or if the probe failed."""
     try:
         return exchange._store.try_get(key)
@@ -283,13 +284,13 @@ def _peek(exchange: _bootstrap.KVExchange, key: str) -> bytes | None:
         return None
 
 
-def _peers_with(exchange: _bootstrap.KVExchange, tag: str, present: bool = True) -> list[int]:
+def _peers_with(exchange: bootstrap.KVExchange, tag: str, present: bool = True) -> list[int]:
     """The other processes whose ``tag`` key is present now (or, with ``present=False``, absent)."""
     return [p for p in range(exchange.world) if p != exchange.rank
             and (_peek(exchange, exchange._key(tag, p)) is not None) == present]
 
 
-def _timeout_message(exchange: _bootstrap.KVExchange, call: int, default: bool,
+def _timeout_message(exchange: bootstrap.KVExchange, call: int, default: bool,
                      missing: list[int]) -> str:
     """Which processes did not call within the timeout, and where one of them is at another
     numbered call of check_processes, which (the processes did not make the same calls)."""

@@ -62,7 +62,7 @@ def blob(rank: int, round_: int) -> bytes:
 
 
 def scenario_gather() -> None:
-    from jax_ub import _bootstrap as bs
+    from jax_ub.comm import bootstrap as bs
 
     init_distributed()
     # Round 1: one group holding every process.
@@ -94,7 +94,7 @@ def scenario_gather() -> None:
 
 
 def scenario_disagree(bad_rank: int) -> None:
-    from jax_ub import _bootstrap as bs
+    from jax_ub.comm import bootstrap as bs
 
     init_distributed()
     ex = bs.KVExchange(bs.group_namespace(bs.next_init_id(), 0), rank, nprocs, timeout_s=20)
@@ -111,7 +111,7 @@ def scenario_disagree(bad_rank: int) -> None:
 
 
 def scenario_timeout(mode: str, timeout_s: float, missing: list[int]) -> None:
-    from jax_ub import _bootstrap as bs
+    from jax_ub.comm import bootstrap as bs
 
     # Heartbeats outlive the bootstrap timeout: the PeerTimeoutError must come first.
     init_distributed(heartbeat_s=int(timeout_s) + 20)

@@ -1,6 +1,6 @@
 """One process of the multi-process ``jax_ub.initialize`` tests (started by ``tests/launcher.py``).
 
-It runs ``comm.py``'s multi-process logic (agreements, peer failures, the outcome barrier,
+It runs ``jax_ub.comm``'s multi-process logic (agreements, peer failures, the outcome barrier,
 shutdown's barrier) over a real ``jax.distributed`` service on the CPU backend. The CUDA extension
 is a stand-in whose calls are recorded (and one of which can be made to fail on one rank), and
 the mesh holds stand-in GPU devices: two per process, each TP group spanning the processes.
@@ -143,7 +143,7 @@ elif scenario in ("refuse_exit", "mismatch_exit"):
     if rank == 1:
         time.sleep(3)
         if scenario == "mismatch_exit":
-            from jax_ub import _bootstrap
+            from jax_ub.comm import bootstrap as _bootstrap
 
             plain_wait, slowed = _bootstrap._JaxClientStore.wait, []
 

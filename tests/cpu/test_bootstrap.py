@@ -1,4 +1,4 @@
-"""jax_ub._bootstrap: the key-value rendezvous behind jax_ub.initialize() (CPU tier).
+"""jax_ub.comm.bootstrap: the key-value rendezvous behind jax_ub.initialize() (CPU tier).
 
 In-process tests run the ranks as threads over a LocalStore (or a fake jax.distributed client);
 multi-process tests start real processes under jax.distributed (CPU backend) through
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_ub import _bootstrap as bs
+from jax_ub.comm import bootstrap as bs
 
 try:
     from tests.launcher import Result, format_failures, parallel_launch

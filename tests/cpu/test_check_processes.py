@@ -61,7 +61,7 @@ def test_one_problem_on_many_processes_is_one_line():
 
 
 def test_processes_with_the_same_problem_are_named_in_runs():
-    from jax_ub.processes import _grouped
+    from jax_ub.comm.processes import _grouped
 
     assert _grouped({0: "a", 1: "a", 2: "a", 5: "a", 3: "b"}) == [("processes 0-2, 5", "a"), ("process 3", "b")]
     assert _grouped({4: "x", 0: "x", 2: "x", 3: "y"}) == [("processes 0, 2, 4", "x"), ("process 3", "y")]
@@ -125,16 +125,16 @@ def test_calls_made_unevenly_are_named_as_such():
 def test_a_peer_at_a_later_call_is_named_as_making_other_calls():
     """On a timeout, where the missing process made a *later* call, the calls differ; where it
     made an earlier one, it may only be slow (both said, over a LocalStore)."""
-    from jax_ub import _bootstrap, processes
+    from jax_ub.comm import bootstrap, processes
 
-    store = _bootstrap.LocalStore()
+    store = bootstrap.LocalStore()
     store.set(f"{processes._namespace(3)}/answers/1", b"{}")
-    ex = _bootstrap.KVExchange(processes._namespace(2), 0, 2, 5.0, client=store)
+    ex = bootstrap.KVExchange(processes._namespace(2), 0, 2, 5.0, client=store)
     said = processes._timeout_message(ex, 2, True, [1])
     assert ("process 1 made its call 3 of jax_ub.check_processes() already, this process is at its "
             "call 2: every process must make the same calls") in said, said
     assert said.endswith("(timeout: JAX_UB_TIMEOUT)")
-    ex = _bootstrap.KVExchange(processes._namespace(5), 0, 2, 5.0, client=store)
+    ex = bootstrap.KVExchange(processes._namespace(5), 0, 2, 5.0, client=store)
     said = processes._timeout_message(ex, 5, False, [1])
     assert "process 1's latest call of jax_ub.check_processes() was its call 3" in said, said
     assert "same calls" not in said and said.endswith("(timeout: timeout_s)")

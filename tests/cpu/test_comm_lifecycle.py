@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import _bootstrap, _ext, _nccl, _validate, comm
+from jax_ub import _ext, _validate
+from jax_ub.comm import bootstrap, nccl
+from jax_ub.comm import lifecycle as comm  # where its state lives: the tests rebind _sets, _abandoned
 
 
 class FakeCommExtension:
@@ -42,7 +44,7 @@ def _fake_set(set_id: int, axis: str) -> comm.CommSet:
 def test_shutdown_retraces_programs_only_where_it_freed_a_set(monkeypatch):
     fake = FakeCommExtension()
     monkeypatch.setattr(_ext, "extension", lambda: fake)
-    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    monkeypatch.setattr(nccl, "_extension", lambda: (fake, ""))
     monkeypatch.setattr(comm, "_sets", {})
     traces = []
 
@@ -79,7 +81,7 @@ def _install_failing_drain(monkeypatch) -> FakeCommExtension:
 
     fake.comm_drain = drain
     monkeypatch.setattr(_ext, "extension", lambda: fake)
-    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    monkeypatch.setattr(nccl, "_extension", lambda: (fake, ""))
     return fake
 
 
@@ -102,8 +104,8 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
 
 
 def _exchanges(world: int, timeout_s: float = 5.0):
-    store = _bootstrap.LocalStore()
-    return [_bootstrap.KVExchange("jax_ub/test/outcome", p, world, timeout_s, client=store,
+    store = bootstrap.LocalStore()
+    return [bootstrap.KVExchange("jax_ub/test/outcome", p, world, timeout_s, client=store,
                                   peer_names=[f"process {q}" for q in range(world)])
             for p in range(world)]
 
@@ -116,7 +118,7 @@ def test_a_failed_cleanup_does_not_hide_why_initialize_gave_up(monkeypatch, capl
 
     fake.comm_destroy_set = destroy_set
     monkeypatch.setattr(_ext, "extension", lambda: fake)
-    monkeypatch.setattr(_nccl, "_extension", lambda: (fake, ""))
+    monkeypatch.setattr(nccl, "_extension", lambda: (fake, ""))
     with caplog.at_level("ERROR", logger="jax_ub"):
         comm._destroy_quietly(_fake_set(9, "tp"))
     assert "freeing the communicators of set 9 after a failure also failed: cudaFree failed" in caplog.text

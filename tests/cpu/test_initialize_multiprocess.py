@@ -1,6 +1,6 @@
 """jax_ub.initialize / shutdown across real jax.distributed processes (CPU backend).
 
-The workers (``_init_worker.py``) run comm.py's multi-process logic with a stand-in CUDA extension
+The workers (``_init_worker.py``) run jax_ub.comm's multi-process logic with a stand-in CUDA extension
 and stand-in GPUs: what every process agrees on, how a failure on one process reaches the others
 (at once, naming it, not after the timeout), and what shutdown does when a peer is missing.
 """

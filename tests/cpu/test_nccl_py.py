@@ -1,4 +1,4 @@
-"""jax_ub._nccl: the Python side of the NCCL layer (CPU tier).
+"""jax_ub.comm.nccl: the Python side of the NCCL layer (CPU tier).
 
 What runs without a GPU: library queries (never raise), unique-id publishing over a LocalStore with
 one thread per rank, argument checks, the error paths without an extension, and the local-ranks
@@ -13,14 +13,15 @@ import threading
 import pytest
 from _ranks import run_ranks
 
-from jax_ub import _bootstrap as bs
-from jax_ub import _ext, _nccl
+from jax_ub import _ext
+from jax_ub.comm import bootstrap as bs
+from jax_ub.comm import nccl
 
 
 class FakeId:
     """make_id stand-in: a distinct 128-byte id per call, counting the calls."""
 
-    def __init__(self, size: int = _nccl.UNIQUE_ID_BYTES) -> None:
+    def __init__(self, size: int = nccl.UNIQUE_ID_BYTES) -> None:
         self.calls = 0
         self.size = size
         self._lock = threading.Lock()
@@ -41,7 +42,7 @@ def no_extension(monkeypatch: pytest.MonkeyPatch, reason: str = "no CUDA extensi
 
 
 def test_version_and_library_never_raise():
-    v, lib, err = _nccl.version(), _nccl.library(), _nccl.load_error()
+    v, lib, err = nccl.version(), nccl.library(), nccl.load_error()
     assert isinstance(v, int) and isinstance(lib, str) and isinstance(err, str)
     if v == -1:
         assert lib == "" and err, "no NCCL, so load_error() must say why"
@@ -53,38 +54,38 @@ def test_version_and_library_never_raise():
 
 def test_queries_without_extension(monkeypatch):
     no_extension(monkeypatch, "built without nvcc")
-    assert _nccl.version() == -1
-    assert _nccl.library() == ""
-    assert _nccl.load_error() == "built without nvcc"
-    assert _nccl.destroy_comm(7) == 0
+    assert nccl.version() == -1
+    assert nccl.library() == ""
+    assert nccl.load_error() == "built without nvcc"
+    assert nccl.destroy_comm(7) == 0
     with pytest.raises(RuntimeError, match="jax_ub NCCL unavailable: built without nvcc"):
-        _nccl.unique_id()
+        nccl.unique_id()
     with pytest.raises(RuntimeError, match="built without nvcc"):
-        _nccl.create_comm(1, b"\0" * 128, 0, 1, 0, 1.0)
+        nccl.create_comm(1, b"\0" * 128, 0, 1, 0, 1.0)
     with pytest.raises(RuntimeError, match="built without nvcc"):
-        _nccl.allgather_bytes(1, 0, b"x")
+        nccl.allgather_bytes(1, 0, b"x")
 
 
 def test_old_extension_without_nccl(monkeypatch):
     old = type("OldExtension", (), {})()
     monkeypatch.setattr(_ext, "extension", lambda: old)
-    assert _nccl.version() == -1
-    assert "predates NCCL support" in _nccl.load_error()
+    assert nccl.version() == -1
+    assert "predates NCCL support" in nccl.load_error()
     with pytest.raises(RuntimeError, match="predates NCCL support"):
-        _nccl.create_comm(1, b"\0" * 128, 0, 1, 0, 1.0)
+        nccl.create_comm(1, b"\0" * 128, 0, 1, 0, 1.0)
 
 
 def test_real_unique_id():
-    if _nccl.version() < 0:
-        pytest.skip(f"NCCL unavailable: {_nccl.load_error()}")
-    a, b = _nccl.unique_id(), _nccl.unique_id()
-    assert len(a) == len(b) == _nccl.UNIQUE_ID_BYTES
+    if nccl.version() < 0:
+        pytest.skip(f"NCCL unavailable: {nccl.load_error()}")
+    a, b = nccl.unique_id(), nccl.unique_id()
+    assert len(a) == len(b) == nccl.UNIQUE_ID_BYTES
     assert a != b
 
 
 def test_create_comm_checks_the_id_size():
     with pytest.raises(ValueError, match="128 bytes; got 5"):
-        _nccl.create_comm(1, b"short", 0, 2, 0, 1.0)
+        nccl.create_comm(1, b"short", 0, 2, 0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def test_bootstrap_unique_id_root_publishes_everyone_reads(root):
 
     def rank_fn(r: int) -> bytes:
         ex = bs.KVExchange("t/nccl", r, world, timeout_s=10, client=store)
-        return _nccl.bootstrap_unique_id(ex, 5, root=root, make_id=make)
+        return nccl.bootstrap_unique_id(ex, 5, root=root, make_id=make)
 
     out = run_ranks(world, rank_fn)
     assert make.calls == 1, "only the root may create the id"
@@ -112,8 +113,8 @@ def test_bootstrap_unique_id_keys_are_separate():
 
     def rank_fn(r: int) -> tuple[bytes, bytes]:
         ex = bs.KVExchange("t/two", r, world, timeout_s=10, client=store)
-        return (_nccl.bootstrap_unique_id(ex, 0, make_id=make),
-                _nccl.bootstrap_unique_id(ex, 1, make_id=make))
+        return (nccl.bootstrap_unique_id(ex, 0, make_id=make),
+                nccl.bootstrap_unique_id(ex, 1, make_id=make))
 
     out = run_ranks(world, rank_fn)
     assert out[0] == out[1]
@@ -123,28 +124,28 @@ def test_bootstrap_unique_id_keys_are_separate():
 
 def test_bootstrap_unique_id_same_key_twice_is_refused():
     ex = bs.KVExchange("t/once", 0, 1, timeout_s=1, client=bs.LocalStore())
-    _nccl.bootstrap_unique_id(ex, 3, make_id=FakeId())
+    nccl.bootstrap_unique_id(ex, 3, make_id=FakeId())
     with pytest.raises(ValueError, match="already used"):
-        _nccl.bootstrap_unique_id(ex, 3, make_id=FakeId())
+        nccl.bootstrap_unique_id(ex, 3, make_id=FakeId())
 
 
 def test_bootstrap_unique_id_times_out_naming_the_root():
     store = bs.LocalStore()
     ex = bs.KVExchange("t/late", 1, 3, timeout_s=0.3, client=store)
     with pytest.raises(bs.PeerTimeoutError, match=r"rank 1 waited 0\.3 s for rank 0 of world 3"):
-        _nccl.bootstrap_unique_id(ex, 9, make_id=FakeId())
+        nccl.bootstrap_unique_id(ex, 9, make_id=FakeId())
 
 
 def test_bootstrap_unique_id_rejects_bad_sizes():
     root = bs.KVExchange("t/bad", 0, 2, timeout_s=1, client=bs.LocalStore())
     with pytest.raises(RuntimeError, match="has 12 bytes, expected 128"):
-        _nccl.bootstrap_unique_id(root, 1, make_id=FakeId(size=12))
+        nccl.bootstrap_unique_id(root, 1, make_id=FakeId(size=12))
 
     store = bs.LocalStore()
     store.set("t/bad2/nccl_uid_1/0", b"\x01" * 64)  # what a differently built root would publish
     reader = bs.KVExchange("t/bad2", 1, 2, timeout_s=1, client=store)
     with pytest.raises(RuntimeError, match=r"received a 64-byte unique id .* same jax_ub build"):
-        _nccl.bootstrap_unique_id(reader, 1, make_id=FakeId())
+        nccl.bootstrap_unique_id(reader, 1, make_id=FakeId())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ class FakeNcclExtension:
 def test_create_comms_runs_local_ranks_concurrently(monkeypatch):
     fake = FakeNcclExtension(expect=3)
     monkeypatch.setattr(_ext, "extension", lambda: fake)
-    _nccl.create_comms(4, b"\x07" * 128, ranks=[1, 2, 3], world=4, devices=[0, 1, 2], timeout_s=2.5)
+    nccl.create_comms(4, b"\x07" * 128, ranks=[1, 2, 3], world=4, devices=[0, 1, 2], timeout_s=2.5)
     assert sorted(fake.created) == [(4, 1, 4, 0, 128, 2.5), (4, 2, 4, 1, 128, 2.5),
                                     (4, 3, 4, 2, 128, 2.5)]
     assert fake.destroyed == []
@@ -191,10 +192,10 @@ def test_create_comms_reports_every_failure_and_cleans_up(monkeypatch):
     monkeypatch.setattr(_ext, "extension", lambda: fake)
     with pytest.raises(RuntimeError, match=r"local ranks \[0, 1\] of communicator 6 failed:\n"
                                            r"  rank 1: jax_ub NCCL: ncclCommInitRank failed on rank 1"):
-        _nccl.create_comms(6, b"\0" * 128, ranks=[0, 1], world=2, devices=[0, 1], timeout_s=1)
+        nccl.create_comms(6, b"\0" * 128, ranks=[0, 1], world=2, devices=[0, 1], timeout_s=1)
     assert fake.destroyed == [6]
 
 
 def test_create_comms_checks_lengths():
     with pytest.raises(ValueError, match="differ in length"):
-        _nccl.create_comms(1, b"\0" * 128, ranks=[0, 1], world=2, devices=[0], timeout_s=1)
+        nccl.create_comms(1, b"\0" * 128, ranks=[0, 1], world=2, devices=[0], timeout_s=1)

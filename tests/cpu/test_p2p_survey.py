@@ -1,4 +1,4 @@
-"""jax_ub._p2p: which GPUs of a TP group can map each other's memory when every process sees only
+"""jax_ub.comm.p2p: which GPUs of a TP group can map each other's memory when every process sees only
 some of its host's GPUs (one process per GPU under CUDA_VISIBLE_DEVICES), and the transport that
 initialize() picks from it. CUDA and NVML are stand-ins here; the real calls run in tests/gpu."""
 
@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from jax_ub import _p2p, comm
+from jax_ub import comm
+from jax_ub.comm import p2p
 
 BUS = [f"0000:{0x18 + 0x10 * i:02x}:00.0" for i in range(4)]
 
@@ -46,42 +47,42 @@ def nvml_of(can):
 def one_gpu_per_process(nvml, n=4):
     """n processes, each seeing (CUDA) only its own GPU; one group of all n."""
     group = [Dev(i, i) for i in range(n)]
-    reports = [_p2p.local_report(Mod([BUS[i]]), {str(i): 0}, use_nvml=True, nvml=nvml)
+    reports = [p2p.local_report(Mod([BUS[i]]), {str(i): 0}, use_nvml=True, nvml=nvml)
                for i in range(n)]
     return [group], reports
 
 
 def test_normalize_bus_id_spells_cuda_and_nvml_alike():
-    assert _p2p.normalize_bus_id("00000000:18:00.0") == "0000:18:00.0"
-    assert _p2p.normalize_bus_id("0000:1A:00.0") == "0000:1a:00.0"
-    assert _p2p.normalize_bus_id(" 0000:18:00.0\n") == "0000:18:00.0"
-    assert _p2p.normalize_bus_id("junk") == "junk"
+    assert p2p.normalize_bus_id("00000000:18:00.0") == "0000:18:00.0"
+    assert p2p.normalize_bus_id("0000:1A:00.0") == "0000:1a:00.0"
+    assert p2p.normalize_bus_id(" 0000:18:00.0\n") == "0000:18:00.0"
+    assert p2p.normalize_bus_id("junk") == "junk"
 
 
 def test_one_process_seeing_every_gpu_judges_with_cuda():
     can = [[1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]]
     group = [Dev(i, 0) for i in range(4)]
-    report = _p2p.local_report(Mod(BUS, can), {str(i): i for i in range(4)}, use_nvml=False,
+    report = p2p.local_report(Mod(BUS, can), {str(i): i for i in range(4)}, use_nvml=False,
                                nvml=lambda: (_ for _ in ()).throw(AssertionError("NVML called")))
-    hosts, bad, unverified = _p2p.judge([report], [group])
+    hosts, bad, unverified = p2p.judge([report], [group])
     assert bad == [(group[0], group[2])] and unverified == []
-    assert hosts == [_p2p.host_identity()]
+    assert hosts == [p2p.host_identity()]
 
 
 def test_one_gpu_per_process_is_judged_by_nvml():
     ok = [[1] * 4 for _ in range(4)]
     groups, reports = one_gpu_per_process(nvml_of(ok))
-    assert _p2p.judge(reports, groups)[1:] == ([], [])
+    assert p2p.judge(reports, groups)[1:] == ([], [])
     can = [row[:] for row in ok]
     can[3][1] = 0  # one direction is enough to rule the pair out
     groups, reports = one_gpu_per_process(nvml_of(can))
-    _, bad, unverified = _p2p.judge(reports, groups)
+    _, bad, unverified = p2p.judge(reports, groups)
     assert bad == [(groups[0][1], groups[0][3])] and unverified == []
 
 
 def test_one_gpu_per_process_without_nvml_is_unverified_and_says_why():
     groups, reports = one_gpu_per_process(no_nvml, n=2)
-    _, bad, unverified = _p2p.judge(reports, groups)
+    _, bad, unverified = p2p.judge(reports, groups)
     assert bad == []
     assert [(a.id, b.id) for a, b, _ in unverified] == [(0, 1)]
     assert "NVML cannot be loaded (stand-in)" in unverified[0][2]
@@ -91,24 +92,24 @@ def test_one_gpu_per_process_without_nvml_is_unverified_and_says_why():
 
 def test_ranks_sharing_one_gpu_need_no_check():
     group = [Dev(0, 0), Dev(1, 1)]
-    reports = [_p2p.local_report(Mod([BUS[0]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
+    reports = [p2p.local_report(Mod([BUS[0]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
                for p in range(2)]
-    assert _p2p.judge(reports, [group])[1:] == ([], [])
+    assert p2p.judge(reports, [group])[1:] == ([], [])
 
 
 def test_cuda_verdict_overrides_nvml_where_a_process_sees_both():
     nvml_says_no = [[1, 0], [0, 1]]
-    report = _p2p.local_report(Mod(BUS[:2], [[1, 1], [1, 1]]), {"0": 0, "1": 1}, use_nvml=True,
+    report = p2p.local_report(Mod(BUS[:2], [[1, 1], [1, 1]]), {"0": 0, "1": 1}, use_nvml=True,
                                nvml=lambda: (BUS[:2], nvml_says_no, ""))
-    assert _p2p.judge([report], [[Dev(0, 0), Dev(1, 0)]])[1:] == ([], [])
+    assert p2p.judge([report], [[Dev(0, 0), Dev(1, 0)]])[1:] == ([], [])
 
 
 def test_pairs_on_two_hosts_are_left_to_the_host_check():
     group = [Dev(0, 0), Dev(1, 1)]
-    reports = [_p2p.local_report(Mod([BUS[p]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
+    reports = [p2p.local_report(Mod([BUS[p]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
                for p in range(2)]
     reports[1]["host"] = "elsewhere#12345678"
-    hosts, bad, unverified = _p2p.judge(reports, [group])
+    hosts, bad, unverified = p2p.judge(reports, [group])
     assert (bad, unverified) == ([], [])
     assert comm._choose_transport("auto", [group], hosts, bad, unverified)[0] == "nccl"
 
@@ -119,15 +120,15 @@ def test_an_extension_without_bus_ids_leaves_peers_unverified():
             return [[1]]
 
     group = [Dev(0, 0), Dev(1, 1)]
-    reports = [_p2p.local_report(Old(), {str(p): 0}, use_nvml=True, nvml=no_nvml) for p in range(2)]
-    _, bad, unverified = _p2p.judge(reports, [group])
+    reports = [p2p.local_report(Old(), {str(p): 0}, use_nvml=True, nvml=no_nvml) for p in range(2)]
+    _, bad, unverified = p2p.judge(reports, [group])
     assert bad == [] and len(unverified) == 1
     assert "no PCI bus ids from CUDA (AttributeError" in unverified[0][2]
 
 
 def test_host_labels_keep_boot_ids_only_where_names_collide():
-    assert _p2p.host_labels(["a#1", "b#2"]) == {"a#1": "a", "b#2": "b"}
-    assert _p2p.host_labels(["a#1", "a#2", "b"]) == {"a#1": "a#1", "a#2": "a#2", "b": "b"}
+    assert p2p.host_labels(["a#1", "b#2"]) == {"a#1": "a", "b#2": "b"}
+    assert p2p.host_labels(["a#1", "a#2", "b"]) == {"a#1": "a#1", "a#2": "a#2", "b": "b"}
 
 
 class FakeNvml:
@@ -163,7 +164,7 @@ class FakeNvml:
 def test_nvml_matrix_reads_bus_ids_and_both_directions_of_p2p():
     lib = FakeNvml(["00000000:18:00.0", "00000000:2A:00.0", "00000000:3a:00.0"],
                    [[1, 1, 0], [1, 1, 1], [1, 1, 1]])
-    buses, can, note = _p2p.nvml_matrix(lambda: lib)
+    buses, can, note = p2p.nvml_matrix(lambda: lib)
     assert note == ""
     assert buses == ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"]
     assert can == [[1, 1, 0], [1, 1, 1], [1, 1, 1]]
@@ -174,10 +175,10 @@ def test_nvml_matrix_reports_why_it_could_not_be_used():
     def missing():
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    assert _p2p.nvml_matrix(missing) == (
+    assert p2p.nvml_matrix(missing) == (
         [], [], "NVML cannot be loaded (libnvidia-ml.so.1: cannot open shared object file)")
     lib = FakeNvml(["00000000:18:00.0"], [[1]], fail_init=True)
-    assert _p2p.nvml_matrix(lambda: lib)[2] == "nvmlInit_v2 failed"
+    assert p2p.nvml_matrix(lambda: lib)[2] == "nvmlInit_v2 failed"
 
 
 def test_survey_in_one_process_uses_the_extension(monkeypatch):
@@ -204,10 +205,10 @@ def test_the_process_that_sees_both_gpus_decides_over_another_process_nvml():
     1<->2 is fine; CUDA in process 1, which runs both, says no: the pair is bad."""
     nvml_ok = nvml_of([[1] * 4 for _ in range(4)])
     group = [Dev(0, 0), Dev(1, 1), Dev(2, 1)]
-    reports = [_p2p.local_report(Mod([BUS[0]]), {"0": 0}, use_nvml=True, nvml=nvml_ok),
-               _p2p.local_report(Mod(BUS[1:3], [[1, 0], [0, 1]]), {"1": 0, "2": 1},
+    reports = [p2p.local_report(Mod([BUS[0]]), {"0": 0}, use_nvml=True, nvml=nvml_ok),
+               p2p.local_report(Mod(BUS[1:3], [[1, 0], [0, 1]]), {"1": 0, "2": 1},
                                  use_nvml=True, nvml=nvml_ok)]
-    hosts, bad, unverified = _p2p.judge(reports, [group])
+    hosts, bad, unverified = p2p.judge(reports, [group])
     assert bad == [(group[1], group[2])] and unverified == []
     t, why = comm._choose_transport("auto", [group], hosts, bad, unverified)
     assert t == "nccl" and why == "GPU 1 (process 1) and GPU 2 (process 1) cannot access each other"
@@ -242,10 +243,10 @@ def test_judge_matches_the_rule_on_random_layouts(seed):
     for p in order:
         can = [[cuda[p][i][j] for j in sees[p]] for i in sees[p]]
         members = {str(g): sees[p].index(g) for g in sees[p] if owner[g] == p}
-        reports.append(_p2p.local_report(Mod([BUS[g] for g in sees[p]], can), members,
+        reports.append(p2p.local_report(Mod([BUS[g] for g in sees[p]], can), members,
                                          use_nvml=n_proc > 1, nvml=nvml_fn))
     group = [Dev(g, owner[g]) for g in sorted(owner)]
-    _, bad, unverified = _p2p.judge(reports, [group])
+    _, bad, unverified = p2p.judge(reports, [group])
     want_bad, want_unverified = [], []
     for i, da in enumerate(group):
         for db in group[i + 1:]:
@@ -262,14 +263,14 @@ def test_one_process_without_bus_ids_judges_by_cuda_ordinal():
             return [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
 
     group = [Dev(i, 0) for i in range(3)]
-    report = _p2p.local_report(Old(), {str(i): i for i in range(3)}, use_nvml=False)
-    _, bad, unverified = _p2p.judge([report], [group])
+    report = p2p.local_report(Old(), {str(i): i for i in range(3)}, use_nvml=False)
+    _, bad, unverified = p2p.judge([report], [group])
     assert bad == [(group[0], group[2])] and unverified == []
 
 
 def test_auto_says_at_warning_when_it_runs_nccl_for_want_of_a_check(caplog):
     groups, reports = one_gpu_per_process(no_nvml, n=2)
-    hosts, bad, unverified = _p2p.judge(reports, groups)
+    hosts, bad, unverified = p2p.judge(reports, groups)
     with caplog.at_level(logging.WARNING, logger="jax_ub"):
         assert comm._choose_transport("auto", groups, hosts, bad, unverified)[0] == "nccl"
     (rec,) = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,4 +1,4 @@
-"""GPU tier: the real CUDA and NVML calls behind initialize()'s P2P survey (jax_ub._p2p).
+"""GPU tier: the real CUDA and NVML calls behind initialize()'s P2P survey (jax_ub.comm.p2p).
 
 The bus ids CUDA gives the extension and the ones NVML gives must name the same GPUs (NVML is what
 a process asks about GPUs that CUDA_VISIBLE_DEVICES hides from it), and NVML's P2P answer must
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from jax_ub import _p2p
+from jax_ub.comm import p2p
 from tests._gpus import extension
 
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
@@ -24,22 +24,22 @@ def _mod():
 
 
 def test_cuda_bus_ids_name_the_gpus_nvidia_smi_lists():
-    buses = [_p2p.normalize_bus_id(b) for b in _mod().pci_bus_ids()]
+    buses = [p2p.normalize_bus_id(b) for b in _mod().pci_bus_ids()]
     print("cuda_bus_ids", buses)
     assert buses and all(b.count(":") == 2 for b in buses), buses
     assert len(set(buses)) == len(buses)
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=60).stdout
-        smi = {_p2p.normalize_bus_id(line) for line in out.splitlines() if line.strip()}
+        smi = {p2p.normalize_bus_id(line) for line in out.splitlines() if line.strip()}
         print("nvidia_smi_bus_ids", sorted(smi))
         assert set(buses) <= smi
 
 
 def test_nvml_sees_the_cuda_gpus_and_agrees_on_p2p():
     mod = _mod()
-    buses = [_p2p.normalize_bus_id(b) for b in mod.pci_bus_ids()]
-    nvml_buses, can, note = _p2p.nvml_matrix()
+    buses = [p2p.normalize_bus_id(b) for b in mod.pci_bus_ids()]
+    nvml_buses, can, note = p2p.nvml_matrix()
     print("nvml", nvml_buses, can, repr(note))
     if note.startswith("NVML cannot be loaded"):
         pytest.skip(note)
@@ -83,7 +83,7 @@ def test_two_ranks_on_one_gpu_and_a_hidden_peer():
         id: int
         process_index: int
 
-    reports = [_p2p.local_report(mod, {str(p): 0}, use_nvml=True) for p in range(2)]
+    reports = [p2p.local_report(mod, {str(p): 0}, use_nvml=True) for p in range(2)]
     print("report", reports[0])
-    assert reports[0]["members"]["0"] == _p2p.normalize_bus_id(mod.pci_bus_ids()[0])
-    assert _p2p.judge(reports, [[Dev(0, 0), Dev(1, 1)]])[1:] == ([], [])
+    assert reports[0]["members"]["0"] == p2p.normalize_bus_id(mod.pci_bus_ids()[0])
+    assert p2p.judge(reports, [[Dev(0, 0), Dev(1, 1)]])[1:] == ([], [])

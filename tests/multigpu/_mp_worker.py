@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 import _checks  # noqa: E402  (tests/_checks.py)
 
 import jax_ub  # noqa: E402
-from jax_ub import _bootstrap  # noqa: E402
+from jax_ub.comm import bootstrap as _bootstrap  # noqa: E402
 
 HP = lax.Precision.HIGHEST
 if mode == "dptp":  # dp=2 x tp=world/2: one communicator group per dp row

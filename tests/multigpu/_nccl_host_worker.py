@@ -1,5 +1,5 @@
 """Worker for test_nccl_host.py: one rank of a 2-rank NCCL communicator made directly through
-jax_ub._nccl (no jax.distributed). Rank 0 writes the unique id to $JAX_UB_TEST_DIR/uid; the other
+jax_ub.comm.nccl (no jax.distributed). Rank 0 writes the unique id to $JAX_UB_TEST_DIR/uid; the other
 rank reads it. Prints RESULT lines.
 
 Modes: "lengths" (rank 1 passes 0 bytes, rank 0 passes 16; both must fail naming the lengths),
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from jax_ub import _nccl
+from jax_ub.comm import nccl
 
 
 def main() -> None:
@@ -25,8 +25,8 @@ def main() -> None:
     rank = int(os.environ["JAX_UB_TEST_RANK"])
     uid_path = Path(os.environ["JAX_UB_TEST_DIR"]) / "uid"
     if rank == 0:
-        uid = bytes(_nccl.unique_id())
-        uid2 = bytes(_nccl.unique_id())
+        uid = bytes(nccl.unique_id())
+        uid2 = bytes(nccl.unique_id())
         tmp = uid_path.with_suffix(".tmp")
         tmp.write_bytes(uid + uid2)
         tmp.rename(uid_path)
@@ -44,7 +44,7 @@ def main() -> None:
         return
     t0 = time.monotonic()
     try:
-        _nccl.create_comm(7, uid, rank, 2, 0, 6.0)
+        nccl.create_comm(7, uid, rank, 2, 0, 6.0)
     except RuntimeError as e:
         print(f"RESULT create_failed {time.monotonic() - t0:.1f} {e}", flush=True)
         return
@@ -54,13 +54,13 @@ def main() -> None:
         return
     payload = os.urandom(16) if not (mode == "lengths" and rank == 1) else b""
     try:
-        got = _nccl.allgather_bytes(7, 0, payload, 20.0)
+        got = nccl.allgather_bytes(7, 0, payload, 20.0)
     except RuntimeError as e:
         print(f"RESULT gather_failed {e}", flush=True)
     else:
         print(f"RESULT gather_ok {int(got[rank * 16:(rank + 1) * 16] == payload)} {got.hex()}",
               flush=True)
-    _nccl.destroy_comm(7)
+    nccl.destroy_comm(7)
     print("RESULT destroyed", flush=True)
 
 
@@ -69,7 +69,7 @@ def attach(rank: int, uid2: bytes) -> None:
     from jax_ub import _ext
 
     mod = _ext.extension()
-    _nccl.create_comm(8, uid2, rank, 2, 0, 6.0)  # a second communicator: for "attached already"
+    nccl.create_comm(8, uid2, rank, 2, 0, 6.0)  # a second communicator: for "attached already"
     mib = 1 << 20
     mod.comm_create(900, 0, rank, 2, 0, mib, 10.0, nccl=False)  # transport ipc
     mod.comm_create(901, 0, 1 - rank, 2, 0, mib, 10.0, nccl=True)  # the other rank
@@ -91,7 +91,7 @@ def attach(rank: int, uid2: bytes) -> None:
     print(f"RESULT listed_after {sorted(mod.nccl_comm_list())}", flush=True)
     for set_id in (900, 901, 902):
         mod.comm_destroy_set(set_id)
-    print(f"RESULT destroyed_count {_nccl.destroy_comm(7)} {_nccl.destroy_comm(8)}", flush=True)
+    print(f"RESULT destroyed_count {nccl.destroy_comm(7)} {nccl.destroy_comm(8)}", flush=True)
 
 
 if __name__ == "__main__":

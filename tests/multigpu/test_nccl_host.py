@@ -1,4 +1,4 @@
-"""NCCL communicators made directly (jax_ub._nccl, the bootstrap="nccl" path), two processes: the
+"""NCCL communicators made directly (jax_ub.comm.nccl, the bootstrap="nccl" path), two processes: the
 host all-gather's lengths check, a normal gather, a creation that a peer never joins, and attach
 refusals that must not lose the communicator.
 

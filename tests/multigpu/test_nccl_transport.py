@@ -178,7 +178,8 @@ def test_nccl_method_needs_nccl_transport(ub):
 
 
 def test_nccl_initialize_shutdown_loop_returns_memory(ub, capsys):
-    from jax_ub import _ext, _nccl
+    from jax_ub import _ext
+    from jax_ub.comm import nccl as _nccl
 
     mod = _ext.extension()
     ub.shutdown()

@@ -1,0 +1,45 @@
+"""Userbuffers communicators: :func:`initialize` / :func:`shutdown` and what they are built from.
+
+* :mod:`~jax_ub.comm.lifecycle` — ``initialize`` / ``shutdown``, the communicator set of each mesh
+  axis (:class:`CommSet`), buffer growth, sticky errors and host time per member;
+* :mod:`~jax_ub.comm.bootstrap` — the key-value rendezvous and agreement between processes;
+* :mod:`~jax_ub.comm.p2p` — which GPUs of a group can map each other's memory;
+* :mod:`~jax_ub.comm.nccl` — NCCL communicators made from Python (bootstrap and transport nccl);
+* :mod:`~jax_ub.comm.processes` — :func:`jax_ub.check_processes`.
+
+Nothing here touches a GPU or another process at import time.
+"""
+
+# Beside the public names: internals the tests and jax_ub.doctor read as jax_ub.comm.<name> (the
+# same objects as in jax_ub.comm.lifecycle; to rebind one with monkeypatch, patch it there).
+from jax_ub.comm.lifecycle import (  # noqa: F401
+    _BOOTSTRAP_KEY,
+    IMPLEMENTED_TRANSPORTS,
+    CommSet,
+    _abandoned,
+    _choose_transport,
+    _destroy_quietly,
+    _inject_failure,
+    _sets,
+    _survey,
+    _warned_axes,
+    ensure_capacity,
+    errors,
+    get,
+    host_stats,
+    initialize,
+    shutdown,
+    warn_no_communicator,
+)
+
+__all__ = [
+    "IMPLEMENTED_TRANSPORTS",
+    "CommSet",
+    "ensure_capacity",
+    "errors",
+    "get",
+    "host_stats",
+    "initialize",
+    "shutdown",
+    "warn_no_communicator",
+]
