@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs single-process multi-GPU tests one process each under a timeout; when one is still running
-# after 30 s, dumps its Python stacks (faulthandler) and native stacks (cuda-gdb or gdb).
-#   bash scripts/diag_stall.sh OUT_DIR "pytest -k expression" ...
+# after 30 s, dumps its Python stacks (faulthandler) and native stacks (gdb or cuda-gdb).
+#   bash tools/diag_stall.sh OUT_DIR "pytest -k expression" ...
+# TEST_FILE: the test file the expressions select from (default tests/multigpu/test_overlap.py).
 set -u
 OUT_DIR="$1"; shift
 mkdir -p "$OUT_DIR"
@@ -12,7 +13,7 @@ for t in "$@"; do
   n=$((n + 1))
   start=$SECONDS
   timeout -k 5 90 python3 -m pytest -x -q -p no:cacheprovider -o faulthandler_timeout=30 \
-    tests/multigpu/test_overlap.py -k "$t" > "$OUT_DIR/diag-$n.log" 2>&1 &
+    "${TEST_FILE:-tests/multigpu/test_overlap.py}" -k "$t" > "$OUT_DIR/diag-$n.log" 2>&1 &
   pid=$!
   ( sleep 32
     if kill -0 $pid 2>/dev/null && [[ -n "$GDB" ]]; then

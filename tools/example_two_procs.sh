@@ -3,7 +3,7 @@
 # --process-id), both on GPU 0 (a one-GPU machine): tp=2 across the processes. Each process is its
 # own NCCL host (NCCL refuses two ranks of one host on one GPU). EXTRA1: flags only process 1 gets
 # (e.g. "--seed 1", to see both processes stop naming the difference).
-#   bash scripts/example_two_procs.sh [FLAGS...]      (LIMIT: seconds per process, default 240)
+#   bash tools/example_two_procs.sh [FLAGS...]      (LIMIT: seconds per process, default 240)
 set -uo pipefail
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 logs=$(mktemp -d)

@@ -2,9 +2,9 @@
 # One-call GPU check: build jax_ub here (no network), run the GPU test tiers and the benchmarks,
 # write logs/JSON under an output folder, print a short summary last.
 #
-#   bash scripts/gpu_check.sh [OUT_DIR] [--bench ag,rs,...] [--quick]
+#   bash tools/gpu_check.sh [OUT_DIR] [--bench ag,rs,...]
 #
-# OUT_DIR defaults to $OUT (device tool) or ./gpu_out. JAX_UB_CUDA_ARCHS defaults to the GPU's own
+# OUT_DIR defaults to $OUT if set, else ./gpu_out. JAX_UB_CUDA_ARCHS defaults to the GPU's own
 # arch (fast build). Extra pytest args: PYTEST_ARGS.
 set -uo pipefail
 

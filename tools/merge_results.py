@@ -1,19 +1,21 @@
 """Merges a fresh ``python -m jax_ub.bench ag|rs|bulk`` JSON into the committed one of the same
-machine and op, and redraws the bar chart beside it.
+machine and op, and redraws the bar chart beside it (``<file>.png``, for a look: charts are not
+committed).
 
-    python scripts/merge_results.py FRESH.json COMMITTED.json
+    python tools/merge_results.py FRESH.json COMMITTED.json
 
 Cases are replaced whole: every committed record of a case (op, tp, M, K, N, dtype) that the fresh
-run has records of is dropped, so no case mixes runs (the issues' "measured side by side in one
-run"); the committed file's other cases stay, and so do their failures (``"failures"``: those of
-replaced cases go). Each record keeps its run's provenance: before merging, the keys of
+run has records of is dropped, so no case mixes runs (impls are compared as measured side by side
+in one run); the committed file's other cases stay, and so do their failures (``"failures"``: those
+of replaced cases go). Each record keeps its run's provenance: before merging, the keys of
 :data:`PROVENANCE` that its file's header has (``chain``: 1 where a header of an older file has
 none) are written into each of its records, timelines and failures that lacks them; the merged
 header then states such a key only where every record agrees on it, except ``date`` and ``jax``,
 which the record format requires: where the records disagree, those are the fresh run's (the
-file's latest). Timelines are replaced per
-(op, tp, M, K, N, dtype, method). Files of different ops (ag, rs, bulk), machines or GPU models
-are refused (exit 2, nothing written), as are wrong arguments. The file is replaced atomically.
+file's latest). Timelines are replaced per (op, tp, M, K, N, dtype, method). Files of different ops
+(ag, rs, bulk), machines or GPU models are refused (exit 2, nothing written), as are wrong
+arguments. The file is replaced atomically. After merging AG or RS records, regenerate the table
+``method="auto"`` chooses from: ``python tools/measured_table.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from jax_ub.bench import agrs, bulk
 from jax_ub.bench.harness import agreed, write_doc
 
-USAGE = "usage: python scripts/merge_results.py FRESH.json COMMITTED.json"
+USAGE = "usage: python tools/merge_results.py FRESH.json COMMITTED.json"
 # Header keys that describe one run; a merged file's records come from several.
 PROVENANCE = ("date", "chain", "jax", "jax_ub", "device_kind", "path", "config")
 # Header keys the record format requires ({"machine", "date", "jax", "records"}): where the records

@@ -1,4 +1,4 @@
-"""CPU tier: ``scripts/merge_results.py`` (a fresh bench JSON into the committed one), run as a
+"""CPU tier: ``tools/merge_results.py`` (a fresh bench JSON into the committed one), run as a
 subprocess on small made-up files: cases replaced whole, provenance kept per record, refusals."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "merge_results.py"
+SCRIPT = REPO / "tools" / "merge_results.py"
 IMPLS = ("gemm_alone", "comm_jax_ub", "xla_plain", "jax_ub")
 
 
@@ -112,7 +112,7 @@ def test_refusals_and_usage(tmp_path):
         proc = _merge(tmp_path, fresh, old)
         assert proc.returncode == 2, (want, proc.stdout, proc.stderr)
         assert want in proc.stderr and also in proc.stderr and "nothing written" in proc.stderr, proc.stderr
-        assert "usage: python scripts/merge_results.py FRESH.json COMMITTED.json" in proc.stderr
+        assert "usage: python tools/merge_results.py FRESH.json COMMITTED.json" in proc.stderr
         assert json.loads((tmp_path / "committed.json").read_text()) == old
     for args in ((), ("only-one.json",), ("-h",), ("a.json", "b.json", "c.json")):
         proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
