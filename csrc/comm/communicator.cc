@@ -6,7 +6,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <set>
 #include <thread>
 #include <utility>
 
@@ -65,9 +64,6 @@ Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator
   c->peer_flags_.assign(o.world, nullptr);
   c->local_peer_.assign(o.world, nullptr);
   c->ipc_buffer_.assign(o.world, false);
-  c->peer_process_.assign(o.world, ProcessId{});
-  c->peer_gone_.assign(o.world, std::string());
-  c->peer_gone_at_.assign(o.world, std::chrono::steady_clock::time_point{});
   c->ipc_flags_.assign(o.world, false);
   // Every early return below frees what was created so far (a retry with a smaller buffer after
   // an out-of-memory failure must not leak streams, events and flags).
@@ -89,11 +85,7 @@ Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator
   for (int i = 0; i < kNumComputeStreams; ++i) {
     JAX_UB_CUDA_RETURN(cudaStreamCreateWithPriority(&c->compute_[i], cudaStreamNonBlocking, lo));
   }
-  JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->watch_, cudaStreamNonBlocking));
-  JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&c->release_, cudaStreamNonBlocking));
-  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->read_done_, cudaEventDisableTiming));
-  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->poisoned_, cudaEventDisableTiming));
-  JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->released_, cudaEventDisableTiming));
+  JAX_UB_RETURN_IF_ERROR(c->watchdog_.Create());  // its streams, events and pinned memory
   // Load our kernels now: lazy module loading at execute time can synchronize the context while
   // peers wait on this device (one process, several GPUs).
   JAX_UB_RETURN_IF_ERROR(PreloadFlagKernels());
@@ -121,10 +113,6 @@ Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator
   std::memset(c->report_host_, 0, kReportWords * sizeof(uint64_t));
   JAX_UB_CUDA_RETURN(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&c->report_dev_), c->report_host_, 0));
-  JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&c->host_flags_),
-                                    (2 * n_flags + 4) * sizeof(uint64_t)));
-  std::memset(c->host_flags_, 0, (2 * n_flags + 4) * sizeof(uint64_t));
-  c->host_flags_[2 * n_flags] = PoisonValue(o.rank);
   JAX_UB_RETURN_IF_ERROR(c->AllocBuffer(o.capacity));
   JAX_UB_CUDA_RETURN(cudaDeviceSynchronize());
   release_on_failure.c = nullptr;
@@ -250,12 +238,7 @@ Status Communicator::Destroy() {
 
 void Communicator::Release() {
   cudaSetDevice(o_.device);
-  for (auto& p : nccl_pending_) {
-    if (p.done != nullptr) cudaEventDestroy(p.done);
-  }
-  nccl_pending_.clear();
-  for (auto e : nccl_events_) cudaEventDestroy(e);
-  nccl_events_.clear();
+  watchdog_.Release();
   for (int q = 0; q < o_.world; ++q) {
     if (ipc_buffer_[q] && peer_buffer_[q] != nullptr) cudaIpcCloseMemHandle(peer_buffer_[q]);
     if (ipc_flags_[q] && peer_flags_[q] != nullptr) cudaIpcCloseMemHandle(peer_flags_[q]);
@@ -266,7 +249,6 @@ void Communicator::Release() {
   } else if (flags_ != nullptr) {
     cudaFree(flags_);
   }
-  if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   if (report_host_ != nullptr) cudaFreeHost(report_host_);
   auto destroy_stream = [](cudaStream_t& s) {
     if (s != nullptr) cudaStreamDestroy(s);
@@ -278,11 +260,6 @@ void Communicator::Release() {
   };
   for (auto& s : comm_) destroy_stream(s);
   for (auto& s : compute_) destroy_stream(s);
-  destroy_stream(watch_);
-  destroy_stream(release_);
-  destroy_event(read_done_);
-  destroy_event(poisoned_);
-  destroy_event(released_);
   destroy_event(start_);
   destroy_event(begun_);
   for (auto& e : join_) destroy_event(e);
@@ -292,7 +269,6 @@ void Communicator::Release() {
   poison_ = nullptr;
   progress_ = nullptr;
   op_ids_ = nullptr;
-  host_flags_ = nullptr;
   report_host_ = nullptr;
   report_dev_ = nullptr;
   local_peer_.assign(local_peer_.size(), nullptr);
@@ -308,8 +284,8 @@ Status Communicator::Drain() {
     for (auto s : compute_) busy = busy || cudaStreamQuery(s) == cudaErrorNotReady;
     cudaGetLastError();
     if (!busy) return Status::Ok();
-    PollGpu();  // reads flags, delivers releases
-    Judge();    // fires timed-out waits
+    watchdog_.PollGpu();  // reads flags, delivers releases
+    watchdog_.Judge();    // fires timed-out waits
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (waited > o_.timeout_s + 5) {
@@ -395,8 +371,7 @@ Status Communicator::ConnectIpc(int peer, const std::string& blob, std::string* 
   }
   const std::string why_not = WhyNotCheckable(b.process);
   if (unchecked != nullptr) *unchecked = why_not;
-  std::lock_guard<std::mutex> lock(mu_);
-  peer_process_[peer] = why_not.empty() ? b.process : ProcessId{};
+  watchdog_.SetPeerProcess(peer, why_not.empty() ? b.process : ProcessId{});
   return Status::Ok();
 }
 
@@ -475,10 +450,7 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
   *epoch = e;
   op_ = op;
   op_hash_ = Fnv1a(std::string(op) + " " + what);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    op_texts_[e % kOpTexts] = {e, std::string(op) + " " + what};
-  }
+  watchdog_.RecordOp(e, std::string(op) + " " + what);
   // This GPU is inside op e from here (the watchdog times its waits only while it is).
   JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_, e));
   JAX_UB_CUDA_RETURN(cudaEventRecord(start_, xla));
@@ -490,14 +462,9 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
   // the receive, i.e. after its previous op (stream order). No handshake. The watchdog follows
   // the op from here: enqueueing can block the host too (NCCL connects peers on first use).
   if (o_.nccl) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!nccl_pending_.empty() && nccl_pending_.back().done == nullptr) {
-      nccl_pending_.pop_back();  // an op whose enqueueing failed (its error was returned)
-    }
-    nccl_pending_.push_back({nullptr, std::chrono::steady_clock::now(), op, e});
-    any_pending_.store(true, std::memory_order_release);
+    watchdog_.BeginNcclOp(op, e);
+    return Status::Ok();
   }
-  if (o_.nccl) return Status::Ok();
   cudaStream_t s = comm(0);
   // The buffer-free signal below must follow every read of this rank's buffer by the previous
   // op, which ran on side streams joined into that op's XLA stream only: XLA may launch this op
@@ -603,7 +570,7 @@ Status Communicator::End(cudaStream_t xla) {
   JAX_UB_RETURN_IF_ERROR(Join(xla));
   JAX_UB_RETURN_IF_ERROR(StreamWrite(xla, progress_ + 1, epoch_));
   if (o_.nccl) {
-    JAX_UB_RETURN_IF_ERROR(TrackNccl(xla));
+    JAX_UB_RETURN_IF_ERROR(watchdog_.TrackNccl(xla, op_, epoch_));
     // One check per op, after everything: no kernel between a flag wait and its copy (a kernel
     // there would queue behind a running GEMM that holds every SM).
     return LaunchCheckFlag(poison_, report_dev_ + kAbortMark, xla);
@@ -615,7 +582,7 @@ Status Communicator::End(cudaStream_t xla) {
 void Communicator::Abandon(cudaStream_t xla, const std::string& why) {
   SetError(why);
   Status st = Join(xla);
-  if (st.ok() && o_.nccl) st = TrackNccl(xla);
+  if (st.ok() && o_.nccl) st = watchdog_.TrackNccl(xla, op_, epoch_);
   if (!st.ok()) {
     std::fprintf(stderr, "%s (and joining its streams failed: %s)\n", why.c_str(),
                  st.message().c_str());
@@ -632,6 +599,15 @@ void Communicator::Signal(MemOps* b, int slot, int peer, uint64_t value) {
   b->Write(peer_flags_[peer] + slot * o_.world + o_.rank, value);
 }
 
+Status Communicator::Wait(cudaStream_t s, int slot, int peer, uint64_t value, const char* op) {
+  if (value == 0) return Status::Ok();
+  return StreamWaitGeq(s, watchdog_.Watch(slot, peer, value, op), value);
+}
+
+void Communicator::Wait(MemOps* b, int slot, int peer, uint64_t value, const char* op) {
+  if (value != 0) b->WaitGeq(watchdog_.Watch(slot, peer, value, op), value);
+}
+
 // ----------------------------------------------------------------------------- registry
 
 namespace {
@@ -639,44 +615,11 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::pair<int, int>, std::shared_ptr<Communicator>> comms;
-  std::thread reader, judge;  // the watchdog's two threads (watchdog.cc)
-  // Their stop flag, one per pair: a pair being joined never sees a new pair's flag (an add
-  // right after the last set was destroyed starts a new pair while the old one winds down).
-  std::shared_ptr<std::atomic<bool>> stop;
-  // Held while polling (reader) or judging (judge); both are taken before destroying a member.
-  // Two locks: a reader blocked inside a CUDA call must not stop the judge.
-  std::mutex poll_mu, judge_mu;
-  std::set<const Communicator*> alive;
 };
 
 Registry& Reg() {
   static auto* r = new Registry();  // never destroyed: no work at process exit
   return *r;
-}
-
-void WatchdogLoop(bool judge, std::shared_ptr<std::atomic<bool>> stop) {
-  Registry& r = Reg();
-  while (!stop->load()) {
-    std::vector<Communicator*> comms;
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      for (auto& kv : r.comms) comms.push_back(kv.second.get());
-    }
-    // Members are only destroyed after both threads are joined (RegistryDestroySet), or while
-    // they keep running for other sets: guard with this thread's lock.
-    {
-      std::lock_guard<std::mutex> lock(judge ? r.judge_mu : r.poll_mu);
-      for (Communicator* c : comms) {
-        if (!r.alive.count(c)) continue;
-        if (judge) {
-          c->Judge();
-        } else {
-          c->PollGpu();
-        }
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 }  // namespace
@@ -691,17 +634,8 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
                                   << " already has a communicator in set "
                                   << c->options().set_id);
   }
-  {
-    std::lock_guard<std::mutex> plock(r.poll_mu);
-    std::lock_guard<std::mutex> jlock(r.judge_mu);
-    r.alive.insert(c.get());
-  }
+  c->watchdog().Start();
   r.comms[key] = std::move(c);
-  if (!r.reader.joinable()) {
-    r.stop = std::make_shared<std::atomic<bool>>(false);
-    r.reader = std::thread(WatchdogLoop, false, r.stop);
-    r.judge = std::thread(WatchdogLoop, true, r.stop);
-  }
   return Status::Ok();
 }
 
@@ -725,29 +659,20 @@ std::vector<Communicator*> RegistrySet(int set_id) {
 Status RegistryDestroySet(int set_id) {
   Registry& r = Reg();
   std::vector<std::shared_ptr<Communicator>> doomed;
-  std::thread reader, judge;
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    std::lock_guard<std::mutex> plock(r.poll_mu);
-    std::lock_guard<std::mutex> jlock(r.judge_mu);
     for (auto it = r.comms.begin(); it != r.comms.end();) {
       if (it->first.first == set_id) {
-        r.alive.erase(it->second.get());
         doomed.push_back(std::move(it->second));
         it = r.comms.erase(it);
       } else {
         ++it;
       }
     }
-    if (r.comms.empty() && r.reader.joinable()) {
-      r.stop->store(true);
-      r.stop.reset();
-      reader = std::move(r.reader);
-      judge = std::move(r.judge);
-    }
   }
-  if (reader.joinable()) reader.join();
-  if (judge.joinable()) judge.join();
+  // The watchdog threads let go of them first (the last member's Stop joins the threads): Destroy
+  // drains and judges on this thread.
+  for (auto& c : doomed) c->watchdog().Stop();
   Status first;
   for (auto& c : doomed) {
     Status s = c->Destroy();

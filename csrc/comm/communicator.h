@@ -40,17 +40,13 @@
 
 #include "comm/driver.h"
 #include "comm/process.h"
+#include "comm/protocol.h"
+#include "comm/watchdog.h"
 #include "common/status.h"
 
 namespace jax_ub {
 
 class NcclComm;
-
-enum FlagSlot : int { kDataReady = 0, kAck = 1, kReady = 2, kPiece = 3, kNumFlagSlots = 4 };
-constexpr uint64_t kPieceScale = 64;  // pieces per op: (world - 1) * pieces <= 15 * 4
-constexpr int kMaxWorld = 16;
-constexpr int kNumComputeStreams = 2;
-static_assert(kMaxWorld + kNumComputeStreams <= 32, "stream bits of Communicator::Use");
 
 class Communicator {
  public:
@@ -185,38 +181,11 @@ class Communicator {
     return inject_.compare_exchange_strong(want, kFailNone);
   }
 
-  // Watchdog interface (watchdog.cc), two threads per process. The reader makes every CUDA call
-  // (async flag reads, event queries, releases, NCCL aborts, snapshots of the GPU's state) and may
-  // block in one: with a stalled hardware queue whose command buffer is full, an enqueue spins.
-  // The judge makes none: it decides timeouts from the reader's latest completed read, reports
-  // them, sets the sticky error and asks the reader to release the timed-out wait. A release
-  // that does not land within kStallGraceS means the GPU's queue is stalled and the XLA call
-  // can never return: the judge then says so and, with Options::abort_on_stall, aborts the
-  // process (a hang becomes an error message and an exit code).
-  struct PendingWait {
-    bool pending = false;
-    uint64_t want = 0;
-    uint64_t seen = 0;  // the flag's value when `since` was last reset
-    // Since the flag last moved (or the wait was registered, or this GPU was last seen outside
-    // every jax_ub op): a timeout means no progress for timeout_s while this GPU is inside an op,
-    // so neither a host that stays ops ahead of a live peer nor a GPU still busy with XLA's work
-    // before the op trips it.
-    std::chrono::steady_clock::time_point since;
-    const char* op = "";
-  };
-  static constexpr double kStallGraceS = 10.0;
-  // A flag read at most this old may stop a wait's clock (this GPU outside every op).
-  static constexpr double kProgressFreshS = 1.0;
-  void PollGpu();  // reader thread (and Drain): CUDA calls, never holds mu_ across one
-  void Judge();    // judge thread (and Drain): no CUDA calls
-  // Test hook (jax_ub.comm's inject_failure "stall_watchdog"): the reader, on its next poll of
-  // this member, sits as if blocked inside a CUDA call until the hook is cleared.
-  void StallReader(bool on) { stall_reader_.store(on); }
-  // Test hook ("drop_poison"): the reader never copies the poison word to the GPU, as if its copy
-  // had not landed when the op's check runs (the nccl abort's 2 s fallback).
-  void DropPoison(bool on) { drop_poison_.store(on); }
+  // The watchdog (comm/watchdog.h): started by RegistryAdd, stopped by RegistryDestroySet.
+  Watchdog& watchdog() { return watchdog_; }
 
  private:
+  friend class Watchdog;  // reads the flags, streams and options; sets the sticky error
   Communicator() = default;
   static Status CreateMember(const Options& o, std::unique_ptr<Communicator>* out);
   // Frees whatever Create got so far (null handles skipped); no drain. Create's failures and
@@ -255,80 +224,15 @@ class Communicator {
   static constexpr int kAbortMark = 6;
   uint64_t* report_host_ = nullptr;
   uint64_t* report_dev_ = nullptr;
-  bool mismatch_reported_ = false;  // with mu_ held
-  bool poison_reported_ = false;    // with mu_ held
-  void JudgePoisoned();             // with mu_ held: a peer's timeout failed this rank's op
-  // With mu_ held: a read of the poison word shows that a peer gave up (ipc) while this rank has
-  // no wait pending: the sticky error, so its next ops fail before they begin, on the host, with
-  // the CUDA context still usable.
-  void JudgeGaveUp();
-  std::string GaveUpMessage(uint64_t word) const;
-  // The reader reads the flags, poison word included, while a wait is pending, and at least this
-  // often otherwise (ipc), so that a rank between ops learns that a peer gave up.
-  static constexpr double kIdleReadS = 1.0;
-  // The latest ops' descriptions by epoch (for the mismatch message), with mu_ held.
-  static constexpr int kOpTexts = 8;
-  std::pair<uint64_t, std::string> op_texts_[kOpTexts];
-  void JudgeMismatch();  // with mu_ held
-  std::string OpText(uint64_t e) const;    // with mu_ held: op_texts_'s entry for epoch e
-  void Announce(const std::string& msg);   // with mu_ held: to stderr, and error_ if still empty
   // progress_[0]: the epoch of the latest op XLA's stream reached (written in Begin, before the
   // op's first wait); progress_[1]: the latest op whose side streams all finished (End, after the
   // join). progress_[0] > progress_[1]: this GPU is inside an op, where waits may time out.
   uint64_t* progress_ = nullptr;
-  // pinned: mirror for the watchdog, release values, PoisonValue(rank), then the mirror of the
-  // poison word and progress_ (poison_ and progress_ are adjacent: one read).
-  uint64_t* host_flags_ = nullptr;
   std::vector<void*> peer_buffer_;
   std::vector<uint64_t*> peer_flags_;
   std::vector<bool> ipc_buffer_, ipc_flags_;  // which peer pointers came from IPC (to close)
   cudaStream_t comm_[kMaxWorld] = {};
   cudaStream_t compute_[kNumComputeStreams] = {};
-  cudaStream_t watch_ = nullptr;    // watchdog flag reads
-  cudaStream_t release_ = nullptr;  // watchdog releases after a timeout
-  cudaEvent_t read_done_ = nullptr;
-  cudaEvent_t released_ = nullptr;  // recorded on release_ after a batch of releases
-  // Reader-only state.
-  bool release_recorded_ = false;  // released_ covers requests up to release_issued_
-  uint64_t release_issued_ = 0;
-  // Shared reader/judge state, with mu_ held. snapshot_ is the latest completed read of flags_
-  // (host_flags_ is being written by the copy in flight). When the reader last completed a read
-  // and when the read in flight was issued: a timeout names both, so a stalled read (stale flags)
-  // is told apart from a peer that never signalled.
-  uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
-  uint64_t progress_snapshot_[2] = {};  // progress_ as of the same read
-  uint64_t poison_snapshot_ = 0;        // the poison word as of the same read
-  bool gave_up_reported_ = false;       // JudgeGaveUp has reported a peer's poison
-  bool reading_ = false;  // a read is in flight (written by the reader only)
-  std::chrono::steady_clock::time_point last_fresh_{}, read_issued_{};
-  // When the read behind the latest snapshot was issued (the judge trusts a "not arrived" only
-  // from a read issued after it learnt that the peer's process was gone).
-  std::chrono::steady_clock::time_point fresh_issued_{};
-  // Transport ipc: each peer process as it described itself in its handle blob, where this process
-  // can check it (same pid namespace, visible in /proc); else pid 0. Under mu_.
-  std::vector<ProcessId> peer_process_;
-  // Judge: what became of peer q's process ("" while it runs), and when that was seen. Under mu_.
-  std::vector<std::string> peer_gone_;
-  std::vector<std::chrono::steady_clock::time_point> peer_gone_at_;
-  std::chrono::steady_clock::time_point peers_checked_at_{};  // under mu_
-  static constexpr double kPeerCheckS = 0.25;
-  // Judge thread, before Judge takes mu_: checks, in /proc, the processes of the peers that a
-  // pending wait waits for (no CUDA call; at most every kPeerCheckS).
-  void CheckPeerProcesses();
-  std::string gpu_state_;  // GpuState() as of gpu_state_at_ (the reader refreshes it)
-  std::chrono::steady_clock::time_point gpu_state_at_{};
-  // Releases the judge asked for: host_flags_[n + i] holds each value; release_idx_ the flag
-  // indices still to copy; the poison word goes first. Counted, so the judge can tell a release
-  // that never landed (release_landed_ < release_requested_ for kStallGraceS) from one that did.
-  std::vector<int> release_idx_;
-  bool release_poison_ = false;
-  uint64_t release_requested_ = 0, release_landed_ = 0;
-  std::chrono::steady_clock::time_point release_due_since_{};  // oldest request not landed
-  const char* release_op_ = "";  // the op of the latest timed-out wait
-  bool stall_reported_ = false;
-  std::mutex reader_mu_;  // PollGpu: the reader thread, or Drain's
-  std::atomic<bool> stall_reader_{false};
-  std::atomic<bool> drop_poison_{false};
   cudaEvent_t start_ = nullptr;
   // Recorded on comm(0) after Begin's handshake (done-reading waits, buffer-free signals). With
   // start_ it lets a timeout say how far this rank's GPU got, not only what its host enqueued.
@@ -344,32 +248,10 @@ class Communicator {
   bool destroyed_ = false;
 
   std::mutex op_mu_;       // op_mutex()
-  mutable std::mutex mu_;  // error_, pending_; buffer_ and capacity as they change
+  // error_; buffer_ and capacity as they change; the watchdog's state (comm/watchdog.h)
+  mutable std::mutex mu_;
   std::string error_;
-  PendingWait pending_[kNumFlagSlots][kMaxWorld];
-  // Transport nccl: ops enqueued but not yet complete, oldest first (event recorded at End).
-  struct PendingOp {
-    cudaEvent_t done;
-    // The host's Begin, or the latest read showing this GPU not yet inside the op (the judge
-    // times the op only once its GPU has reached it).
-    std::chrono::steady_clock::time_point since;
-    const char* op;
-    uint64_t epoch;
-  };
   std::shared_ptr<NcclComm> nccl_;
-  std::deque<PendingOp> nccl_pending_;
-  std::vector<cudaEvent_t> nccl_events_;  // free completion events
-  bool nccl_aborted_ = false;             // the watchdog aborted NCCL (with mu_ held)
-  bool nccl_abort_requested_ = false;     // the judge timed an op out (with mu_ held)
-  bool nccl_poisoning_ = false;           // reader: poison copy issued, abort on a later poll
-  cudaEvent_t poisoned_ = nullptr;        // recorded after the poison copy on release_
-  std::chrono::steady_clock::time_point poisoned_at_{};  // reader
-  // NCCL's asynchronous error (a peer's process died, its connection broke), polled by the reader
-  // while an op is pending, at most every kAsyncPollS; reported by the judge (with mu_ held).
-  std::string nccl_async_error_;
-  int nccl_async_code_ = 0;  // its ncclResult_t
-  std::chrono::steady_clock::time_point async_polled_at_{};  // reader
-  static constexpr double kAsyncPollS = 0.05;
   const char* op_ = "";                  // op of the current Begin..End
   Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream the op used
   // Inside an op: the stream waits for start_ on its first use (bit: comm i -> i, compute j ->
@@ -382,29 +264,13 @@ class Communicator {
     }
     return s;
   }
-  // Registers a stream wait for flags[slot][peer] >= value with the watchdog; returns the flag.
-  const uint64_t* Watch(int slot, int peer, uint64_t value, const char* op);
   bool in_op_ = false;                // between Begin's start_ and the op's Join
   uint32_t used_ = 0;                 // streams used by the current op (Use's bits)
   uint32_t joined_ = 0;               // streams whose join_ events the latest Join recorded
   cudaError_t use_error_ = cudaSuccess;
-  Status TrackNccl(cudaStream_t xla);     // the watchdog follows the op to completion
-  void PollNcclGpu();                     // reader side of the nccl transport
-  void PollNcclAsync();                   // reader: NCCL's asynchronous error, while ops pend
-  // Reader: the progress words (and the flags and poison word) from the GPU, while a wait or op is
-  // pending, or `idle_read`.
-  void ReadProgress(bool with_flags, bool idle_read);
-  void JudgeNccl(std::chrono::steady_clock::time_point now);  // with mu_ held
-  void JudgeStall(std::chrono::steady_clock::time_point now);  // with mu_ held
-  // Prints and records a timeout and asks the reader for a release (poison word); with mu_ held.
-  void ReportTimeout(const std::string& msg, const char* op,
-                     std::chrono::steady_clock::time_point now);
-  std::string FlagReadAge(std::chrono::steady_clock::time_point now) const;  // with mu_ held
-  std::string ProgressRead(std::chrono::steady_clock::time_point now) const;  // nccl; mu_ held
-  std::string GpuState();  // reader: CUDA queries, then mu_ for the rest
-  std::atomic<bool> any_pending_{false};
   std::atomic<uint64_t> host_ops_{0}, host_total_ns_{0}, host_meet_ns_{0};
   std::atomic<int> inject_{kFailNone};
+  Watchdog watchdog_{*this};  // last: its destructor runs first, and does nothing
 };
 
 // Process-wide table: (set id, device ordinal) -> communicator. FFI handlers look themselves up

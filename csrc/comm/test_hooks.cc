@@ -11,8 +11,8 @@
 namespace jax_ub {
 namespace {
 
-constexpr int kStallWatchdog = 3;  // the reader stalls (Communicator::StallReader)
-constexpr int kDropPoison = 4;     // no poison copy (Communicator::DropPoison)
+constexpr int kStallWatchdog = 3;  // the reader stalls (Watchdog::StallReader)
+constexpr int kDropPoison = 4;     // no poison copy (Watchdog::DropPoison)
 
 }  // namespace
 
@@ -22,15 +22,15 @@ Status InjectFailure(Communicator* c, int what) {
   }
   if (what == kStallWatchdog || what == kDropPoison) {
     if (what == kStallWatchdog) {
-      c->StallReader(true);
+      c->watchdog().StallReader(true);
     } else {
-      c->DropPoison(true);
+      c->watchdog().DropPoison(true);
     }
     return Status::Ok();
   }
   if (what == Communicator::kFailNone) {
-    c->StallReader(false);
-    c->DropPoison(false);
+    c->watchdog().StallReader(false);
+    c->watchdog().DropPoison(false);
   }
   c->Inject(static_cast<Communicator::Injected>(what));
   return Status::Ok();
