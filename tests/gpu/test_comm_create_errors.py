@@ -1,9 +1,9 @@
 """GPU tier: a communicator that cannot be created fails with an error, not a crash.
 
 Every failure of ``Communicator::Create`` before the peers are known (a device ordinal that does
-not exist, a kernel image missing for the GPU, a flag allocation that fails) used to reach a
-cleanup that walked per-peer tables not yet sized: SIGSEGV instead of the error. Run in a child
-process, so a crash fails this test instead of ending the test session.
+not exist, a kernel image missing for the GPU, a flag allocation that fails) must come back as the
+error: the cleanup on that path must not walk per-peer tables that are not sized yet (a SIGSEGV).
+The calls run in a child process, so a crash fails this test instead of ending the pytest run.
 """
 
 from __future__ import annotations
