@@ -516,10 +516,11 @@ def test_multi_line_reasons_are_indented_under_their_value(machine, capsys):
     assert doctor._indent_continuations("  one line") == "  one line"
 
 
-def test_the_live_test_is_called_as_the_readme_calls_it(machine, capsys):
-    """README calls it "the live all-gather test" (``--no-live``); the report's section says so."""
-    readme = (REPO / "README.md").read_text()
-    assert "live all-gather test" in readme
+def test_the_live_test_is_called_as_the_docs_call_it(machine, capsys):
+    """docs/failures.md calls it "the live all-gather test" (``--no-live``); the report's section
+    says so."""
+    docs = (REPO / "docs" / "failures.md").read_text()
+    assert "live all-gather test" in docs
     machine(4)
     _, out, _ = _run(capsys)
     assert "== Live all-gather test ==" in out and "ring test" not in out.lower()

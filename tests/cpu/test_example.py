@@ -239,8 +239,9 @@ def test_srun_commands_in_the_docs_do_not_bind_gpus_per_task():
     """jax's Slurm detection gives task i of a node GPU i of those it sees: with --gpus-per-task=1
     each task sees one GPU, so local ranks >= 1 fail (jax-ml/jax#23452), and CUDA IPC between tasks
     is blocked. The documented srun lines ask for GPUs per node, and kill the step on a failure."""
-    for doc, required in ((REPO / "examples" / "README.md", True), (REPO / "README.md", False)):
-        commands = re.findall(r"^srun .*$", doc.read_text(), re.M)
+    docs = REPO / "docs" / "multi-process.md"
+    for doc, required in ((REPO / "examples" / "README.md", True), (docs, True), (REPO / "README.md", False)):
+        commands = re.findall(r"^ *srun .*$", doc.read_text(), re.M)
         assert commands or not required, f"{doc}: no srun command"
         for cmd in commands:
             assert "--gpus-per-task" not in cmd and "--gpus-per-node=" in cmd, (doc, cmd)
@@ -480,17 +481,25 @@ def test_failfast_wrapper_exit_status_and_atexit(tmp_path, mode, status, atexit_
         assert proc.stderr == "a message\n", proc.stderr
 
 
-def test_readme_usage_snippet_runs_on_cpu(tmp_path):
-    """The README's Usage block as it stands: on CPU, initialize is a no-op and the reference runs."""
+def test_readme_quick_start_runs_on_cpu(tmp_path):
+    """The README's Quick start blocks as they stand (the shard_map one, then the NNX one): on CPU,
+    initialize is a no-op and the reference runs."""
     readme = (REPO / "README.md").read_text()
-    code = re.search(r"## Usage\n\n```python\n(.*?)```", readme, re.S).group(1)
-    script = tmp_path / "usage.py"
-    script.write_text(code)
-    for env in ({}, {"JAX_UB_DISABLE": "1"}):
-        proc = _run([sys.executable, str(script)], 300,
-                    XLA_FLAGS="--xla_force_host_platform_device_count=4", **env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.startswith("xla-reference (1024, 512) xla: "), proc.stdout
+    section = readme[readme.index("## Quick start\n"):]
+    section = section[:section.index("\n## ")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    want = ["xla-reference (1024, 512) xla: ", "(8, 256, 512) P(None, 'tp', None)\n"]
+    assert len(blocks) == len(want), blocks
+    for i, (code, out) in enumerate(zip(blocks, want, strict=True)):
+        script = tmp_path / f"quick_start_{i}.py"
+        script.write_text(code)
+        for extra in ({}, {"JAX_UB_DISABLE": "1"}):
+            env = _env(**extra)  # which drops a device count from XLA_FLAGS: the README's 4 devices
+            env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+            proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True,
+                                  text=True, timeout=300, check=False)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert proc.stdout.startswith(out), (i, proc.stdout)
 
 
 def test_loss_check_judges_only_runs_long_enough():
