@@ -204,6 +204,16 @@ def driver_too_old(mod) -> str:
             "--force-reinstall --no-deps .`), or upgrade the driver")
 
 
+def enums() -> dict[str, dict[str, int]]:
+    """The integers the extension takes from Python, by name, from its C++ enum definitions:
+    ``{"ag_algorithm": {"ring": 0, ...}, "rs_algorithm": {...}, "bulk_kind": {...}, "dtype": {...},
+    "failure": {...}}``. Raises RuntimeError (saying why) when the extension is not loaded."""
+    mod, reason = _load()
+    if mod is None:
+        raise RuntimeError(f"jax_ub CUDA extension unavailable, so it has no enum table: {reason}")
+    return {str(k): {str(n): int(v) for n, v in dict(t).items()} for k, t in dict(mod.enums()).items()}
+
+
 def ensure_registered() -> None:
     """Registers every FFI target of the extension for platform CUDA (once per process)."""
     global _registered

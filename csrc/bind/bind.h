@@ -17,6 +17,7 @@ inline void Raise(const Status& s) {
   if (!s.ok()) throw std::runtime_error(s.message());
 }
 
-void BindNccl(nb::module_& m);  // bind/nccl.cc
+void BindNccl(nb::module_& m);   // bind/nccl.cc
+void BindEnums(nb::module_& m);  // bind/enums.cc
 
 }  // namespace jax_ub

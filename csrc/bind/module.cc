@@ -141,11 +141,12 @@ std::string CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
 }
 
 void CommInjectFailure(int set_id, int device, int what) {
-  if (what < 0 || what > 4) {
+  Failure f;
+  if (!ToFailure(what, &f)) {
     throw std::invalid_argument(StrCat() << "comm_inject_failure: what must be 0 to 4; got "
                                          << what);
   }
-  Raise(InjectFailure(Get(set_id, device), what));
+  Raise(InjectFailure(Get(set_id, device), f));
 }
 
 nb::dict GemmWarmupBinding(int device, int64_t m, int64_t n, int64_t k, int dtype, bool tf32,
@@ -326,4 +327,5 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("driver_check", &ub::DriverProblem,
         "'' when the driver entry points jax_ub needs are present, else why not.");
   ub::BindNccl(m);
+  ub::BindEnums(m);
 }

@@ -9,31 +9,45 @@
 #include "kernels/fill.h"
 
 namespace jax_ub {
-namespace {
 
-constexpr int kStallWatchdog = 3;  // the reader stalls (Watchdog::StallReader)
-constexpr int kDropPoison = 4;     // no poison copy (Watchdog::DropPoison)
+static_assert(static_cast<int>(Failure::kNone) == Communicator::kFailNone &&
+                  static_cast<int>(Failure::kBefore) == Communicator::kFailCheck &&
+                  static_cast<int>(Failure::kAfter) == Communicator::kFailBody,
+              "Communicator::Injected follows Failure");
 
-}  // namespace
-
-Status InjectFailure(Communicator* c, int what) {
-  if (what < Communicator::kFailNone || what > kDropPoison) {
-    return Status::Error(StrCat() << "comm_inject_failure: what must be 0 to 4; got " << what);
+bool ToFailure(int what, Failure* out) {
+  switch (what) {
+#define JAX_UB_FAILURE_CASE(name, text, value) \
+  case value:                                  \
+    *out = Failure::name;                      \
+    return true;
+    JAX_UB_FAILURES(JAX_UB_FAILURE_CASE)
+#undef JAX_UB_FAILURE_CASE
   }
-  if (what == kStallWatchdog || what == kDropPoison) {
-    if (what == kStallWatchdog) {
+  return false;
+}
+
+Status InjectFailure(Communicator* c, Failure what) {
+  switch (what) {
+    case Failure::kStallWatchdog:
       c->watchdog().StallReader(true);
-    } else {
+      return Status::Ok();
+    case Failure::kDropPoison:
       c->watchdog().DropPoison(true);
-    }
-    return Status::Ok();
+      return Status::Ok();
+    case Failure::kNone:
+      c->watchdog().StallReader(false);
+      c->watchdog().DropPoison(false);
+      c->Inject(Communicator::kFailNone);
+      return Status::Ok();
+    case Failure::kBefore:
+      c->Inject(Communicator::kFailCheck);
+      return Status::Ok();
+    case Failure::kAfter:
+      c->Inject(Communicator::kFailBody);
+      return Status::Ok();
   }
-  if (what == Communicator::kFailNone) {
-    c->watchdog().StallReader(false);
-    c->watchdog().DropPoison(false);
-  }
-  c->Inject(static_cast<Communicator::Injected>(what));
-  return Status::Ok();
+  return Status::Error("comm_inject_failure: unknown failure");
 }
 
 Status CopyCheck(int device, size_t bytes, int dst_offset, int src_offset, int max_blocks,

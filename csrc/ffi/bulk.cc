@@ -21,12 +21,12 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::AnyBuffer> gy, ffi::Result<ffi::AnyBuffer> ws,
                        int64_t set_id, int32_t kind, int32_t algo, bool tf32,
                        int32_t side_sms, int64_t side_rows) {
-  const char* op = kind == 1 ? "bulk_reduce_scatter" : "bulk_all_gather";
+  const char* op = kind == static_cast<int32_t>(BulkKind::kReduceScatter) ? "bulk_reduce_scatter" : "bulk_all_gather";
   std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   BulkArgs a;
-  a.reduce_scatter = kind == 1;
+  a.reduce_scatter = kind == static_cast<int32_t>(BulkKind::kReduceScatter);
   const int sms = side_sms > 0 && side_sms < c->sms() ? side_sms : 0;
   if (a.reduce_scatter) {
     if (auto e = DecodeRs(op, c, x, nullptr, &*out, nullptr, nullptr, algo, false, 4 * sms,
@@ -85,7 +85,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbBulk, BulkExecute,
                                   .Ret<ffi::AnyBuffer>()         // a @ b
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("kind")         // 0 all-gather, 1 reduce-scatter
+                                  .Attr<int32_t>("kind")         // BulkKind: 0 all-gather, 1 reduce-scatter
                                   .Attr<int32_t>("algo")         // AgAlgo / RsAlgo
                                   .Attr<bool>("tf32")            // float32 GEMM may use TF32
                                   .Attr<int32_t>("side_sms")     // SMs left to the collective

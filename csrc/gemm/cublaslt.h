@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <string>
 
+#include "common/enums.h"
 #include "common/status.h"
 
 namespace jax_ub {
 
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element types (Python passes them as integers, e.g. gemm_warmup's dtype).
+#define JAX_UB_DTYPES(X) X(kF32, "float32", 0) X(kF16, "float16", 1) X(kBF16, "bfloat16", 2)
+enum class DType : int { JAX_UB_DTYPES(JAX_UB_ENUMERATOR) };
 const char* DTypeName(DType t);
 size_t DTypeSize(DType t);
 

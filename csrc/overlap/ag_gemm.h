@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "common/enums.h"
 #include "overlap/op.h"
 
 namespace jax_ub {
@@ -18,7 +19,8 @@ namespace jax_ub {
 // kAllPeer: pull every peer's chunk at once (one comm stream each).
 // kPush: each rank pushes its shard straight from x into every peer's buffer (ring order r-1,
 //        r-2, ...); no publish copy; the receiver GEMMs from its buffer and copies into xg.
-enum class AgAlgo : int { kRing = 0, kAllPeer = 1, kPush = 2 };
+#define JAX_UB_AG_ALGORITHMS(X) X(kRing, "ring", 0) X(kAllPeer, "all_peer", 1) X(kPush, "push", 2)
+enum class AgAlgo : int { JAX_UB_AG_ALGORITHMS(JAX_UB_ENUMERATOR) };
 
 // y[world*m, n] = all_gather(x[m, k]) @ w[k, n], xg[world*m, k] = all_gather(x).
 // Chunks land in xg at their global row offsets; chunk GEMMs start as chunks land (local chunk

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/enums.h"
 #include "overlap/ag_gemm.h"
 #include "overlap/gemm_rs.h"
 #include "overlap/op.h"
@@ -16,6 +17,10 @@ namespace jax_ub {
 // GEMM gy[gm, gn] = ga[gm, gk] @ gb[gk, gn], in one op. The GEMM's first `side_rows` rows run as
 // `gemm_side` (an SM-count target that leaves SMs to the collective's SM work: the all-gather's
 // same-device copies, the reduce-scatter's fp32 sum), the rest as `gemm` (every SM).
+// The bulk op's collective (its FFI attribute `kind`).
+#define JAX_UB_BULK_KINDS(X) X(kAllGather, "ag", 0) X(kReduceScatter, "rs", 1)
+enum class BulkKind : int { JAX_UB_BULK_KINDS(JAX_UB_ENUMERATOR) };
+
 struct BulkArgs {
   bool reduce_scatter = false;
   AgGemmArgs ag;  // w == nullptr

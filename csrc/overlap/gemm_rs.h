@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/enums.h"
 #include "overlap/op.h"
 
 namespace jax_ub {
@@ -27,7 +28,9 @@ namespace jax_ub {
 //         block p of the world partials (fp32) while block p+1 is computed: the op ends one
 //         block's push and sum after the GEMM, and no partial GEMM re-reads w. GEMM only; staging
 //         holds all M rows.
-enum class RsAlgo : int { kRing = 0, kPipeline = 1, kChain = 2, kColumns = 3 };
+#define JAX_UB_RS_ALGORITHMS(X) \
+  X(kRing, "ring", 0) X(kPipeline, "pipeline", 1) X(kChain, "chain", 2) X(kColumns, "columns", 3)
+enum class RsAlgo : int { JAX_UB_RS_ALGORITHMS(JAX_UB_ENUMERATOR) };
 
 // y[M/world, n] = reduce_scatter(x[M, k] @ w[k, n]) over rows, fp32 accumulation.
 // Each destination's partial is computed (into `staging`, one compute stream, in push order) and
