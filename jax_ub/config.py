@@ -1,38 +1,19 @@
-"""Every jax_ub knob in one place.
+"""Every jax_ub setting in one place.
 
 Each field of :class:`Config` has an environment variable (``JAX_UB_*``; empty or blank is unset)
 that sets its default; :func:`get` returns the active configuration and :func:`override` changes it
 for a ``with`` block (tests, benchmarks). Nothing else in the package reads ``os.environ``.
 
-| field        | env var              | default | meaning |
-|--------------|----------------------|---------|---------|
-| method       | JAX_UB_METHOD        | auto    | ``auto``, ``xla`` or a CUDA algorithm (``ring``, ``all_peer``, ``push``, ``push_merge``, ``pipeline``, ``chain``, ``columns``, ``nccl``) |
-| auto_chain   | JAX_UB_AUTO_CHAIN    | 0       | ``1``: ``auto`` may choose ``chain`` at tp >= 3 in bfloat16/float16, whose partial sums travel in the op's dtype (one rounding per hop; every other method sums in fp32); ``0``: where ``chain`` measured fastest there, ``auto`` runs the fastest of the others (:mod:`jax_ub.choice`) |
-| disable      | JAX_UB_DISABLE       | 0       | ``1`` forces the pure-XLA reference path everywhere |
-| timeout_s    | JAX_UB_TIMEOUT       | 120     | bound on every wait for a peer (seconds without progress, counted while this GPU is inside the op) |
-| on_stall     | JAX_UB_ON_STALL      | abort   | after a timeout whose release cannot reach the GPU for 10 s (its command queue is stalled, so the XLA call can never return): ``abort`` the process after printing why, or ``wait`` (print, keep hanging) |
-| bootstrap    | JAX_UB_BOOTSTRAP     | auto    | ``auto``, ``kv`` (jax.distributed key-value store) or ``nccl`` |
-| transport    | JAX_UB_TRANSPORT     | auto    | ``auto``, ``ipc`` (copy engine over peer-mapped memory) or ``nccl`` |
-| multicast    | JAX_UB_MULTICAST     | 0       | NVLink multicast (NVLS): ignored, no multicast path in this version (never on); ``UB_SKIPMC=1`` forces it off |
-| buffer_mib   | JAX_UB_BUFFER_MIB    | 0       | registered buffer size per communicator at initialize (0: grow on demand) |
-| gemm_workspace_mib | JAX_UB_GEMM_WORKSPACE_MIB | 32 | cuBLASLt workspace per GEMM call |
-| gemm_tune    | JAX_UB_GEMM_TUNE     | 8       | cuBLASLt candidate algorithms timed per GEMM shape at trace time on random data; the fastest is kept where it beats the heuristic's first by > 3% (0 or 1: the heuristic's first, no timing) |
-| recompute_gathered | JAX_UB_RECOMPUTE_GATHERED | 0 | ``1``: ``all_gather_matmul`` saves the local shard, not the gathered x, for its backward (re-gathered there under the dgrad GEMM) |
-| bulk_reduce_sms | JAX_UB_BULK_REDUCE_SMS | 0 | SMs a bulk reduce-scatter keeps from its concurrent GEMM for the fp32 sum (0: the GEMM gets every SM and the sum runs after it, at full speed) |
-| bulk_copy_sms | JAX_UB_BULK_COPY_SMS | 8 | SMs a bulk all-gather's GEMM leaves, over its first rows, to the gather's same-device copies (0: the GEMM gets every SM and waits for those copies) |
-| rs_chain_pieces | JAX_UB_RS_CHAIN_PIECES | 0 | pieces per step of the ``chain`` GEMM->RS (1-4; 0: ``overlap.RS_CHAIN_PIECES``) |
-| rs_chain_split | JAX_UB_RS_CHAIN_SPLIT | auto | how the ``chain`` cuts a step into pieces: ``rows``, ``cols`` (column blocks: w read once per step) or ``auto`` (``overlap.rs_chain_cols``) |
-| rs_column_pieces | JAX_UB_RS_COLUMN_PIECES | 0 | column blocks of the ``columns`` GEMM->RS (1-8; 0: ``overlap.RS_COLUMN_PIECES``) |
-| rs_pieces    | JAX_UB_RS_PIECES     | 0       | row pieces of a bare reduce-scatter (``overlap.reduce_scatter``), each summed as soon as every peer's piece has landed (1-8; 0: one per ``overlap.RS_PIECE_BYTES`` of a peer's rows, at most ``overlap.RS_PIECES``) |
-| ag_push_pieces | JAX_UB_AG_PUSH_PIECES | 0 | row pieces of the last peer chunk of the ``push`` AG->GEMM (1-4; 0: ``overlap.ag_push_pieces``) |
-| ag_push_merge | JAX_UB_AG_PUSH_MERGE | 0 | ``1``: the ``push`` AG->GEMM (without pieces, tp > 2) multiplies the peers' chunks as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of one GEMM per chunk; what method ``push_merge`` runs (which ``auto`` chooses where it measured fastest), for every call of ``push`` |
-| tuning_file  | JAX_UB_TUNING_FILE   | (none)  | a ``python -m jax_ub.bench tune`` (or ``ag|rs``) JSON of this machine: where it measured a call's op, tp and dtype, ``method="auto"`` chooses from its records; elsewhere from the shipped ones (:mod:`jax_ub.choice`) |
-| record_shapes | JAX_UB_RECORD_SHAPES | (none) | a path: every jax_ub op traced in this process adds its shape to this JSON file (rewritten at every traced op; ``<stem>.process<i>.json`` with several processes), for ``python -m jax_ub.bench tune`` (:mod:`jax_ub.tuning`) |
-| log_level    | JAX_UB_LOG           | WARNING | level of the ``jax_ub`` logger (when set, printed on stderr unless logging is configured) |
+Each field carries its documentation as metadata (variable, values, meaning; :func:`settings`), from
+which ``docs/configuration.md`` is generated: ``python -m jax_ub.config --markdown
+docs/configuration.md`` rewrites it. The schedule experiments are read from ``JAX_UB_EXPERIMENTAL_*``
+variables, with no compatibility promise; their former names (:data:`DEPRECATED_VARIABLES`) are
+still read, with a warning, until the next release.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import difflib
@@ -40,14 +21,34 @@ import logging
 import math
 import numbers
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+if sys.argv[:1] == ["-m"]:
+    # `python -m jax_ub.config`: importing the package imports this module first, which runpy then
+    # warns about before running the file again as __main__; harmless, __main__ calls this module.
+    warnings.filterwarnings("ignore", message=r"'jax_ub\.config' found in sys\.modules",
+                            category=RuntimeWarning)
 
 METHODS = ("auto", "xla", "ring", "all_peer", "push", "push_merge", "pipeline", "chain", "columns", "nccl")
-# JAX_UB_* variables that are not knobs of this table: the build's (CMakeLists.txt), CI's and the
-# test launcher's (JAX_UB_TEST_*).
-OTHER_VARIABLES = ("JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA", "JAX_UB_CI_VENV")
-OTHER_PREFIXES = ("JAX_UB_TEST_",)
+# JAX_UB_* variables that are not settings of this module, and what they are.
+OTHER_VARIABLES = {
+    "JAX_UB_CUDA_ARCHS": "the CUDA architectures the build compiles for (`CMakeLists.txt`)",
+    "JAX_UB_REQUIRE_CUDA": "`1` makes the build fail instead of installing without the CUDA extension "
+                           "(`CMakeLists.txt`, CI)",
+    "JAX_UB_CI_VENV": "where CI (`.ci/run`) keeps its virtual environment",
+}
+OTHER_PREFIXES = ("JAX_UB_TEST_",)  # the test launcher's, to its worker processes
+EXPERIMENTAL_PREFIX = "JAX_UB_EXPERIMENTAL_"
+# Variables still recognised that do nothing, and what their warning says; they go next release.
+INERT_VARIABLES = {
+    "JAX_UB_MULTICAST": "does nothing (jax_ub has no NVLink multicast path) and will be removed",
+    "UB_SKIPMC": "does nothing in jax_ub (it has no multicast path to turn off); jax_ub will stop "
+                 "reading it",
+}
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -103,31 +104,210 @@ def _bounded_int(name: str, value: str, maximum: int, unit: str = "") -> int:
     return out
 
 
+def _parse_log_level(name: str, value: str) -> str:
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"{name} must be DEBUG, INFO, WARNING or ERROR; got {value!r}")
+    return level
+
+
+# ------------------------------------------------------------------------------------------------
+# What a setting's values are: how its variable is read (errors name the variable), how a value set
+# in Python is checked and put in normal form (errors name the field), how the docs name them.
+
+
+class _Kind:
+    def parse(self, var: str, text: str) -> Any:
+        raise NotImplementedError
+
+    def check(self, name: str, value: Any) -> Any:
+        return value
+
+    def values(self) -> str:
+        raise NotImplementedError
+
+
+class _Bool(_Kind):
+    def parse(self, var: str, text: str) -> bool:
+        return _parse_bool(var, text)
+
+    def values(self) -> str:
+        return "`0` or `1` (also `false`/`true`, `no`/`yes`, `off`/`on`)"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice(_Kind):
+    choices: tuple[str, ...]
+
+    def parse(self, var: str, text: str) -> str:
+        return _parse_choice(var, text, self.choices)
+
+    def check(self, name: str, value: str) -> str:
+        return _parse_choice(name, value, self.choices)
+
+    def values(self) -> str:
+        return ", ".join(f"`{c}`" for c in self.choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Int(_Kind):
+    maximum: int
+    unit: str = ""  # after the bound in the variable's error: " (SMs)"
+    note: str = ""  # after the range in the field's error
+    noun: str = ""  # after the range in the docs: "MiB"
+
+    def parse(self, var: str, text: str) -> int:
+        return _bounded_int(var, text, self.maximum, self.unit)
+
+    def check(self, name: str, value: int) -> int:
+        if not 0 <= value <= self.maximum:
+            raise ValueError(f"{name} must be in [0, {self.maximum}]{self.note}; got {value!r}")
+        return value
+
+    def values(self) -> str:
+        return f"integer, 0 to {self.maximum}" + (f" ({self.noun})" if self.noun else "")
+
+
+class _Seconds(_Kind):
+    def parse(self, var: str, text: str) -> float:
+        return float(_parse_number(var, text, float, MIN_TIMEOUT_S))
+
+    def check(self, name: str, value: float) -> float:
+        if not (math.isfinite(value) and value >= MIN_TIMEOUT_S):
+            raise ValueError(f"{name} must be a finite number >= {MIN_TIMEOUT_S} (seconds); got {value!r}")
+        return value
+
+    def values(self) -> str:
+        return f"seconds, a number >= {MIN_TIMEOUT_S}"
+
+
+class _Level(_Kind):
+    def parse(self, var: str, text: str) -> str:
+        return _parse_log_level(var, text)
+
+    def check(self, name: str, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"{name} must be one of {LOG_LEVELS}; got {value!r}")
+        return level
+
+    def values(self) -> str:
+        return ", ".join(f"`{v}`" for v in LOG_LEVELS) + " (any case)"
+
+
+class _Path(_Kind):
+    def parse(self, var: str, text: str) -> str:
+        return text.strip()
+
+    def values(self) -> str:
+        return "a path"
+
+
+_MIB = _Int(MAX_MIB, " (MiB: 1 TiB)", f" (MiB; {MAX_MIB} is 1 TiB)", "MiB")
+_SMS = _Int(256, " (SMs)", "", "SMs")
+
+
+def _setting(default: Any, env: str, kind: _Kind, doc: str, deprecated_env: str = "") -> Any:
+    """A field of :class:`Config`: read from ``env`` (and from its former name ``deprecated_env``,
+    with a warning), its values ``kind``, its meaning ``doc`` (one paragraph, Markdown)."""
+    return dataclasses.field(default=default, metadata={
+        "env": env, "kind": kind, "doc": " ".join(doc.split()), "deprecated_env": deprecated_env})
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    method: str = "auto"
-    auto_chain: bool = False
-    disable: bool = False
-    timeout_s: float = 120.0
-    on_stall: str = "abort"
-    bootstrap: str = "auto"
-    transport: str = "auto"
-    multicast: bool = False
-    buffer_mib: int = 0
-    gemm_workspace_mib: int = 32
-    gemm_tune: int = 8
-    recompute_gathered: bool = False
-    bulk_reduce_sms: int = 0
-    bulk_copy_sms: int = 8
-    rs_chain_pieces: int = 0
-    rs_chain_split: str = "auto"
-    rs_column_pieces: int = 0
-    rs_pieces: int = 0
-    ag_push_pieces: int = 0
-    ag_push_merge: bool = False
-    tuning_file: str = ""
-    record_shapes: str = ""
-    log_level: str = "WARNING"
+    """jax_ub's settings; each field's metadata documents it (:func:`settings`)."""
+
+    method: str = _setting("auto", "JAX_UB_METHOD", _Choice(METHODS), """
+        Which implementation every jax_ub op runs. `auto` chooses per call from measured times (those
+        of `JAX_UB_TUNING_FILE`, else the ones shipped with jax_ub; `jax_ub.explain` says what it
+        chose and why); `xla` runs the pure-XLA reference; the others name a CUDA algorithm. A method
+        of the other op runs its counterpart: for the AG→GEMM, `chain` and `columns` run `push` and
+        `pipeline` runs `ring`; for the GEMM→RS, `all_peer` runs `pipeline`, and `push` and
+        `push_merge` run `ring`. `nccl` needs the `nccl` transport.""")
+    auto_chain: bool = _setting(False, "JAX_UB_AUTO_CHAIN", _Bool(), """
+        `1` lets `auto` choose `chain` at tp >= 3 in bfloat16 or float16, whose partial sums travel in
+        the op's dtype (one rounding per hop, where every other method sums in fp32). With `0`, where
+        `chain` measured fastest, `auto` runs the fastest of the others.""")
+    disable: bool = _setting(False, "JAX_UB_DISABLE", _Bool(), """
+        `1` runs the pure-XLA reference path for every op, on every device.""")
+    timeout_s: float = _setting(120.0, "JAX_UB_TIMEOUT", _Seconds(), """
+        How long any wait for a peer may go without progress, counted while this GPU is inside the
+        op, before the op fails naming that peer. Also the default `timeout_s` of
+        `jax_ub.initialize`.""")
+    on_stall: str = _setting("abort", "JAX_UB_ON_STALL", _Choice(ON_STALL), """
+        What follows a timeout whose release has not reached the GPU 10 s later (its command queue is
+        stalled, so the XLA call can never return): `abort` ends the process after printing why;
+        `wait` prints and keeps hanging (for a debugger).""")
+    bootstrap: str = _setting("auto", "JAX_UB_BOOTSTRAP", _Choice(BOOTSTRAPS), """
+        How `initialize` passes the GPUs' buffer handles between processes: `kv` through
+        `jax.distributed`'s key-value store; `nccl` sends an NCCL unique id through that store and the
+        handles by an NCCL all-gather. `auto` is `kv`. A single process needs no exchange.""")
+    transport: str = _setting("auto", "JAX_UB_TRANSPORT", _Choice(TRANSPORTS), """
+        How data moves between GPUs: `ipc` copies over peer-mapped memory with the copy engine (no
+        SMs); `nccl` uses `ncclSend`/`ncclRecv` and also works across hosts. `auto` takes `ipc` where
+        every GPU pair of each group can map each other's memory, else `nccl`, and logs why. With one
+        process per GPU, a GPU that `CUDA_VISIBLE_DEVICES` hides from a process is checked through
+        NVML; a pair nobody can check makes `auto` take `nccl`.""")
+    buffer_mib: int = _setting(0, "JAX_UB_BUFFER_MIB", _MIB, """
+        The registered communication buffer per GPU allocated at `initialize`; `0` starts without one
+        and grows it when a traced op needs more.""")
+    gemm_workspace_mib: int = _setting(32, "JAX_UB_GEMM_WORKSPACE_MIB", _MIB, """
+        The cuBLASLt workspace of each GEMM call.""")
+    gemm_tune: int = _setting(8, "JAX_UB_GEMM_TUNE", _Int(16, " (cuBLASLt candidates)"), """
+        How many cuBLASLt candidate algorithms are timed per GEMM shape when it is first traced (on
+        random data, after GEMMs that bring the GPU to its sustained clocks); another than the
+        heuristic's first is kept only where it is more than 3% faster. It costs a fraction of a
+        second per GEMM shape and GPU at the first trace. Being timed, like XLA's autotuning, the
+        kept algorithm (and so the last bits of a result) can differ between runs: `0` or `1` keeps
+        the heuristic's first, for bitwise-repeatable runs.""")
+    recompute_gathered: bool = _setting(False, "JAX_UB_RECOMPUTE_GATHERED", _Bool(), """
+        `1`: `all_gather_matmul` keeps only the local shard of x for its backward, not the tp times
+        larger gathered x, and gathers it again there under the dgrad GEMM. Per call:
+        `recompute_gathered=`. No effect with `return_gathered=True`.""")
+    tuning_file: str = _setting("", "JAX_UB_TUNING_FILE", _Path(), """
+        A bench JSON of this machine (from `python -m jax_ub.bench tune SHAPES.json`, or
+        `python -m jax_ub.bench ag` or `rs`): for the op, tp and dtype it measured, `auto` chooses
+        from its records; for the others, from the ones shipped with jax_ub.""")
+    record_shapes: str = _setting("", "JAX_UB_RECORD_SHAPES", _Path(), """
+        A JSON file to which each jax_ub op traced in this process adds its shape (and its
+        backward's), rewritten at every traced op, for `python -m jax_ub.bench tune`. With several
+        processes each writes `<stem>.process<i>.json`; a process that recorded nothing says so at
+        exit.""")
+    log_level: str = _setting("WARNING", "JAX_UB_LOG", _Level(), """
+        The level of the `jax_ub` logger. When the variable is set, its records are printed on stderr
+        unless logging is configured already.""")
+    # Schedule experiments (JAX_UB_EXPERIMENTAL_*): knobs for measuring the CUDA methods' schedules.
+    bulk_reduce_sms: int = _setting(0, "JAX_UB_EXPERIMENTAL_BULK_REDUCE_SMS", _SMS, """
+        SMs that `bulk_reduce_scatter` keeps from its concurrent GEMM for the fp32 sum; `0` gives the
+        GEMM every SM, and the sum runs after it at full speed.""", "JAX_UB_BULK_REDUCE_SMS")
+    bulk_copy_sms: int = _setting(8, "JAX_UB_EXPERIMENTAL_BULK_COPY_SMS", _SMS, """
+        SMs that `bulk_all_gather`'s GEMM leaves, over its first rows, to the gather's same-device
+        copies (publish, own rows), which then start at once beside it; `0` gives the GEMM every SM,
+        and it waits for those copies.""", "JAX_UB_BULK_COPY_SMS")
+    rs_chain_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_CHAIN_PIECES", _Int(4), """
+        Pieces per step of the `chain` GEMM→RS, each piece's partial sum sent on while the next is
+        computed; `0` lets jax_ub choose.""", "JAX_UB_RS_CHAIN_PIECES")
+    rs_chain_split: str = _setting("auto", "JAX_UB_EXPERIMENTAL_RS_CHAIN_SPLIT", _Choice(CHAIN_SPLITS), """
+        How `chain` cuts a step into pieces: `rows`, or `cols` (column blocks: each piece's GEMM reads
+        only its block of w, so w is read once per step). `auto` cuts columns where the output is
+        narrow enough, rows above.""", "JAX_UB_RS_CHAIN_SPLIT")
+    rs_column_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_COLUMN_PIECES", _Int(8), """
+        Column blocks of the `columns` GEMM→RS; `0` lets jax_ub choose.""", "JAX_UB_RS_COLUMN_PIECES")
+    rs_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_PIECES", _Int(8), """
+        Row pieces of a bare reduce-scatter (`jax_ub.overlap.reduce_scatter`): each piece is summed as
+        soon as every peer's piece has landed, so only the last piece's sum follows the last copy.
+        `0`: one piece per fixed number of bytes that a peer receives, up to a bound.""",
+                                "JAX_UB_RS_PIECES")
+    ag_push_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_AG_PUSH_PIECES", _Int(4), """
+        Row pieces of the last peer chunk of the `push` AG→GEMM, so that the op ends one piece's GEMM
+        after the last copy; `0` lets a model of the schedule choose (more than one piece only where a
+        chunk's copy outlasts its GEMM).""", "JAX_UB_AG_PUSH_PIECES")
+    ag_push_merge: bool = _setting(False, "JAX_UB_EXPERIMENTAL_AG_PUSH_MERGE", _Bool(), """
+        `1`: every call of the `push` AG→GEMM (without pieces, tp > 2) multiplies the peers' chunks
+        as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of
+        one GEMM per chunk. The method `push_merge` runs this, and `auto` chooses it where it measured
+        fastest.""", "JAX_UB_AG_PUSH_MERGE")
 
     def __post_init__(self) -> None:
         # Values set directly (Config(...), override(...)) get from_env's checks and normal form:
@@ -146,110 +326,82 @@ class Config:
                 object.__setattr__(self, f.name, float(value))
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"{f.name} must be a str; got {value!r}")
-        for name, choices in (("method", METHODS), ("bootstrap", BOOTSTRAPS), ("transport", TRANSPORTS),
-                              ("rs_chain_split", CHAIN_SPLITS), ("on_stall", ON_STALL)):
-            object.__setattr__(self, name, _parse_choice(name, getattr(self, name), choices))
-        level = self.log_level.strip().upper()
-        if level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {LOG_LEVELS}; got {self.log_level!r}")
-        object.__setattr__(self, "log_level", level)
-        if not (math.isfinite(self.timeout_s) and self.timeout_s >= MIN_TIMEOUT_S):
-            raise ValueError(f"timeout_s must be a finite number >= {MIN_TIMEOUT_S} (seconds); got "
-                             f"{self.timeout_s!r}")
-        if not 0 <= self.gemm_tune <= 16:
-            raise ValueError(f"gemm_tune must be in [0, 16]; got {self.gemm_tune!r}")
-        for name in ("bulk_reduce_sms", "bulk_copy_sms"):
-            if not 0 <= getattr(self, name) <= 256:
-                raise ValueError(f"{name} must be in [0, 256]; got {getattr(self, name)!r}")
-        if not 0 <= self.rs_chain_pieces <= 4:
-            raise ValueError(f"rs_chain_pieces must be in [0, 4]; got {self.rs_chain_pieces!r}")
-        for name in ("rs_column_pieces", "rs_pieces"):
-            if not 0 <= getattr(self, name) <= 8:
-                raise ValueError(f"{name} must be in [0, 8]; got {getattr(self, name)!r}")
-        if not 0 <= self.ag_push_pieces <= 4:
-            raise ValueError(f"ag_push_pieces must be in [0, 4]; got {self.ag_push_pieces!r}")
-        for name in ("buffer_mib", "gemm_workspace_mib"):
-            if not 0 <= getattr(self, name) <= MAX_MIB:
-                raise ValueError(f"{name} must be in [0, {MAX_MIB}] (MiB; {MAX_MIB} is 1 TiB); got "
-                                 f"{getattr(self, name)!r}")
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, f.metadata["kind"].check(f.name, getattr(self, f.name)))
+
+    @property
+    def multicast(self) -> bool:
+        """Always False: jax_ub has no NVLink multicast path (``JAX_UB_MULTICAST`` does nothing).
+        Kept for readers of the former field, until that variable goes."""
+        return False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """The configuration the ``JAX_UB_*`` variables of ``environ`` (default ``os.environ``) set.
-        Every invalid value is named in one ValueError (one sentence each); a ``JAX_UB_*`` name
-        that is no setting gets a WARNING, with the setting it most likely misspells."""
+        Every invalid value is named in one ValueError (one sentence each). A variable's former name
+        (:data:`DEPRECATED_VARIABLES`) and a variable that does nothing (:data:`INERT_VARIABLES`)
+        each get a WARNING on the ``jax_ub`` logger, and so does a ``JAX_UB_*`` name that is no
+        setting, with the setting it most likely misspells."""
         env = os.environ if environ is None else environ
         kw: dict[str, object] = {}
         errors: list[str] = []
+        notes: list[str] = []
 
-        def take(var: str, field: str, parse: Callable[[str], object]) -> None:
-            # Empty (or blank) is unset, for every variable (`JAX_UB_METHOD=${M:-}` in a script);
-            # the boolean and path variables read it so already.
-            if env.get(var, "").strip():
+        def is_set(var: str) -> bool:
+            # Empty (or blank) is unset, for every variable (`JAX_UB_METHOD=${M:-}` in a script).
+            return bool(env.get(var, "").strip())
+
+        for s in settings():
+            var = s.env
+            if s.deprecated_env and is_set(s.deprecated_env):
+                if is_set(s.env):
+                    notes.append(f"{s.deprecated_env} ignored: {s.env}, its new name, is set as well")
+                else:
+                    notes.append(f"{s.deprecated_env} is deprecated and read until the next release only: "
+                                 f"set {s.env} instead (experimental: no compatibility promise)")
+                    var = s.deprecated_env
+            if is_set(var):
                 try:
-                    kw[field] = parse(env[var])
+                    kw[s.field] = s.kind.parse(var, env[var])
                 except ValueError as e:
                     errors.append(str(e))
-
-        for var, field, parse in (
-            ("JAX_UB_METHOD", "method", lambda v: _parse_choice("JAX_UB_METHOD", v, METHODS)),
-            ("JAX_UB_AUTO_CHAIN", "auto_chain", lambda v: _parse_bool("JAX_UB_AUTO_CHAIN", v)),
-            ("JAX_UB_DISABLE", "disable", lambda v: _parse_bool("JAX_UB_DISABLE", v)),
-            ("JAX_UB_TIMEOUT", "timeout_s",
-             lambda v: float(_parse_number("JAX_UB_TIMEOUT", v, float, MIN_TIMEOUT_S))),
-            ("JAX_UB_ON_STALL", "on_stall", lambda v: _parse_choice("JAX_UB_ON_STALL", v, ON_STALL)),
-            ("JAX_UB_BOOTSTRAP", "bootstrap", lambda v: _parse_choice("JAX_UB_BOOTSTRAP", v, BOOTSTRAPS)),
-            ("JAX_UB_TRANSPORT", "transport", lambda v: _parse_choice("JAX_UB_TRANSPORT", v, TRANSPORTS)),
-            ("JAX_UB_BUFFER_MIB", "buffer_mib",
-             lambda v: _bounded_int("JAX_UB_BUFFER_MIB", v, MAX_MIB, " (MiB: 1 TiB)")),
-            ("JAX_UB_GEMM_WORKSPACE_MIB", "gemm_workspace_mib",
-             lambda v: _bounded_int("JAX_UB_GEMM_WORKSPACE_MIB", v, MAX_MIB, " (MiB: 1 TiB)")),
-            ("JAX_UB_GEMM_TUNE", "gemm_tune",
-             lambda v: _bounded_int("JAX_UB_GEMM_TUNE", v, 16, " (cuBLASLt candidates)")),
-            ("JAX_UB_RECOMPUTE_GATHERED", "recompute_gathered",
-             lambda v: _parse_bool("JAX_UB_RECOMPUTE_GATHERED", v)),
-            ("JAX_UB_BULK_REDUCE_SMS", "bulk_reduce_sms",
-             lambda v: _bounded_int("JAX_UB_BULK_REDUCE_SMS", v, 256, " (SMs)")),
-            ("JAX_UB_BULK_COPY_SMS", "bulk_copy_sms",
-             lambda v: _bounded_int("JAX_UB_BULK_COPY_SMS", v, 256, " (SMs)")),
-            ("JAX_UB_RS_CHAIN_PIECES", "rs_chain_pieces", lambda v: _bounded_int("JAX_UB_RS_CHAIN_PIECES", v, 4)),
-            ("JAX_UB_RS_CHAIN_SPLIT", "rs_chain_split",
-             lambda v: _parse_choice("JAX_UB_RS_CHAIN_SPLIT", v, CHAIN_SPLITS)),
-            ("JAX_UB_RS_COLUMN_PIECES", "rs_column_pieces",
-             lambda v: _bounded_int("JAX_UB_RS_COLUMN_PIECES", v, 8)),
-            ("JAX_UB_RS_PIECES", "rs_pieces", lambda v: _bounded_int("JAX_UB_RS_PIECES", v, 8)),
-            ("JAX_UB_AG_PUSH_PIECES", "ag_push_pieces", lambda v: _bounded_int("JAX_UB_AG_PUSH_PIECES", v, 4)),
-            ("JAX_UB_AG_PUSH_MERGE", "ag_push_merge", lambda v: _parse_bool("JAX_UB_AG_PUSH_MERGE", v)),
-            ("JAX_UB_LOG", "log_level", _parse_log_level),
-        ):
-            take(var, field, parse)
-        multicast = False
-        try:
-            multicast = _parse_bool("JAX_UB_MULTICAST", env.get("JAX_UB_MULTICAST", "0"))
-        except ValueError as e:
-            errors.append(str(e))
-        try:
-            if _parse_bool("UB_SKIPMC", env.get("UB_SKIPMC", "0")):
-                multicast = False  # TransformerEngine's switch, honoured as "off"
-        except ValueError as e:
-            errors.append(str(e))
-        kw["multicast"] = multicast
-        for var, field in (("JAX_UB_TUNING_FILE", "tuning_file"), ("JAX_UB_RECORD_SHAPES", "record_shapes")):
-            if env.get(var, "").strip():
-                kw[field] = env[var].strip()
+        notes += [f"{var} {why}" for var, why in INERT_VARIABLES.items() if is_set(var)]
+        # A logged warning, not warnings.warn: these are read at the first op, not at an import of the
+        # caller's, and Python's default filters hide a DeprecationWarning raised inside jax_ub.
+        log = logging.getLogger("jax_ub")
+        for note in notes:
+            log.warning("jax_ub: %s", note)
         unknown = describe_unknown(env)
-        if unknown:  # most likely a misspelt knob, which would otherwise change nothing silently
-            logging.getLogger("jax_ub").warning("jax_ub: ignoring %s", "; ".join(unknown))
+        if unknown:  # most likely a misspelt setting, which would otherwise change nothing silently
+            log.warning("jax_ub: ignoring %s", "; ".join(unknown))
         if errors:
             raise ValueError(". ".join(errors))
         return cls(**kw)  # type: ignore[arg-type]
 
 
-def _parse_log_level(value: str) -> str:
-    level = value.strip().upper()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"JAX_UB_LOG must be DEBUG, INFO, WARNING or ERROR; got {value!r}")
-    return level
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One field of :class:`Config` as documented: its ``env`` variable, ``default``, ``values``
+    (what the variable takes, in words), ``doc`` (one paragraph, Markdown), ``experimental`` (a
+    ``JAX_UB_EXPERIMENTAL_*`` variable: no compatibility promise) and ``deprecated_env`` (the
+    variable's former name, still read with a warning; "" if none)."""
+
+    field: str
+    env: str
+    default: Any
+    values: str
+    doc: str
+    experimental: bool
+    deprecated_env: str
+    kind: _Kind = dataclasses.field(repr=False, compare=False)
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every field of :class:`Config` with its documentation, in the fields' order."""
+    return tuple(Setting(f.name, f.metadata["env"], f.default, f.metadata["kind"].values(), f.metadata["doc"],
+                         f.metadata["env"].startswith(EXPERIMENTAL_PREFIX), f.metadata["deprecated_env"],
+                         f.metadata["kind"])
+                 for f in dataclasses.fields(Config))
 
 
 _active: Config | None = None
@@ -257,8 +409,9 @@ _LOG_FORMAT = "%(levelname)s %(message)s"  # most messages start with "jax_ub: "
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    """The ``JAX_UB_*`` names in ``env`` that are neither a knob nor one of ``OTHER_VARIABLES``."""
-    return sorted(k for k in env if k.startswith("JAX_UB_") and k not in KNOB_VARIABLES
+    """The ``JAX_UB_*`` names in ``env`` that jax_ub does not know: none of :data:`KNOWN_VARIABLES`
+    or :data:`OTHER_VARIABLES`."""
+    return sorted(k for k in env if k.startswith("JAX_UB_") and k not in KNOWN_VARIABLES
                   and k not in OTHER_VARIABLES and not k.startswith(OTHER_PREFIXES))
 
 
@@ -274,13 +427,16 @@ def describe_unknown(env: Mapping[str, str]) -> list[str]:
     return out
 
 
+def _stem(name: str) -> str:
+    return name.removeprefix("JAX_UB_").removeprefix("EXPERIMENTAL_")
+
+
 def closest_setting(name: str) -> str | None:
     """The jax_ub variable ``name`` most likely misspells, or None."""
-    # Compared without the shared "JAX_UB_" (which alone made JAX_UB_FOO look like JAX_UB_LOG).
-    prefix = "JAX_UB_"
-    names = {v[len(prefix):]: v for v in KNOB_VARIABLES + OTHER_VARIABLES if v.startswith(prefix)}
-    stem = name[len(prefix):] if name.startswith(prefix) else name
-    near = difflib.get_close_matches(stem, list(names), n=1, cutoff=0.6)
+    # Compared without the shared "JAX_UB_" (which alone made JAX_UB_FOO look like JAX_UB_LOG) and
+    # "EXPERIMENTAL_": JAX_UB_AG_MERGE and JAX_UB_EXPERIMENTAL_AG_MERG both mean the push merge.
+    names = {_stem(v): v for v in (*KNOB_VARIABLES, *OTHER_VARIABLES)}
+    near = difflib.get_close_matches(_stem(name), list(names), n=1, cutoff=0.6)
     return names[near[0]] if near else None
 
 
@@ -329,5 +485,97 @@ def override(**changes: object) -> Iterator[Config]:
             logging.getLogger("jax_ub").setLevel(previous.log_level)
 
 
-# The knobs' variables, in the order of the table above.
-KNOB_VARIABLES = tuple(re.findall(r"^\| \w+ *\| (JAX_UB_\w+)", __doc__, re.MULTILINE))
+# Each setting's variable, in the fields' order.
+KNOB_VARIABLES = tuple(s.env for s in settings())
+# Former name -> the variable that replaces it (read, with a warning, until the next release).
+DEPRECATED_VARIABLES = {s.deprecated_env: s.env for s in settings() if s.deprecated_env}
+# Every variable from_env reads: the settings', their former names and the inert ones.
+KNOWN_VARIABLES = (*KNOB_VARIABLES, *DEPRECATED_VARIABLES, *INERT_VARIABLES)
+
+
+# ------------------------------------------------------------------------------------------------
+# docs/configuration.md, generated from the settings' metadata.
+
+DOCS_PATH = "docs/configuration.md"
+REGENERATE = f"python -m jax_ub.config --markdown {DOCS_PATH}"
+
+
+def _default_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "`1`" if value else "`0`"
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    return f"`{value}`" if value != "" else "(unset)"
+
+
+def _paragraph(text: str) -> list[str]:
+    return [*textwrap.wrap(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False), ""]
+
+
+def _settings_text(group: Sequence[Setting]) -> list[str]:
+    out = ["| variable | field | default | values |", "|---|---|---|---|"]
+    out += [f"| [`{s.env}`](#{s.env.lower()}) | `{s.field}` | {_default_text(s.default)} | {s.values} |"
+            for s in group]
+    out.append("")
+    for s in group:
+        out += [f"### `{s.env}`", ""]
+        line = f"Field `Config.{s.field}`. Default: {_default_text(s.default)}. Values: {s.values}."
+        if s.deprecated_env:
+            line += f" Formerly `{s.deprecated_env}`, still read (with a warning) until the next release."
+        out += _paragraph(line) + _paragraph(s.doc)
+    return out
+
+
+def markdown() -> str:
+    """The text of ``docs/configuration.md``: every setting, from the fields' metadata."""
+    group = settings()
+    out = ["# Configuration", "",
+           f"<!-- Generated from jax_ub/config.py by `{REGENERATE}`: edit the settings' metadata there, "
+           "not this file. -->", ""]
+    out += _paragraph(
+        "jax_ub reads its settings from `JAX_UB_*` environment variables once, when a setting is first "
+        "needed (`jax_ub.config.get()`); an empty or blank variable counts as unset. In Python, "
+        "`jax_ub.config.override(field=value)` changes them for a `with` block, checked like the "
+        "variables. Every invalid value is named in one error; a `JAX_UB_*` variable that is no "
+        "setting gets a warning naming the setting it most likely misspells.")
+    out += ["## Settings", ""]
+    out += _settings_text([s for s in group if not s.experimental])
+    out += ["## Experimental settings", ""]
+    out += _paragraph(
+        "Knobs of the CUDA methods' schedules, for measuring them: how many pieces an op is cut into, "
+        "how many SMs a bulk collective takes from its GEMM. They come with no compatibility promise: "
+        "any release may change their meaning, range or default, or remove them. Their former names, "
+        "without `EXPERIMENTAL_`, are still read, with a warning, until the next release.")
+    out += _settings_text([s for s in group if s.experimental])
+    out += ["## Deprecated and inert variables", ""]
+    out += _paragraph("Each of these, when set, gets a warning on the `jax_ub` logger. Where the new "
+                      "name is set as well, the former one is ignored.")
+    out += ["| variable | now |", "|---|---|"]
+    out += [f"| `{old}` | renamed `{new}` |" for old, new in DEPRECATED_VARIABLES.items()]
+    out += [f"| `{var}` | {why} |" for var, why in INERT_VARIABLES.items()]
+    out += ["", "## Other `JAX_UB_*` variables", ""]
+    out += _paragraph("Not read by the package, and so never reported as unknown:")
+    out += [f"* `{var}`: {what}." for var, what in OTHER_VARIABLES.items()]
+    out += [f"* `{prefix}*`: the test launcher's, to its worker processes." for prefix in OTHER_PREFIXES]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jax_ub.config", description="jax_ub's settings.")
+    p.add_argument("--markdown", nargs="?", const="-", metavar="PATH",
+                   help=f"write the settings' documentation to PATH (stdout without one): `{REGENERATE}`")
+    a = p.parse_args(argv)
+    if a.markdown is None:
+        p.print_help()
+    elif a.markdown == "-":
+        sys.stdout.write(markdown())
+    else:
+        with open(a.markdown, "w", encoding="utf-8", newline="\n") as f:
+            f.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    from jax_ub import config as _config  # the module jax_ub imported, not this copy run as __main__
+
+    sys.exit(_config.main())
