@@ -225,7 +225,7 @@ void Watchdog::SetPeerProcess(int peer, const ProcessId& p) {
 
 Status Watchdog::TrackNccl(cudaStream_t xla, const char* op, uint64_t epoch) {
   // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s. The
-  // CUDA calls run without c_.mu_: an enqueue may block, and the judge must still take c_.mu_.
+  // CUDA calls run without the mutex: an enqueue may block, and the judge must still take the mutex.
   cudaEvent_t done = nullptr;
   {
     std::lock_guard<std::mutex> lock(c_.mu_);
@@ -394,7 +394,7 @@ void Watchdog::ReadProgress(bool with_flags, bool idle_read) {
   // read is due. The progress words come with every read; the peers' flags and the poison word
   // where there are any (not with the nccl transport).
   const int n = kNumFlagSlots * c_.o_.world;
-  if (reading_) {  // written by this thread only (with c_.mu_ held, for the judge)
+  if (reading_) {  // written by this thread only (with the mutex held, for the judge)
     const cudaError_t q = cudaEventQuery(read_done_);
     cudaGetLastError();
     if (q == cudaErrorNotReady) return;
@@ -414,7 +414,8 @@ void Watchdog::ReadProgress(bool with_flags, bool idle_read) {
   // Stamped before the copy is enqueued: a read that ran before some event never counts as
   // issued after it (CheckPeerProcesses' gate).
   const auto issued = Clock::now();
-  // c_.poison_ and c_.progress_ are adjacent: with the flags, the poison word comes in the same copy.
+  // The poison word and the progress words are adjacent: with the flags, the poison word comes
+  // in the same copy.
   if ((!with_flags || cudaMemcpyAsync(host_flags_, c_.flags_, n * sizeof(uint64_t),
                                       cudaMemcpyDeviceToHost, watch_) == cudaSuccess) &&
       cudaMemcpyAsync(host_flags_ + 2 * n + (with_flags ? 1 : 2), with_flags ? c_.poison_ : c_.progress_,
@@ -452,7 +453,7 @@ void Watchdog::PollNcclGpu() {
 void Watchdog::PollNcclAsync() {
   // Only while an op is pending and before any abort: a failure between ops shows up at the next
   // op's enqueue (NcclComm::Settle), which names it.
-  // (any_pending_ first: c_.nccl_ is attached before the first op, never while one is pending.)
+  // (any_pending_ first: nccl_ is attached before the first op, never while one is pending.)
   if (!any_pending_.load(std::memory_order_acquire) || c_.nccl_ == nullptr) return;
   const auto now = Clock::now();
   if (Seconds(now - async_polled_at_) < kAsyncPollS) return;
@@ -640,7 +641,7 @@ void Watchdog::CheckPeerProcesses() {
     }
   }
   for (const auto& [q, proc] : awaited) {
-    std::string gone = ProcessGone(proc);  // /proc reads, outside c_.mu_
+    std::string gone = ProcessGone(proc);  // /proc reads, outside the mutex
     if (gone.empty()) continue;
     std::lock_guard<std::mutex> lock(c_.mu_);
     peer_gone_[q] = StrCat() << "rank " << q << "'s process (pid " << proc.pid << ") " << gone;
@@ -771,7 +772,7 @@ void Watchdog::JudgeNccl(Clock::time_point now) {
                        "does every rank run the same sequence of jax_ub ops? The NCCL "
                        "communicator was aborted (timeout: JAX_UB_TIMEOUT)"
                     << ProgressRead(now);
-  // c_.error_ may already hold an op's own failure (Abandon): its NCCL work is still watched.
+  // The sticky error may already hold an op's own failure (Abandon): its NCCL work is still watched.
   ReportTimeout(msg, p.op, now);
   // Poison first (the op's check kernel then fails the XLA call), then abort NCCL: its blocked
   // kernels return and the stream moves on to the check. Both are the reader's.
