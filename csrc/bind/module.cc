@@ -82,8 +82,8 @@ Communicator* Get(int set_id, int device) {
   // keeps the object alive while they use it.
   Communicator* c = RegistryGet(set_id, device).get();
   if (c == nullptr) {
-    throw std::runtime_error(StrCat() << "no communicator for device " << device << " in set "
-                                      << set_id);
+    throw std::runtime_error(StrCat()
+                             << "no communicator for device " << device << " in set " << set_id);
   }
   return c;
 }
@@ -143,8 +143,8 @@ std::string CommConnectIpc(int set_id, int device, int peer, nb::bytes blob) {
 void CommInjectFailure(int set_id, int device, int what) {
   Failure f;
   if (!ToFailure(what, &f)) {
-    throw std::invalid_argument(StrCat() << "comm_inject_failure: what must be 0 to 4; got "
-                                         << what);
+    throw std::invalid_argument(StrCat()
+                                << "comm_inject_failure: what must be 0 to 4; got " << what);
   }
   Raise(InjectFailure(Get(set_id, device), f));
 }
@@ -186,8 +186,8 @@ nb::dict GemmWarmupBinding(int device, int64_t m, int64_t n, int64_t k, int dtyp
   return d;
 }
 
-std::pair<size_t, size_t> CopyCheckBinding(int device, size_t bytes, int dst_offset,
-                                           int src_offset, int max_blocks) {
+std::pair<size_t, size_t> CopyCheckBinding(int device, size_t bytes, int dst_offset, int src_offset,
+                                           int max_blocks) {
   if (dst_offset < 0 || dst_offset > 15 || src_offset < 0 || src_offset > 15) {
     throw std::invalid_argument(StrCat() << "copy_check: offsets must be in [0, 15]; got "
                                          << dst_offset << ", " << src_offset);
@@ -273,30 +273,43 @@ NB_MODULE(_jax_ub_cuda, m) {
   m.def("comm_export_ipc", &ub::CommExportIpc, arg("set_id"), arg("device"),
         "CUDA IPC handles of this member's buffer and flags (opaque bytes).");
   m.def("comm_connect_ipc", &ub::CommConnectIpc, arg("set_id"), arg("device"), arg("peer"),
-        arg("blob"), "Wires a peer of another process from its exported handles; returns why that "
+        arg("blob"),
+        "Wires a peer of another process from its exported handles; returns why that "
         "peer's process cannot be watched for an exit ('' where it can).");
-  m.def("comm_grow", [](int set_id, int device, size_t capacity) {
-    ub::Raise(ub::Get(set_id, device)->Grow(capacity));
-  }, arg("set_id"), arg("device"), arg("capacity"), nogil);
-  m.def("comm_capacity", [](int set_id, int device) { return ub::Get(set_id, device)->capacity(); },
-        arg("set_id"), arg("device"));
+  m.def(
+      "comm_grow",
+      [](int set_id, int device, size_t capacity) {
+        ub::Raise(ub::Get(set_id, device)->Grow(capacity));
+      },
+      arg("set_id"), arg("device"), arg("capacity"), nogil);
+  m.def(
+      "comm_capacity", [](int set_id, int device) { return ub::Get(set_id, device)->capacity(); },
+      arg("set_id"), arg("device"));
   m.def("comm_inject_failure", &ub::CommInjectFailure, arg("set_id"), arg("device"), arg("what"),
         "Test hook: the next op on this member fails before it begins (1) or right after (2); the "
         "watchdog's reader sits as if blocked in a CUDA call (3); the reader never copies the "
         "poison word to the GPU (4); 0 clears.");
-  m.def("comm_error", [](int set_id, int device) { return ub::Get(set_id, device)->error(); },
-        arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
-  m.def("comm_host_stats", [](int set_id, int device) {
-    const auto h = ub::Get(set_id, device)->host_stats();
-    return nb::make_tuple(h.ops, h.total_ns, h.meet_ns);
-  }, arg("set_id"), arg("device"),
-  "(ops, host ns enqueueing them in total, of which ns waiting for same-process peers) since "
-  "the member was created.");
-  m.def("comm_drain", [](int set_id) {
-    for (ub::Communicator* c : ub::RegistrySet(set_id)) ub::Raise(c->Drain());
-  }, arg("set_id"), nogil, "Waits (bounded) until every local member's streams are idle.");
-  m.def("comm_destroy_set", [](int set_id) { ub::Raise(ub::RegistryDestroySet(set_id)); },
-        arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
+  m.def(
+      "comm_error", [](int set_id, int device) { return ub::Get(set_id, device)->error(); },
+      arg("set_id"), arg("device"), "Sticky error of a member ('' when healthy).");
+  m.def(
+      "comm_host_stats",
+      [](int set_id, int device) {
+        const auto h = ub::Get(set_id, device)->host_stats();
+        return nb::make_tuple(h.ops, h.total_ns, h.meet_ns);
+      },
+      arg("set_id"), arg("device"),
+      "(ops, host ns enqueueing them in total, of which ns waiting for same-process peers) since "
+      "the member was created.");
+  m.def(
+      "comm_drain",
+      [](int set_id) {
+        for (ub::Communicator* c : ub::RegistrySet(set_id)) ub::Raise(c->Drain());
+      },
+      arg("set_id"), nogil, "Waits (bounded) until every local member's streams are idle.");
+  m.def(
+      "comm_destroy_set", [](int set_id) { ub::Raise(ub::RegistryDestroySet(set_id)); },
+      arg("set_id"), nogil, "Frees every local member of a set (drain and barrier first).");
   m.def("registry_size", &ub::RegistrySize);
   m.def("gemm_warmup", &ub::GemmWarmupBinding, arg("device"), arg("m"), arg("n"), arg("k"),
         arg("dtype"), arg("tf32"), arg("workspace_bytes"), arg("tune_candidates") = 0,

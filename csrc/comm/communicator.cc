@@ -92,7 +92,8 @@ Status Communicator::CreateMember(const Options& o, std::unique_ptr<Communicator
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->start_, cudaEventDisableTiming));
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&c->begun_, cudaEventDisableTiming));
   for (auto& e : c->join_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  for (auto& e : c->events_) JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : c->events_)
+    JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * o.world;
   // The peers' flags, the poison word, progress_[2], op_ids_[world].
   const size_t flag_words = n_flags + 3 + o.world;
@@ -144,13 +145,13 @@ Status Communicator::AllocBuffer(size_t capacity) {
   if (p == nullptr) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    return Status::Error(StrCat()
-                         << "could not allocate the " << capacity << "-byte registered buffer on "
-                         << "device " << o_.device << ": " << why << "; free "
-                         << free_b << " of " << total_b
-                         << " bytes. XLA preallocates 75% of GPU memory by default: set "
-                            "XLA_PYTHON_CLIENT_MEM_FRACTION lower (e.g. 0.6) or "
-                            "XLA_PYTHON_CLIENT_PREALLOCATE=false");
+    return Status::Error(StrCat() << "could not allocate the " << capacity
+                                  << "-byte registered buffer on "
+                                  << "device " << o_.device << ": " << why << "; free " << free_b
+                                  << " of " << total_b
+                                  << " bytes. XLA preallocates 75% of GPU memory by default: set "
+                                     "XLA_PYTHON_CLIENT_MEM_FRACTION lower (e.g. 0.6) or "
+                                     "XLA_PYTHON_CLIENT_PREALLOCATE=false");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);  // the watchdog's reader reads buffer_ under it
@@ -223,8 +224,7 @@ Status Communicator::Destroy() {
   if (!drained.ok()) {
     // A side stream still waits or copies: freeing its memory now could fault the GPU (or block
     // in cudaFree). Leave it all allocated; the process is expected to end.
-    return Status::Error(StrCat() << drained.message()
-                                  << "; its buffer, flags, streams"
+    return Status::Error(StrCat() << drained.message() << "; its buffer, flags, streams"
                                   << (o_.nccl ? " and NCCL communicator" : "")
                                   << " are left allocated");
   }
@@ -280,7 +280,8 @@ Status Communicator::Drain() {
   const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     bool busy = false;
-    for (int i = 0; i < o_.world; ++i) busy = busy || cudaStreamQuery(comm_[i]) == cudaErrorNotReady;
+    for (int i = 0; i < o_.world; ++i)
+      busy = busy || cudaStreamQuery(comm_[i]) == cudaErrorNotReady;
     for (auto s : compute_) busy = busy || cudaStreamQuery(s) == cudaErrorNotReady;
     cudaGetLastError();
     if (!busy) return Status::Ok();
@@ -305,9 +306,9 @@ Status Communicator::ConnectLocal(int peer, const Communicator& other) {
     int can = 0;
     JAX_UB_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, o_.device, other.device()));
     if (!can) {
-      return Status::Error(StrCat() << "GPU " << o_.device << " cannot access GPU "
-                                    << other.device()
-                                    << " (no P2P): use transport='nccl' for this group");
+      return Status::Error(StrCat()
+                           << "GPU " << o_.device << " cannot access GPU " << other.device()
+                           << " (no P2P): use transport='nccl' for this group");
     }
   }
   if (other.device() != o_.device && o_.local_only && other.o_.local_only) {
@@ -384,8 +385,7 @@ Status Communicator::AttachNccl(std::shared_ptr<NcclComm> n) {
     return Status::Error(StrCat() << Where(*this, "attach_nccl")
                                   << ": an NCCL communicator is attached already");
   }
-  if (n == nullptr || n->rank() != o_.rank || n->world() != o_.world ||
-      n->device() != o_.device) {
+  if (n == nullptr || n->rank() != o_.rank || n->world() != o_.world || n->device() != o_.device) {
     return Status::Error(StrCat() << Where(*this, "attach_nccl")
                                   << ": the NCCL communicator does not match (rank "
                                   << (n ? n->rank() : -1) << " of " << (n ? n->world() : -1)
@@ -442,8 +442,9 @@ Status Communicator::Begin(const char* op, cudaStream_t xla, uint64_t* epoch,
                            const std::string& what) {
   JAX_UB_RETURN_IF_ERROR(Usable());
   if (!Connected()) {
-    return Status::Error("communicator is not connected to all peers (jax_ub.initialize() "
-                         "did not complete on every rank)");
+    return Status::Error(
+        "communicator is not connected to all peers (jax_ub.initialize() "
+        "did not complete on every rank)");
   }
   if (!o_.nccl) JAX_UB_RETURN_IF_ERROR(HostMeet(epoch_ + 1, op));
   const uint64_t e = ++epoch_;
@@ -505,7 +506,8 @@ Status Communicator::HostMeet(uint64_t e, const char* op) {
     std::chrono::steady_clock::time_point t0;
     ~MeetTime() {
       into.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - t0).count(),
+                         std::chrono::steady_clock::now() - t0)
+                         .count(),
                      std::memory_order_relaxed);
     }
   } meet_time{host_meet_ns_, t0};
@@ -631,8 +633,7 @@ Status RegistryAdd(std::unique_ptr<Communicator> c) {
   if (r.comms.count(key)) {
     c->Destroy();  // never connected, never ran an op
     return Status::Error(StrCat() << "device " << c->device()
-                                  << " already has a communicator in set "
-                                  << c->options().set_id);
+                                  << " already has a communicator in set " << c->options().set_id);
   }
   c->watchdog().Start();
   r.comms[key] = std::move(c);

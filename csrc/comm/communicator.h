@@ -51,11 +51,11 @@ class NcclComm;
 class Communicator {
  public:
   struct Options {
-    int set_id = 0;   // which jax_ub.initialize() communicator set (FFI attribute)
-    int group = 0;    // TP group index within the set
-    int rank = 0;     // rank within the group
-    int world = 1;    // group size
-    int device = 0;   // process-local CUDA ordinal
+    int set_id = 0;  // which jax_ub.initialize() communicator set (FFI attribute)
+    int group = 0;  // TP group index within the set
+    int rank = 0;  // rank within the group
+    int world = 1;  // group size
+    int device = 0;  // process-local CUDA ordinal
     size_t capacity = 0;  // bytes of the registered buffer (grows with Grow)
     double timeout_s = 120.0;
     // Every peer lives in this process: buffer and flags are cuMem allocations mapped for the
@@ -207,7 +207,7 @@ class Communicator {
 
   Options o_;
   void* buffer_ = nullptr;
-  VmmAlloc buffer_vmm_, flags_vmm_;    // local_only allocations
+  VmmAlloc buffer_vmm_, flags_vmm_;  // local_only allocations
   // device: kNumFlagSlots * world, then the poison word, this GPU's two progress words and the
   // peers' op ids (world words).
   uint64_t* flags_ = nullptr;
@@ -237,8 +237,8 @@ class Communicator {
   // Recorded on comm(0) after Begin's handshake (done-reading waits, buffer-free signals). With
   // start_ it lets a timeout say how far this rank's GPU got, not only what its host enqueued.
   cudaEvent_t begun_ = nullptr;
-  uint64_t begun_epoch_ = 0;      // with mu_ held
-  const char* begun_op_ = "";     // with mu_ held
+  uint64_t begun_epoch_ = 0;  // with mu_ held
+  const char* begun_op_ = "";  // with mu_ held
   cudaEvent_t join_[kMaxWorld + kNumComputeStreams] = {};  // indexed like Use's bits
   cudaEvent_t events_[kNumEvents] = {};
   uint64_t epoch_ = 0;
@@ -247,13 +247,13 @@ class Communicator {
   int sms_ = 0;
   bool destroyed_ = false;
 
-  std::mutex op_mu_;       // op_mutex()
+  std::mutex op_mu_;  // op_mutex()
   // error_; buffer_ and capacity as they change; the watchdog's state (comm/watchdog.h)
   mutable std::mutex mu_;
   std::string error_;
   std::shared_ptr<NcclComm> nccl_;
-  const char* op_ = "";                  // op of the current Begin..End
-  Status Join(cudaStream_t xla);          // XLA's stream waits for every side stream the op used
+  const char* op_ = "";  // op of the current Begin..End
+  Status Join(cudaStream_t xla);  // XLA's stream waits for every side stream the op used
   // Inside an op: the stream waits for start_ on its first use (bit: comm i -> i, compute j ->
   // kMaxWorld + j); a failed wait is reported by End.
   cudaStream_t Use(cudaStream_t s, int bit) {
@@ -264,9 +264,9 @@ class Communicator {
     }
     return s;
   }
-  bool in_op_ = false;                // between Begin's start_ and the op's Join
-  uint32_t used_ = 0;                 // streams used by the current op (Use's bits)
-  uint32_t joined_ = 0;               // streams whose join_ events the latest Join recorded
+  bool in_op_ = false;  // between Begin's start_ and the op's Join
+  uint32_t used_ = 0;  // streams used by the current op (Use's bits)
+  uint32_t joined_ = 0;  // streams whose join_ events the latest Join recorded
   cudaError_t use_error_ = cudaSuccess;
   std::atomic<uint64_t> host_ops_{0}, host_total_ns_{0}, host_meet_ns_{0};
   std::atomic<int> inject_{kFailNone};
@@ -283,7 +283,8 @@ std::vector<Communicator*> RegistrySet(int set_id);
 Status RegistryDestroySet(int set_id);
 size_t RegistrySize();
 
-// Describes an op's failure on this communicator: "jax_ub <op> (set S group G rank R/W, device D): ..."
+// Describes an op's failure on this communicator: "jax_ub <op> (set S group G rank R/W, device D):
+// ..."
 std::string Where(const Communicator& c, const char* op);
 
 }  // namespace jax_ub

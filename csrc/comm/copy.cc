@@ -22,9 +22,8 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaStream_t str
     cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, attr_idx, 1, stream);
 #else  // CUDA 12.8 and 12.9: one more argument, the index of a failed copy
     size_t fail_idx = 0;
-    cudaError_t err =
-        cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 1, &attr, attr_idx, 1,
-                             &fail_idx, stream);
+    cudaError_t err = cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 1, &attr,
+                                           attr_idx, 1, &fail_idx, stream);
 #endif
     if (err == cudaSuccess) return err;
     cudaGetLastError();

@@ -62,7 +62,8 @@ std::vector<std::vector<int>> P2PMatrix() {
 
 Status DeviceMemory(int device, size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes = 0;
-  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
     cudaGetLastError();
     return Status::Error(StrCat() << "cudaMemGetInfo failed on device " << device);
   }

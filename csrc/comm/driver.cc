@@ -63,9 +63,9 @@ Status GetDriver(const Driver** out) {
 Status StreamWaitGeq(cudaStream_t s, const uint64_t* addr, uint64_t value) {
   const Driver* d = nullptr;
   JAX_UB_RETURN_IF_ERROR(GetDriver(&d));
-  CUresult r = d->StreamWaitValue64(reinterpret_cast<CUstream>(s),
-                                    reinterpret_cast<CUdeviceptr>(addr), value,
-                                    CU_STREAM_WAIT_VALUE_GEQ);
+  CUresult r =
+      d->StreamWaitValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                           value, CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS) {
     return Status::Error(StrCat() << "cuStreamWaitValue64 failed: " << CuError(d, r));
   }
@@ -75,9 +75,9 @@ Status StreamWaitGeq(cudaStream_t s, const uint64_t* addr, uint64_t value) {
 Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value) {
   const Driver* d = nullptr;
   JAX_UB_RETURN_IF_ERROR(GetDriver(&d));
-  CUresult r = d->StreamWriteValue64(reinterpret_cast<CUstream>(s),
-                                     reinterpret_cast<CUdeviceptr>(addr), value,
-                                     CU_STREAM_WRITE_VALUE_DEFAULT);
+  CUresult r =
+      d->StreamWriteValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                            value, CU_STREAM_WRITE_VALUE_DEFAULT);
   if (r != CUDA_SUCCESS) {
     return Status::Error(StrCat() << "cuStreamWriteValue64 failed: " << CuError(d, r));
   }
@@ -125,8 +125,8 @@ Status MemOps::Enqueue(cudaStream_t s) {
   CUresult r =
       d->StreamBatchMemOp(reinterpret_cast<CUstream>(s), static_cast<unsigned>(n), ops_, 0);
   if (r != CUDA_SUCCESS) {
-    return Status::Error(StrCat() << "cuStreamBatchMemOp (" << n << " operations) failed: "
-                                  << CuError(d, r));
+    return Status::Error(StrCat() << "cuStreamBatchMemOp (" << n
+                                  << " operations) failed: " << CuError(d, r));
   }
   return Status::Ok();
 }
@@ -174,7 +174,8 @@ Status VmmCreate(int device, size_t bytes, VmmAlloc* out) {
   r = d->MemAddressReserve(&a.ptr, a.size, gran, 0, 0);
   if (r != CUDA_SUCCESS) {
     d->MemRelease(a.handle);
-    return Status::Error(StrCat() << "cuMemAddressReserve(" << a.size << ") failed: " << CuError(d, r));
+    return Status::Error(StrCat() << "cuMemAddressReserve(" << a.size
+                                  << ") failed: " << CuError(d, r));
   }
   r = d->MemMap(a.ptr, a.size, 0, a.handle, 0);
   if (r != CUDA_SUCCESS) {

@@ -17,7 +17,8 @@ struct Driver {
   CUresult (*StreamBatchMemOp)(CUstream, unsigned int, CUstreamBatchMemOpParams*,
                                unsigned int) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
-  // Virtual memory management (buffers shared within one process without cudaDeviceEnablePeerAccess).
+  // Virtual memory management (buffers shared within one process without
+  // cudaDeviceEnablePeerAccess).
   CUresult (*MemCreate)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                         unsigned long long) = nullptr;
   CUresult (*MemRelease)(CUmemGenericAllocationHandle) = nullptr;
@@ -35,7 +36,8 @@ struct Driver {
 // Loaded once; returns an error naming the missing entry point.
 Status GetDriver(const Driver** out);
 
-// Stream-ordered 64-bit flag operations (0 SMs): wait until (int64)(*addr - value) >= 0; write value.
+// Stream-ordered 64-bit flag operations (0 SMs): wait until (int64)(*addr - value) >= 0; write
+// value.
 Status StreamWaitGeq(cudaStream_t s, const uint64_t* addr, uint64_t value);
 Status StreamWrite(cudaStream_t s, uint64_t* addr, uint64_t value);
 

@@ -69,9 +69,9 @@ struct Api {
     int v = 0;
     Result r = GetVersion(&v);
     if (r != nccl::kSuccess) {
-      return Status::Error(StrCat() << "jax_ub NCCL: ncclGetVersion failed in " << lib.path()
-                                    << ": " << GetErrorString(r) << " (" << static_cast<int>(r)
-                                    << ")");
+      return Status::Error(StrCat()
+                           << "jax_ub NCCL: ncclGetVersion failed in " << lib.path() << ": "
+                           << GetErrorString(r) << " (" << static_cast<int>(r) << ")");
     }
     version = v;
     return Status::Ok();
@@ -123,8 +123,8 @@ const char* ResultName(Result r) {
 // "ncclSystemError (2): <ncclGetErrorString>; NCCL last error: '<ncclGetLastError>'".
 std::string Describe(const Api* api, Result r, const std::string& last_error) {
   const char* text = api->GetErrorString ? api->GetErrorString(r) : nullptr;
-  return StrCat() << ResultName(r) << " (" << static_cast<int>(r) << "): "
-                  << (text ? text : "(no description)") << "; NCCL last error: '"
+  return StrCat() << ResultName(r) << " (" << static_cast<int>(r)
+                  << "): " << (text ? text : "(no description)") << "; NCCL last error: '"
                   << (last_error.empty() ? std::string("(none)") : last_error)
                   << "' (NCCL_DEBUG=INFO prints NCCL's own log)";
 }
@@ -217,8 +217,8 @@ Status NcclComm::Create(const std::string& unique_id, int rank, int world, int d
     return Status::Error(StrCat() << "jax_ub NCCL: invalid CUDA device for " << who);
   }
   if (!(timeout_s > 0)) {
-    return Status::Error(StrCat() << "jax_ub NCCL: timeout_s must be > 0 for " << who
-                                  << "; got " << timeout_s);
+    return Status::Error(StrCat() << "jax_ub NCCL: timeout_s must be > 0 for " << who << "; got "
+                                  << timeout_s);
   }
   if (unique_id.size() != nccl::kUniqueIdBytes) {
     return Status::Error(StrCat() << "jax_ub NCCL: the unique id given to " << who << " has "
@@ -255,8 +255,7 @@ Status NcclComm::Create(const std::string& unique_id, int rank, int world, int d
   };
   if (r != nccl::kSuccess && r != nccl::kInProgress) return failed(r);
   // Nonblocking: NCCL joins the ranks on its own thread; poll it here, bounded.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   Backoff backoff;
   for (;;) {
     Result state = nccl::kSuccess;
@@ -267,8 +266,8 @@ Status NcclComm::Create(const std::string& unique_id, int rank, int world, int d
     if (std::chrono::steady_clock::now() > deadline) {
       api->CommAbort(comm);
       return Status::Error(
-          StrCat() << "jax_ub NCCL: communicator creation timed out after " << timeout_s
-                   << " s on " << who << ": it waits until all " << world
+          StrCat() << "jax_ub NCCL: communicator creation timed out after " << timeout_s << " s on "
+                   << who << ": it waits until all " << world
                    << " ranks of the communicator have joined, and some never did. Every rank of "
                       "the group must call jax_ub.initialize() (same configuration, same unique "
                       "id), and the processes must reach rank 0's process over the network "
@@ -291,8 +290,7 @@ Status NcclComm::Fail(const char* call, Result r, const std::string& hint) const
 Status NcclComm::Usable(const char* call) const {
   if (comm_.load() != nullptr) return Status::Ok();
   const std::string dead = dead_reason();
-  return Status::Error(StrCat() << "jax_ub NCCL: " << call << " on "
-                                << Who(rank_, world_, device_)
+  return Status::Error(StrCat() << "jax_ub NCCL: " << call << " on " << Who(rank_, world_, device_)
                                 << ": the communicator is no longer usable: "
                                 << (dead.empty() ? std::string("destroyed") : dead));
 }
@@ -411,7 +409,8 @@ Status NcclComm::GroupEnd() {
   }
   // Always: NCCL's group depth is per thread, and a group left open would swallow the next one.
   Result r = GetApi()->GroupEnd();
-  Status st = r == nccl::kSuccess || r == nccl::kInProgress ? Status::Ok() : Fail("ncclGroupEnd", r);
+  Status st =
+      r == nccl::kSuccess || r == nccl::kInProgress ? Status::Ok() : Fail("ncclGroupEnd", r);
   group_.unlock();
   group_.release();
   if (!st.ok()) return st;
@@ -443,7 +442,8 @@ bool NcclComm::TryCheckAsync(std::string* error, int* code) {
     *error = Fail("ncclCommGetAsyncError", r).message();
     *code = static_cast<int>(r);
   } else if (async != nccl::kSuccess && async != nccl::kInProgress) {
-    *error = Fail("an NCCL operation in flight (reported by ncclCommGetAsyncError)", async).message();
+    *error =
+        Fail("an NCCL operation in flight (reported by ncclCommGetAsyncError)", async).message();
     *code = static_cast<int>(async);
   }
   return true;
@@ -458,8 +458,8 @@ Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double
   // in a collective the others skipped.
   const uint64_t n = data.size();
   std::string lengths;
-  JAX_UB_RETURN_IF_ERROR(GatherStaged(std::string(reinterpret_cast<const char*>(&n), sizeof(n)),
-                                      &lengths, timeout_s));
+  JAX_UB_RETURN_IF_ERROR(
+      GatherStaged(std::string(reinterpret_cast<const char*>(&n), sizeof(n)), &lengths, timeout_s));
   std::string differ;
   for (int q = 0; q < world_; ++q) {
     uint64_t len = 0;
@@ -468,9 +468,10 @@ Status NcclComm::AllGatherHost(const std::string& data, std::string* out, double
     if (len != n) differ += " (differs)";
   }
   if (differ.find("(differs)") != std::string::npos) {
-    return Status::Error(StrCat() << "jax_ub NCCL: host all-gather on " << Who(rank_, world_, device_)
-                                  << ": every rank must pass the same number of bytes; got "
-                                  << differ << " (a rank with 0 had nothing to send: see its error)");
+    return Status::Error(
+        StrCat() << "jax_ub NCCL: host all-gather on " << Who(rank_, world_, device_)
+                 << ": every rank must pass the same number of bytes; got " << differ
+                 << " (a rank with 0 had nothing to send: see its error)");
   }
   if (n == 0) return Status::Ok();
   return GatherStaged(data, out, timeout_s);
@@ -540,10 +541,10 @@ Status NcclComm::GatherStaged(const std::string& data, std::string* out, double 
     if (e != cudaErrorNotReady) {
       cudaGetLastError();
       AbortAfter("a CUDA error during ncclAllGather");
-      return Status::Error(StrCat() << "jax_ub NCCL: ncclAllGather of " << n << " bytes failed on "
-                                    << Who(rank_, world_, device_) << ": " << cudaGetErrorName(e)
-                                    << " (" << cudaGetErrorString(e)
-                                    << "); the communicator was aborted");
+      return Status::Error(StrCat()
+                           << "jax_ub NCCL: ncclAllGather of " << n << " bytes failed on "
+                           << Who(rank_, world_, device_) << ": " << cudaGetErrorName(e) << " ("
+                           << cudaGetErrorString(e) << "); the communicator was aborted");
     }
     Status async = CheckAsync();
     if (!async.ok()) {
@@ -551,12 +552,12 @@ Status NcclComm::GatherStaged(const std::string& data, std::string* out, double 
       return Status::Error(async.message() + "; the communicator was aborted");
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      std::string msg = StrCat()
-                        << "jax_ub NCCL: ncclAllGather of " << n << " bytes did not complete within "
-                        << timeout_s << " s on " << Who(rank_, world_, device_)
-                        << ": some rank of the communicator never took part. Every rank must make "
-                           "the same NCCL calls in the same order (did every process call "
-                           "jax_ub.initialize()?) (timeout: JAX_UB_TIMEOUT)";
+      std::string msg =
+          StrCat() << "jax_ub NCCL: ncclAllGather of " << n << " bytes did not complete within "
+                   << timeout_s << " s on " << Who(rank_, world_, device_)
+                   << ": some rank of the communicator never took part. Every rank must make "
+                      "the same NCCL calls in the same order (did every process call "
+                      "jax_ub.initialize()?) (timeout: JAX_UB_TIMEOUT)";
       AbortAfter(msg);
       return Status::Error(msg + "; the communicator was aborted");  // buffers leaked on purpose
     }
@@ -584,12 +585,14 @@ Status NcclComm::Destroy() {
   Api* api = GetApi();
   Result async = nccl::kSuccess;
   Result q = api->CommGetAsyncError(comm, &async);
-  const bool broken = q != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress);
+  const bool broken =
+      q != nccl::kSuccess || (async != nccl::kSuccess && async != nccl::kInProgress);
   Result r = broken ? api->CommAbort(comm) : api->CommDestroy(comm);
   dead_ = "destroyed";
   if (r != nccl::kSuccess && r != nccl::kInProgress) {
-    return Status::Error(StrCat() << "jax_ub NCCL: " << (broken ? "ncclCommAbort" : "ncclCommDestroy")
-                                  << " failed on " << Who(rank_, world_, device_) << ": "
+    return Status::Error(StrCat() << "jax_ub NCCL: "
+                                  << (broken ? "ncclCommAbort" : "ncclCommDestroy") << " failed on "
+                                  << Who(rank_, world_, device_) << ": "
                                   << Describe(api, r, LastError(api, nullptr)));
   }
   return Status::Ok();

@@ -75,7 +75,7 @@ ProcessId ThisProcess() {
   // /proc mount): its entry for our pid must be us. Else the start time stays unknown, and the
   // peers never check this process.
   if (ReadStat(me.pid, &own, &state, &start) == 1 && own == me.pid) me.start_ticks = start;
-  struct stat st {};
+  struct stat st{};
   if (stat("/proc/self/ns/pid", &st) == 0) {
     me.pidns_dev = static_cast<uint64_t>(st.st_dev);
     me.pidns_ino = static_cast<uint64_t>(st.st_ino);

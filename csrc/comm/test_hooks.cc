@@ -18,9 +18,7 @@ static_assert(static_cast<int>(Failure::kNone) == Communicator::kFailNone &&
 bool ToFailure(int what, Failure* out) {
   switch (what) {
 #define JAX_UB_FAILURE_CASE(name, text, value) \
-  case value:                                  \
-    *out = Failure::name;                      \
-    return true;
+  case value: *out = Failure::name; return true;
     JAX_UB_FAILURES(JAX_UB_FAILURE_CASE)
 #undef JAX_UB_FAILURE_CASE
   }
@@ -29,23 +27,15 @@ bool ToFailure(int what, Failure* out) {
 
 Status InjectFailure(Communicator* c, Failure what) {
   switch (what) {
-    case Failure::kStallWatchdog:
-      c->watchdog().StallReader(true);
-      return Status::Ok();
-    case Failure::kDropPoison:
-      c->watchdog().DropPoison(true);
-      return Status::Ok();
+    case Failure::kStallWatchdog: c->watchdog().StallReader(true); return Status::Ok();
+    case Failure::kDropPoison: c->watchdog().DropPoison(true); return Status::Ok();
     case Failure::kNone:
       c->watchdog().StallReader(false);
       c->watchdog().DropPoison(false);
       c->Inject(Communicator::kFailNone);
       return Status::Ok();
-    case Failure::kBefore:
-      c->Inject(Communicator::kFailCheck);
-      return Status::Ok();
-    case Failure::kAfter:
-      c->Inject(Communicator::kFailBody);
-      return Status::Ok();
+    case Failure::kBefore: c->Inject(Communicator::kFailCheck); return Status::Ok();
+    case Failure::kAfter: c->Inject(Communicator::kFailBody); return Status::Ok();
   }
   return Status::Error("comm_inject_failure: unknown failure");
 }

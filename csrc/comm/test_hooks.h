@@ -14,9 +14,12 @@ class Communicator;
 // comm_inject_failure's `what`: the next op on the member fails before it begins (kBefore) or right
 // after (kAfter); the watchdog's reader sits as if blocked in a CUDA call (kStallWatchdog); the
 // reader never copies the poison word to the GPU (kDropPoison); kNone clears them all.
-#define JAX_UB_FAILURES(X)                                                           \
-  X(kNone, "none", 0) X(kBefore, "before", 1) X(kAfter, "after", 2)                  \
-  X(kStallWatchdog, "stall_watchdog", 3) X(kDropPoison, "drop_poison", 4)
+#define JAX_UB_FAILURES(X)               \
+  X(kNone, "none", 0)                    \
+  X(kBefore, "before", 1)                \
+  X(kAfter, "after", 2)                  \
+  X(kStallWatchdog, "stall_watchdog", 3) \
+  X(kDropPoison, "drop_poison", 4)
 enum class Failure : int { JAX_UB_FAILURES(JAX_UB_ENUMERATOR) };
 // false where `what` names no Failure.
 bool ToFailure(int what, Failure* out);

@@ -153,9 +153,8 @@ std::vector<TraceRecord> TraceCollect() {
 }
 
 const char* CommLabel(int i) {
-  static const char* kNames[kMaxWorld] = {"comm0",  "comm1",  "comm2",  "comm3",
-                                          "comm4",  "comm5",  "comm6",  "comm7",
-                                          "comm8",  "comm9",  "comm10", "comm11",
+  static const char* kNames[kMaxWorld] = {"comm0",  "comm1",  "comm2",  "comm3", "comm4",  "comm5",
+                                          "comm6",  "comm7",  "comm8",  "comm9", "comm10", "comm11",
                                           "comm12", "comm13", "comm14", "comm15"};
   return i >= 0 && i < kMaxWorld ? kNames[i] : "comm?";
 }

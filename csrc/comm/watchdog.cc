@@ -127,8 +127,8 @@ Status Watchdog::Create() {
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&poisoned_, cudaEventDisableTiming));
   JAX_UB_CUDA_RETURN(cudaEventCreateWithFlags(&released_, cudaEventDisableTiming));
   const size_t n_flags = kNumFlagSlots * world;
-  JAX_UB_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&host_flags_),
-                                    (2 * n_flags + 4) * sizeof(uint64_t)));
+  JAX_UB_CUDA_RETURN(
+      cudaMallocHost(reinterpret_cast<void**>(&host_flags_), (2 * n_flags + 4) * sizeof(uint64_t)));
   std::memset(host_flags_, 0, (2 * n_flags + 4) * sizeof(uint64_t));
   host_flags_[2 * n_flags] = PoisonValue(c_.o_.rank);
   return Status::Ok();
@@ -225,7 +225,8 @@ void Watchdog::SetPeerProcess(int peer, const ProcessId& p) {
 
 Status Watchdog::TrackNccl(cudaStream_t xla, const char* op, uint64_t epoch) {
   // The watchdog follows this op to completion and aborts NCCL if it takes over timeout_s. The
-  // CUDA calls run without the mutex: an enqueue may block, and the judge must still take the mutex.
+  // CUDA calls run without the mutex: an enqueue may block, and the judge must still take the
+  // mutex.
   cudaEvent_t done = nullptr;
   {
     std::lock_guard<std::mutex> lock(c_.mu_);
@@ -262,8 +263,8 @@ void Watchdog::PollGpu() {
   {
     std::lock_guard<std::mutex> lock(c_.mu_);
     if (c_.buffer_ == nullptr) return;
-    idle_read = !c_.o_.nccl && !gave_up_reported_ &&
-                Seconds(Clock::now() - read_issued_) >= kIdleReadS;
+    idle_read =
+        !c_.o_.nccl && !gave_up_reported_ && Seconds(Clock::now() - read_issued_) >= kIdleReadS;
     if (!any_pending_.load(std::memory_order_acquire) && release_landed_ == release_requested_ &&
         !reading_ && !idle_read) {
       return;
@@ -418,9 +419,9 @@ void Watchdog::ReadProgress(bool with_flags, bool idle_read) {
   // in the same copy.
   if ((!with_flags || cudaMemcpyAsync(host_flags_, c_.flags_, n * sizeof(uint64_t),
                                       cudaMemcpyDeviceToHost, watch_) == cudaSuccess) &&
-      cudaMemcpyAsync(host_flags_ + 2 * n + (with_flags ? 1 : 2), with_flags ? c_.poison_ : c_.progress_,
-                      (with_flags ? 3 : 2) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                      watch_) == cudaSuccess &&
+      cudaMemcpyAsync(
+          host_flags_ + 2 * n + (with_flags ? 1 : 2), with_flags ? c_.poison_ : c_.progress_,
+          (with_flags ? 3 : 2) * sizeof(uint64_t), cudaMemcpyDeviceToHost, watch_) == cudaSuccess &&
       cudaEventRecord(read_done_, watch_) == cudaSuccess) {
     std::lock_guard<std::mutex> lock(c_.mu_);
     reading_ = true;
@@ -541,8 +542,8 @@ std::string Watchdog::FlagReadAge(Clock::time_point now) const {
   for (int slot = 0; slot < kNumFlagSlots; ++slot) {
     for (int q = 0; q < c_.o_.world; ++q) {
       if (q != c_.o_.rank) {
-        out << " " << SlotName(slot) << "[" << q << "]="
-            << FlagValue(slot, snapshot_[slot * c_.o_.world + q]);
+        out << " " << SlotName(slot) << "[" << q
+            << "]=" << FlagValue(slot, snapshot_[slot * c_.o_.world + q]);
       }
     }
   }
@@ -575,14 +576,14 @@ void Watchdog::JudgeMismatch() {
     for (int i = 7; i >= 0; --i) out += hex[(v >> (4 * i)) & 0xf];
     return out;
   };
-  std::string msg = StrCat()
-                    << Where(c_, "op check") << ": rank " << peer << " ran another op at epoch "
-                    << e << " (its op id " << id(theirs & 0xffffffffu) << ", this rank's "
-                    << id(mine & 0xffffffffu) << ": " << OpText(e)
-                    << "). Every rank must run the same sequence of jax_ub ops with the same "
-                       "shapes, dtypes and methods (rank-dependent Python control flow, or a "
-                       "tuning file that differs between hosts, breaks that); the call was failed "
-                       "on the GPU, as its data may be another op's";
+  std::string msg =
+      StrCat() << Where(c_, "op check") << ": rank " << peer << " ran another op at epoch " << e
+               << " (its op id " << id(theirs & 0xffffffffu) << ", this rank's "
+               << id(mine & 0xffffffffu) << ": " << OpText(e)
+               << "). Every rank must run the same sequence of jax_ub ops with the same "
+                  "shapes, dtypes and methods (rank-dependent Python control flow, or a "
+                  "tuning file that differs between hosts, breaks that); the call was failed "
+                  "on the GPU, as its data may be another op's";
   Announce(msg);
 }
 
@@ -707,16 +708,16 @@ void Watchdog::Judge() {
         still = true;
         continue;
       }
-      std::string msg = StrCat()
-                        << Where(c_, p.op) << ": timed out after " << waited
-                        << " s without progress waiting for rank " << q << " (" << SlotName(slot)
-                        << " signal for " << FlagValue(slot, p.want) << "; last seen "
-                        << FlagValue(slot, have)
-                        << "). The peer never arrived: is its process alive, and does every "
-                           "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
-                        << (peer_gone_[q].empty() ? std::string()
-                                                  : " [" + peer_gone_[q] + ", as /proc shows]")
-                        << FlagReadAge(now);
+      std::string msg =
+          StrCat() << Where(c_, p.op) << ": timed out after " << waited
+                   << " s without progress waiting for rank " << q << " (" << SlotName(slot)
+                   << " signal for " << FlagValue(slot, p.want) << "; last seen "
+                   << FlagValue(slot, have)
+                   << "). The peer never arrived: is its process alive, and does every "
+                      "rank run the same sequence of jax_ub ops? (timeout: JAX_UB_TIMEOUT)"
+                   << (peer_gone_[q].empty() ? std::string()
+                                             : " [" + peer_gone_[q] + ", as /proc shows]")
+                   << FlagReadAge(now);
       ReportTimeout(msg, p.op, now);
       // The reader releases the waiting stream with a marked value, after the poison word.
       host_flags_[n + slot * c_.o_.world + q] = p.want + kTimeoutMark;
@@ -740,9 +741,9 @@ void Watchdog::JudgeNccl(Clock::time_point now) {
     // connection goes away (an internal or CUDA error is more likely this rank's own).
     const bool remote =
         nccl_async_code_ == nccl::kRemoteError || nccl_async_code_ == nccl::kSystemError;
-    ReportTimeout(StrCat() << Where(c_, p.op) << ": NCCL failed while this op (epoch "
-                           << p.epoch << ") waited in send/recv, after "
-                           << Seconds(now - p.since) << " s: " << nccl_async_error_ << ". "
+    ReportTimeout(StrCat() << Where(c_, p.op) << ": NCCL failed while this op (epoch " << p.epoch
+                           << ") waited in send/recv, after " << Seconds(now - p.since)
+                           << " s: " << nccl_async_error_ << ". "
                            << (remote ? "A peer's process has probably exited or lost its "
                                         "connection (its own log says why). "
                                       : "")
@@ -765,14 +766,15 @@ void Watchdog::JudgeNccl(Clock::time_point now) {
   for (int r = 0; r < c_.o_.world; ++r) {
     if (r != c_.o_.rank) peers += (peers.empty() ? "" : ", ") + std::to_string(r);
   }
-  std::string msg = StrCat()
-                    << Where(c_, p.op) << ": timed out after " << waited
-                    << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
-                    << "); NCCL cannot say which peer is missing. Is every process alive, and "
-                       "does every rank run the same sequence of jax_ub ops? The NCCL "
-                       "communicator was aborted (timeout: JAX_UB_TIMEOUT)"
-                    << ProgressRead(now);
-  // The sticky error may already hold an op's own failure (Abandon): its NCCL work is still watched.
+  std::string msg =
+      StrCat() << Where(c_, p.op) << ": timed out after " << waited
+               << " s in NCCL send/recv with ranks " << peers << " (epoch " << p.epoch
+               << "); NCCL cannot say which peer is missing. Is every process alive, and "
+                  "does every rank run the same sequence of jax_ub ops? The NCCL "
+                  "communicator was aborted (timeout: JAX_UB_TIMEOUT)"
+               << ProgressRead(now);
+  // The sticky error may already hold an op's own failure (Abandon): its NCCL work is still
+  // watched.
   ReportTimeout(msg, p.op, now);
   // Poison first (the op's check kernel then fails the XLA call), then abort NCCL: its blocked
   // kernels return and the stream moves on to the check. Both are the reader's.

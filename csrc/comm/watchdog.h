@@ -120,7 +120,7 @@ class Watchdog {
   void CheckReleasesLanded();
   // While a wait is at least half way to its timeout, at most every 200 ms: GpuState().
   void RefreshGpuState();
-  void PollNcclGpu();    // pops the nccl ops that completed
+  void PollNcclGpu();  // pops the nccl ops that completed
   void PollNcclAsync();  // NCCL's asynchronous error, while ops pend
   // The progress words (and the flags and poison word) from the GPU, while a wait or op is
   // pending, or `idle_read`.
@@ -144,12 +144,12 @@ class Watchdog {
   std::string GaveUpMessage(uint64_t word) const;
   std::string FlagReadAge(Clock::time_point now) const;
   std::string ProgressRead(Clock::time_point now) const;  // nccl
-  std::string OpText(uint64_t e) const;   // op_texts_'s entry for epoch e
+  std::string OpText(uint64_t e) const;  // op_texts_'s entry for epoch e
   void Announce(const std::string& msg);  // to stderr, and the sticky error if still empty
 
   Communicator& c_;
 
-  cudaStream_t watch_ = nullptr;    // flag reads
+  cudaStream_t watch_ = nullptr;  // flag reads
   cudaStream_t release_ = nullptr;  // releases after a timeout
   cudaEvent_t read_done_ = nullptr;
   cudaEvent_t released_ = nullptr;  // recorded on release_ after a batch of releases
@@ -161,7 +161,7 @@ class Watchdog {
   // Reader-only state.
   bool release_recorded_ = false;  // released_ covers requests up to release_issued_
   uint64_t release_issued_ = 0;
-  bool nccl_poisoning_ = false;    // poison copy issued, abort on a later poll
+  bool nccl_poisoning_ = false;  // poison copy issued, abort on a later poll
   Clock::time_point poisoned_at_{};
   Clock::time_point async_polled_at_{};
   std::mutex reader_mu_;  // PollGpu: the reader thread, or Drain's
@@ -172,8 +172,8 @@ class Watchdog {
   // flags) is told apart from a peer that never signalled.
   uint64_t snapshot_[kNumFlagSlots * kMaxWorld] = {};
   uint64_t progress_snapshot_[2] = {};  // the progress words as of the same read
-  uint64_t poison_snapshot_ = 0;        // the poison word as of the same read
-  bool gave_up_reported_ = false;       // JudgeGaveUp has reported a peer's poison
+  uint64_t poison_snapshot_ = 0;  // the poison word as of the same read
+  bool gave_up_reported_ = false;  // JudgeGaveUp has reported a peer's poison
   bool reading_ = false;  // a read is in flight (written by the reader only)
   Clock::time_point last_fresh_{}, read_issued_{};
   // When the read behind the latest snapshot was issued (the judge trusts a "not arrived" only
@@ -209,8 +209,8 @@ class Watchdog {
   PendingWait pending_[kNumFlagSlots][kMaxWorld];
   std::deque<PendingOp> nccl_pending_;
   std::vector<cudaEvent_t> nccl_events_;  // free completion events
-  bool nccl_aborted_ = false;             // the reader aborted NCCL
-  bool nccl_abort_requested_ = false;     // the judge timed an op out
+  bool nccl_aborted_ = false;  // the reader aborted NCCL
+  bool nccl_abort_requested_ = false;  // the judge timed an op out
   // NCCL's asynchronous error (a peer's process died, its connection broke), polled by the reader
   // while an op is pending, at most every kAsyncPollS; reported by the judge.
   std::string nccl_async_error_;

@@ -1,5 +1,6 @@
-// Run-time loading of the NVIDIA libraries that jax itself ships (nvidia-cublas, nvidia-nccl wheels),
-// so one build of jax_ub works with the CUDA 12 and CUDA 13 jax packages and links no system library.
+// Run-time loading of the NVIDIA libraries that jax itself ships (nvidia-cublas, nvidia-nccl
+// wheels), so one build of jax_ub works with the CUDA 12 and CUDA 13 jax packages and links no
+// system library.
 #pragma once
 
 #include <string>

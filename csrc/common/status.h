@@ -5,8 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace jax_ub {
@@ -71,20 +71,19 @@ class StrCat {
 #define JAX_UB_WHERE __FILE__ ":" JAX_UB_STRINGIFY(__LINE__)
 
 // Returns a Status naming the call, the CUDA error and file:line when a CUDA runtime call fails.
-#define JAX_UB_CUDA_RETURN(expr)                                                               \
-  do {                                                                                         \
-    cudaError_t jax_ub_err_ = (expr);                                                          \
-    if (jax_ub_err_ != cudaSuccess) {                                                          \
-      return ::jax_ub::Status::Error(::jax_ub::StrCat()                                        \
-                                     << #expr << " failed: " << cudaGetErrorName(jax_ub_err_)  \
-                                     << " (" << cudaGetErrorString(jax_ub_err_) << ") at "     \
-                                     << JAX_UB_WHERE);                                         \
-    }                                                                                          \
+#define JAX_UB_CUDA_RETURN(expr)                                                              \
+  do {                                                                                        \
+    cudaError_t jax_ub_err_ = (expr);                                                         \
+    if (jax_ub_err_ != cudaSuccess) {                                                         \
+      return ::jax_ub::Status::Error(                                                         \
+          ::jax_ub::StrCat() << #expr << " failed: " << cudaGetErrorName(jax_ub_err_) << " (" \
+                             << cudaGetErrorString(jax_ub_err_) << ") at " << JAX_UB_WHERE);  \
+    }                                                                                         \
   } while (0)
 
 // Propagates a failed Status, prefixing context.
-#define JAX_UB_RETURN_IF_ERROR(expr)       \
-  do {                                     \
-    ::jax_ub::Status jax_ub_st_ = (expr);  \
+#define JAX_UB_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::jax_ub::Status jax_ub_st_ = (expr);    \
     if (!jax_ub_st_.ok()) return jax_ub_st_; \
   } while (0)

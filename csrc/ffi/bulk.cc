@@ -19,18 +19,18 @@ namespace {
 ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer ga,
                        ffi::AnyBuffer gb, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::AnyBuffer> gy, ffi::Result<ffi::AnyBuffer> ws,
-                       int64_t set_id, int32_t kind, int32_t algo, bool tf32,
-                       int32_t side_sms, int64_t side_rows) {
-  const char* op = kind == static_cast<int32_t>(BulkKind::kReduceScatter) ? "bulk_reduce_scatter" : "bulk_all_gather";
+                       int64_t set_id, int32_t kind, int32_t algo, bool tf32, int32_t side_sms,
+                       int64_t side_rows) {
+  const bool rs = kind == static_cast<int32_t>(BulkKind::kReduceScatter);
+  const char* op = rs ? "bulk_reduce_scatter" : "bulk_all_gather";
   std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   BulkArgs a;
-  a.reduce_scatter = kind == static_cast<int32_t>(BulkKind::kReduceScatter);
+  a.reduce_scatter = rs;
   const int sms = side_sms > 0 && side_sms < c->sms() ? side_sms : 0;
   if (a.reduce_scatter) {
-    if (auto e = DecodeRs(op, c, x, nullptr, &*out, nullptr, nullptr, algo, false, 4 * sms,
-                          &a.rs);
+    if (auto e = DecodeRs(op, c, x, nullptr, &*out, nullptr, nullptr, algo, false, 4 * sms, &a.rs);
         e.failure()) {
       return e;
     }
@@ -41,16 +41,14 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   if (!a.reduce_scatter) a.ag.copy_blocks = sms;
   const auto ad = ga.dimensions(), bd = gb.dimensions(), yd = gy->dimensions();
   DType gt;
-  if (auto e = Check(op, *c,
-                     ad.size() == 2 && bd.size() == 2 && yd.size() == 2 && ad[1] == bd[0] &&
-                         yd[0] == ad[0] && yd[1] == bd[1] &&
-                         ga.element_type() == gb.element_type() &&
-                         gy->element_type() == ga.element_type() &&
-                         ToDType(ga.element_type(), &gt),
-                     StrCat() << "the GEMM operands must be a[m, k] @ b[k, n] -> [m, n] of one "
-                                 "float dtype; got a "
-                              << Describe(ga) << ", b " << Describe(gb) << ", result "
-                              << Describe(*gy));
+  if (auto e =
+          Check(op, *c,
+                ad.size() == 2 && bd.size() == 2 && yd.size() == 2 && ad[1] == bd[0] &&
+                    yd[0] == ad[0] && yd[1] == bd[1] && ga.element_type() == gb.element_type() &&
+                    gy->element_type() == ga.element_type() && ToDType(ga.element_type(), &gt),
+                StrCat() << "the GEMM operands must be a[m, k] @ b[k, n] -> [m, n] of one "
+                            "float dtype; got a "
+                         << Describe(ga) << ", b " << Describe(gb) << ", result " << Describe(*gy));
       e.failure()) {
     return e;
   }
@@ -74,6 +72,7 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
 
 }  // namespace
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbBulk, BulkExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -85,10 +84,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbBulk, BulkExecute,
                                   .Ret<ffi::AnyBuffer>()         // a @ b
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("kind")         // BulkKind: 0 all-gather, 1 reduce-scatter
+                                  .Attr<int32_t>("kind")         // BulkKind (0 ag, 1 rs)
                                   .Attr<int32_t>("algo")         // AgAlgo / RsAlgo
                                   .Attr<bool>("tf32")            // float32 GEMM may use TF32
                                   .Attr<int32_t>("side_sms")     // SMs left to the collective
                                   .Attr<int64_t>("side_rows"));  // by the GEMM's first rows
+// clang-format on
 
 }  // namespace jax_ub

@@ -38,8 +38,8 @@ ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ff
   for (size_t i = 0; i + 1 < cd.size(); ++i) c_rows *= cd[i];
   if (kb != k || c_rows != m || cd[cd.size() - 1] != n) {
     return InvalidArgument(StrCat() << "jax_ub_gemm: shape mismatch: op(a) is [" << m << ", " << k
-                                    << "], op(b) is [" << kb << ", " << n << "], c has "
-                                    << c_rows << " rows and " << cd[cd.size() - 1] << " columns");
+                                    << "], op(b) is [" << kb << ", " << n << "], c has " << c_rows
+                                    << " rows and " << cd[cd.size() - 1] << " columns");
   }
   if (m == 0 || n == 0) return ffi::Error::Success();
   if (k == 0) {
@@ -70,6 +70,7 @@ ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ff
 
 // Not kCmdBufferCompatible: the plan lookup takes a host lock and may build a plan on first use,
 // which must not be frozen into a CUDA graph.
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -81,5 +82,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
                                   .Attr<bool>("trans_a")            // a is stored [k, m]
                                   .Attr<bool>("trans_b")            // b is stored [n, k]
                                   .Attr<bool>("tf32"));             // allow TF32 for float32
+// clang-format on
 
 }  // namespace jax_ub

@@ -16,21 +16,23 @@ namespace {
 
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t pieces = 1, bool merge = false) {
+                  ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32, int32_t pieces = 1,
+                  bool merge = false) {
   std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   AgGemmArgs a;
   if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
   if (pieces < 1 || pieces > kMaxChainPieces || a.m % pieces != 0) {
-    return Check(op, *c, false, StrCat() << "pieces must be in [1, " << kMaxChainPieces
-                                          << "] and divide the local rows " << a.m << "; got "
-                                          << pieces);
+    return Check(op, *c, false,
+                 StrCat() << "pieces must be in [1, " << kMaxChainPieces
+                          << "] and divide the local rows " << a.m << "; got " << pieces);
   }
   if (merge && (a.algo != AgAlgo::kPush || pieces != 1)) {
-    return Check(op, *c, false, StrCat() << "merge applies to the push algorithm without pieces; "
-                                            "got algorithm " << algo << ", pieces " << pieces);
+    return Check(op, *c, false,
+                 StrCat() << "merge applies to the push algorithm without pieces; "
+                             "got algorithm "
+                          << algo << ", pieces " << pieces);
   }
   a.pieces = pieces;
   a.merge = merge;
@@ -52,8 +54,8 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> xg,
-                         ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo,
-                         bool tf32, int32_t pieces, bool merge) {
+                         ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
+                         int32_t pieces, bool merge) {
   return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
                 pieces, merge);
 }
@@ -72,8 +74,8 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   GemmRsArgs a;
-  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits,
-                        split_cols);
+  if (auto e =
+          DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits, split_cols);
       e.failure()) {
     return e;
   }
@@ -93,8 +95,8 @@ ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> staging,
                          ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
                          int32_t reduce_blocks, int32_t splits, bool split_cols) {
-  return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id,
-                algo, tf32, reduce_blocks, splits, split_cols);
+  return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id, algo,
+                tf32, reduce_blocks, splits, split_cols);
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -106,6 +108,7 @@ ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuf
 
 }  // namespace
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -116,11 +119,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Ret<ffi::AnyBuffer>()         // xg: [world*m, k] gathered x
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("algo")         // AgAlgo: 0 ring, 1 all_peer, 2 push
+                                  .Attr<int32_t>("algo")         // AgAlgo (ring, all_peer, push)
                                   .Attr<bool>("tf32")            // float32 may use TF32
-                                  .Attr<int32_t>("pieces")       // push: row pieces of the last chunk
-                                  .Attr<bool>("merge"));         // push: peers' chunks in <= 2 GEMMs
+                                  .Attr<int32_t>("pieces")       // push: row pieces of last chunk
+                                  .Attr<bool>("merge"));         // push: peers' chunks, <= 2 GEMMs
+// clang-format on
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -129,7 +134,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAllGather, AllGatherExecute,
                                   .Ret<ffi::AnyBuffer>()         // xg: [world*m, k]
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo"));       // AgAlgo
+// clang-format on
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -140,12 +147,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Ret<ffi::AnyBuffer>()         // staging for peers' partials
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
-                                  .Attr<int32_t>("algo")         // RsAlgo: 0 ring, 1 pipeline, 2 chain, 3 columns
+                                  .Attr<int32_t>("algo")         // RsAlgo (ring, ..., columns)
                                   .Attr<bool>("tf32")            // float32 may use TF32
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
-                                  .Attr<int32_t>("splits")       // pieces per peer partial (1, 2; chain 1-4; columns 1-8)
+                                  .Attr<int32_t>("splits")       // per peer partial: 1-2,
+                                                                 // chain 1-4, columns 1-8
                                   .Attr<bool>("split_cols"));    // chain: column pieces
+// clang-format on
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
@@ -155,6 +165,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbReduceScatter, ReduceScatterExecute,
                                   .Attr<int64_t>("set_id")       // jax_ub.initialize() set
                                   .Attr<int32_t>("algo")         // RsAlgo
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
-                                  .Attr<int32_t>("splits"));     // row pieces, each summed on arrival (1-8)
+                                  .Attr<int32_t>("splits"));     // row pieces, each summed on
+// clang-format on
+// arrival (1-8)
 
 }  // namespace jax_ub

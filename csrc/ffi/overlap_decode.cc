@@ -38,13 +38,13 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
   const int world = c->world();
   // A gathered result with no rows: the caller does not want it (AG->GEMM with push or nccl).
   const bool skip_xg = w != nullptr && gr.rows == 0;
-  if (auto e = Check(op, *c,
-                     (skip_xg || (gr.rows == xr.rows * world &&
-                                  xg->element_type() == x.element_type())) &&
-                         gr.cols == xr.cols,
-                     StrCat() << "gathered result is " << Describe(*xg) << ", expected "
-                              << xr.rows * world << " rows of " << xr.cols << " "
-                              << DTypeName(t) << " (x is " << Describe(x) << ")");
+  if (auto e = Check(
+          op, *c,
+          (skip_xg || (gr.rows == xr.rows * world && xg->element_type() == x.element_type())) &&
+              gr.cols == xr.cols,
+          StrCat() << "gathered result is " << Describe(*xg) << ", expected " << xr.rows * world
+                   << " rows of " << xr.cols << " " << DTypeName(t) << " (x is " << Describe(x)
+                   << ")");
       e.failure()) {
     return e;
   }
@@ -63,13 +63,12 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
     const auto wd = w->dimensions();
     const Rows yr = Fold(y->dimensions());
     if (auto e = Check(op, *c,
-                       wd.size() == 2 && wd[0] == xr.cols && w->element_type() == x.element_type() &&
-                           yr.rows == xr.rows * world && yr.cols == wd[1] &&
-                           y->element_type() == x.element_type(),
+                       wd.size() == 2 && wd[0] == xr.cols &&
+                           w->element_type() == x.element_type() && yr.rows == xr.rows * world &&
+                           yr.cols == wd[1] && y->element_type() == x.element_type(),
                        StrCat() << "w must be [" << xr.cols << ", n] and y [" << xr.rows * world
                                 << " rows, n], both " << DTypeName(t) << " like x; got x "
-                                << Describe(x) << ", w " << Describe(*w) << ", y "
-                                << Describe(*y));
+                                << Describe(x) << ", w " << Describe(*w) << ", y " << Describe(*y));
         e.failure()) {
       return e;
     }
@@ -99,15 +98,15 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   const Rows xr = Fold(x.dimensions());
   const Rows yr = Fold(y->dimensions());
   const int world = c->world();
-  const int64_t n = w != nullptr ? (w->dimensions().size() == 2 ? w->dimensions()[1] : -1)
-                                 : xr.cols;
+  const int64_t n =
+      w != nullptr ? (w->dimensions().size() == 2 ? w->dimensions()[1] : -1) : xr.cols;
   if (auto e = Check(op, *c,
                      xr.rows % world == 0 && yr.rows * world == xr.rows && yr.cols == n &&
                          y->element_type() == x.element_type(),
                      StrCat() << "x has " << xr.rows << " rows (must be divisible by " << world
-                              << ") and the result must be " << xr.rows / world << " rows of "
-                              << n << " " << DTypeName(t) << "; got x " << Describe(x)
-                              << ", result " << Describe(*y));
+                              << ") and the result must be " << xr.rows / world << " rows of " << n
+                              << " " << DTypeName(t) << "; got x " << Describe(x) << ", result "
+                              << Describe(*y));
       e.failure()) {
     return e;
   }
@@ -124,14 +123,14 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.n = n;
   a.y = y->untyped_data();
   a.reduce_blocks = reduce_blocks;
-  const int max_splits = w == nullptr                  ? kMaxSumPieces
-                         : a.algo == RsAlgo::kChain     ? kMaxChainPieces
+  const int max_splits = w == nullptr                 ? kMaxSumPieces
+                         : a.algo == RsAlgo::kChain   ? kMaxChainPieces
                          : a.algo == RsAlgo::kColumns ? kMaxColumnPieces
                                                       : 2;
   if (splits < 1 || splits > max_splits) {
-    return Check(op, *c, false, StrCat() << "splits must be in [1, " << max_splits << "] for "
-                                          << "reduce-scatter algorithm " << algo << "; got "
-                                          << splits);
+    return Check(op, *c, false,
+                 StrCat() << "splits must be in [1, " << max_splits << "] for "
+                          << "reduce-scatter algorithm " << algo << "; got " << splits);
   }
   a.splits = splits;
   a.split_cols = split_cols;
@@ -147,9 +146,9 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
     // kColumns stages the whole GEMM output, the others the peers' partials.
     const int staged = a.algo == RsAlgo::kColumns ? world : world - 1;
     const size_t need = static_cast<size_t>(staged) * (xr.rows / world) * n * DTypeSize(t);
-    if (auto e = Check(op, *c, staging->size_bytes() >= need,
-                       StrCat() << "staging has " << staging->size_bytes() << " bytes, needs "
-                                << need);
+    if (auto e =
+            Check(op, *c, staging->size_bytes() >= need,
+                  StrCat() << "staging has " << staging->size_bytes() << " bytes, needs " << need);
         e.failure()) {
       return e;
     }

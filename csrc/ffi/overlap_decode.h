@@ -16,7 +16,6 @@
 
 namespace jax_ub {
 
-
 struct Rows {
   int64_t rows = 1;  // product of all but the last dim
   int64_t cols = 0;  // last dim

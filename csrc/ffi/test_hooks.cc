@@ -19,7 +19,9 @@ ffi::Error TestUnwrittenExecute(ffi::Result<ffi::AnyBuffer> out) {
 
 }  // namespace
 
+// clang-format off: the Bind() slots and their comments as a table
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbTestUnwritten, TestUnwrittenExecute,
                               ffi::Ffi::Bind().Ret<ffi::AnyBuffer>());  // left as it was
+// clang-format on
 
 }  // namespace jax_ub

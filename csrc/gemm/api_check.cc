@@ -26,13 +26,13 @@ static_assert(offsetof(HeuristicResult, workspaceSize) ==
               offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize));
 static_assert(offsetof(HeuristicResult, state) == offsetof(cublasLtMatmulHeuristicResult_t, state));
 static_assert(sizeof(Status) == sizeof(cublasStatus_t));
-static_assert(std::is_same_v<decltype(&cublasLtMatmul),
-                             cublasStatus_t (*)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*,
-                                                const void*, cublasLtMatrixLayout_t, const void*,
-                                                cublasLtMatrixLayout_t, const void*, const void*,
-                                                cublasLtMatrixLayout_t, void*,
-                                                cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*,
-                                                void*, size_t, cudaStream_t)>);
+static_assert(
+    std::is_same_v<decltype(&cublasLtMatmul),
+                   cublasStatus_t (*)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*,
+                                      const void*, cublasLtMatrixLayout_t, const void*,
+                                      cublasLtMatrixLayout_t, const void*, const void*,
+                                      cublasLtMatrixLayout_t, void*, cublasLtMatrixLayout_t,
+                                      const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t)>);
 }  // namespace jax_ub::lt
 #define JAX_UB_CUBLASLT_API_CHECKED 1
 #else

@@ -114,10 +114,10 @@ struct Plan {
 // One GEMM configuration in words, for every cuBLASLt failure (the heuristic's, a run's).
 std::string Describe(const GemmArgs& g, int align_a, int align_b, int align_c) {
   return StrCat() << DTypeName(g.dtype) << (g.dtype == DType::kF32 && g.tf32 ? " (tf32)" : "")
-                  << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k
-                  << " trans_a=" << g.trans_a << " trans_b=" << g.trans_b << " lda=" << g.lda
-                  << " ldb=" << g.ldb << " ldc=" << g.ldc << " alignments a/b/c=" << align_a
-                  << "/" << align_b << "/" << align_c << " B, workspace=" << g.workspace_bytes
+                  << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k << " trans_a=" << g.trans_a
+                  << " trans_b=" << g.trans_b << " lda=" << g.lda << " ldb=" << g.ldb
+                  << " ldc=" << g.ldc << " alignments a/b/c=" << align_a << "/" << align_b << "/"
+                  << align_c << " B, workspace=" << g.workspace_bytes
                   << " B, sm_count=" << g.sm_count << (g.accumulate ? ", accumulating" : "");
 }
 
@@ -162,13 +162,13 @@ int AlignClass(const void* p, size_t elem) {
   return a >= 16 ? 16 : std::min(a, static_cast<int>(elem));
 }
 
-#define JAX_UB_LT_RETURN(api, expr)                                                           \
-  do {                                                                                        \
-    lt::Status jax_ub_lt_ = (expr);                                                           \
-    if (jax_ub_lt_ != lt::kSuccess) {                                                         \
-      return Status::Error(StrCat() << "cuBLASLt " << #expr << " failed: "                   \
-                                    << (api).Err(jax_ub_lt_) << " at " << JAX_UB_WHERE);      \
-    }                                                                                         \
+#define JAX_UB_LT_RETURN(api, expr)                                                      \
+  do {                                                                                   \
+    lt::Status jax_ub_lt_ = (expr);                                                      \
+    if (jax_ub_lt_ != lt::kSuccess) {                                                    \
+      return Status::Error(StrCat() << "cuBLASLt " << #expr << " failed: "               \
+                                    << (api).Err(jax_ub_lt_) << " at " << JAX_UB_WHERE); \
+    }                                                                                    \
   } while (0)
 
 Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, int align_b,
@@ -181,12 +181,14 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   // "A" is our B and its "B" is our A.
   const int op_a = g.trans_b ? lt::kOpT : lt::kOpN;
   const int op_b = g.trans_a ? lt::kOpT : lt::kOpN;
-  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_a, sizeof(op_a)));
-  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_b, sizeof(op_b)));
+  JAX_UB_LT_RETURN(api,
+                   api.MatmulDescSetAttribute(plan->desc, lt::kDescTransA, &op_a, sizeof(op_a)));
+  JAX_UB_LT_RETURN(api,
+                   api.MatmulDescSetAttribute(plan->desc, lt::kDescTransB, &op_b, sizeof(op_b)));
   if (g.sm_count > 0) {
     const int32_t sms = g.sm_count;
-    JAX_UB_LT_RETURN(api,
-                     api.MatmulDescSetAttribute(plan->desc, lt::kDescSmCountTarget, &sms, sizeof(sms)));
+    JAX_UB_LT_RETURN(
+        api, api.MatmulDescSetAttribute(plan->desc, lt::kDescSmCountTarget, &sms, sizeof(sms)));
   }
   // Stored (pre-op) shapes of the column-major matrices.
   const uint64_t a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
@@ -203,7 +205,8 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   constexpr int kMaxCandidates = 16;
   lt::HeuristicResult results[kMaxCandidates] = {};
   int found = 0;
-  lt::Status s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof(ws));
+  lt::Status s =
+      api.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof(ws));
   if (s == lt::kSuccess)
     s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentABytes, &al_a, sizeof(al_a));
   if (s == lt::kSuccess)
@@ -263,9 +266,15 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
   const int align_c = g.accumulate && g.c_in != nullptr
                           ? std::min(AlignClass(g.c, es), AlignClass(g.c_in, es))
                           : AlignClass(g.c, es);
-  const PlanKey key{device, g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
-                    static_cast<int>(g.dtype), g.tf32, g.workspace_bytes, align_a, align_b,
-                    align_c, g.sm_count, g.accumulate};
+  const PlanKey key{device,      g.m,
+                    g.n,         g.k,
+                    g.trans_a,   g.trans_b,
+                    g.lda,       g.ldb,
+                    g.ldc,       static_cast<int>(g.dtype),
+                    g.tf32,      g.workspace_bytes,
+                    align_a,     align_b,
+                    align_c,     g.sm_count,
+                    g.accumulate};
   lt::Handle handle = nullptr;
   Plan* plan = nullptr;
   {
@@ -295,15 +304,15 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   // Our B is cuBLASLt's A and vice versa (see BuildPlan).
   const void* addend = g.accumulate && g.c_in != nullptr ? g.c_in : g.c;
-  const lt::Status s = api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
-                                   addend, plan->c, g.c, plan->c, &algo, g.workspace,
-                                   g.workspace_bytes, stream);
+  const lt::Status s =
+      api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta, addend, plan->c,
+                  g.c, plan->c, &algo, g.workspace, g.workspace_bytes, stream);
   if (s != lt::kSuccess) {
     const size_t es = DTypeSize(g.dtype);
-    return Status::Error(StrCat() << "cublasLtMatmul failed for "
-                                  << Describe(g, AlignClass(g.a, es), AlignClass(g.b, es),
-                                              AlignClass(g.c, es))
-                                  << ": " << api->Err(s));
+    return Status::Error(
+        StrCat() << "cublasLtMatmul failed for "
+                 << Describe(g, AlignClass(g.a, es), AlignClass(g.b, es), AlignClass(g.c, es))
+                 << ": " << api->Err(s));
   }
   return Status::Ok();
 }

@@ -32,7 +32,7 @@ struct GemmArgs {
   // With accumulate: the addend, if it is not C itself (C = op(A) @ op(B) + c_in, same layout
   // as C; the GEMM->RS chain adds the partial sum received from the previous rank).
   const void* c_in = nullptr;
-  int sm_count = 0;         // SMs the GEMM may plan for (0: all); leaves room for a concurrent kernel
+  int sm_count = 0;  // SMs the GEMM may plan for (0: all); leaves room for a concurrent kernel
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
@@ -43,9 +43,9 @@ struct GemmArgs {
 // Dense row-major y[m, n] = x[m, k] @ w[k, n]: the chunk GEMMs of the overlap schedules, and the
 // configuration GemmWarmup prepares (and tunes) for them at trace time; one builder, so both
 // always name the same cached plan.
-inline GemmArgs RowMajorGemm(int64_t m, int64_t n, int64_t k, DType dtype, bool tf32,
-                             const void* x, const void* w, void* y, void* workspace,
-                             size_t workspace_bytes, int sm_count = 0) {
+inline GemmArgs RowMajorGemm(int64_t m, int64_t n, int64_t k, DType dtype, bool tf32, const void* x,
+                             const void* w, void* y, void* workspace, size_t workspace_bytes,
+                             int sm_count = 0) {
   GemmArgs g;
   g.m = m;
   g.n = n;

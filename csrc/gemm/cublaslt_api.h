@@ -4,8 +4,8 @@
 // against the real headers whenever those are found at build time.
 #pragma once
 
-#include <library_types.h>  // cudaDataType (CUDA toolkit)
 #include <cuda_runtime_api.h>
+#include <library_types.h>  // cudaDataType (CUDA toolkit)
 
 #include <cstddef>
 #include <cstdint>

@@ -10,20 +10,32 @@ namespace jax_ub {
 template <typename T>
 __device__ __forceinline__ float ToF32(T v);
 template <>
-__device__ __forceinline__ float ToF32<float>(float v) { return v; }
+__device__ __forceinline__ float ToF32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float ToF32<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToF32<__half>(__half v) {
+  return __half2float(v);
+}
 template <>
-__device__ __forceinline__ float ToF32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 // Round to nearest even.
 template <typename T>
 __device__ __forceinline__ T FromF32(float v);
 template <>
-__device__ __forceinline__ float FromF32<float>(float v) { return v; }
+__device__ __forceinline__ float FromF32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromF32<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 }  // namespace jax_ub

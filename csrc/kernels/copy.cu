@@ -11,8 +11,8 @@ constexpr int kThreads = 1024;
 constexpr int kUnroll = 8;  // 16-byte vectors per thread per step: 128 KiB in flight per block
 
 // 16-byte vectors [0, n): each step a block moves kUnroll * kThreads vectors, all loads first.
-__global__ void __launch_bounds__(kThreads) CopyVec(uint4* __restrict__ dst,
-                                                    const uint4* __restrict__ src, size_t n) {
+__global__ void __launch_bounds__(kThreads)
+    CopyVec(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n) {
   const size_t step = static_cast<size_t>(gridDim.x) * kThreads * kUnroll;
   for (size_t base = static_cast<size_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < n;
        base += step) {
@@ -57,8 +57,8 @@ constexpr int kTmaStages = 4;
 constexpr uint32_t kTmaTile = 32u << 10;
 constexpr size_t kTmaSmem = size_t(kTmaStages) * kTmaTile;
 
-__global__ void __launch_bounds__(32) CopyTma(char* __restrict__ dst, const char* __restrict__ src,
-                                              size_t bytes) {
+__global__ void __launch_bounds__(32)
+    CopyTma(char* __restrict__ dst, const char* __restrict__ src, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ __align__(8) uint64_t bar[kTmaStages];
@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(32) CopyTma(char* __restrict__ dst, const char
     bars[s] = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[s]));
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars[s]) : "memory");
   }
-  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::
+                   : "memory");
   auto tile = [&](size_t i, size_t* off) {
     *off = (blockIdx.x + i * gridDim.x) * static_cast<size_t>(kTmaTile);
     return static_cast<uint32_t>(bytes - *off < kTmaTile ? bytes - *off : kTmaTile);
@@ -84,7 +85,8 @@ __global__ void __launch_bounds__(32) CopyTma(char* __restrict__ dst, const char
                  : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem0 + s * kTmaTile), "l"(src + off), "r"(n), "r"(bars[s])
+            "r"(smem0 + s * kTmaTile),
+        "l"(src + off), "r"(n), "r"(bars[s])
         : "memory");
   };
   for (size_t i = 0; i < mine && i < static_cast<size_t>(kTmaStages); ++i) load(i);
@@ -185,7 +187,8 @@ Status LaunchCopy(void* dst, const void* src, size_t bytes, int max_blocks, cuda
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
   // The widest unit (16 bytes down to 1) in which both pointers are misaligned alike: the bytes up
-  // to a unit boundary (head) and after the last whole unit (tail) go one by one, the body in units.
+  // to a unit boundary (head) and after the last whole unit (tail) go one by one, the body in
+  // units.
   const uintptr_t da = reinterpret_cast<uintptr_t>(d), sa = reinterpret_cast<uintptr_t>(s);
   size_t unit = 16;
   while (unit > 1 && da % unit != sa % unit) unit /= 2;

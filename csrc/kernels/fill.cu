@@ -7,7 +7,8 @@ namespace {
 template <typename T>
 __global__ void FillUniformKernel(T* p, size_t count, uint32_t seed) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
     // A 64-bit index folded into a 32-bit integer hash (lowbias32), 24 bits of it kept.
     uint32_t h = static_cast<uint32_t>(i) ^ static_cast<uint32_t>(i >> 32) * 0x9e3779b9u ^ seed;
     h ^= h >> 16;
@@ -34,12 +35,9 @@ Status Launch(void* p, size_t count, uint32_t seed, cudaStream_t stream) {
 Status LaunchFillUniform(DType dtype, void* p, size_t count, uint32_t seed, cudaStream_t stream) {
   if (count == 0) return Status::Ok();
   switch (dtype) {
-    case DType::kF32:
-      return Launch<float>(p, count, seed, stream);
-    case DType::kF16:
-      return Launch<__half>(p, count, seed, stream);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16>(p, count, seed, stream);
+    case DType::kF32: return Launch<float>(p, count, seed, stream);
+    case DType::kF16: return Launch<__half>(p, count, seed, stream);
+    case DType::kBF16: return Launch<__nv_bfloat16>(p, count, seed, stream);
   }
   return Status::Error("fill: unknown dtype");
 }

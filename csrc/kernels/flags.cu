@@ -1,5 +1,5 @@
-#include "kernels/flags.h"
 #include "kernels/copy.h"
+#include "kernels/flags.h"
 
 namespace jax_ub {
 namespace {

@@ -153,8 +153,8 @@ Status LaunchSumReduceBlock(DType dtype, void* out, const void* const* inputs, i
                             size_t rows, size_t cols, size_t ld, int max_blocks,
                             cudaStream_t stream) {
   if (num_inputs < 1 || num_inputs > kMaxReduceInputs) {
-    return Status::Error(StrCat() << "sum-reduce takes 1.." << kMaxReduceInputs
-                                  << " inputs; got " << num_inputs);
+    return Status::Error(StrCat() << "sum-reduce takes 1.." << kMaxReduceInputs << " inputs; got "
+                                  << num_inputs);
   }
   if (rows > 1 && ld < cols) {
     return Status::Error(StrCat() << "sum-reduce: row stride " << ld << " < " << cols

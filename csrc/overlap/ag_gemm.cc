@@ -20,8 +20,9 @@ Status AgCheck(const Communicator& c, const AgGemmArgs& a) {
     return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
   }
   if (a.xg == nullptr && a.algo != AgAlgo::kPush) {
-    return Status::Error("the pull all-gather algorithms land chunks in the gathered output, "
-                         "which this call did not request");
+    return Status::Error(
+        "the pull all-gather algorithms land chunks in the gathered output, "
+        "which this call did not request");
   }
   const size_t need = a.algo == AgAlgo::kPush ? chunk * c.world() : chunk;
   return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
@@ -39,9 +40,17 @@ namespace {
 class AgSchedule {
  public:
   AgSchedule(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, OpTrace& t)
-      : c_(c), a_(a), op_(op), e_(e), t_(t), r_(c->rank()), world_(c->world()),
-        es_(DTypeSize(a.dtype)), chunk_(static_cast<size_t>(a.m) * a.k * es_),
-        xg_(static_cast<char*>(a.xg)), buf_(static_cast<char*>(c->buffer())),
+      : c_(c),
+        a_(a),
+        op_(op),
+        e_(e),
+        t_(t),
+        r_(c->rank()),
+        world_(c->world()),
+        es_(DTypeSize(a.dtype)),
+        chunk_(static_cast<size_t>(a.m) * a.k * es_),
+        xg_(static_cast<char*>(a.xg)),
+        buf_(static_cast<char*>(c->buffer())),
         gemm_(RowGemm::Of(a)) {}
 
   // kPush: my chunk, then pushes into every peer's buffer, then the peers' chunks as they land.
@@ -70,8 +79,7 @@ class AgSchedule {
       JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(c_->compute(0), c_->event(kMaxWorld), 0));
     }
     JAX_UB_RETURN_IF_ERROR(ChunkGemm(r_, a_.x));
-    JAX_UB_RETURN_IF_ERROR(
-        SameDeviceCopy("local_copy", r_, xg_ + r_ * chunk_, a_.x, kLocalStream));
+    JAX_UB_RETURN_IF_ERROR(SameDeviceCopy("local_copy", r_, xg_ + r_ * chunk_, a_.x, kLocalStream));
     if (a_.after_local) JAX_UB_RETURN_IF_ERROR(a_.after_local());
     for (int i = 1; i < world_; ++i) {
       const int p = (r_ + i) % world_;
@@ -178,10 +186,9 @@ class AgSchedule {
     if (rows < 0) rows = a_.m;
     const int si = 0;
     const int span = t_.Start("gemm", src_rank, ComputeLabel(si), c_->compute(si));
-    JAX_UB_RETURN_IF_ERROR(
-        gemm_.Run(c_->device(), static_cast<const char*>(src) + row0 * a_.k * es_, rows,
-                  static_cast<char*>(a_.y) + (src_rank * a_.m + row0) * a_.n * es_,
-                  c_->compute(si)));
+    JAX_UB_RETURN_IF_ERROR(gemm_.Run(
+        c_->device(), static_cast<const char*>(src) + row0 * a_.k * es_, rows,
+        static_cast<char*>(a_.y) + (src_rank * a_.m + row0) * a_.n * es_, c_->compute(si)));
     t_.Stop(span, c_->compute(si));
     return Status::Ok();
   }
@@ -196,8 +203,7 @@ class AgSchedule {
   }
 
   // The local shard within this GPU (publish, its rows of xg): SM work, see copy_blocks.
-  Status SameDeviceCopy(const char* name, int chunk_rank, void* dst, const void* src,
-                        int stream) {
+  Status SameDeviceCopy(const char* name, int chunk_rank, void* dst, const void* src, int stream) {
     if (a_.copy_blocks <= 0) {
       JAX_UB_CUDA_RETURN(Copy(name, chunk_rank, dst, src, stream));
       return Status::Ok();
@@ -230,8 +236,9 @@ Status AgBody(Communicator* c, const AgGemmArgs& a, const char* op, uint64_t e, 
 
 Status AgGemm(Communicator* c, const AgGemmArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "all_gather_matmul" : "all_gather";
-  return RunOp(c, op, xla, [&] { return AgCheck(*c, a); }, AgText(a),
-               [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
+  return RunOp(
+      c, op, xla, [&] { return AgCheck(*c, a); }, AgText(a),
+      [&](uint64_t e, OpTrace& t) { return AgBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

@@ -18,17 +18,17 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
     if (side > 0) JAX_UB_RETURN_IF_ERROR(a.gemm_side.Run(c->device(), a.ga, side, a.gy, gs));
     if (side < a.gm) {
-      JAX_UB_RETURN_IF_ERROR(a.gemm.Run(c->device(),
-                                        static_cast<const char*>(a.ga) + side * a.gemm.k * es,
-                                        a.gm - side,
-                                        static_cast<char*>(a.gy) + side * a.gemm.n * es, gs));
+      JAX_UB_RETURN_IF_ERROR(
+          a.gemm.Run(c->device(), static_cast<const char*>(a.ga) + side * a.gemm.k * es,
+                     a.gm - side, static_cast<char*>(a.gy) + side * a.gemm.n * es, gs));
     }
     t.Stop(span, gs);
     return Status::Ok();
   };
   if (c->nccl() != nullptr) {
     // NCCL's send/recv kernels first, then the GEMM on the SMs they leave.
-    JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t) : AgBody(c, a.ag, op, e, t));
+    JAX_UB_RETURN_IF_ERROR(a.reduce_scatter ? RsBody(c, a.rs, op, e, t)
+                                            : AgBody(c, a.ag, op, e, t));
     JAX_UB_RETURN_IF_ERROR(gemm());
   } else if (a.reduce_scatter) {
     // GEMM first: the pushes are copy-engine work and the fp32 sum waits for every partial.
@@ -59,10 +59,10 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
 Status Bulk(Communicator* c, const BulkArgs& a, cudaStream_t xla) {
   const char* op = a.reduce_scatter ? "bulk_reduce_scatter" : "bulk_all_gather";
   // The collective's part only: the independent GEMM may differ between ranks.
-  return RunOp(c, op, xla,
-               [&] { return a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag); },
-               a.reduce_scatter ? RsText(a.rs) : AgText(a.ag),
-               [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
+  return RunOp(
+      c, op, xla, [&] { return a.reduce_scatter ? RsCheck(*c, a.rs) : AgCheck(*c, a.ag); },
+      a.reduce_scatter ? RsText(a.rs) : AgText(a.ag),
+      [&](uint64_t e, OpTrace& t) { return BulkBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

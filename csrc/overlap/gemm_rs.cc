@@ -23,14 +23,14 @@ int ReduceBlocks(const Communicator& c, const GemmRsArgs& a) {
 
 // RsAlgo::kChain (see gemm_rs.h). My buffer's slot s (1..world-1) receives rank r-1's partial
 // sum for my step s; staging slot s (0..world-2) holds mine before it is pushed to rank r+1.
-Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e,
-                   OpTrace& t) {
+Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
   const int next = (r + 1) % world, prev = (r + world - 1) % world;
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;
   const size_t part = static_cast<size_t>(mo) * a.n * es;
-  const int pieces = (a.splits >= 1 && a.splits <= kMaxChainPieces && mo % a.splits == 0) ? a.splits : 1;
+  const int pieces =
+      (a.splits >= 1 && a.splits <= kMaxChainPieces && mo % a.splits == 0) ? a.splits : 1;
   // Piece p of a step's [mo, n] block: rows [p * prow, +prow) of every column, or (cols) every row
   // of columns [p * pcol, +pcol); `off` is its first element's byte offset in the block.
   const int64_t pcol = a.n / pieces;
@@ -64,17 +64,18 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
       RowGemm g = gemm;
       if (cols) g.w = static_cast<const char*>(a.w) + p * pcol * es;
       const int span = t.Start("gemm", chunk, ComputeLabel(0), cs);
-      JAX_UB_RETURN_IF_ERROR(g.Run(
-          c->device(), static_cast<const char*>(a.x) + (chunk * mo + (cols ? 0 : p * prow)) * a.k * es,
-          prow, out, cs, addend));
+      JAX_UB_RETURN_IF_ERROR(
+          g.Run(c->device(),
+                static_cast<const char*>(a.x) + (chunk * mo + (cols ? 0 : p * prow)) * a.k * es,
+                prow, out, cs, addend));
       t.Stop(span, cs);
       if (last) continue;
       JAX_UB_CUDA_RETURN(cudaEventRecord(ready, cs));
       JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
       if (step == 0 && p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, next, e, op));
       const int copy = t.Start("copy", chunk, CommLabel(1), s);
-      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(theirs + (step + 1) * part + off(p), out,
-                                              gemm.n * es, prow, a.n * es, s));
+      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(theirs + (step + 1) * part + off(p), out, gemm.n * es,
+                                              prow, a.n * es, s));
       t.Stop(copy, s);
       JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, next, base + step * pieces + p));
     }
@@ -90,8 +91,7 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
 
 // RsAlgo::kColumns (see gemm_rs.h). Staging holds the whole [M, n] GEMM output (destination d's
 // rows at d * mo); my buffer's slot q receives q's rows for me, block by block.
-Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e,
-                     OpTrace& t) {
+Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;
@@ -124,8 +124,9 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
       JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
       if (p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
       const int copy = t.Start("copy", d, CommLabel(i), s);
-      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + col,
-                                              stage + d * part + col, pcol * es, mo, a.n * es, s));
+      JAX_UB_CUDA_RETURN(
+          CopyBlockToPeerAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + col,
+                               stage + d * part + col, pcol * es, mo, a.n * es, s));
       t.Stop(copy, s);
       MemOps landed;
       c->Signal(&landed, kPiece, d, base + p);
@@ -250,8 +251,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
     } else {
       JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, d, e, op));
       const int span = t.Start("copy", d, CommLabel(si), s);
-      JAX_UB_CUDA_RETURN(
-          CopyAsync(dst, static_cast<const char*>(a.x) + d * part, part, s));
+      JAX_UB_CUDA_RETURN(CopyAsync(dst, static_cast<const char*>(a.x) + d * part, part, s));
       t.Stop(span, s);
     }
     MemOps done;
@@ -301,14 +301,15 @@ Status RsCheck(const Communicator& c, const GemmRsArgs& a) {
 
 std::string RsText(const GemmRsArgs& a) {
   return StrCat() << "algorithm " << static_cast<int>(a.algo) << " " << DTypeName(a.dtype) << " x ["
-                  << a.M << ", " << a.k << "] n " << a.n << " splits " << a.splits
-                  << " split_cols " << a.split_cols;
+                  << a.M << ", " << a.k << "] n " << a.n << " splits " << a.splits << " split_cols "
+                  << a.split_cols;
 }
 
 Status GemmRs(Communicator* c, const GemmRsArgs& a, cudaStream_t xla) {
   const char* op = a.w != nullptr ? "matmul_reduce_scatter" : "reduce_scatter";
-  return RunOp(c, op, xla, [&] { return RsCheck(*c, a); }, RsText(a),
-               [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
+  return RunOp(
+      c, op, xla, [&] { return RsCheck(*c, a); }, RsText(a),
+      [&](uint64_t e, OpTrace& t) { return RsBody(c, a, op, e, t); });
 }
 
 }  // namespace jax_ub

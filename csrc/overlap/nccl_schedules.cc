@@ -46,8 +46,8 @@ Status AgBodyNccl(Communicator* c, const AgGemmArgs& a, const char* op, OpTrace&
   };
   JAX_UB_RETURN_IF_ERROR(chunk_gemm(r, a.x));
   if (a.xg != nullptr) {
-    JAX_UB_CUDA_RETURN(cudaMemcpyAsync(land + r * chunk, a.x, chunk, cudaMemcpyDeviceToDevice,
-                                       c->comm(0)));
+    JAX_UB_CUDA_RETURN(
+        cudaMemcpyAsync(land + r * chunk, a.x, chunk, cudaMemcpyDeviceToDevice, c->comm(0)));
   }
   cudaStream_t s = c->comm(1);
   for (int i = 1; i < world; ++i) {
@@ -76,8 +76,8 @@ Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace&
   cudaStream_t s = c->comm(1);
   auto partial = [&](int dest, void* out) -> Status {
     const int span = t.Start("gemm", dest, ComputeLabel(0), cs);
-    JAX_UB_RETURN_IF_ERROR(gemm.Run(
-        c->device(), static_cast<const char*>(a.x) + dest * mo * a.k * es, mo, out, cs));
+    JAX_UB_RETURN_IF_ERROR(
+        gemm.Run(c->device(), static_cast<const char*>(a.x) + dest * mo * a.k * es, mo, out, cs));
     t.Stop(span, cs);
     return Status::Ok();
   };

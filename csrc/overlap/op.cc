@@ -28,7 +28,8 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla,
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     ~HostTime() {
       c->AddHostOp(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::steady_clock::now() - t0).count());
+                       std::chrono::steady_clock::now() - t0)
+                       .count());
     }
   } host_time{c};
   const bool injected = c->TakeInjected(Communicator::kFailCheck);
@@ -36,16 +37,17 @@ Status RunOp(Communicator* c, const char* op, cudaStream_t xla,
   // The check reads the capacity and transport, which Grow changes under this lock.
   std::lock_guard<std::mutex> op_lock(c->op_mutex());
   if (c->destroyed()) {
-    return Status::Error("its communicator was freed (jax_ub.shutdown()) while this op was being "
-                         "launched: call shutdown() only after the program's results are ready");
+    return Status::Error(
+        "its communicator was freed (jax_ub.shutdown()) while this op was being "
+        "launched: call shutdown() only after the program's results are ready");
   }
   if (injected) return Status::Error("injected failure before the op began (test hook)");
   JAX_UB_RETURN_IF_ERROR(check());
   // Once the op has its epoch, any failure leaves it half done: abandon the communicator.
   uint64_t e = 0;
   auto abandon = [&](const Status& st) {
-    c->Abandon(xla, StrCat() << Where(*c, op) << ": failed after it started (epoch " << e << "): "
-                             << st.message()
+    c->Abandon(xla, StrCat() << Where(*c, op) << ": failed after it started (epoch " << e
+                             << "): " << st.message()
                              << "; its peers may wait for it, so this communicator is unusable "
                                 "now (restart the processes)");
     return st;

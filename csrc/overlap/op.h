@@ -34,8 +34,8 @@ struct RowGemm {
 
   // The chunk GEMM of an op: x rows of any chunk @ w, with the op's workspace (256-byte
   // multiple). `sm_count` > 0 leaves the rest of the GPU to concurrent kernels.
-  static RowGemm Make(DType dtype, bool tf32, int64_t k, int64_t n, const void* w,
-                      void* workspace, size_t workspace_bytes, int sm_count = 0) {
+  static RowGemm Make(DType dtype, bool tf32, int64_t k, int64_t n, const void* w, void* workspace,
+                      size_t workspace_bytes, int sm_count = 0) {
     RowGemm g;
     g.dtype = dtype;
     g.tf32 = tf32;
@@ -54,9 +54,9 @@ struct RowGemm {
   }
 };
 
-constexpr int kMaxChainPieces = 4;   // AG push's last chunk; RS chain's pieces per step
+constexpr int kMaxChainPieces = 4;  // AG push's last chunk; RS chain's pieces per step
 constexpr int kMaxColumnPieces = 8;  // RS columns' column blocks
-constexpr int kMaxSumPieces = 8;     // bare RS's row pieces
+constexpr int kMaxSumPieces = 8;  // bare RS's row pieces
 
 // What an op needs of the communicator (registered-buffer capacity, a gathered output for the
 // pull algorithms) is checked before Begin: a refused op leaves the epoch protocol untouched, so
