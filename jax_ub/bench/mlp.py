@@ -48,9 +48,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import _layers
 from jax_ub import nn as ubnn
 from jax_ub.bench import harness as h
+from jax_ub.layers import core as _layers
 
 MODELS = ("mlp", "attn_proj", "swiglu")
 GATED = ("swiglu",)  # models whose MLP is gated (the rest of their math is ``mlp``'s)

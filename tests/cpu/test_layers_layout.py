@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
-from jax_ub import _layers
+from jax_ub.layers import core
 
 # the builders with the oracle's precision and non-zero biases
 make_nnx = functools.partial(nnx_layer, precision=HIGHEST, bias_init=NORMAL)
@@ -182,7 +182,7 @@ def test_sequence_parallel_path_is_the_primitives_bit_for_bit(cpu_mesh, explicit
         got, got_g = value_and_grads(nnx_fn(mlp), params, x, ct)
 
     def by_hand(p, x):
-        h = _layers.layer_norm(x, p["norm"]["scale"], p["norm"]["bias"])  # outside the shard_maps
+        h = core.layer_norm(x, p["norm"]["scale"], p["norm"]["bias"])  # outside the shard_maps
         up = jax.shard_map(
             lambda h, k, b: jax_ub.all_gather_matmul(h, k, "tp", gather_axis=1, precision=HIGHEST) + b,
             mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp")), out_specs=P(None, None, "tp"))

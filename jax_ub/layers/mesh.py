@@ -1,4 +1,4 @@
-"""Where a TP/SP layer runs (:mod:`jax_ub._layers`): inside the user's ``shard_map`` over its axis
+"""Where a TP/SP layer runs (:mod:`jax_ub.layers.core`): inside the user's ``shard_map`` over its axis
 (local mode) or not (global mode), and which mesh a global call uses (the ``mesh`` argument,
 :func:`jax.set_mesh`'s, the kernel's own ``NamedSharding``, or the one a layer was built under).
 """

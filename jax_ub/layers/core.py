@@ -33,14 +33,14 @@ enclosing ``shard_map`` over ``axis_name`` always wins over a ``mesh`` argument.
 Partitioning: the layers name the TP dim of each parameter themselves. An initializer that already
 returns a box (``nnx.with_partitioning``, ``nn.with_partitioning``) may name mesh axes on the dims
 the layer keeps whole over ``axis_name`` (e.g. ``("fsdp", "tp")`` for a column kernel: FSDP on its
-input dim); those names are merged into the layer's (:func:`jax_ub._layer_params.merge_partitioning`).
+input dim); those names are merged into the layer's (:func:`jax_ub.layers.params.merge_partitioning`).
 Naming another axis on the TP dim, or ``axis_name`` on another dim, is refused. Logical names
 (``nn.with_logical_partitioning``; NNX ``sharding_rules`` / ``nnx.logical_axis_rules``) are kept
 in the parameters' boxes and must map, through the rules, to ``axis_name`` on the TP dim and to
-other axes elsewhere (:mod:`jax_ub._layer_logical`).
+other axes elsewhere (:mod:`jax_ub.layers.logical`).
 
-Where a call runs and on which mesh is :mod:`jax_ub._layer_mesh`; the parameters' partitioning and
-initialization are :mod:`jax_ub._layer_params`.
+Where a call runs and on which mesh is :mod:`jax_ub.layers.mesh`; the parameters' partitioning and
+initialization are :mod:`jax_ub.layers.params`.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import _validate, gemm, ops, reference
-from jax_ub._layer_mesh import array_mesh, placement, require_placement
-from jax_ub._layer_params import check_divisible
+from jax_ub.layers.mesh import array_mesh, placement, require_placement
+from jax_ub.layers.params import check_divisible
 
 __all__ = [
     "NORMS",

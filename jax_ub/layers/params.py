@@ -1,6 +1,6 @@
-"""Parameters of the TP/SP layers (:mod:`jax_ub._layers`): which dim of each is split over the TP
+"""Parameters of the TP/SP layers (:mod:`jax_ub.layers.core`): which dim of each is split over the TP
 axis, the user's own partitioning names merged onto the other dims (mesh names here, logical names
-through :mod:`jax_ub._layer_logical`), divisibility checks, initialization of whole parameters or
+through :mod:`jax_ub.layers.logical`), divisibility checks, initialization of whole parameters or
 of this device's shard, and the per-projection initializers of the MLP.
 """
 
@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_ub import _layer_logical
-from jax_ub._layer_logical import Resolved, Rules
-from jax_ub._layer_mesh import Placement
+from jax_ub.layers import logical
+from jax_ub.layers.logical import Resolved, Rules
+from jax_ub.layers.mesh import Placement
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -239,7 +239,7 @@ def init_param(where: str, param: str, init: Initializer, key: Array, global_sha
 
     The partitioning is the layer's merged with the names the initializer's box carries (mesh
     names: :func:`merge_partitioning`; logical names, ``framework`` ``"nnx"`` or ``"linen"``:
-    :mod:`jax_ub._layer_logical`). ``default``: the names to use when ``init`` returns no box
+    :mod:`jax_ub.layers.logical`). ``default``: the names to use when ``init`` returns no box
     (:func:`inherited_names`). In local mode (``p.local``) with ``slice_local``, ``value`` is this
     device's shard of the whole initialisation (so local-mode init equals global-mode's).
     """
@@ -273,23 +273,23 @@ def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Bo
         return merge_partitioning(where, param, layer_names, entries, axis_name)
 
     if framework == "nnx":
-        return _layer_logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name,
+        return logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name,
                                           mesh_axes, merge)
     if user.logical or (user.names is None
-                        and _layer_logical.linen_rules_cover(layer_names, axis_name)):
+                        and logical.linen_rules_cover(layer_names, axis_name)):
         # With rules in context, the layer's own boxes are logical too (`None`, and the rules' name
         # for the TP axis): one tree of logical names, which a "layers" name added by `nn.scan`
         # and `nn.logical_to_mesh_sharding` of the whole tree need.
-        return _layer_logical.resolve_linen(where, param, layer_names, names, user.rules,
+        return logical.resolve_linen(where, param, layer_names, names, user.rules,
                                             axis_name, mesh_axes)
     merged = layer_names if user.names is None else merge(names)
     if mesh_axes is not None and user.names is not None:
         for dim, (name, entry) in enumerate(zip(names, merged, strict=False)):
-            missing = [a for a in _layer_logical.axes_of(entry) if a not in mesh_axes]
+            missing = [a for a in logical.axes_of(entry) if a not in mesh_axes]
             if missing:  # else jax's bare "Resource axis ... is not found in mesh" when placed
                 raise ValueError(
                     f"{where}: `{param}` dim {dim} (the layer names `{param}` {layer_names}): "
                     f"{param}_init's partitioning names it {name!r}, but the mesh has no axis "
                     f"{missing[0]!r} (its axes: {mesh_axes}). Name an axis of the mesh, or None "
                     f"to keep the dim whole.")
-    return _layer_logical.Resolved(merged, merged)
+    return logical.Resolved(merged, merged)

@@ -1,4 +1,4 @@
-"""Logical axis names on the parameters of the TP/SP layers (:mod:`jax_ub._layer_params`).
+"""Logical axis names on the parameters of the TP/SP layers (:mod:`jax_ub.layers.params`).
 
 A user's initializer may name a parameter's dims with *logical* names (``"embed"``, ``"mlp"``) that
 rules translate to mesh axes, the way each framework does it:
@@ -133,7 +133,7 @@ def resolve_nnx(where: str, param: str, layer_names: Sequence[Any], user: Sequen
     """NNX: ``user`` names translated with the box's ``sharding_rules`` composed with the context's.
 
     Names that are no rule's pass through as mesh axes; with no name a rule's, ``merge`` (the mesh
-    name merge of :mod:`jax_ub._layer_params`, with its own messages) decides the names.
+    name merge of :mod:`jax_ub.layers.params`, with its own messages) decides the names.
     """
     from flax.core import spmd
 
