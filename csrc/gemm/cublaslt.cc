@@ -141,9 +141,10 @@ std::map<PlanKey, std::unique_ptr<Plan>>& Plans() {
 }
 
 // The pointer alignment told to the heuristic and kept in the plan key, capped at 16 bytes: on
-// H100/H200 the top algorithm is the same for 16..256 (scripts/lt_align_probe.cu: 0 of 60 shape
-// and alignment pairs differ), and with the cap the trace-time warm-up (256-byte scratch) builds
-// the very plan the op's chunk pointers (offsets into XLA's buffers) look up at execute time.
+// H100/H200 the top algorithm is the same for 16..256 (0 of 60 shape and alignment pairs
+// differ; probe: scripts/lt_align_probe.cu at tag lab-2026-11), and with the cap the trace-time
+// warm-up (256-byte scratch) builds the very plan the op's chunk pointers (offsets into XLA's
+// buffers) look up at execute time.
 int Alignment(const void* p) {
   auto v = reinterpret_cast<uintptr_t>(p);
   int a = 16;

@@ -1,6 +1,6 @@
 // A same-device copy as a kernel of a bounded number of blocks. Plain CUDA, no XLA headers.
 //
-// A same-device cudaMemcpyAsync runs on SMs too (benchmarks/results/NOTES.md, "Which copies need
+// A same-device cudaMemcpyAsync runs on SMs too (docs/performance.md, "Copy engines and
 // SMs"), but on as many as it finds: beside a persistent GEMM that holds every SM it waits for the
 // GEMM to end. This kernel takes at most `max_blocks` blocks, so it runs at once beside a GEMM
 // that was told to leave that many SMs free (cuBLASLt's SM-count target).

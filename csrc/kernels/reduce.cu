@@ -22,9 +22,10 @@ struct Block {
 // 16-byte vectors: each thread sums kVec elements per input per step (cols and ld in vectors).
 // N > 0: the input count is a compile-time constant, so every input's load is issued before the
 // first add (a loop over a run-time count waits for each load before issuing the next: one load in
-// flight per thread). scripts/reduce_probe.cu, one H200, 4 bf16 inputs of 117 MB: 0.167 ms with the
-// run-time loop, 0.146 ms unrolled (4.0 TB/s, above a same-size cudaMemcpy); 29 MB: 0.055 -> 0.041.
-// Inputs are read once and the output is not read back here: streaming loads and stores.
+// flight per thread). Measured (scripts/reduce_probe.cu at tag lab-2026-11) on one H200, 4 bf16
+// inputs of 117 MB: 0.167 ms with the run-time loop, 0.146 ms unrolled (4.0 TB/s, above a same-size
+// cudaMemcpy); 29 MB: 0.055 -> 0.041. Inputs are read once and the output is not read back here:
+// streaming loads and stores.
 template <typename T, int N>
 __global__ void SumReduceVec(T* __restrict__ out, Inputs in, int n_in, Block b) {
   constexpr int kVec = 16 / sizeof(T);
