@@ -430,7 +430,7 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
         bad = (no_p2p_pairs(p2p["matrix"], ordinals)
                if want_t == "ipc" and len(local) >= 2 and p2p.get("matrix") is not None else [])
         out["no_p2p_pairs"] = [list(b) for b in bad]
-        if bad:  # jax_ub.initialize raises this (comm._choose_transport)
+        if bad:  # jax_ub.initialize raises this (jax_ub.comm.transport.choose_transport)
             pairs = "; ".join(f"GPU {i} and GPU {j} cannot access each other" for i, j in bad)
             out["blocking"] = (f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
                                f"each other's memory, but {pairs}: use transport='nccl' or 'auto' "

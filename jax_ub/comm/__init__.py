@@ -3,6 +3,7 @@
 * :mod:`~jax_ub.comm.lifecycle` — ``initialize`` / ``shutdown``, the communicator set of each mesh
   axis (:class:`CommSet`), buffer growth, sticky errors and host time per member;
 * :mod:`~jax_ub.comm.bootstrap` — the key-value rendezvous and agreement between processes;
+* :mod:`~jax_ub.comm.transport` — ``ipc`` or ``nccl`` for an axis, and why;
 * :mod:`~jax_ub.comm.p2p` — which GPUs of a group can map each other's memory;
 * :mod:`~jax_ub.comm.nccl` — NCCL communicators made from Python (bootstrap and transport nccl);
 * :mod:`~jax_ub.comm.processes` — :func:`jax_ub.check_processes`.
@@ -11,17 +12,14 @@ Nothing here touches a GPU or another process at import time.
 """
 
 # Beside the public names: internals the tests and jax_ub.doctor read as jax_ub.comm.<name> (the
-# same objects as in jax_ub.comm.lifecycle; to rebind one with monkeypatch, patch it there).
+# same objects as in the module that defines them; to rebind one with monkeypatch, patch it there).
 from jax_ub.comm.lifecycle import (  # noqa: F401
     _BOOTSTRAP_KEY,
-    IMPLEMENTED_TRANSPORTS,
     CommSet,
     _abandoned,
-    _choose_transport,
     _destroy_quietly,
     _inject_failure,
     _sets,
-    _survey,
     _warned_axes,
     ensure_capacity,
     errors,
@@ -31,6 +29,9 @@ from jax_ub.comm.lifecycle import (  # noqa: F401
     shutdown,
     warn_no_communicator,
 )
+from jax_ub.comm.transport import IMPLEMENTED_TRANSPORTS
+from jax_ub.comm.transport import choose_transport as _choose_transport  # noqa: F401
+from jax_ub.comm.transport import survey as _survey  # noqa: F401
 
 __all__ = [
     "IMPLEMENTED_TRANSPORTS",

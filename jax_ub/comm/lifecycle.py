@@ -32,12 +32,11 @@ import numpy as np
 from jax_ub import _ext, _validate, choice, config
 from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
 from jax_ub.comm import nccl, p2p
+from jax_ub.comm.transport import choose_transport, device_ordinal, survey
 
 log = logging.getLogger("jax_ub")
 
 _MIB = 1 << 20
-# Transports initialize() can set up (jax_ub.doctor reads this).
-IMPLEMENTED_TRANSPORTS = ("ipc", "nccl")
 # NCCL communicator keys (jax_ub.comm.nccl's table): transport comms are attached to the members under
 # key = set id; bootstrap comms (IPC blobs) stay in the table under this offset + set id.
 _BOOTSTRAP_KEY = 1 << 20
@@ -95,10 +94,6 @@ def _tp_groups(mesh: Any, axis: str) -> list[list[Any]]:
     i = names.index(axis)
     moved = np.moveaxis(devs, i, -1).reshape(-1, devs.shape[i])
     return [list(row) for row in moved]
-
-
-def _ordinal(d: Any) -> int:
-    return int(getattr(d, "local_hardware_id", None) if getattr(d, "local_hardware_id", None) is not None else d.id)
 
 
 def _process_exchange(init_id: int, timeout_s: float) -> _bootstrap.KVExchange | None:
@@ -185,7 +180,6 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     :func:`shutdown` has nothing to free. Nor does it on an axis of size 1 (a mesh without
     tensor parallelism): there is nothing to communicate, and every method runs a plain GEMM.
     """
-    global _next_set_id
     try:
         cfg, axis, bootstrap, transport, timeout_s, buffer_mib, groups = _checked_arguments(
             mesh, axis, bootstrap, transport, timeout_s, buffer_mib)
@@ -196,117 +190,161 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     devices_key = tuple(tuple(d.id for d in g) for g in groups)
     ok, why = _ext.cuda_path_available()
     if not ok:
-        # On GPUs (and not disabled on purpose) this is most likely a missing build: say it loudly.
-        on_gpu = any(d.platform == "gpu" for g in groups for d in g) and not cfg.disable
-        (log.warning if on_gpu else log.info)(
-            "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
-            "run the pure-XLA reference", axis, why)
-        _agree_without_communicators(axis, devices_key, timeout_s, "reference path")
+        _without_cuda_path(cfg, axis, groups, devices_key, timeout_s, why)
         return None
     if len(groups[0]) == 1:
-        # Nothing to gather or scatter: the ops run a plain dot on such an axis (ops.py), so no
-        # registered buffer is worth its memory. A set from an earlier, larger mesh goes away.
-        # This call's init id first, so a failing shutdown cannot leave this process one id
-        # behind its peers; they hear of the failure at once.
-        exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
-        try:
-            shutdown(axis)
-        except Exception as err:
-            if exchange is not None:
-                exchange.announce_failure(f"{type(err).__name__}: {err}",
-                                          wait_for_readers=not _peers_know(err))
-            raise
-        _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1", exchange)
-        log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
-                 "ops run a plain GEMM without communication", axis)
+        _on_axis_of_size_one(axis, devices_key, timeout_s)
         return None
     capacity = max(buffer_mib, 1) * _MIB
     with _lock:
-        existing = _sets.get(axis)
-        keep = (existing is not None and existing.devices_key == devices_key
-                and transport in ("auto", existing.transport)
-                and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)
-                and existing.timeout_s == timeout_s and existing.capacity >= capacity)
-        init_id = _bootstrap.next_init_id()
-        exchange = _process_exchange(init_id, timeout_s)
-        mod = _ext.extension()
-        set_id = _next_set_id
-        world = len(groups[0])
-        me = jax.process_index()
-        local = [(_ordinal(d), gi, r) for gi, g in enumerate(groups) for r, d in enumerate(g)
-                 if d.process_index == me]
-        s: CommSet | None = None
-        try:
-            if exchange is not None:
-                # Whether to keep the existing set is decided by each process from its own state:
-                # every process must decide alike (a process that keeps its set while its peers
-                # replace theirs would wait for them forever). The tables auto chooses from are
-                # agreed here too (also when the set is kept), and adopted only once agreed.
-                tables = choice.propose(cfg.tuning_file, cfg.auto_chain)
-                _bootstrap.agree(exchange, {**_first_fields(
-                    axis, devices_key, "communicators",
-                    f"keeps set {existing.set_id}" if keep else
-                    f"replaces set {existing.set_id} (other arguments)"
-                    if existing is not None else "none"), "auto_tables": tables.value},
-                    tag="keep", notes={"auto_tables": tables.note})
-                choice.adopt(tables)
-            if keep:
-                return existing
-            if existing is not None:
-                shutdown(axis)
-            for g in groups:
-                if any(d.platform != "gpu" for d in g):
-                    raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")
-            _next_set_id += 1
-            hosts, bad_pairs, unverified = _survey(exchange, groups)
-            transport, reason = _choose_transport(transport, groups, hosts, bad_pairs, unverified)
-            if bootstrap == "auto":
-                bootstrap = "kv"
-            if transport == "nccl" or bootstrap == "nccl":
-                err = nccl.load_error()
-                if err:
-                    raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
-                                       f"bootstrap={bootstrap!r} need NCCL, which cannot be "
-                                       f"loaded: {err}")
-            if exchange is not None:
-                fields = {"axis": axis, "groups": [list(k) for k in devices_key],
-                          "capacity": capacity, "transport": transport, "bootstrap": bootstrap,
-                          "timeout_s": timeout_s, "version": _version(), "schedule": _schedule(cfg)}
-                _bootstrap.agree(exchange, fields)
-            s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
-                        exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
-            for dev, gi, r in local:
-                # One process: cuMem buffers mapped for the peers only (no context-wide peer
-                # access, which let XLA's module loading on one GPU wait on a busy peer).
-                mod.comm_create(set_id, gi, r, world, dev, capacity, timeout_s,
-                                local_only=exchange is None, nccl=transport == "nccl",
-                                abort_on_stall=cfg.on_stall == "abort")
-            if transport == "nccl" or (bootstrap == "nccl" and exchange is not None):
-                _create_nccl(s, bootstrap_only=transport != "nccl")
-            _connect(s, tag="connect")
-        except BaseException as err:
-            # The peers' waits on this exchange end at once with this error instead of timing out.
-            if exchange is not None:
-                exchange.announce_failure(f"{type(err).__name__}: {err}",
-                                          wait_for_readers=not _peers_know(err))
-            if s is not None:
-                _destroy_quietly(s)
-            raise
+        return _create_or_keep(cfg, axis, groups, devices_key, bootstrap, transport, timeout_s, capacity)
+
+
+def _without_cuda_path(cfg: config.Config, axis: str, groups: list[list[Any]], devices_key: tuple,
+                       timeout_s: float, why: str) -> None:
+    """initialize() where the CUDA path cannot run: says why, and the processes still agree."""
+    # On GPUs (and not disabled on purpose) this is most likely a missing build: say it loudly.
+    on_gpu = any(d.platform == "gpu" for g in groups for d in g) and not cfg.disable
+    (log.warning if on_gpu else log.info)(
+        "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
+        "run the pure-XLA reference", axis, why)
+    _agree_without_communicators(axis, devices_key, timeout_s, "reference path")
+
+
+def _on_axis_of_size_one(axis: str, devices_key: tuple, timeout_s: float) -> None:
+    """initialize() on an axis of size 1: nothing to gather or scatter (the ops run a plain dot
+    on such an axis, ops.py), so no registered buffer is worth its memory. A set from an earlier,
+    larger mesh goes away."""
+    # This call's init id first, so a failing shutdown cannot leave this process one id behind
+    # its peers; they hear of the failure at once.
+    exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
+    try:
+        shutdown(axis)
+    except Exception as err:
         if exchange is not None:
-            # A step can succeed on some processes and fail on others (an NCCL init that timed
-            # out on one process just before its last peer joined): no process keeps a set that
-            # one of its peers gave up on, and each says which and why.
-            try:
-                exchange.barrier("outcome", reached="finish jax_ub.initialize()")
-            except Exception as err:
-                _destroy_quietly(s)
-                raise RuntimeError(f"jax_ub.initialize: process {me} set up its communicators for "
-                                   f"axis {axis!r}, but a peer did not: {err}") from err
-        _sets[axis] = s
-        log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
-                 "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
-                 capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
-        return s
+            exchange.announce_failure(f"{type(err).__name__}: {err}",
+                                      wait_for_readers=not _peers_know(err))
+        raise
+    _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1", exchange)
+    log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
+             "ops run a plain GEMM without communication", axis)
+
+
+def _create_or_keep(cfg: config.Config, axis: str, groups: list[list[Any]], devices_key: tuple,
+                    bootstrap: str, transport: str, timeout_s: float, capacity: int) -> CommSet:
+    """initialize()'s communicators (under ``_lock``): the existing set where the processes agree
+    to keep it, else a new one, created in steps that every process takes in the same order."""
+    global _next_set_id
+    existing = _sets.get(axis)
+    keep = (existing is not None and existing.devices_key == devices_key
+            and transport in ("auto", existing.transport)
+            and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)
+            and existing.timeout_s == timeout_s and existing.capacity >= capacity)
+    init_id = _bootstrap.next_init_id()
+    exchange = _process_exchange(init_id, timeout_s)
+    mod = _ext.extension()
+    set_id = _next_set_id
+    world = len(groups[0])
+    local = _local_members(groups)
+    s: CommSet | None = None
+    try:
+        if exchange is not None:
+            _agree_to_keep(exchange, cfg, axis, devices_key, existing, keep)
+        if keep and existing is not None:  # keep implies an existing set
+            return existing
+        if existing is not None:
+            shutdown(axis)
+        for g in groups:
+            if any(d.platform != "gpu" for d in g):
+                raise ValueError(f"initialize: mesh devices must be GPUs; got {g}")
+        _next_set_id += 1
+        hosts, bad_pairs, unverified = survey(exchange, groups)
+        transport, reason = choose_transport(transport, groups, hosts, bad_pairs, unverified)
+        if bootstrap == "auto":
+            bootstrap = "kv"
+        _check_nccl_loads(transport, bootstrap)
+        if exchange is not None:
+            _bootstrap.agree(exchange, {
+                "axis": axis, "groups": [list(k) for k in devices_key], "capacity": capacity,
+                "transport": transport, "bootstrap": bootstrap, "timeout_s": timeout_s,
+                "version": _version(), "schedule": _schedule(cfg)})
+        s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
+                    exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
+        _create_members(mod, s, abort_on_stall=cfg.on_stall == "abort")
+    except BaseException as err:
+        # The peers' waits on this exchange end at once with this error instead of timing out.
+        if exchange is not None:
+            exchange.announce_failure(f"{type(err).__name__}: {err}",
+                                      wait_for_readers=not _peers_know(err))
+        if s is not None:
+            _destroy_quietly(s)
+        raise
+    if exchange is not None:
+        _confirm_outcome(exchange, s)
+    _sets[axis] = s
+    log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
+             "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
+             capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
+    return s
+
+
+def _local_members(groups: list[list[Any]]) -> list[tuple[int, int, int]]:
+    """(cuda ordinal, group, rank) of each of this process's devices in ``groups``."""
+    me = jax.process_index()
+    return [(device_ordinal(d), gi, r) for gi, g in enumerate(groups) for r, d in enumerate(g)
+            if d.process_index == me]
+
+
+def _agree_to_keep(exchange: _bootstrap.KVExchange, cfg: config.Config, axis: str,
+                   devices_key: tuple, existing: CommSet | None, keep: bool) -> None:
+    """The processes' first agreement of a call that creates communicators. Whether to keep the
+    existing set is decided by each process from its own state: every process must decide alike (a
+    process that keeps its set while its peers replace theirs would wait for them forever). The
+    tables auto chooses from are agreed here too (also when the set is kept), and adopted only
+    once agreed."""
+    tables = choice.propose(cfg.tuning_file, cfg.auto_chain)
+    _bootstrap.agree(exchange, {**_first_fields(
+        axis, devices_key, "communicators",
+        f"keeps set {existing.set_id}" if keep else
+        f"replaces set {existing.set_id} (other arguments)"
+        if existing is not None else "none"), "auto_tables": tables.value},
+        tag="keep", notes={"auto_tables": tables.note})
+    choice.adopt(tables)
+
+
+def _check_nccl_loads(transport: str, bootstrap: str) -> None:
+    if transport == "nccl" or bootstrap == "nccl":
+        err = nccl.load_error()
+        if err:
+            raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
+                               f"bootstrap={bootstrap!r} need NCCL, which cannot be "
+                               f"loaded: {err}")
+
+
+def _create_members(mod: Any, s: CommSet, *, abort_on_stall: bool) -> None:
+    """Every local member's communicator and buffer, the NCCL communicators the set's transport or
+    bootstrap needs, and the wiring of each member to its peers."""
+    for dev, gi, r in s.local:
+        # One process: cuMem buffers mapped for the peers only (no context-wide peer
+        # access, which let XLA's module loading on one GPU wait on a busy peer).
+        mod.comm_create(s.set_id, gi, r, s.world, dev, s.capacity, s.timeout_s,
+                        local_only=s.exchange is None, nccl=s.transport == "nccl",
+                        abort_on_stall=abort_on_stall)
+    if s.transport == "nccl" or (s.bootstrap == "nccl" and s.exchange is not None):
+        _create_nccl(s, bootstrap_only=s.transport != "nccl")
+    _connect(s, tag="connect")
+
+
+def _confirm_outcome(exchange: _bootstrap.KVExchange, s: CommSet) -> None:
+    """A step can succeed on some processes and fail on others (an NCCL init that timed out on one
+    process just before its last peer joined): no process keeps a set that one of its peers gave
+    up on, and each says which and why."""
+    try:
+        exchange.barrier("outcome", reached="finish jax_ub.initialize()")
+    except Exception as err:
+        _destroy_quietly(s)
+        raise RuntimeError(f"jax_ub.initialize: process {jax.process_index()} set up its "
+                           f"communicators for axis {s.axis!r}, but a peer did not: {err}") from err
 
 
 def _peers_know(err: BaseException) -> bool:
@@ -369,63 +407,6 @@ def _destroy_quietly(s: CommSet) -> None:
         except Exception as err:  # logged: the original failure is the one raised
             log.error("jax_ub.initialize: freeing %s of set %d after a failure also failed: %s",
                       what, s.set_id, err)
-
-
-def _survey(exchange: _bootstrap.KVExchange | None, groups: list[list[Any]]
-            ) -> tuple[list[str], list[tuple[Any, Any]], list[tuple[Any, Any, str]]]:
-    """(host id of every process, pairs of devices of one group that cannot map each other, pairs
-    nobody could check and why): every process reports what it can check (:mod:`jax_ub.comm.p2p`) and
-    all read the same reports, so the transport choice below is the same on every process."""
-    import json
-
-    me = jax.process_index()
-    members = {str(d.id): _ordinal(d) for g in groups for d in g if d.process_index == me}
-    report = p2p.local_report(_ext.extension(), members, use_nvml=exchange is not None)
-    if exchange is None:
-        return p2p.judge([report], groups)
-    blobs = exchange.all_gather("survey", json.dumps(report).encode())
-    return p2p.judge([json.loads(b.decode()) for b in blobs], groups)
-
-
-def _gpu(d: Any, several_processes: bool) -> str:
-    return f"GPU {d.id} (process {d.process_index})" if several_processes else f"GPU {d.id}"
-
-
-def _choose_transport(requested: str, groups: list[list[Any]], hosts: list[str],
-                      bad_pairs: list[tuple[Any, Any]],
-                      unverified: list[tuple[Any, Any, str]] = ()) -> tuple[str, str]:
-    """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``). ``hosts``:
-    the host id of every process; ``bad_pairs``/``unverified``: from :func:`_survey`."""
-    label = p2p.host_labels(hosts)
-    several = len(hosts) > 1
-    spans = []
-    for gi, g in enumerate(groups):
-        gh = sorted({hosts[d.process_index] if d.process_index < len(hosts) else hosts[0]
-                     for d in g})
-        if len(gh) > 1:
-            spans.append(f"group {gi} spans hosts {', '.join(label[h] for h in gh)}")
-    blockers = spans + [f"{_gpu(a, several)} and {_gpu(b, several)} cannot access each other"
-                        for a, b in bad_pairs]
-    unknown = [f"no process could check whether {_gpu(a, several)} and {_gpu(b, several)} can "
-               f"access each other ({why})" for a, b, why in unverified]
-    if requested == "nccl":
-        return "nccl", "requested"
-    if requested == "ipc":
-        if blockers:
-            raise ValueError(f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
-                             f"each other's memory, but {'; '.join(blockers)}: use transport='nccl' "
-                             "or 'auto'")
-        if unknown:
-            log.warning("jax_ub.initialize: transport='ipc' as requested, although %s",
-                        "; ".join(unknown))
-        return "ipc", "requested"
-    if blockers or unknown:
-        if unknown and not blockers:  # a slower transport for want of a check: say so
-            log.warning("jax_ub.initialize: transport 'auto' runs nccl, not ipc: %s. Pass "
-                        "transport='ipc' if these GPUs can map each other's memory",
-                        "; ".join(unknown))
-        return "nccl", "; ".join(blockers + unknown)
-    return "ipc", "every pair of GPUs of each group can map each other's memory"
 
 
 def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
