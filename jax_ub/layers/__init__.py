@@ -6,6 +6,4 @@
 * :mod:`~jax_ub.layers.params` — which dim of each parameter is split, checks, initialization;
 * :mod:`~jax_ub.layers.logical` — logical axis names on the parameters;
 * :mod:`~jax_ub.layers.nnx` / :mod:`~jax_ub.layers.linen` — the modules, owning parameters only.
-
-Importing this package imports neither Flax nor jax.
 """
