@@ -342,21 +342,16 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
         out["error"] = str(e)
     else:
         out["tuning"] = tuning_file_status(cfg.tuning_file)
-    mc_raw, skip_raw = env.get("JAX_UB_MULTICAST"), env.get("UB_SKIPMC")
-    try:
-        requested = config._parse_bool("JAX_UB_MULTICAST", mc_raw or "0")
-        skipped = config._parse_bool("UB_SKIPMC", skip_raw or "0")
-    except ValueError as e:
-        out["multicast"] = {"requested": None, "enabled": False, "reason": str(e)}
-        return out
-    if not requested:
-        reason = "off (the default; never enabled unless JAX_UB_MULTICAST=1)"
-    elif skipped:
-        reason = f"off: JAX_UB_MULTICAST={mc_raw} but UB_SKIPMC={skip_raw} forces it off"
+    # jax_ub has no multicast (NVLS) path: it is never used. The two variables that once asked
+    # for it or forbade it are read only to say that they do nothing.
+    set_vars = [f"{k}={env[k]}" for k in ("JAX_UB_MULTICAST", "UB_SKIPMC") if env.get(k, "").strip()]
+    if set_vars:
+        verb = "does" if len(set_vars) == 1 else "do"
+        reason = (f"none: {' and '.join(set_vars)} {verb} nothing (no multicast path; "
+                  "the variables will be removed)")
     else:
-        reason = (f"requested (JAX_UB_MULTICAST={mc_raw}) but ignored: this version of jax_ub has no "
-                  "multicast path (initialize logs a warning)")
-    out["multicast"] = {"requested": requested and not skipped, "enabled": False, "reason": reason}
+        reason = "none (no multicast path; NVLink multicast is never used)"
+    out["multicast"] = {"enabled": False, "reason": reason}
     return out
 
 

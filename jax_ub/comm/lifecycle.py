@@ -128,8 +128,6 @@ def _checked_arguments(mesh: Any, axis: Any, bootstrap: str | None, transport: s
         raise ValueError(f"initialize: bootstrap must be one of {config.BOOTSTRAPS}; got {bootstrap!r}")
     if transport not in config.TRANSPORTS:
         raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
-    if cfg.multicast:
-        log.warning("jax_ub: JAX_UB_MULTICAST=1 ignored: no multicast path in this version")
     if not isinstance(axis, str):
         raise TypeError(f"initialize: `axis` must be the name of one mesh axis (a str); got "
                         f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
@@ -383,7 +381,7 @@ def _schedule(cfg: config.Config) -> dict[str, Any]:
     time out, or pair unrelated transfers).
 
     Where initialize() creates communicators, the processes also agree on ``auto_tables``, the
-    digest of the tables ``method="auto"`` chooses from (the shipped ``_measured.py``,
+    digest of the tables ``method="auto"`` chooses from (the shipped ``jax_ub/data/measured.json``,
     ``JAX_UB_TUNING_FILE``'s) and its rules (:func:`jax_ub.choice.propose`); a difference names
     each process's file. Without communicators (the reference path, an axis of size 1) ``auto``
     runs XLA's path whatever the tables say, so a tuning file that differs there fails nothing."""

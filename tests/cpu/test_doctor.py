@@ -46,7 +46,7 @@ def test_text_report_on_this_machine(capsys, monkeypatch):
     assert "no CUDA GPU (backend: cpu)" in out
     assert "skipped (--no-live)" in out
     assert "CUDA_DEVICE_MAX_CONNECTIONS" in out and "XLA_PYTHON_CLIENT_MEM_FRACTION" in out
-    assert "multicast   off (the default" in out
+    assert "multicast   none (no multicast path" in out
     last = out.rstrip().splitlines()[-1]
     assert last.startswith("CANNOT RUN OVERLAP: ")
     assert "no CUDA GPU (jax backend: cpu" in last
@@ -342,12 +342,12 @@ def test_environment_and_multicast(machine, capsys, monkeypatch):
     assert lines["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and lines["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert "NCCL_NVLS_ENABLE                (unset)" in out
     assert "timeout_s=33 on_stall=wait" in out
-    assert "multicast   requested (JAX_UB_MULTICAST=1) but ignored" in out
+    assert "multicast   none: JAX_UB_MULTICAST=1 does nothing" in out
     monkeypatch.setenv("UB_SKIPMC", "1")
     _run(capsys, "--no-live")
     r = doctor.gather_config()
-    assert r["multicast"] == {"requested": False, "enabled": False,
-                              "reason": "off: JAX_UB_MULTICAST=1 but UB_SKIPMC=1 forces it off"}
+    assert r["multicast"] == {"enabled": False, "reason": "none: JAX_UB_MULTICAST=1 and UB_SKIPMC=1 do "
+                              "nothing (no multicast path; the variables will be removed)"}
 
 
 def test_invalid_configuration_is_fatal(machine, capsys, monkeypatch):
