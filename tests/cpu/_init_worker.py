@@ -37,9 +37,9 @@ if scenario == "bad_setting" and rank == 1:
 if scenario == "refuse_exit" and rank == 0:
     os.environ["JAX_UB_TIMEOUT"] = "soon"  # process 0 (jax.distributed's service) refuses, exits
 if scenario == "mismatch_exit" and rank == 0:
-    os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"
+    os.environ["JAX_UB_EXPERIMENTAL_AG_PUSH_PIECES"] = "2"
 if scenario == "schedule_mismatch" and rank == 1:
-    os.environ["JAX_UB_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
+    os.environ["JAX_UB_EXPERIMENTAL_AG_PUSH_PIECES"] = "2"  # another communication schedule than process 0's
 
 import jax  # noqa: E402
 

@@ -89,7 +89,7 @@ def test_world_four(capsys, chain_pieces):
     transport), one per GPU where there are 4 or more, else sharing them (correctness only:
     shared GPUs say nothing of speed). The chain's piece counts run on every machine: the
     one-process-per-GPU case runs the default count only."""
-    extra = {} if chain_pieces is None else {"JAX_UB_RS_CHAIN_PIECES": str(chain_pieces)}
+    extra = {} if chain_pieces is None else {"JAX_UB_EXPERIMENTAL_RS_CHAIN_PIECES": str(chain_pieces)}
     _exchange(capsys, 4, "kv", "ipc", extra, **_layout(4))
 
 
