@@ -2,9 +2,9 @@
 algorithm, or XLA's own collective and dot where that measured faster than every algorithm).
 
 The measurements are ``python -m jax_ub.bench ag|rs|tune`` records (``jax_ub_<method>`` and
-``xla_plain`` impls), either the ones shipped in :mod:`jax_ub._measured` (generated from
-``benchmarks/results`` by ``python scripts/measured_table.py benchmarks/results/*-ag.json
-benchmarks/results/*-rs.json``) or a bench JSON of your own machine named by ``JAX_UB_TUNING_FILE``
+``xla_plain`` impls), either the ones shipped in ``jax_ub/data/measured.json`` (read by
+:mod:`jax_ub._measured`, generated from ``benchmarks/records`` by ``python
+tools/measured_table.py``) or a bench JSON of your own machine named by ``JAX_UB_TUNING_FILE``
 (``config.tuning_file``). For a call of one op at global (M, K, N) over tp ranks in one dtype, the
 candidates are, first found:
 
@@ -43,35 +43,35 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from jax_ub import methods
+
 _log = logging.getLogger("jax_ub")
 
-AG, RS = "ag", "rs"
+AG, RS = methods.AG, methods.RS
 BENCH_OP = {AG: "ag_gemm", RS: "gemm_rs"}
 # The methods each op's table may name: the CUDA algorithms (bench impl "jax_ub_<method>"), and
 # "xla" (bench impl "xla_plain": XLA's collective, then the dot), last so that a tie goes to the
 # overlap: auto runs XLA's own path only where it measured faster than every algorithm.
-METHODS = {AG: ("push", "push_merge", "ring", "all_peer", "xla"),
-           RS: ("ring", "pipeline", "chain", "columns", "xla")}
+METHODS = methods.AUTO_CANDIDATES
 XLA_IMPL = "xla_plain"
 # Bench impls of runs older than the method they time: runs up to 2026-11-28 timed push_merge as
 # "variant_push_merge" (push traced with JAX_UB_AG_PUSH_MERGE=1, no pieces at the bench shapes:
 # the same program).
-LEGACY_IMPLS = {"variant_push_merge": "push_merge"}
-# push_merge merges the peers' chunks: below this group size there is one peer chunk, and it runs
-# push's program (the CUDA path, the bench and the tables all go by this).
-PUSH_MERGE_MIN_TP = 3
-FALLBACK = {AG: "push", RS: "ring"}  # no measurement at all for the op
+LEGACY_IMPLS = {"variant_push_merge": methods.PUSH_MERGE}
+PUSH_MERGE_MIN_TP = methods.PUSH_MERGE_MIN_TP
+FALLBACK = methods.DEFAULT  # no measurement at all for the op
 RECORD_KEYS = ("tp", "dtype", "M", "K", "N", "ms")  # what a jax_ub_<method> record must have
 DTYPES = ("bfloat16", "float16", "float32")  # the dtypes jax_ub's ops take
 # Methods within this factor of the fastest are a tie (run-to-run noise is a few percent), broken
-# by the order of METHODS[op].
+# by the order of METHODS[op]: docs/performance.md#tie
 TIE = 1.02
 # A measurement whose M, K or N differs from the call's by more than this factor is "far": ``why``
 # says so (the choice is still the nearest measurement's).
 FAR = 4.0
 # Methods that sum partials in the op's dtype, one rounding per hop, at tp >= 3 (see the module
 # docstring): auto skips them there for narrower dtypes than float32 unless config.auto_chain.
-DTYPE_SUMS = {RS: ("chain",)}
+DTYPE_SUMS = methods.DTYPE_SUMS
+sums_in_dtype = methods.sums_in_dtype
 SHAPES_FORMAT = "jax_ub_shapes"  # the key of a shapes file (jax_ub.tuning.FORMAT)
 
 
@@ -136,7 +136,7 @@ def method_of(impl: str) -> str | None:
     """The method a bench impl times (``jax_ub_<method>``; ``xla_plain`` is ``"xla"``), or None
     for impls that are not a method ``auto`` may run (``jax_ub`` itself, baselines)."""
     if impl == XLA_IMPL:
-        return "xla"
+        return methods.XLA
     if impl in LEGACY_IMPLS:
         return LEGACY_IMPLS[impl]
     return impl[len("jax_ub_"):] if impl.startswith("jax_ub_") else None
@@ -237,7 +237,7 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         if method not in METHODS[op]:
             unknown.add(f"{op} {method}")
             continue
-        if method == "push_merge" and dims["tp"] < PUSH_MERGE_MIN_TP:
+        if method == methods.PUSH_MERGE and dims["tp"] < PUSH_MERGE_MIN_TP:
             continue  # push's program, timed a second time
         if not (math.isfinite(ms) and ms > 0):
             continue  # not measured
@@ -387,7 +387,7 @@ def propose(tuning_file: str, auto_chain: bool) -> Agreement:
     """What this process brings to the agreement on the tables ``auto`` chooses from; nothing
     changes until :func:`adopt` (called once every process agreed)."""
     shipped = _shipped()
-    ship = f"jax_ub/_measured.py ({len(shipped)} shapes, digest {Tables((), shipped).digest(auto_chain)})"
+    ship = f"jax_ub/data/measured.json ({len(shipped)} shapes, digest {Tables((), shipped).digest(auto_chain)})"
     if not tuning_file:
         t = Tables((), shipped)
         return Agreement(t.digest(auto_chain), f"no JAX_UB_TUNING_FILE; {ship}", "", "", t)
@@ -496,12 +496,6 @@ def pick(shapes: Iterable[Shape], op: str, tp: int, dtype: str, M: int, K: int, 
     return _nearest([s for s in cands if abs(math.log(s.tp / tp)) == near_tp], M, K, N)
 
 
-def sums_in_dtype(op: str, method: str, tp: int, dtype: str) -> bool:
-    """Whether ``method`` sums the partials of a call in its (narrower than fp32) dtype, rounding
-    once per hop: ``chain`` at tp >= 3 in bfloat16/float16."""
-    return method in DTYPE_SUMS.get(op, ()) and tp >= 3 and dtype != "float32"
-
-
 def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: str = "", *,
            using: Tables | None = None, auto_chain: bool | None = None) -> Choice:
     """The method for one call of global shape (M, K, N) over ``tp`` ranks, and why.
@@ -548,22 +542,3 @@ def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: st
                           f"{times} ms ({s.source}, {label}; within {TIE - 1:.0%} is a tie, "
                           f"broken in the order {', '.join(METHODS[op])})"
                           + "".join(f"; {n}" for n in notes))
-
-
-def render(docs: Sequence[dict]) -> str:
-    """The source of jax_ub/_measured.py for these bench documents (only what choose() reads)."""
-    lines = ['"""Bench records method="auto" chooses from. Generated by `python scripts/measured_table.py '
-             'benchmarks/results/*-ag.json benchmarks/results/*-rs.json`; do not edit."""', "",
-             "DOCS = ["]
-    for d in docs:
-        recs = [r for r in d.get("records", []) if r.get("op") in BENCH_OP.values()
-                and method_of(str(r.get("impl", ""))) is not None]
-        if not recs:
-            continue
-        lines.append(f"    {{'machine': {d.get('machine')!r}, 'date': {d.get('date')!r}, 'records': [")
-        for r in recs:
-            kv = ", ".join(f"{k!r}: {r[k]!r}" for k in ("op", "tp", "dtype", "M", "K", "N", "impl", "ms"))
-            lines.append(f"        {{{kv}}},")
-        lines.append("    ]},")
-    lines.append("]")
-    return "\n".join(lines) + "\n"

@@ -27,13 +27,14 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from jax_ub.methods import METHODS
+
 if sys.argv[:1] == ["-m"]:
     # `python -m jax_ub.config`: importing the package imports this module first, which runpy then
     # warns about before running the file again as __main__; harmless, __main__ calls this module.
     warnings.filterwarnings("ignore", message=r"'jax_ub\.config' found in sys\.modules",
                             category=RuntimeWarning)
 
-METHODS = ("auto", "xla", "ring", "all_peer", "push", "push_merge", "pipeline", "chain", "columns", "nccl")
 # JAX_UB_* variables that are not settings of this module, and what they are.
 OTHER_VARIABLES = {
     "JAX_UB_CUDA_ARCHS": "the CUDA architectures the build compiles for (`CMakeLists.txt`)",

@@ -40,7 +40,6 @@ def _check(x: jax.Array, w: jax.Array) -> None:
             f"w is {_validate.shape_str(w.shape)} (k={w.shape[0]})")
 
 
-_DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _warmed: dict[tuple, dict] = {}
 
 
@@ -80,7 +79,7 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
         key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
                int(reserve_sms), int(ld), row_offsets, bool(trans_a), bool(trans_b))
         if key not in _warmed:
-            r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _DTYPE_CODE[name],
+            r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _ffi.dtype_code(name),
                                                     tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
                                                     accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
                                                     ld=int(ld), unaligned_a=unaligned_a,
