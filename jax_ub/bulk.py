@@ -1,4 +1,5 @@
-"""Bulk overlap: a collective running under an *independent* GEMM, in one call.
+"""Bulk overlap: a collective running under an *independent* GEMM, in one call (the Python side of
+``csrc/ffi/bulk.cc``: the public ops, their autodiff and their CUDA implementation).
 
 The backward pass of a tensor-parallel layer has work of this shape (TransformerEngine's "bulk"
 overlap): re-gather the saved input shard while the dgrad GEMM runs, or reduce-scatter the dgrad
@@ -19,22 +20,24 @@ differentiable (the backward is the reference's).
 from __future__ import annotations
 
 import functools
-import logging
+import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_ub import _validate, comm, ops, reference
-
-log = logging.getLogger("jax_ub")
+from jax_ub import _ext, _ffi, _launch, _validate, comm, methods, reference, resolve, schedule
 
 __all__ = ["bulk_all_gather", "bulk_reduce_scatter"]
 
+_WHAT = {methods.AG: "bulk_all_gather", methods.RS: "bulk_reduce_scatter"}
+_OP = {methods.AG: methods.BULK_AG, methods.RS: methods.BULK_RS}
+
 
 def _reference(kind: str, x, a, b, axis_name, axis, precision):
-    if kind == "ag":
+    if kind == methods.AG:
         out = lax.all_gather(x, axis_name, axis=axis, tiled=True)
     else:
         out = lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
@@ -42,10 +45,44 @@ def _reference(kind: str, x, a, b, axis_name, axis, precision):
 
 
 def _cuda(kind, x, a, b, axis_name, axis, precision, method):
-    from jax_ub import overlap
-
-    fn = overlap.bulk_all_gather_cuda if kind == "ag" else overlap.bulk_reduce_scatter_cuda
-    return fn(x, a, b, axis_name, axis=axis, precision=precision, method=method)
+    """(collective(x), a @ b) in one custom call (``jax_ub_bulk`` of ``csrc/ffi/bulk.cc``): the
+    collective moves by copy engine under the GEMM. An all-gather's same-device copies run beside
+    the GEMM's first rows (``config.bulk_copy_sms``); a reduce-scatter's fp32 sum runs after the
+    GEMM, or beside it on ``config.bulk_reduce_sms`` SMs kept from it
+    (:func:`jax_ub.schedule.bulk_side`)."""
+    what = _WHAT[kind]
+    s = _launch.comm_set(axis_name, what)
+    _ext.ensure_registered()
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        raise ValueError(f"{what}: the independent GEMM must be a[m, k] @ b[k, n] of one dtype; "
+                         f"got a {a.shape} {a.dtype}, b {b.shape} {b.dtype}")
+    gather = kind == methods.AG
+    x2 = _launch.front(x, axis % x.ndim)
+    x3 = x2.reshape(x2.shape[0], -1)
+    es = jnp.dtype(x.dtype).itemsize
+    comm.ensure_capacity(s, (s.world if gather else 1) * math.prod(x2.shape) * es)
+    side_sms, side_rows = schedule.bulk_side(kind, math.prod(x2.shape) * es, a.shape[0], a.shape[1],
+                                             b.shape[1], a.dtype)
+    if gather and s.transport == "nccl":  # no same-device copies: NCCL's kernels go first
+        side_sms, side_rows = 0, 0
+    if side_rows > 0:  # both GEMMs of the op: its first rows beside the collective, then the rest
+        _launch.warm(s, side_rows, b.shape[1], a.shape[1], a.dtype, precision, reserve_sms=side_sms)
+    if side_rows < a.shape[0]:
+        _launch.warm(s, a.shape[0] - side_rows, b.shape[1], a.shape[1], a.dtype, precision)
+    if gather:
+        out_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
+    else:
+        if x3.shape[0] % s.world:
+            raise ValueError(f"{what}: dimension {axis} of x ({x3.shape[0]}) is not divisible by "
+                             f"the axis size {s.world}")
+        out_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
+    algo = _ffi.schedule_code(kind, methods.runs(_OP[kind], method))
+    gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
+    out, gy, _ = _ffi.call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
+        _launch.checked(x3, s, what), a, b, set_id=s.set_id, kind=_ffi.bulk_kind_code(kind), algo=algo,
+        tf32=_ffi.tf32_allowed(precision), side_sms=np.int32(side_sms), side_rows=np.int64(side_rows))
+    rows = s.world * x2.shape[0] if gather else x2.shape[0] // s.world
+    return _launch.back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5, 6, 7))
@@ -66,10 +103,11 @@ def _bulk_bwd(kind, axis_name, axis, precision, method, res, cts):
 _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 
-def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
+def _run(kind: str, x, a, b, axis_name, axis, precision, method):
+    what = _WHAT[kind]
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     precision = _validate.static_precision(precision, what)
-    method = None if method is None else ops._requested(method, what)
+    method = None if method is None else resolve.requested(method, what, stacklevel=5)
     for name, v in (("x", x), ("a", a), ("b", b)):
         _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
@@ -84,27 +122,22 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method, what):
                             f"{np.dtype(v.dtype).name}")
     axis = _validate.normalize_axis(what, "axis", axis, x.shape, last_ok=True)
     _validate.check_nonempty_axis(what, "axis", axis, x.shape,
-                                  "all-gather" if kind == "ag" else "reduce-scatter")
+                                  "all-gather" if kind == methods.AG else "reduce-scatter")
     tp = _validate.bound_axis_size(what, axis_name)
-    if kind == "rs":
+    if kind == methods.RS:
         _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)
-    m = ops._resolve_for_size(method, tp, x, a, b, fn=what)
-    if m == "auto":
-        m = ("ring" if comm.get(axis_name) is not None and _validate.bound_by_shard_map(axis_name)
-             else "xla")
-        if m == "xla":
-            comm.warn_no_communicator(what, axis_name)
-        log.debug("jax_ub: %s method 'auto' -> %r (%s)", what, m, "the mesh axis has a communicator"
-                  if m == "ring" else f"no jax_ub communicator for mesh axis {axis_name!r}")
-    if m == "xla":
+    m = resolve.for_size(method, tp, x, a, b, fn=what)
+    if m == methods.AUTO:
+        m = resolve.bulk_auto(what, axis_name)
+    if m == methods.XLA:
         return _reference(kind, x, a, b, axis_name, axis, precision)
-    if m == "nccl":
+    if m == methods.NCCL:
         s = comm.get(axis_name)
         if s is None or s.transport != "nccl":
             raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, "
                              f"axis={axis_name!r}, transport='nccl'); the axis has "
                              f"{'no communicator' if s is None else 'transport ' + repr(s.transport)}")
-        m = "ring"  # a set with transport nccl runs every algorithm over NCCL
+        m = methods.BULK_DEFAULT  # a set with transport nccl runs every algorithm over NCCL
     return _bulk(kind, x, a, b, axis_name, axis, precision, m)
 
 
@@ -119,7 +152,7 @@ def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
     ``"push"``; ``"push_merge"`` runs push's all-gather); the other names that
     :func:`jax_ub.all_gather_matmul` accepts run the all-gather algorithm they run there.
     """
-    return _run("ag", x, a, b, axis_name, axis, precision, method, "bulk_all_gather")
+    return _run(methods.AG, x, a, b, axis_name, axis, precision, method)
 
 
 def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
@@ -133,4 +166,4 @@ def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any
     ``"xla"`` or a reduce-scatter algorithm (``"ring"``, ``"pipeline"``); the other names that
     :func:`jax_ub.matmul_reduce_scatter` accepts run the reduce-scatter algorithm they run there.
     """
-    return _run("rs", x, a, b, axis_name, axis, precision, method, "bulk_reduce_scatter")
+    return _run(methods.RS, x, a, b, axis_name, axis, precision, method)

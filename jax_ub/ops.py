@@ -5,8 +5,10 @@
 
 1. validates its arguments at trace time (before any kernel), with errors naming expected and
    received shapes/dtypes/values;
-2. picks an implementation: :func:`_resolve_method` maps ``method`` (or ``config.get().method``)
-   to a registered name, and ``_IMPLS[(op, name)]`` is the forward;
+2. picks an implementation: :func:`jax_ub.resolve.for_size` maps ``method`` (or
+   ``config.get().method``) to a method of :mod:`jax_ub.methods`; ``"auto"`` is resolved per call
+   when the forward is traced (:func:`jax_ub.resolve.auto_method`), and :func:`_impl` gives the
+   forward: the reference for ``"xla"``, :mod:`jax_ub.overlap`'s CUDA kernels for the others;
 3. differentiates through one ``custom_vjp`` whose backward is the *dual* op (:data:`DUAL`), called
    through the same dispatch, so an overlapped forward gets an overlapped backward. With
    ``recompute_gathered`` an AG keeps only its local shard for the backward, which re-gathers it
@@ -20,9 +22,7 @@ The method is resolved when the call is traced: a ``jax.jit`` cache keeps the pa
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -31,21 +31,22 @@ import jax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jax_ub import _validate, config, gemm, reference, tuning
+from jax_ub import _ffi, _validate, bulk, config, gemm, methods, overlap, reference, resolve, tuning
 
 __all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
 
-_log = logging.getLogger("jax_ub")
+AG, RS = methods.AG, methods.RS
+# The AG<->RS duality (jax_ub.methods): the backward of each op is its dual op applied to (dy, wᵀ)
+# along the same axis; everything else in the VJP is shared (see _overlap_bwd).
+DUAL = methods.DUAL
+_PUBLIC_NAME = methods.PUBLIC_NAME
 
-# Op keys of the implementation registry.
-AG = "ag"  # all_gather_matmul: y = all_gather(x) @ w
-RS = "rs"  # matmul_reduce_scatter: y = reduce_scatter(x @ w)
-
-# The AG<->RS duality of tensor parallelism, written once. The backward of each op is its dual op
-# applied to (dy, wᵀ) along the same axis; everything else in the VJP is shared (see _overlap_bwd).
-DUAL: dict[str, str] = {AG: RS, RS: AG}
-
-_PUBLIC_NAME = {AG: "all_gather_matmul", RS: "matmul_reduce_scatter"}
+# What a call runs (jax_ub.resolve), under the names the tests patch.
+_requested = resolve.requested
+_resolve_method = resolve.method_name
+_resolve_for_size = resolve.for_size
+_cuda_status = resolve.cuda_status
+_cuda_unavailable_reason = resolve.cuda_unavailable_reason
 
 # An implementation computes ``(y, x_full)`` from local shards, where ``x_full`` is the left operand
 # the GEMM actually saw: the gathered x for AG, x itself for RS. Keyword arguments: ``axis_name``,
@@ -54,22 +55,8 @@ _PUBLIC_NAME = {AG: "all_gather_matmul", RS: "matmul_reduce_scatter"}
 # dropped (a plain call, or a forward with recompute_gathered), so an implementation may skip
 # materialising it; its second output is then ignored (it may be None).
 Impl = Callable[..., tuple[jax.Array, jax.Array]]
-_IMPLS: dict[tuple[str, str], Impl] = {}
 
 
-def register_impl(op: str, method: str) -> Callable[[Impl], Impl]:
-    """Decorator registering ``fn`` as the forward of ``op`` (``"ag"``/``"rs"``) for ``method``."""
-    if op not in DUAL:
-        raise ValueError(f"op must be one of {tuple(DUAL)}; got {op!r}")
-
-    def register(fn: Impl) -> Impl:
-        _IMPLS[(op, method)] = fn
-        return fn
-
-    return register
-
-
-@register_impl(AG, "xla")
 def _ag_xla(x, w, *, axis_name, axis, precision, need_full=True):
     del need_full  # XLA frees the gathered x itself when nothing uses it
     return reference.all_gather_matmul(
@@ -77,102 +64,24 @@ def _ag_xla(x, w, *, axis_name, axis, precision, need_full=True):
     )
 
 
-@register_impl(RS, "xla")
 def _rs_xla(x, w, *, axis_name, axis, precision, need_full=True):
     del need_full
     return reference.matmul_reduce_scatter(x, w, axis_name, scatter_axis=axis, precision=precision), x
 
 
-def _cuda_status() -> tuple[bool, str]:
-    try:
-        from jax_ub._ext import cuda_path_available
-    except ImportError as e:  # the extension loader itself is missing (partial install)
-        return False, f"jax_ub._ext could not be imported ({e})"
-    return cuda_path_available()
-
-
-def _cuda_unavailable_reason() -> str:
-    return _cuda_status()[1] or "the CUDA path is available"
-
-
-def _requested(method: str | None, fn: str | None = None) -> str:
-    """``method`` (``None``: the configured one), checked against the known names (any case, as
-    ``JAX_UB_METHOD`` is); ``fn`` names the caller in the error."""
-    requested = config.get().method if method is None else method
-    if isinstance(requested, str) and requested.strip().lower() in config.METHODS:
-        return requested.strip().lower()
-    if isinstance(requested, str) and any(name == requested for _, name in _IMPLS):
-        return requested  # an implementation registered by name (register_impl, tests)
-    where = f"{fn}: " if fn else ""
-    if not isinstance(requested, str):  # a wrong type, as Python's own calls say it
-        raise TypeError(f"{where}`method` must be None or a str, one of {config.METHODS}; got "
-                        f"{requested!r} ({type(requested).__name__})")
-    near = difflib.get_close_matches(requested.strip().lower(), config.METHODS, n=1, cutoff=0.6)
-    raise ValueError(f"{where}`method` must be None or one of {config.METHODS}; got {requested!r}"
-                     + (f" (did you mean {near[0]!r}?)" if near else ""))
-
-
-def _resolve_for_size(method: str | None, tp: int, *operands: Any, fn: str | None = None) -> str:
-    """:func:`_resolve_method` for an axis of ``tp`` devices. An axis of size 1 has nothing to
-    gather or scatter: every method runs the reference there (a plain dot, exactly XLA's), and
-    :func:`jax_ub.initialize` creates no communicator for it. Nor is there anything to overlap
-    where an operand has a zero-size dimension: the reference runs there too (an empty gather or
-    a dot over an empty sum, whose zeros XLA writes)."""
-    if tp == 1:
-        _log.debug("jax_ub: method %r -> 'xla': the mesh axis has size 1 (nothing to communicate)",
-                   _requested(method))
-        return "xla"
-    empty = [_validate.shape_str(a.shape) for a in operands if 0 in a.shape]
-    if empty:
-        _log.debug("jax_ub: method %r -> 'xla': zero-size operand %s (nothing to overlap)",
-                   _requested(method), ", ".join(empty))
-        return "xla"
-    return _resolve_method(method, fn)
-
-
-def _resolve_method(method: str | None, fn: str | None = None) -> str:
-    """The registered implementation name to use for ``method`` (``None``: the configured one);
-    ``fn`` names the caller in the error.
-
-    ``JAX_UB_DISABLE=1`` (``config.disable``) and ``"xla"`` give ``"xla"``; ``"auto"`` gives
-    ``"auto"`` (which picks a CUDA algorithm per shape, or the reference when the mesh axis has no
-    communicator) when the CUDA path can run, else ``"xla"``; the CUDA algorithms need it.
-    """
-    cfg = config.get()
-    requested = _requested(method, fn)
-    if cfg.disable or requested == "xla":
-        _log.debug("jax_ub: method %r -> 'xla' (the pure-XLA reference): %s", requested,
-                   "JAX_UB_DISABLE=1" if cfg.disable else "requested")
-        return "xla"
-    ok, why = _cuda_status()
-    if requested == "auto":
-        _log.debug("jax_ub: method 'auto' -> %s", "'auto' (the CUDA path is available: a CUDA algorithm "
-                   "per shape where the mesh axis has a communicator, else the reference)" if ok
-                   else f"'xla' (the pure-XLA reference): {why}")
-        return "auto" if ok else "xla"
-    if not ok:
-        if method is None:  # the configured method: JAX_UB_METHOD (or config.override)
-            asked, fix = (f"JAX_UB_METHOD={requested}", "Unset JAX_UB_METHOD or set it to 'auto' or 'xla' "
-                          "(the pure-XLA path)")
-        else:
-            asked, fix = f"method={requested!r}", "Use method='auto' or 'xla' (the pure-XLA path)"
-        raise ValueError(
-            (f"{fn}: " if fn else "")
-            + f"{asked} needs the CUDA overlap extension, which is not available: "
-            f"{why}. {fix}, or set JAX_UB_DISABLE=1 to force that path everywhere"
-        )
-    _log.debug("jax_ub: method %r: requested (the CUDA path is available)", requested)
-    return requested
+# The forwards by (op, method) beside the CUDA methods' (tests add their own here).
+_IMPLS: dict[tuple[str, str], Impl] = {(AG, methods.XLA): _ag_xla, (RS, methods.XLA): _rs_xla}
+_CUDA: dict[str, Callable[..., Any]] = {AG: overlap.ag_gemm, RS: overlap.gemm_rs}
 
 
 def _impl(op: str, method: str) -> Impl:
-    try:
+    """The forward of ``op`` for a resolved ``method`` (not ``"auto"``)."""
+    if (op, method) in _IMPLS:
         return _IMPLS[(op, method)]
-    except KeyError:
-        have = sorted(m for o, m in _IMPLS if o == op)
-        raise ValueError(
-            f"{_PUBLIC_NAME[op]}: no implementation registered for method {method!r}; have {have}"
-        ) from None
+    if method in methods.CUDA_METHODS or method == methods.NCCL:
+        return functools.partial(_CUDA[op], method=method)
+    raise ValueError(f"{_PUBLIC_NAME[op]}: no implementation of method {method!r}; have "
+                     f"{sorted({m for o, m in _IMPLS if o == op} | set(methods.CUDA_METHODS))}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,9 +90,7 @@ def _impl(op: str, method: str) -> Impl:
 
 
 def _vma(a: Any) -> frozenset:
-    from jax_ub._ffi import varying_axes
-
-    return varying_axes(a)
+    return _ffi.varying_axes(a)
 
 
 def _match_vma(ct: jax.Array, target: frozenset) -> jax.Array:
@@ -192,9 +99,7 @@ def _match_vma(ct: jax.Array, target: frozenset) -> jax.Array:
     if extra:  # primal replicated over these axes: sum the per-device contributions
         ct = lax.psum(ct, extra)
     # where the primal varies and the cotangent does not (e.g. it came from a replicated dy)
-    from jax_ub._ffi import vary
-
-    return vary(ct, target)
+    return _ffi.vary(ct, target)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,7 +111,7 @@ class _Call:
     """Static description of one call (the custom_vjp's non-differentiable argument)."""
 
     op: str  # AG or RS
-    method: str  # a registered implementation name
+    method: str  # "auto", "xla" or a CUDA method (jax_ub.methods), resolved for this call
     axis_name: Any
     axis: int  # gather/scatter axis, non-negative
     precision: Any
@@ -264,7 +169,10 @@ def _named(op: str, y: jax.Array, x_full: Any) -> tuple[jax.Array, Any]:
 
 
 def _forward(call: _Call, x, w, *, need_full: bool):
-    y, x_full = _impl(call.op, call.method)(
+    method = call.method
+    if method == methods.AUTO:  # per call, at its traced shapes: the measured choice
+        method = resolve.auto_method(call.op, x, w, call.axis_name)
+    y, x_full = _impl(call.op, method)(
         x, w, axis_name=call.axis_name, axis=call.axis, precision=call.precision, need_full=need_full
     )
     return _named(call.op, y, x_full if need_full else None)
@@ -297,8 +205,6 @@ def _recompute_bwd(call, x, w, dy):
     have the shape of x_full up to the last dim, so their rows line up for any gather axis; the
     collectives act on the un-flattened arrays along ``call.axis``.
     """
-    from jax_ub import bulk  # bulk imports this module
-
     k, n = w.shape
     rows = math.prod(dy.shape[:-1])  # explicit: reshape(-1, 0) cannot infer it (an empty w shard)
     dy2 = dy.reshape(rows, n)
@@ -373,12 +279,12 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     and its reverse mode is the computation of :func:`_overlap_bwd` with the reference dual op (the
     same numbers; with leading batch dims the wgrad contraction may round differently in the last
     bit). Everything else goes through the custom_vjp (reverse mode only)."""
-    if call.method in ("xla", "auto") and not _validate.bound_by_shard_map(call.axis_name):
+    if call.method in (methods.XLA, methods.AUTO) and not _validate.bound_by_shard_map(call.axis_name):
         # A jax.vmap (or pmap) axis named like the TP axis: XLA's collectives over it, which JAX
         # differentiates itself. The custom_vjp's backward (auto's, or recompute's re-gather) needs
         # an axis bound by a shard_map, and the memory that recompute saves does not apply here.
-        call = dataclasses.replace(call, method="xla", recompute_gathered=False)
-    if call.method != "xla" or call.recompute_gathered:
+        call = dataclasses.replace(call, method=methods.XLA, recompute_gathered=False)
+    if call.method != methods.XLA or call.recompute_gathered:
         try:
             return _overlap(call, x, w)
         except TypeError as e:
@@ -430,9 +336,10 @@ def all_gather_matmul(
       precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
       method: ``None`` (``jax_ub.config.get().method``), ``"auto"``, ``"xla"`` or a CUDA
         algorithm: ``"push"``, ``"push_merge"``, ``"ring"``, ``"all_peer"`` for the all-gather,
-        ``"ring"``, ``"pipeline"``, ``"chain"``, ``"columns"`` for the reduce-scatter, ``"nccl"`` for either (needs
-        ``transport="nccl"``). The backward runs the dual op with the same name; a name of the
-        other op maps to one of this op's (``jax_ub/overlap.py``: ``AG_ALGOS``, ``RS_ALGOS``).
+        ``"ring"``, ``"pipeline"``, ``"chain"``, ``"columns"`` for the reduce-scatter. The
+        backward runs the dual op with the same name; a name of the other op runs one of this
+        op's (:data:`jax_ub.methods.RUNS`). ``"nccl"`` is deprecated (a ``DeprecationWarning``):
+        initialize the axis with ``transport="nccl"``, on which every method runs NCCL.
       recompute_gathered: save only the local shard ``x`` for the backward instead of the
         gathered x (``tp``× smaller), and re-gather it there (see Gradients). ``None``:
         ``jax_ub.config.get().recompute_gathered`` (env ``JAX_UB_RECOMPUTE_GATHERED``, default

@@ -20,7 +20,7 @@ milliseconds of:
   (ag: push, push_merge, ring, all_peer; rs: ring, pipeline, chain, columns).
 
 With ``--timeline`` (``ag``, ``rs``, ``bulk``; CUDA path only), each shape's ``jax_ub`` op also
-runs traced (``jax_ub.overlap.trace_enable``/``trace_collect``), ``TIMELINE_CALLS`` calls back to
+runs traced (``jax_ub.trace.trace_enable``/``trace_collect``), ``TIMELINE_CALLS`` calls back to
 back of which the last is kept (a lone call after a sync starts cold): a Gantt PNG per shape
 (``<stem>-timeline-[<op>-]tp<tp>-<M>x<K>x<N>.png``, see :mod:`jax_ub.bench.timeline`) and the records
 under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", "records"}, ...]``.
@@ -98,10 +98,12 @@ import re
 import sys
 from typing import Any
 
+from jax_ub import methods
+
 MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing it here
 DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops take
-# The jax_ub_<method> impls of bench ag / rs (jax_ub.choice.METHODS less "xla"; see agrs.build).
-CUDA_METHODS = {"ag": ("push", "push_merge", "ring", "all_peer"), "rs": ("ring", "pipeline", "chain", "columns")}
+# The jax_ub_<method> impls of bench ag / rs: each op's schedules (see agrs.build).
+CUDA_METHODS = methods.SCHEDULES
 
 
 def at_least(low: float, kind: type = int) -> Any:

@@ -31,7 +31,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     from jax.sharding import PartitionSpec as P
 
     import jax_ub
-    from jax_ub import choice, overlap
+    from jax_ub import collectives, methods
 
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
@@ -82,11 +82,12 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     if op == "ag":
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
-        impls["comm_jax_ub"] = (smap(lambda x: overlap.all_gather(x, "tp"), (x_spec,), P()), (x,))
+        impls["comm_jax_ub"] = (smap(lambda x: collectives.all_gather(x, "tp"), (x_spec,), P()), (x,))
         impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
-        # below choice.PUSH_MERGE_MIN_TP push_merge is push's program: not timed twice
-        merge = ("push_merge",) if tp >= choice.PUSH_MERGE_MIN_TP else ()
-        for m in ("auto", "push", *merge, "ring", "all_peer"):
+        # below PUSH_MERGE_MIN_TP push_merge is push's program: not timed twice
+        ag = [m for m in methods.SCHEDULES[methods.AG]
+              if m != methods.PUSH_MERGE or tp >= methods.PUSH_MERGE_MIN_TP]
+        for m in (methods.AUTO, *ag):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
@@ -98,10 +99,10 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
         impls["comm_nccl"] = lambda: (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),),
                                            P("tp", None)), (partials(),))
-        impls["comm_jax_ub"] = lambda: (smap(lambda p: overlap.reduce_scatter(p, "tp"), (P("tp", None),),
+        impls["comm_jax_ub"] = lambda: (smap(lambda p: collectives.reduce_scatter(p, "tp"), (P("tp", None),),
                                              P("tp", None)), (partials(),))
         impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
-        for m in ("auto", "ring", "pipeline", "chain", "columns"):
+        for m in (methods.AUTO, *methods.SCHEDULES[methods.RS]):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
             impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
                                 (x_spec, w_spec), y_spec), (x, w))
@@ -165,10 +166,10 @@ def draw(records: list[dict], stem: str, op: str, dtype: str) -> bool:
 def auto_method(op: str, tp: int, M: int, K: int, N: int, dtype: str) -> str:
     """The method ``method="auto"`` runs at this global shape (the bench's communicator is still
     up): AG x[M/tp, K] @ w[K, N/tp]; RS x[M, K/tp] @ w[K/tp, N]."""
-    from jax_ub import overlap
+    from jax_ub import resolve
 
     x, w = ((M // tp, K), (K, N // tp)) if op == "ag" else ((M, K // tp), (K // tp, N))
-    return overlap.choose(op, x, w, dtype, "tp")
+    return resolve.choose(op, x, w, dtype, "tp")
 
 
 def same_program_spread(rows: list) -> list[float]:
@@ -210,7 +211,7 @@ def _table(op: str, rows: list, path: str) -> None:
         print(f"tp={tp}: geometric mean speedup vs xla_plain: "
               + (f"{gm:.2f}x over {k} of {len(speedups)} shapes" if gm is not None else
                  f"none (no shape of {len(speedups)} has both times)"))
-    from jax_ub.choice import PUSH_MERGE_MIN_TP
+    from jax_ub.methods import PUSH_MERGE_MIN_TP
 
     merged = [(tp, M, K, N, r) for tp, M, K, N, r, _ in rows
               if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp >= PUSH_MERGE_MIN_TP]

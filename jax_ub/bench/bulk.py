@@ -16,7 +16,7 @@ is checked against ``xla_plain``'s and ``comm_jax_ub``'s against ``comm_nccl``'s
 :class:`jax_ub.bench.harness.Check`):
 
 * ``gemm_alone``   the GEMM alone on one GPU (cuBLASLt; ``jnp.matmul`` off the CUDA path);
-* ``comm_jax_ub``  ``jax_ub.overlap.all_gather`` / ``reduce_scatter`` alone (copy engine; CUDA only);
+* ``comm_jax_ub``  ``jax_ub.collectives.all_gather`` / ``reduce_scatter`` alone (copy engine; CUDA only);
 * ``comm_nccl``    ``lax.all_gather`` / ``lax.psum_scatter`` alone;
 * ``xla_plain``    XLA collective and GEMM in one ``shard_map`` program (XLA may overlap them itself);
 * ``jax_ub``       the bulk primitive (``method="auto"``; the reference off the CUDA path).
@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_ub
-from jax_ub import overlap
+from jax_ub import collectives
 from jax_ub.bench import harness as h
 
 KINDS = ("ag", "rs")
@@ -82,10 +82,10 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
 
     if kind == "ag":
         nccl = lambda x: lax.all_gather(x, "tp", axis=0, tiled=True)  # noqa: E731
-        ours = lambda x: overlap.all_gather(x, "tp", axis=0)  # noqa: E731
+        ours = lambda x: collectives.all_gather(x, "tp", axis=0)  # noqa: E731
     else:
         nccl = lambda x: lax.psum_scatter(x, "tp", scatter_dimension=0, tiled=True)  # noqa: E731
-        ours = lambda x: overlap.reduce_scatter(x, "tp", axis=0)  # noqa: E731
+        ours = lambda x: collectives.reduce_scatter(x, "tp", axis=0)  # noqa: E731
     gemm_method = "cublaslt" if cuda else "xla"
 
     def bulk() -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -33,7 +33,7 @@ WINDOWED_FLAGS = {  # xla_windowed: XLA's windowed einsum with the flags the iss
 }
 # xla_windowed_nccl: the same loop with its chunks moved by NCCL instead of local peer memcpys. On
 # 4xH200 (jax 0.11.2, one process) xla_windowed returned wrong outputs at every tp=4 shape (relative
-# error 0.866 for AG, 0.707 for RS: the forty-first session); openxla/xla#19555 is an open report of
+# error 0.866 for AG, 0.707 for RS, 2026-11-28); openxla/xla#19555 is an open report of
 # wrong numbers from xla_gpu_use_memcpy_local_p2p. This one says whether the loop itself is at fault.
 WINDOWED_NCCL_FLAGS = {k: v for k, v in WINDOWED_FLAGS.items() if k != "xla_gpu_use_memcpy_local_p2p"}
 WINDOWED = ("xla_windowed", "xla_windowed_nccl")
@@ -703,13 +703,9 @@ def capture_timeline(fn: Any, args: Sequence[Any], calls: int = TIMELINE_CALLS,
     (scripts/rs_piece_probe.py), so a picture of it misstates where the time goes."""
     import jax
 
-    from jax_ub import overlap
+    from jax_ub import trace
 
-    try:
-        enable, collect = overlap.trace_enable, overlap.trace_collect
-    except AttributeError:
-        return None, ("jax_ub.overlap.trace_enable/trace_collect do not exist in this jax_ub "
-                      "(tracing not implemented yet)")
+    enable, collect = trace.trace_enable, trace.trace_collect
     try:
         enable(True)
         try:

@@ -1,7 +1,7 @@
 """Gantt pictures of one traced jax_ub op (``python -m jax_ub.bench ag|rs --timeline``).
 
 A trace is a list of records, one per timed step of one op on one device, as returned by
-``jax_ub.overlap.trace_collect()``::
+``jax_ub.trace.trace_collect()``::
 
     {"device": 0, "rank": 0, "op": "all_gather_matmul", "epoch": 3, "name": "gemm",
      "chunk": 2, "stream": "compute0", "start_ms": 0.41, "end_ms": 0.77}

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jax_ub
-from jax_ub import overlap
+from jax_ub import trace
 from jax_ub.bench import __main__ as cli
 from jax_ub.bench import agrs, harness, timeline
 from jax_ub.bench import mlp as mlp_bench
@@ -112,8 +112,8 @@ def test_timeline_lanes_and_summary():
 def test_capture_timeline_with_tracing(monkeypatch):
     calls = []
     fake = [{"device": 0, "name": "gemm"}]
-    monkeypatch.setattr(overlap, "trace_enable", calls.append, raising=False)
-    monkeypatch.setattr(overlap, "trace_collect", lambda: fake, raising=False)
+    monkeypatch.setattr(trace, "trace_enable", calls.append, raising=False)
+    monkeypatch.setattr(trace, "trace_collect", lambda: fake, raising=False)
     records, why = harness.capture_timeline(lambda x: x + 1, (jnp.ones(3),))
     assert records == fake and why == ""
     assert calls == [True, False]
@@ -126,8 +126,8 @@ def test_capture_timeline_keeps_the_last_of_back_to_back_calls(monkeypatch):
     # two ops per call on each device, 4 calls: epochs 1..8 (device 0) and 11..18 (device 1)
     fake = [{"device": d, "epoch": base + e, "name": "gemm"} for d, base in ((0, 0), (1, 10))
             for e in range(1, 9)]
-    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
-    monkeypatch.setattr(overlap, "trace_collect", lambda: fake, raising=False)
+    monkeypatch.setattr(trace, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(trace, "trace_collect", lambda: fake, raising=False)
     records, why = harness.capture_timeline(lambda x: ran.append(1) or x, (jnp.ones(3),), calls=4)
     assert why == "" and len(ran) == 4
     assert sorted((r["device"], r["epoch"]) for r in records) == [(0, 7), (0, 8), (1, 17), (1, 18)]
@@ -137,15 +137,11 @@ def test_capture_timeline_keeps_the_last_of_back_to_back_calls(monkeypatch):
 
 
 def test_capture_timeline_without_tracing(monkeypatch):
-    monkeypatch.delattr(overlap, "trace_enable", raising=False)
-    records, why = harness.capture_timeline(lambda x: x, (jnp.ones(3),))
-    assert records is None and "trace_enable" in why
-
     def broken(on):
         raise RuntimeError("extension built without tracing")
 
-    monkeypatch.setattr(overlap, "trace_enable", broken, raising=False)
-    monkeypatch.setattr(overlap, "trace_collect", lambda: [], raising=False)
+    monkeypatch.setattr(trace, "trace_enable", broken, raising=False)
+    monkeypatch.setattr(trace, "trace_collect", lambda: [], raising=False)
     records, why = harness.capture_timeline(lambda x: x, (jnp.ones(3),))
     assert records is None and "without tracing" in why
 
@@ -156,15 +152,15 @@ def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monk
     line saying why, and ``{}`` (not None, which stops the tracing of every later case)."""
     import argparse
 
-    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
-    monkeypatch.setattr(overlap, "trace_collect", lambda: [], raising=False)
+    monkeypatch.setattr(trace, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(trace, "trace_collect", lambda: [], raising=False)
     a = argparse.Namespace(dtype="bfloat16")
     stem = str(tmp_path / "box")
     item = harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),)))
     assert item == {}
     assert "timeline tp1-8x4x8: no records: the traced calls ran no jax_ub CUDA op" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
-    monkeypatch.delattr(overlap, "trace_enable")
+    monkeypatch.setattr(trace, "trace_enable", _broken)  # tracing unavailable: callers stop trying
     assert harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),))) is None
 
 
@@ -278,8 +274,8 @@ def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
     monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: Mesh(np.array(jax.devices()[:tp]), ("tp",)))
-    monkeypatch.setattr(overlap, "trace_enable", lambda on: None, raising=False)
-    monkeypatch.setattr(overlap, "trace_collect", _synthetic_records, raising=False)
+    monkeypatch.setattr(trace, "trace_enable", lambda on: None, raising=False)
+    monkeypatch.setattr(trace, "trace_collect", _synthetic_records, raising=False)
     rc = cli.main(["ag", "--tp", "4", "--shapes", "64,32,64", "--timeline", *FAST,
                        "--out", str(tmp_path), "--machine", "test-box"])
     assert rc == 0

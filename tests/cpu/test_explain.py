@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_ub
-from jax_ub import _ext, _validate, choice, comm, config, ops, overlap
+from jax_ub import _ext, _validate, choice, comm, config, methods, ops, overlap, resolve, schedule
 
 S = jax.ShapeDtypeStruct
 BF = jnp.bfloat16
@@ -30,7 +30,7 @@ def cuda(monkeypatch):
 
 
 def test_explain_is_exported():
-    assert jax_ub.explain is overlap.explain and "explain" in jax_ub.__all__
+    assert jax_ub.explain is resolve.explain is overlap.explain and "explain" in jax_ub.__all__
 
 
 def test_auto_on_transport_nccl_is_the_nccl_schedule(cuda):
@@ -44,21 +44,26 @@ def test_auto_on_transport_nccl_is_the_nccl_schedule(cuda):
     assert got.startswith("nccl: requested columns (method='columns'), but the NCCL schedule runs")
 
 
-def test_auto_runs_the_nccl_impl_on_transport_nccl(cuda, monkeypatch):
-    """What auto dispatches to, not only what it says: the "nccl" implementation."""
+def test_auto_runs_the_nccl_schedule_on_transport_nccl(cuda, monkeypatch):
+    """What auto dispatches to, not only what it says: a CUDA method, whose kernel the axis's
+    transport runs as the NCCL schedule (the op's default schedule's code, which NCCL ignores)."""
     cuda("nccl")
-    seen = []
-    for name in ("nccl", "push", "ring"):
-        monkeypatch.setitem(ops._IMPLS, (ops.AG, name), lambda x, w, _n=name, **kw: seen.append(_n))
     monkeypatch.setattr(_validate, "bound_by_shard_map", lambda axis_name: True)
-    overlap._auto(ops.AG)(AG_X, AG_W, axis_name="tp", axis=0, precision=None)
-    assert seen == ["nccl"]
+    for op, x, w in ((ops.AG, AG_X, AG_W), (ops.RS, RS_X, RS_W)):
+        assert resolve.auto_method(op, x, w, "tp") == methods.DEFAULT[op]
+    seen = []
+    monkeypatch.setitem(ops._CUDA, ops.AG, lambda x, w, method, **kw: seen.append(method) or (x @ w, None))
+    x, w = jnp.ones((8, 16), BF), jnp.ones((16, 4), BF)
+    call = ops._call_for(ops.AG, "auto", "tp", 0, None, x, w, return_full=False)
+    ops._forward(call, x, w, need_full=False)
+    assert seen == [methods.DEFAULT[ops.AG]]
 
 
 def test_rs_on_transport_nccl_is_not_cut_into_pieces():
-    """RsBodyNccl computes whole partials: no split GEMM shapes to prepare (ring would split here)."""
-    assert overlap.rs_splits("ring", 4096, 4096, 2) == 2
-    assert overlap.rs_splits("nccl", 4096, 4096, 2) == 1
+    """The NCCL schedule computes whole partials: no split GEMM shapes to prepare (ring would split
+    here)."""
+    assert schedule.rs_splits("ring", 4096, 4096, 2) == 2
+    assert schedule.rs_splits("nccl", 4096, 4096, 2) == 1
 
 
 def test_auto_on_ipc_says_the_choice_and_the_global_shape(cuda):
@@ -90,7 +95,8 @@ def test_a_configured_or_requested_method_is_what_runs(cuda):
         assert jax_ub.explain("ag", AG_X, AG_W, method="ring") == (
             f"xla: JAX_UB_DISABLE=1 forces the pure-XLA reference path{CALL_AG}")
     with pytest.raises(ValueError, match=r"explain\('ag'\): method='nccl' needs jax_ub.initialize\(mesh, "
-                                         r"axis='tp', transport='nccl'\); this axis was initialized with transport 'ipc'"):
+                                         r"axis='tp', transport='nccl'\); this axis was initialized with transport 'ipc'"), \
+            pytest.warns(DeprecationWarning, match="method='nccl' is deprecated"):
         jax_ub.explain("ag", AG_X, AG_W, method="nccl")
     with pytest.raises(ValueError, match="`method` must be None or one of"):
         jax_ub.explain("ag", AG_X, AG_W, method="rign")

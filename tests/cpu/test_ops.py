@@ -19,7 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
-from jax_ub import config, ops, reference
+from jax_ub import config, ops, reference, resolve
 
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
 DTYPES = {"bf16": BF16, "f16": F16, "f32": F32}
@@ -200,7 +200,8 @@ def through_custom_vjp():
     """ops run the reference forward through the custom_vjp (how the CUDA path differentiates), not
     jax_ub.reference directly as they do for method "xla": the xla impls under another name."""
     impls = {(op, "xla_vjp"): ops._IMPLS[(op, "xla")] for op in ops.DUAL}
-    with mock.patch.dict(ops._IMPLS, impls), mock.patch.object(ops, "_resolve_method", lambda m, fn=None: "xla_vjp"):
+    with mock.patch.dict(ops._IMPLS, impls), \
+            mock.patch.object(resolve, "method_name", lambda m, fn=None, **kw: "xla_vjp"):
         yield
 
 
@@ -435,7 +436,7 @@ def test_precision_reaches_every_dot(op, cpu_mesh):
 
 @pytest.mark.parametrize("op", ["ag", "rs"])
 def test_backward_uses_same_dispatch(op, cpu_mesh, monkeypatch):
-    """The backward of each op is its dual, through the same (op, method) registry."""
+    """The backward of each op is its dual, through the same (op, method) dispatch."""
     calls = []
 
     def spy(kind):
@@ -447,7 +448,7 @@ def test_backward_uses_same_dispatch(op, cpu_mesh, monkeypatch):
 
     monkeypatch.setitem(ops._IMPLS, ("ag", "spy"), spy("ag"))
     monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
-    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "spy")
+    monkeypatch.setattr(resolve, "method_name", lambda method, fn=None, **kw: "spy")
     c = Case(op, 2, F32, (4, 5))
     x, w = c.operands()
     f = c.fn(ops, cpu_mesh(2))
@@ -505,6 +506,37 @@ def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method
         assert rel_err(a, b) <= RTOL[F32]
     with pytest.raises(ValueError, match="`method` must be None or one of"):
         c.fn(ops, mesh, method="no_such_method")(x, w)
+
+
+def test_method_nccl_is_deprecated_and_behaves_as_before(cpu_mesh, monkeypatch):
+    """NCCL is a transport: method="nccl" (and JAX_UB_METHOD=nccl) is still accepted, with a
+    DeprecationWarning naming transport="nccl"; it runs as before (the reference on an axis of size
+    1, the CUDA path's error without it, the NCCL schedule on transport nccl only)."""
+    from jax_ub import bulk, collectives, methods
+
+    assert "nccl" in config.METHODS and "nccl" not in methods.CUDA_METHODS
+    c = Case("ag", 1, F32, (2, 6, 5), axis=1, dp=4)
+    x, w = c.operands()
+    with config.override(method="auto", disable=False), \
+            pytest.warns(DeprecationWarning, match=r"method='nccl' is deprecated.*transport='nccl'"):
+        y = c.fn(ops, cpu_mesh(1, dp=4), method="nccl")(x, w)
+    assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
+    with config.override(method="nccl", disable=False), \
+            pytest.warns(DeprecationWarning, match=r"JAX_UB_METHOD=nccl is deprecated.*JAX_UB_TRANSPORT"):
+        y = c.fn(ops, cpu_mesh(1, dp=4))(x, w)
+    assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
+    monkeypatch.setattr(resolve, "cuda_status", lambda: (False, "no GPU (stand-in)"))
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method='nccl' needs the CUDA"):
+        resolve.for_size(resolve.requested("nccl", "all_gather_matmul"), 2, x, w, fn="all_gather_matmul")
+    with pytest.warns(DeprecationWarning, match="bulk_all_gather: method='nccl' is deprecated"):
+        jax.shard_map(lambda a: bulk.bulk_all_gather(a, a, a.T, "tp", method="nccl")[1], mesh=cpu_mesh(1),
+                      in_specs=P(), out_specs=P())(jnp.ones((2, 2)))
+    with pytest.warns(DeprecationWarning, match="all_gather: method='nccl' is deprecated"):
+        jax.shard_map(lambda a: collectives.all_gather(a, "tp", method="nccl"), mesh=cpu_mesh(1),
+                      in_specs=P(), out_specs=P())(jnp.ones((2, 2)))
+    # the schedule code it hands the kernel is the one it always did (the NCCL schedule ignores it)
+    assert [methods.runs(op, "nccl") for op in ("ag", "rs", "bulk_ag", "reduce_scatter")] == [
+        "push", "ring", "push", "ring"]
 
 
 @pytest.mark.parametrize("which", ["all_gather", "reduce_scatter"])
@@ -826,7 +858,7 @@ def test_gradient_over_a_vmap_axis_named_like_the_tp_axis(monkeypatch, op, recom
     works there too: with recompute_gathered (its re-gather needs a shard_map axis) and where the
     CUDA path is available (`auto`'s custom_vjp; here the CUDA path is only reported available)."""
     if cuda:
-        monkeypatch.setattr(ops, "_cuda_status", lambda: (True, ""))
+        monkeypatch.setattr(resolve, "cuda_status", lambda: (True, ""))
     xs = jax.random.normal(jax.random.key(7), (4, 8, 5), jnp.float32)
     w = jax.random.normal(jax.random.key(8), (5, 3), jnp.float32)
     if op == "ag":

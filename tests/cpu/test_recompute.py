@@ -20,7 +20,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
-from jax_ub import bulk, config, ops, reference
+from jax_ub import bulk, config, ops, reference, resolve
 from jax_ub import linen as ubl
 from jax_ub import nn as ubnn
 from jax_ub.config import Config
@@ -368,7 +368,11 @@ def test_need_full_tells_the_implementation(cpu_mesh, monkeypatch):
     monkeypatch.setitem(ops._IMPLS, ("ag", "spy"), spy("ag"))
     monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
     # The op calls resolve to the spies; the bulk ops of the backward (given "spy") to the reference.
-    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "xla" if method == "spy" else "spy")
+    requested = resolve.requested
+    monkeypatch.setattr(resolve, "requested", lambda method, fn=None, **kw: (
+        method if method == "spy" else requested(method, fn, **kw)))
+    monkeypatch.setattr(resolve, "method_name",
+                        lambda method, fn=None, **kw: "xla" if method == "spy" else "spy")
     mesh = cpu_mesh(TP)
     x, w = operands(0, True, F32)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_ub import bulk, config, ops
+from jax_ub import bulk, config, ops, resolve
 
 F32 = jnp.float32
 
@@ -252,7 +252,7 @@ def test_not_an_array(fn, axis_kw):
 
 
 def test_errors_come_before_any_kernel(monkeypatch, cpu_mesh):
-    """A bad call never reaches the implementation registry."""
+    """A bad call never reaches an implementation."""
 
     def boom(*a, **k):
         raise AssertionError("kernel reached")
@@ -263,11 +263,11 @@ def test_errors_come_before_any_kernel(monkeypatch, cpu_mesh):
 
 
 def test_unregistered_method_names_what_exists(monkeypatch, cpu_mesh):
-    monkeypatch.setattr(ops, "_resolve_method", lambda method, fn=None: "no_such_algo")
+    monkeypatch.setattr(resolve, "method_name", lambda method, fn=None, **kw: "no_such_algo")
     expect(
         ValueError,
         lambda: call_in_mesh(cpu_mesh(2), ops.all_gather_matmul, arr((4, 5)), arr((5, 4))),
-        "all_gather_matmul: no implementation registered for method 'no_such_algo'",
+        "all_gather_matmul: no implementation of method 'no_such_algo'",
         "'xla'",
     )
 

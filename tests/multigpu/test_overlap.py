@@ -237,7 +237,7 @@ def check_bare_collectives(ub, mesh, tp) -> None:
     x = _rand(7, (tp * 384, 1000), jnp.bfloat16)
 
     def f(x):
-        return ub.overlap.all_gather(x, "tp"), ub.overlap.reduce_scatter(x, "tp")
+        return ub.collectives.all_gather(x, "tp"), ub.collectives.reduce_scatter(x, "tp")
 
     ag, rs = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("tp", None),
                                    out_specs=(P(), P("tp", None)), check_vma=False))(x)
@@ -272,7 +272,7 @@ def test_reduce_scatter_pieces(ub, tp, method, pieces):
     for dtype, rows, cols in ((jnp.bfloat16, 383, 1001), (jnp.float32, 383, 1001), (jnp.bfloat16, 5, 1000)):
         z = _rand(43 + rows, (tp * tp * rows, cols), dtype)  # each rank's [tp * rows, cols] shard
         with ub.config.override(rs_pieces=pieces):
-            got = jax.jit(jax.shard_map(lambda z: ub.overlap.reduce_scatter(z, "tp", method=method), **spec))
+            got = jax.jit(jax.shard_map(lambda z: ub.collectives.reduce_scatter(z, "tp", method=method), **spec))
             assert f"splits = {min(pieces, rows)} : i32" in got.lower(z).as_text()
             _checks.poison((rows, cols), dtype, mesh.devices.flat)
             r = got(z)
@@ -333,10 +333,10 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
 
 
 def _bulk_side_at(copy_sms, *args):
-    from jax_ub import config, overlap
+    from jax_ub import config, schedule
 
     with config.override(bulk_copy_sms=copy_sms):
-        return overlap.bulk_side(0, *args)
+        return schedule.bulk_side("ag", *args)
 
 
 @pytest.mark.parametrize("rows,cols", [(3, 5), (640, 1001), (2050, 1001)], ids=lambda v: str(v))
@@ -432,26 +432,26 @@ def test_timeline_trace_records_overlap(ub):
                               mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                               out_specs=P(None, "tp"), check_vma=False))
     jax.block_until_ready(g(x, w))
-    ub.overlap.trace_enable(True)
+    ub.trace.trace_enable(True)
     try:
         jax.block_until_ready(g(x, w))
     finally:
-        ub.overlap.trace_enable(False)
-    recs = ub.overlap.trace_collect()
+        ub.trace.trace_enable(False)
+    recs = ub.trace.trace_collect()
     assert {r["rank"] for r in recs} == set(range(tp))
     for rank in range(tp):
         mine = [r for r in recs if r["rank"] == rank]
         assert sorted(r["chunk"] for r in mine if r["name"] == "gemm") == list(range(tp))
         assert sorted(r["chunk"] for r in mine if r["name"] == "copy") == sorted(set(range(tp)) - {rank})
         assert all(r["start_ms"] <= r["end_ms"] for r in mine)
-    assert ub.overlap.trace_collect() == []  # collected once
+    assert ub.trace.trace_collect() == []  # collected once
     # op_start_ms: back-to-back calls start later and later on each device, from 0.
-    ub.overlap.trace_enable(True)
+    ub.trace.trace_enable(True)
     try:
         jax.block_until_ready([g(x, w) for _ in range(3)])
     finally:
-        ub.overlap.trace_enable(False)
-    recs = ub.overlap.trace_collect()
+        ub.trace.trace_enable(False)
+    recs = ub.trace.trace_collect()
     for dev in {r["device"] for r in recs}:
         starts = {}
         for r in recs:
@@ -627,7 +627,7 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
 
 
 # XLA of jax 0.11.2 died with SIGSEGV compiling the bulk_ag case's program on two H200s (2026-11-24,
-# twice, taking the rest of the test session with it): an all-gather beside an empty dot. On that
+# twice, taking the rest of the test run with it): an all-gather beside an empty dot. On that
 # jax a dot with an empty result crashes XLA's compiler in a shard_map with an operand split over
 # the axis, on CPU too (scripts/zero_size_probe.py, 2026-11-25); jax_ub's ops no longer emit one (reference._product:
 # the zeros, without a dot), and the lowered text is checked for that below.

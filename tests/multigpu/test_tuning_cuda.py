@@ -44,7 +44,7 @@ def _step(mesh, method):
 
 
 def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
-    from jax_ub import choice, config, overlap, tuning
+    from jax_ub import choice, config, methods, resolve, tuning
     from jax_ub.bench import __main__ as cli
     from jax_ub.bench import tune
 
@@ -74,8 +74,8 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     for op, (m, k, n) in (("ag", (M, H, F)), ("rs", (M, F, H))):
         res = {r["impl"]: r["ms"] for r in doc["records"]
                if r["op"] == choice.BENCH_OP[op] and (r["M"], r["K"], r["N"]) == (m, k, n)}
-        methods = set(choice.METHODS[op]) - {"xla"}
-        assert {f"jax_ub_{x}" for x in methods} <= set(res), res  # every method ran
+        cuda_methods = set(methods.SCHEDULES[op])
+        assert {f"jax_ub_{x}" for x in cuda_methods} <= set(res), res  # every method ran
         # auto leaves out what sums in bf16 at tp >= 3 (chain) unless JAX_UB_AUTO_CHAIN=1
         fastest = tune.best({k: v for k, v in res.items()
                              if not choice.sums_in_dtype(op, choice.method_of(k) or "", tp,
@@ -88,8 +88,8 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     ub.initialize(mesh, "tp")
     with config.override(tuning_file=str(out)):
         xs, w1s = x[: M // tp], w1[:, : F // tp]
-        assert "your tuning file" in overlap.explain("ag", xs, w1s)
-        assert "your tuning file" in overlap.explain("rs", jnp.zeros((M, F // tp), jnp.bfloat16), w2[: F // tp])
+        assert "your tuning file" in resolve.explain("ag", xs, w1s)
+        assert "your tuning file" in resolve.explain("rs", jnp.zeros((M, F // tp), jnp.bfloat16), w2[: F // tp])
         fwd, grad = _step(mesh, None)
         hlo = fwd.lower(x, w1, w2).as_text()
         for op, target in (("ag", "jax_ub_ag_gemm"), ("rs", "jax_ub_gemm_rs")):
