@@ -387,7 +387,8 @@ def propose(tuning_file: str, auto_chain: bool) -> Agreement:
     """What this process brings to the agreement on the tables ``auto`` chooses from; nothing
     changes until :func:`adopt` (called once every process agreed)."""
     shipped = _shipped()
-    ship = f"jax_ub/data/measured.json ({len(shipped)} shapes, digest {Tables((), shipped).digest(auto_chain)})"
+    digest = Tables((), shipped).digest(auto_chain)
+    ship = f"jax_ub/data/measured.json ({len(shipped)} shapes, digest {digest})"
     if not tuning_file:
         t = Tables((), shipped)
         return Agreement(t.digest(auto_chain), f"no JAX_UB_TUNING_FILE; {ship}", "", "", t)

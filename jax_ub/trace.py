@@ -3,12 +3,21 @@ per copy, GEMM and reduction of every overlap op."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from jax_ub import _ext
+
+
+def _extension() -> Any:
+    mod = _ext.extension()
+    if mod is None:
+        raise RuntimeError(f"jax_ub CUDA extension unavailable, so there is no timeline: {_ext._load()[1]}")
+    return mod
 
 
 def trace_enable(on: bool) -> None:
     """Records a CUDA-event timeline of every overlap op from now on (``bench --timeline``)."""
-    _ext.extension().trace_enable(bool(on))
+    _extension().trace_enable(bool(on))
 
 
 def trace_collect() -> list[dict]:
@@ -16,4 +25,4 @@ def trace_collect() -> list[dict]:
     reduction with ``device, rank, op, epoch, name, chunk, stream, start_ms, end_ms`` (ms from the
     start of that op on that device) and ``op_start_ms`` (that start, in ms from the start of the
     first op traced on that device since :func:`trace_enable`)."""
-    return list(_ext.extension().trace_collect())
+    return list(_extension().trace_collect())

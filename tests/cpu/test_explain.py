@@ -95,7 +95,8 @@ def test_a_configured_or_requested_method_is_what_runs(cuda):
         assert jax_ub.explain("ag", AG_X, AG_W, method="ring") == (
             f"xla: JAX_UB_DISABLE=1 forces the pure-XLA reference path{CALL_AG}")
     with pytest.raises(ValueError, match=r"explain\('ag'\): method='nccl' needs jax_ub.initialize\(mesh, "
-                                         r"axis='tp', transport='nccl'\); this axis was initialized with transport 'ipc'"), \
+                                         r"axis='tp', transport='nccl'\); this axis was initialized with "
+                                         r"transport 'ipc'"), \
             pytest.warns(DeprecationWarning, match="method='nccl' is deprecated"):
         jax_ub.explain("ag", AG_X, AG_W, method="nccl")
     with pytest.raises(ValueError, match="`method` must be None or one of"):

@@ -272,7 +272,8 @@ def test_reduce_scatter_pieces(ub, tp, method, pieces):
     for dtype, rows, cols in ((jnp.bfloat16, 383, 1001), (jnp.float32, 383, 1001), (jnp.bfloat16, 5, 1000)):
         z = _rand(43 + rows, (tp * tp * rows, cols), dtype)  # each rank's [tp * rows, cols] shard
         with ub.config.override(rs_pieces=pieces):
-            got = jax.jit(jax.shard_map(lambda z: ub.collectives.reduce_scatter(z, "tp", method=method), **spec))
+            got = jax.jit(jax.shard_map(lambda z: ub.collectives.reduce_scatter(z, "tp", method=method),
+                                        **spec))
             assert f"splits = {min(pieces, rows)} : i32" in got.lower(z).as_text()
             _checks.poison((rows, cols), dtype, mesh.devices.flat)
             r = got(z)
