@@ -108,43 +108,51 @@ def tf32_allowed(precision: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# The integers the C++ side decodes, each mapping behind one function (its values mirror the enums
-# of csrc/: AgAlgo and RsAlgo in csrc/overlap/schedules.h, DType in csrc/gemm/cublaslt.h, the bulk
-# op's kind, the test hook's failure points).
+# The integers the C++ side decodes come from the extension's own enum table
+# (:func:`jax_ub._ext.enums`, built from the C++ enum definitions), read when a CUDA call is built:
+# Python keeps no copy of them. Only a name that has no C++ enumerator of its own is mapped here.
 
-# (collective, schedule) -> AgAlgo / RsAlgo. push_merge is push's kernel (AgAlgo::kPush): the
-# ``merge`` attribute says how it multiplies.
-_SCHEDULE_CODES = {("ag", "ring"): 0, ("ag", "all_peer"): 1, ("ag", "push"): 2, ("ag", "push_merge"): 2,
-                   ("rs", "ring"): 0, ("rs", "pipeline"): 1, ("rs", "chain"): 2, ("rs", "columns"): 3}
-_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
-_BULK_KINDS = {"ag": 0, "rs": 1}  # the bulk op's collective: 0 all-gather, 1 reduce-scatter
-_FAILURE_CODES = {"none": 0, "before": 1, "after": 2, "stall_watchdog": 3, "drop_poison": 4}
+# push_merge runs push's kernel (AgAlgo::kPush); the ``merge`` attribute says how it multiplies.
+_KERNEL_OF = {("ag", "push_merge"): "push"}
+_TABLES = {"ag": "ag_algorithm", "rs": "rs_algorithm"}
+
+
+def _enum(table: str) -> dict[str, int]:
+    from jax_ub import _ext  # the extension loader; imported here, as only CUDA calls need it
+
+    return _ext.enums()[table]
 
 
 def schedule_code(collective: str, schedule: str) -> np.int32:
     """The ``algo`` attribute of an all-gather (``collective`` ``"ag"``) or reduce-scatter
     (``"rs"``) custom call running ``schedule`` (a name of :data:`jax_ub.methods.SCHEDULES`)."""
-    try:
-        return np.int32(_SCHEDULE_CODES[(collective, schedule)])
-    except KeyError:
+    if collective not in _TABLES:
+        raise ValueError(f"no collective {collective!r}; have {sorted(_TABLES)}")
+    table = _enum(_TABLES[collective])
+    kernel = _KERNEL_OF.get((collective, schedule), schedule)
+    if kernel not in table:
         raise ValueError(f"no {collective} schedule {schedule!r}; have "
-                         f"{sorted(s for c, s in _SCHEDULE_CODES if c == collective)}") from None
+                         f"{sorted([*table, *(s for c, s in _KERNEL_OF if c == collective)])}")
+    return np.int32(table[kernel])
 
 
 def dtype_code(dtype: Any) -> int:
     """The ``DType`` code of a GEMM operand dtype (float32, float16 or bfloat16)."""
     name = jnp.dtype(dtype).name
-    try:
-        return _DTYPE_CODES[name]
-    except KeyError:
-        raise ValueError(f"no GEMM dtype code for {name}; have {sorted(_DTYPE_CODES)}") from None
+    table = _enum("dtype")
+    if name not in table:
+        raise ValueError(f"no GEMM dtype code for {name}; have {sorted(table)}")
+    return table[name]
 
 
 def bulk_kind_code(collective: str) -> np.int32:
     """The ``kind`` attribute of ``jax_ub_bulk``: ``"ag"`` (all-gather) or ``"rs"``."""
-    return np.int32(_BULK_KINDS[collective])
+    table = _enum("bulk_kind")
+    if collective not in table:
+        raise ValueError(f"no bulk kind {collective!r}; have {sorted(table)}")
+    return np.int32(table[collective])
 
 
 def failure_codes() -> dict[str, int]:
     """The test hook's failure points (``comm_inject_failure``), by name."""
-    return dict(_FAILURE_CODES)
+    return dict(_enum("failure"))

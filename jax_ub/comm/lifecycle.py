@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _ext, _validate, choice, config
+from jax_ub import _ext, _ffi, _validate, choice, config
 from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
 from jax_ub.comm import nccl, p2p
 from jax_ub.comm.transport import choose_transport, device_ordinal, survey
@@ -683,7 +683,7 @@ def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) 
     these members until ``"none"`` clears it (the judge must still report timeouts).
     ``"drop_poison"``: the reader never copies the poison word to the GPU, as if the copy had not
     landed when the op's check runs (nccl: the op must still fail, through the abort mark)."""
-    codes = {"none": 0, "before": 1, "after": 2, "stall_watchdog": 3, "drop_poison": 4}
+    codes = _ffi.failure_codes()
     if when not in codes:
         raise ValueError(f"_inject_failure: when must be one of {sorted(codes)}; got {when!r}")
     if axis not in _sets:

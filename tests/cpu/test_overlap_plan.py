@@ -121,7 +121,6 @@ def test_method_push_merge_is_push_with_merged_peer_chunks():
     with config.override(ag_push_pieces=4):
         assert schedule.ag_push_pieces("push_merge", 2048, 8192, 1024, 2, 4) == 1
     assert methods.runs(methods.AG, "push_merge") == "push_merge"
-    assert _ffi.schedule_code("ag", "push_merge") == _ffi.schedule_code("ag", "push")  # push's kernel
     assert methods.runs(methods.RS, "push_merge") == "ring"
     assert methods.runs(methods.BULK_AG, "push_merge") == methods.runs(methods.ALL_GATHER, "push_merge") == "push"
 
@@ -178,3 +177,35 @@ def test_rs_pieces_by_size_and_override():
         assert schedule.rs_pieces(5, 10) == 5
     with config.override(rs_pieces=1):
         assert schedule.rs_pieces(16384, 8192 * 2) == 1
+
+
+_FAKE_ENUMS = {"ag_algorithm": {"ring": 10, "all_peer": 11, "push": 12},
+               "rs_algorithm": {"ring": 20, "pipeline": 21, "chain": 22, "columns": 23},
+               "bulk_kind": {"ag": 30, "rs": 31}, "dtype": {"float32": 40, "float16": 41, "bfloat16": 42},
+               "failure": {"none": 50, "before": 51}}
+
+
+def test_ffi_codes_come_from_the_extensions_enum_table(monkeypatch):
+    """The integers of a CUDA call are the extension's (``_ext.enums()``, built from the C++ enums),
+    not a copy: with a stand-in table every code is that table's value; push_merge is push's kernel."""
+    from jax_ub import _ext
+
+    monkeypatch.setattr(_ext, "enums", lambda: _FAKE_ENUMS)
+    assert _ffi.schedule_code("ag", "push") == 12 and _ffi.schedule_code("ag", "push_merge") == 12
+    assert _ffi.schedule_code("rs", "columns") == 23
+    assert _ffi.dtype_code(jnp.bfloat16) == 42 and _ffi.bulk_kind_code("rs") == 31
+    assert _ffi.failure_codes() == {"none": 50, "before": 51}
+    with pytest.raises(ValueError, match=r"no rs schedule 'push'; have \['chain', 'columns', 'pipeline', 'ring'\]"):
+        _ffi.schedule_code("rs", "push")
+    with pytest.raises(ValueError, match="no GEMM dtype code for int8"):
+        _ffi.dtype_code(jnp.int8)
+    with pytest.raises(ValueError, match="no collective 'xx'"):
+        _ffi.schedule_code("xx", "ring")
+
+
+def test_ffi_codes_without_the_extension_say_why(monkeypatch):
+    from jax_ub import _ext
+
+    monkeypatch.setattr(_ext, "_load", lambda: (None, "not built (no nvcc)"))
+    with pytest.raises(RuntimeError, match=r"extension unavailable.*not built \(no nvcc\)"):
+        _ffi.schedule_code("ag", "ring")

@@ -469,7 +469,7 @@ elif mode == "checks":
     x, w, ref, f = ring_ag_case(256)
     check("checks_warm", f(x, w), ref, 1e-2)
     bad_t = jax.ShapeDtypeStruct((tp * 256, 512), jnp.float32)  # x is bfloat16
-    bad = smap(lambda x: _ffi.call("jax_ub_all_gather", bad_t)(x, set_id=cs.set_id, algo=np.int32(0)),
+    bad = smap(lambda x: _ffi.call("jax_ub_all_gather", bad_t)(x, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring")),
                P("tp", None), P())
     expect_error("checks_bad_dtype", bad, x, fragments=("gathered result is [", "float32", "bfloat16"))
     check("checks_after_refusal", f(x, w), ref, 1e-2)
@@ -481,7 +481,7 @@ elif mode == "checks":
         y_t = jax.ShapeDtypeStruct((tp * m, n), x.dtype)
         xg_t = jax.ShapeDtypeStruct((tp * m, 0), x.dtype)
         y, _, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x0, w0)))(
-            x0, w0, set_id=cs.set_id, algo=np.int32(0), tf32=False, pieces=np.int32(1), merge=False)
+            x0, w0, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring"), tf32=False, pieces=np.int32(1), merge=False)
         return y
 
     # Fill the allocator's free blocks with NaN first, so memory left unwritten would show.
@@ -500,7 +500,7 @@ elif mode == "checks":
         y_t = jax.ShapeDtypeStruct((tp * x.shape[0], 0), x.dtype)
         xg_t = jax.ShapeDtypeStruct((tp * x.shape[0], x.shape[1]), x.dtype)
         _, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x, w0)))(
-            x, w0, set_id=cs.set_id, algo=np.int32(0), tf32=False, pieces=np.int32(1), merge=False)
+            x, w0, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring"), tf32=False, pieces=np.int32(1), merge=False)
         return xg
 
     # No columns to compute: the gathered input still comes back, and the op leaves the

@@ -708,7 +708,7 @@ def test_uninitialized_axis_auto_warns_and_runs_xla(ub, caplog, monkeypatch):
     """method='auto' on a GPU axis without a communicator runs XLA's collective and dot, and says
     once why there is no overlap (most likely a missing jax_ub.initialize)."""
     ub.shutdown()
-    monkeypatch.setattr(ub.comm, "_warned_axes", set())
+    monkeypatch.setattr(ub.comm.lifecycle, "_warned_axes", set())
     mesh = _mesh(2)
     x = _rand(1, (256, 64), jnp.bfloat16)
     w = _rand(2, (64, 96), jnp.bfloat16)
