@@ -47,8 +47,10 @@ def leave_now(status: int) -> NoReturn:
 def _report(exc: BaseException) -> None:
     """The traceback as Python would print it, without this file's and runpy's frames."""
     tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
-                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
         tb = tb.tb_next
     exc = exc.with_traceback(tb)  # the default hook prints exc.__traceback__, not its argument
     try:
@@ -80,8 +82,11 @@ def _program(argv: list[str]) -> Callable[[], object]:
         sys.exit(2)
     script = argv[0]
     if not os.path.exists(script):
-        print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or "
-              f"directory", file=sys.stderr)
+        print(
+            f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or "
+            f"directory",
+            file=sys.stderr,
+        )
         sys.exit(2)
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.realpath(script))

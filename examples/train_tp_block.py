@@ -70,43 +70,88 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="model width (default: 1024 on GPU, 64 on CPU)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default: 16 on GPU, 4 on CPU)")
     p.add_argument("--ffn", type=int, default=None, help="MLP width (default: 4 * hidden)")
-    p.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 on GPU, 1 on CPU)")
+    p.add_argument(
+        "--layers", type=int, default=None, help="transformer blocks (default: 2 on GPU, 1 on CPU)"
+    )
     p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
     p.add_argument("--motif", type=int, default=8, help="period of the repeated random motif")
-    p.add_argument("--lr", type=float, default=None, help="peak AdamW learning rate (default: 3e-3 on GPU, 1e-2 on CPU)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="compute dtype (default: bfloat16 on GPU, float32 on CPU); params are float32")
+    p.add_argument(
+        "--lr", type=float, default=None, help="peak AdamW learning rate (default: 3e-3 on GPU, 1e-2 on CPU)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="compute dtype (default: bfloat16 on GPU, float32 on CPU); params are float32",
+    )
     p.add_argument("--dp", type=int, default=1, help="data-parallel size (mesh axis 'dp')")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: devices / dp)")
-    p.add_argument("--method", default=None, choices=METHODS, metavar="METHOD",
-                   help=f"jax_ub method: {', '.join(METHODS)} (default: JAX_UB_METHOD or auto)")
-    p.add_argument("--mlp", choices=("gelu", "swiglu"), default="gelu",
-                   help="the MLP: gelu (up, gelu, down) or swiglu (gated: silu(gate) * linear, no biases)")
-    p.add_argument("--remat", choices=("none", "dots", "full"), default="none",
-                   help="recompute each block in the backward: 'dots' keeps the matmul outputs "
-                        "(jax_ub.checkpoint_policy(dots_saveable), which also keeps jax_ub's op "
-                        "outputs), 'full' keeps nothing")
-    p.add_argument("--compare", action="store_true",
-                   help="train with method='xla' and with --method from the same seed; print the max "
-                        "loss difference and the speedup")
-    p.add_argument("--log-every", type=int, default=None, help="print the loss every N steps (default: steps/10)")
+    p.add_argument(
+        "--method",
+        default=None,
+        choices=METHODS,
+        metavar="METHOD",
+        help=f"jax_ub method: {', '.join(METHODS)} (default: JAX_UB_METHOD or auto)",
+    )
+    p.add_argument(
+        "--mlp",
+        choices=("gelu", "swiglu"),
+        default="gelu",
+        help="the MLP: gelu (up, gelu, down) or swiglu (gated: silu(gate) * linear, no biases)",
+    )
+    p.add_argument(
+        "--remat",
+        choices=("none", "dots", "full"),
+        default="none",
+        help="recompute each block in the backward: 'dots' keeps the matmul outputs "
+        "(jax_ub.checkpoint_policy(dots_saveable), which also keeps jax_ub's op "
+        "outputs), 'full' keeps nothing",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="train with method='xla' and with --method from the same seed; print the max "
+        "loss difference and the speedup",
+    )
+    p.add_argument(
+        "--log-every", type=int, default=None, help="print the loss every N steps (default: steps/10)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-devices", type=int, default=None,
-                   help=f"simulated CPU devices per process; replaces a count XLA_FLAGS sets "
-                        f"(default: XLA_FLAGS's {_FORCE_DEVICES}, else {CPU_DEVICES})")
-    p.add_argument("--distributed", action="store_true",
-                   help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun); "
-                        "--coordinator/--num-processes/--process-id, where given, override what it detects")
-    p.add_argument("--coordinator", default=None,
-                   help="HOST:PORT of process 0 (multi-process by hand: with --num-processes and --process-id)")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"simulated CPU devices per process; replaces a count XLA_FLAGS sets "
+        f"(default: XLA_FLAGS's {_FORCE_DEVICES}, else {CPU_DEVICES})",
+    )
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="call jax.distributed.initialize() with cluster auto-detection (mpirun, srun); "
+        "--coordinator/--num-processes/--process-id, where given, override what it detects",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        help="HOST:PORT of process 0 (multi-process by hand: with --num-processes and --process-id)",
+    )
     p.add_argument("--num-processes", type=int, default=None, help="process count (multi-process by hand)")
-    p.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (multi-process by hand)")
-    p.add_argument("--init-timeout", type=int, default=None,
-                   help="seconds jax.distributed.initialize waits for every process to connect "
-                        "(default: jax's, 300)")
-    p.add_argument("--heartbeat-timeout", type=int, default=None,
-                   help="seconds without a heartbeat after which jax.distributed declares a process dead "
-                        "and aborts the others (default: jax's, 100)")
+    p.add_argument(
+        "--process-id", type=int, default=None, help="this process, 0 .. N-1 (multi-process by hand)"
+    )
+    p.add_argument(
+        "--init-timeout",
+        type=int,
+        default=None,
+        help="seconds jax.distributed.initialize waits for every process to connect (default: jax's, 300)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=None,
+        help="seconds without a heartbeat after which jax.distributed declares a process dead "
+        "and aborts the others (default: jax's, 100)",
+    )
     args = p.parse_args(argv)
     for name, low in LOWEST.items():  # before jax starts: --cpu-devices 0 would fail its backend
         value = getattr(args, name)
@@ -125,14 +170,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Flags that may differ between the processes of one run: who a process is, how it reaches the
 # coordinator (one host may name it "localhost", another by address), how long it waits, how often
 # it prints, and the simulated CPU devices (whose count the device checks see).
-PER_PROCESS = ("process_id", "coordinator", "num_processes", "distributed", "init_timeout",
-               "heartbeat_timeout", "log_every", "cpu_devices")
+PER_PROCESS = (
+    "process_id",
+    "coordinator",
+    "num_processes",
+    "distributed",
+    "init_timeout",
+    "heartbeat_timeout",
+    "log_every",
+    "cpu_devices",
+)
 
 
 # The lowest value of each int option that has one (None: the option is not set).
-LOWEST = {name: 1 for name in ("steps", "batch", "seq", "hidden", "heads", "ffn", "layers", "vocab",
-                                "motif", "dp", "tp", "log_every", "cpu_devices", "num_processes",
-                                "init_timeout", "heartbeat_timeout")}
+LOWEST = {
+    name: 1
+    for name in (
+        "steps",
+        "batch",
+        "seq",
+        "hidden",
+        "heads",
+        "ffn",
+        "layers",
+        "vocab",
+        "motif",
+        "dp",
+        "tp",
+        "log_every",
+        "cpu_devices",
+        "num_processes",
+        "init_timeout",
+        "heartbeat_timeout",
+    )
+}
 LOWEST["process_id"] = 0
 
 BY_HAND = {"--coordinator": "coordinator", "--num-processes": "num_processes", "--process-id": "process_id"}
@@ -153,9 +224,13 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
             raise ValueError(
                 f"{' and '.join(given)} without {' and '.join(missing)}: a multi-process run by hand "
                 f"needs all of --coordinator, --num-processes and --process-id (or add --distributed "
-                f"to detect the others from mpirun or srun)")
-        kw = {{"coordinator": "coordinator_address"}.get(name, name): getattr(args, name)
-              for name in BY_HAND.values() if getattr(args, name) is not None}
+                f"to detect the others from mpirun or srun)"
+            )
+        kw = {
+            {"coordinator": "coordinator_address"}.get(name, name): getattr(args, name)
+            for name in BY_HAND.values()
+            if getattr(args, name) is not None
+        }
         if not args.distributed:
             # By hand means by hand: under srun or mpirun, jax's cluster detection would still give
             # each process one GPU by its local task id (a process per host would see only GPU 0).
@@ -163,15 +238,19 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
         address = kw.get("coordinator_address")
         host, _, port = (address or "").rpartition(":")
         if address is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"--coordinator must be HOST:PORT (process 0's host, and a free port "
-                             f"there); got {address!r}")
+            raise ValueError(
+                f"--coordinator must be HOST:PORT (process 0's host, and a free port there); got {address!r}"
+            )
     elif "LAUNCH_COORDINATOR_ADDRESS" in env:  # examples/launch.sh
         kw = {}
-        for var, name in zip(LAUNCH_VARS, ("coordinator_address", "num_processes", "process_id"),
-                             strict=True):
+        for var, name in zip(
+            LAUNCH_VARS, ("coordinator_address", "num_processes", "process_id"), strict=True
+        ):
             if not env.get(var):
-                raise ValueError(f"LAUNCH_COORDINATOR_ADDRESS is set but {var} is not: start the processes "
-                                 f"with examples/launch.sh, or unset the LAUNCH_* variables")
+                raise ValueError(
+                    f"LAUNCH_COORDINATOR_ADDRESS is set but {var} is not: start the processes "
+                    f"with examples/launch.sh, or unset the LAUNCH_* variables"
+                )
             try:
                 kw[name] = env[var] if name == "coordinator_address" else int(env[var])
             except ValueError:
@@ -182,12 +261,16 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
         kw = {}  # mpirun / srun / another cluster jax detects
     else:
         kw = None
-    timeouts = {"--init-timeout": ("initialization_timeout", args.init_timeout),
-                "--heartbeat-timeout": ("heartbeat_timeout_seconds", args.heartbeat_timeout)}
+    timeouts = {
+        "--init-timeout": ("initialization_timeout", args.init_timeout),
+        "--heartbeat-timeout": ("heartbeat_timeout_seconds", args.heartbeat_timeout),
+    }
     if kw is None:
         if set_ := [flag for flag, (_, value) in timeouts.items() if value is not None]:
-            raise ValueError(f"{' and '.join(set_)} only appl{'y' if len(set_) > 1 else 'ies'} to a "
-                             f"multi-process run (--distributed, --coordinator ..., or examples/launch.sh)")
+            raise ValueError(
+                f"{' and '.join(set_)} only appl{'y' if len(set_) > 1 else 'ies'} to a "
+                f"multi-process run (--distributed, --coordinator ..., or examples/launch.sh)"
+            )
         return None
     num, pid = kw.get("num_processes"), kw.get("process_id")
     if num is not None and pid is not None and not pid < num:
@@ -259,10 +342,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             initialize_distributed(args.distributed_kw)
         except ValueError as e:  # jax found no cluster to detect, or refused an argument
-            print(f"error: jax.distributed.initialize({_kw_text(args.distributed_kw)}) refused: {e}"
-                  + (" (--distributed found no mpirun or srun environment: pass --coordinator, "
-                     "--num-processes and --process-id)" if not args.distributed_kw.get("coordinator_address")
-                     else ""), file=sys.stderr)
+            print(
+                f"error: jax.distributed.initialize({_kw_text(args.distributed_kw)}) refused: {e}"
+                + (
+                    " (--distributed found no mpirun or srun environment: pass --coordinator, "
+                    "--num-processes and --process-id)"
+                    if not args.distributed_kw.get("coordinator_address")
+                    else ""
+                ),
+                file=sys.stderr,
+            )
             leave_now(2)
         status = _configure_and_run(args)
     except SystemExit as e:  # sys.exit() below main(): its status, as Python would exit with
@@ -284,8 +373,16 @@ def _configure_and_run(args: argparse.Namespace) -> int:
     import jax
 
     on_gpu = jax.default_backend() == "gpu"
-    defaults = dict(steps=(300, 100), lr=(3e-3, 1e-2), batch=(16, 8), seq=(1024, 32), hidden=(1024, 64),
-                    heads=(16, 4), layers=(2, 1), dtype=("bfloat16", "float32"))
+    defaults = dict(
+        steps=(300, 100),
+        lr=(3e-3, 1e-2),
+        batch=(16, 8),
+        seq=(1024, 32),
+        hidden=(1024, 64),
+        heads=(16, 4),
+        layers=(2, 1),
+        dtype=("bfloat16", "float32"),
+    )
     for name, (gpu, cpu) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, gpu if on_gpu else cpu)
@@ -314,8 +411,11 @@ def _build(args: argparse.Namespace, method: str | None):
 
     dtype = jnp.dtype(args.dtype)
     # A dot-based policy alone does not see jax_ub's custom calls and would recompute them.
-    policy = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-              "dots": jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable)}[args.remat]
+    policy = {
+        "none": None,
+        "full": jax.checkpoint_policies.nothing_saveable,
+        "dots": jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable),
+    }[args.remat]
     head_dim = args.hidden // args.heads
 
     def causal_attention(qkv: jax.Array) -> jax.Array:
@@ -347,8 +447,7 @@ def _build(args: argparse.Namespace, method: str | None):
         def __init__(self, *, rngs: nnx.Rngs):
             self.attn = Attention(rngs=rngs)
             gated = dict(gated=True, activation=jax.nn.silu, use_bias=False) if args.mlp == "swiglu" else {}
-            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs,
-                                        **gated)
+            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs, **gated)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             x = x + self.attn(x)
@@ -374,8 +473,7 @@ def _build(args: argparse.Namespace, method: str | None):
         tokens = jnp.tile(motif, (1, reps))[:, : args.seq + 1]
         return jax.lax.with_sharding_constraint(tokens, P("dp"))
 
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10),
-                                                  max(2, args.steps))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, args.steps // 10), max(2, args.steps))
     optimizer = optax.adamw(schedule, weight_decay=0.01)
 
     @jax.jit
@@ -453,8 +551,7 @@ def _check(losses: list[float], label: str) -> str | None:
     if any(math.isnan(v) or math.isinf(v) for v in losses):
         return f"{label}: loss is not finite: {losses[-5:]}"
     if len(losses) < JUDGE_STEPS:
-        _log(f"[{label}] {len(losses)} steps: too few to check that the loss decreases "
-             f"(needs {JUDGE_STEPS})")
+        _log(f"[{label}] {len(losses)} steps: too few to check that the loss decreases (needs {JUDGE_STEPS})")
         return None
     k = max(1, len(losses) // 5)
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
@@ -462,8 +559,10 @@ def _check(losses: list[float], label: str) -> str | None:
     # few percent from noise alone (with --lr 0, last/first was 0.97-1.01), and a training run
     # falls more (the tests' tiny model: 0.91 in 40 steps; the default: 4.76 -> 1.26 in 100).
     if not last < LEARNED * first:
-        return (f"{label}: loss did not decrease by {1 - LEARNED:.0%} (first {k} steps "
-                f"{first:.4f}, last {k} {last:.4f})")
+        return (
+            f"{label}: loss did not decrease by {1 - LEARNED:.0%} (first {k} steps "
+            f"{first:.4f}, last {k} {last:.4f})"
+        )
     return None
 
 
@@ -473,12 +572,18 @@ def _configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | N
         return f"dp ({args.dp}) * tp ({tp}) must equal the device count ({n})"
     for what, value in (("--heads", args.heads), ("--ffn", args.ffn), ("--seq", args.seq)):
         if value % tp:
-            hint = ("" if args.tp else f"; tp = the {n} devices / --dp {args.dp} unless --tp says "
-                    f"otherwise: pass --tp and --dp with dp * tp = {n} (tp dividing {what}), or "
-                    f"run on fewer devices (--cpu-devices on CPU)")
+            hint = (
+                ""
+                if args.tp
+                else f"; tp = the {n} devices / --dp {args.dp} unless --tp says "
+                f"otherwise: pass --tp and --dp with dp * tp = {n} (tp dividing {what}), or "
+                f"run on fewer devices (--cpu-devices on CPU)"
+            )
             return f"{what} ({value}) must be divisible by tp ({tp}){hint}"
-    for what, value, by, size in (("--hidden", args.hidden, "--heads", args.heads),
-                                  ("--batch", args.batch, "--dp", args.dp)):
+    for what, value, by, size in (
+        ("--hidden", args.hidden, "--heads", args.heads),
+        ("--batch", args.batch, "--dp", args.dp),
+    ):
         if value % size:
             return f"{what} ({value}) must be divisible by {by} ({size})"
     return None
@@ -521,9 +626,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((args.dp, tp), ("dp", "tp"), axis_types=auto)
-    _log(f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
-         f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
-         f"{args.heads} heads, ffn {args.ffn} ({args.mlp}), seq {args.seq}, batch {args.batch}, {args.dtype}")
+    _log(
+        f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
+        f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
+        f"{args.heads} heads, ffn {args.ffn} ({args.mlp}), seq {args.seq}, batch {args.batch}, {args.dtype}"
+    )
 
     # Userbuffers communicators for the TP groups. Without the CUDA path it creates none, but with
     # several processes it still checks that every process got the same mesh and settings.
@@ -541,8 +648,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         (la, ta), (lb, tb) = results["xla"], results["default"]
         diff = max(abs(a - b) for a, b in zip(la, lb, strict=True))
-        _log(f"compare: max |loss(xla) - loss(default)| = {diff:.3e}; "
-             f"speedup default/xla = {tb / ta:.3f}x")
+        _log(f"compare: max |loss(xla) - loss(default)| = {diff:.3e}; speedup default/xla = {tb / ta:.3f}x")
     jax_ub.shutdown()
     _log("OK")
     return 0

@@ -32,8 +32,11 @@ _registered = False
 # Where jax's nvidia-* wheels put the libraries that the extension dlopen()s, relative to a
 # site-packages directory, newest layout first.
 _LIBRARY_GLOBS = {
-    "cublasLt": ["nvidia/cu13/lib/libcublasLt.so.13", "nvidia/cublas/lib/libcublasLt.so.13",
-                 "nvidia/cublas/lib/libcublasLt.so.12"],
+    "cublasLt": [
+        "nvidia/cu13/lib/libcublasLt.so.13",
+        "nvidia/cublas/lib/libcublasLt.so.13",
+        "nvidia/cublas/lib/libcublasLt.so.12",
+    ],
     "nccl": ["nvidia/nccl/lib/libnccl.so.2"],
 }
 
@@ -43,12 +46,19 @@ def _build_facts() -> dict[str, Any]:
     try:
         mod = importlib.import_module("_jax_ub_build")
     except ImportError:
-        return {"cuda_built": False,
-                "reason": "jax_ub is not installed (no _jax_ub_build module): run `pip install .` "
-                          "from the jax_ub checkout"}
-    return {"cuda_built": bool(mod.CUDA_BUILT), "reason": mod.REASON, "nvcc": mod.NVCC,
-            "nvcc_version": mod.NVCC_VERSION, "cuda_archs": mod.CUDA_ARCHS,
-            "source_hash": getattr(mod, "SOURCE_HASH", None) or None}
+        return {
+            "cuda_built": False,
+            "reason": "jax_ub is not installed (no _jax_ub_build module): run `pip install .` "
+            "from the jax_ub checkout",
+        }
+    return {
+        "cuda_built": bool(mod.CUDA_BUILT),
+        "reason": mod.REASON,
+        "nvcc": mod.NVCC,
+        "nvcc_version": mod.NVCC_VERSION,
+        "cuda_archs": mod.CUDA_ARCHS,
+        "source_hash": getattr(mod, "SOURCE_HASH", None) or None,
+    }
 
 
 # The files of csrc/ the extension's fingerprint covers (cmake/source_hash.cmake: keep in sync).
@@ -60,8 +70,11 @@ def source_hash(csrc: str) -> str:
     (paths relative to it, '/'-separated, sorted): what CMake records in the extension."""
     files = []
     for root, _, names in os.walk(csrc):
-        files += [os.path.relpath(os.path.join(root, n), csrc).replace(os.sep, "/")
-                  for n in names if n.endswith(SOURCE_SUFFIXES)]
+        files += [
+            os.path.relpath(os.path.join(root, n), csrc).replace(os.sep, "/")
+            for n in names
+            if n.endswith(SOURCE_SUFFIXES)
+        ]
     manifest = []
     for rel in sorted(files):
         with open(os.path.join(csrc, rel), "rb") as f:
@@ -94,10 +107,12 @@ def source_mismatch(mod: Any, csrc: str | None = None) -> str | None:
         return None
     got = f"built from sources {built[:12]}" if built else why
     root = os.path.dirname(csrc)
-    return (f"the CUDA extension {getattr(mod, '__file__', '_jax_ub_cuda')} was not built from this "
-            f"checkout's {csrc} (expected sources {have[:12]}; {got}): the Python side may call "
-            f"kernels, functions or FFI attributes it lacks. Rebuild it: `pip install .` in {root} "
-            "(an editable install: `pip install --no-build-isolation -e .`)")
+    return (
+        f"the CUDA extension {getattr(mod, '__file__', '_jax_ub_cuda')} was not built from this "
+        f"checkout's {csrc} (expected sources {have[:12]}; {got}): the Python side may call "
+        f"kernels, functions or FFI attributes it lacks. Rebuild it: `pip install .` in {root} "
+        "(an editable install: `pip install --no-build-isolation -e .`)"
+    )
 
 
 @functools.cache
@@ -161,8 +176,10 @@ def cuda_path_available() -> tuple[bool, str]:
     if _gpu_backend() is None:
         mod, reason = _load()
         built = "" if mod is not None else f" (and the CUDA extension is not loaded: {reason})"
-        return False, (f"jax has no CUDA GPU (default backend: {jax.default_backend()!r}); "
-                       f"the pure-XLA reference path runs{built}")
+        return False, (
+            f"jax has no CUDA GPU (default backend: {jax.default_backend()!r}); "
+            f"the pure-XLA reference path runs{built}"
+        )
     mod, reason = _load()
     if mod is None:
         return False, reason
@@ -197,11 +214,13 @@ def driver_too_old(mod) -> str:
         return ""
     have = f"supports CUDA {_cuda_version(driver)}"
     built = _build_facts().get("nvcc_version") or "?"
-    return (f"the jax_ub extension was built with CUDA {_cuda_version(runtime) if runtime else '?'} "
-            f"(nvcc {built}), but this NVIDIA driver {have}"
-            f"{f' ({err})' if err else ''}: rebuild jax_ub with an nvcc no newer than the driver's "
-            "CUDA version (e.g. `CUDACXX=/usr/local/cuda-12/bin/nvcc pip install --no-cache-dir "
-            "--force-reinstall --no-deps .`), or upgrade the driver")
+    return (
+        f"the jax_ub extension was built with CUDA {_cuda_version(runtime) if runtime else '?'} "
+        f"(nvcc {built}), but this NVIDIA driver {have}"
+        f"{f' ({err})' if err else ''}: rebuild jax_ub with an nvcc no newer than the driver's "
+        "CUDA version (e.g. `CUDACXX=/usr/local/cuda-12/bin/nvcc pip install --no-cache-dir "
+        "--force-reinstall --no-deps .`), or upgrade the driver"
+    )
 
 
 def enums() -> dict[str, dict[str, int]]:

@@ -47,9 +47,13 @@ def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
     if union != varying_axes_of_type(out):
         mat = getattr(out, "manual_axis_type", None)
         if mat is not None:
-            out = out.update(manual_axis_type=type(mat)(
-                varying=union, unreduced=getattr(mat, "unreduced", frozenset()),
-                reduced=getattr(mat, "reduced", frozenset())))
+            out = out.update(
+                manual_axis_type=type(mat)(
+                    varying=union,
+                    unreduced=getattr(mat, "unreduced", frozenset()),
+                    reduced=getattr(mat, "reduced", frozenset()),
+                )
+            )
         else:
             out = out.update(vma=union)
     return out
@@ -80,8 +84,9 @@ def workspace_bytes() -> int:
 
 # Precision names (any case) under which XLA lets a float32 GEMM use TF32 on NVIDIA GPUs: at most
 # HIGH (XLA's rule for a dot without an algorithm), or the TF32 dot algorithm.
-_TF32_NAMES = frozenset({"default", "fastest", "bfloat16", "high", "tensorfloat32", "bfloat16_3x",
-                         "tf32_tf32_f32"})
+_TF32_NAMES = frozenset(
+    {"default", "fastest", "bfloat16", "high", "tensorfloat32", "bfloat16_3x", "tf32_tf32_f32"}
+)
 
 
 def tf32_allowed(precision: Any) -> bool:
@@ -131,8 +136,10 @@ def schedule_code(collective: str, schedule: str) -> np.int32:
     table = _enum(_TABLES[collective])
     kernel = _KERNEL_OF.get((collective, schedule), schedule)
     if kernel not in table:
-        raise ValueError(f"no {collective} schedule {schedule!r}; have "
-                         f"{sorted([*table, *(s for c, s in _KERNEL_OF if c == collective)])}")
+        raise ValueError(
+            f"no {collective} schedule {schedule!r}; have "
+            f"{sorted([*table, *(s for c, s in _KERNEL_OF if c == collective)])}"
+        )
     return np.int32(table[kernel])
 
 

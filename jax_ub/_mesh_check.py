@@ -51,12 +51,14 @@ def mismatch(what: str, axis: str, program: Groups, groups: Groups) -> str | Non
     bad = [g for g in program if g not in known]
     if not bad:
         return None
-    return (f"{what}: mesh axis {axis!r} of this program has the device group {list(bad[0])} "
-            f"(device ids in axis order), but jax_ub.initialize created the groups "
-            f"{[list(g) for g in groups]} (in rank order). Each GPU would run as another rank than "
-            f"shard_map's axis index and the shards would land in the wrong rows. Call "
-            f"jax_ub.initialize with the mesh that shard_map uses (the same devices in the same "
-            f"order along {axis!r}).")
+    return (
+        f"{what}: mesh axis {axis!r} of this program has the device group {list(bad[0])} "
+        f"(device ids in axis order), but jax_ub.initialize created the groups "
+        f"{[list(g) for g in groups]} (in rank order). Each GPU would run as another rank than "
+        f"shard_map's axis index and the shards would land in the wrong rows. Call "
+        f"jax_ub.initialize with the mesh that shard_map uses (the same devices in the same "
+        f"order along {axis!r})."
+    )
 
 
 def _lower(ctx: Any, x: Any, *, what: str, axis: str, groups: Groups) -> list[Any]:

@@ -36,9 +36,11 @@ def check_array(fn: str, name: str, a: Any, abstract_ok: bool = False) -> None:
     if not (hasattr(a, "shape") and hasattr(a, "dtype")):
         raise TypeError(f"{fn}: `{name}` must be a jax array; got {type(a).__name__}")
     if isinstance(a, jax.ShapeDtypeStruct) and not abstract_ok:
-        raise TypeError(f"{fn}: `{name}` must be a jax array; got a jax.ShapeDtypeStruct (a shape "
-                        f"without values): pass an array, or trace with jax.eval_shape(f, ...) to "
-                        f"work with shapes only")
+        raise TypeError(
+            f"{fn}: `{name}` must be a jax array; got a jax.ShapeDtypeStruct (a shape "
+            f"without values): pass an array, or trace with jax.eval_shape(f, ...) to "
+            f"work with shapes only"
+        )
 
 
 def check_operands(fn: str, x: Any, w: Any, x_layout: str, w_layout: str, abstract_ok: bool = False) -> None:
@@ -89,7 +91,8 @@ def check_axis_name(fn: str, axis_name: Any) -> None:
     if not names or not all(isinstance(n, str) for n in names):
         # An int would be taken by lax.axis_size as a positional axis and fail deep inside jax.
         raise TypeError(
-            f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}")
+            f"{fn}: `axis_name` must be a mesh axis name (str) or a tuple of names; got {axis_name!r}"
+        )
     check_axis_names(fn, axis_name)
 
 
@@ -137,8 +140,7 @@ def mesh_platform() -> str | None:
     """The platform (``"cpu"``, ``"gpu"``, ...) of the enclosing mesh's devices, or None where jax
     does not say (best effort: only advisory messages depend on it)."""
     try:
-        return getattr(getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None),
-                       "platform", None)
+        return getattr(getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None), "platform", None)
     except Exception:
         return None
 
@@ -158,7 +160,8 @@ def check_nonempty_axis(fn: str, kw: str, axis: int, x_shape: tuple[int, ...], c
         raise ValueError(
             f"{fn}: x.shape[{kw}={axis}] is 0 (x {shape_str(x_shape)}): XLA cannot {collective} "
             f"over an empty dimension (its verifier refuses it, for lax's own collectives too); "
-            f"skip the call when that dimension is empty")
+            f"skip the call when that dimension is empty"
+        )
 
 
 def check_bool(fn: str, kw: str, value: Any) -> None:
@@ -189,7 +192,8 @@ def check_precision(fn: str, precision: Any) -> None:
         typed = all(isinstance(p, (str, jax.lax.Precision)) for p in parts)
         raise (ValueError if typed else TypeError)(
             f"{fn}: `precision` must be None, a jax.lax.Precision or one of its names (e.g. "
-            f"'highest'), a pair of them, or a jax.lax.DotAlgorithmPreset; got {precision!r}") from e
+            f"'highest'), a pair of them, or a jax.lax.DotAlgorithmPreset; got {precision!r}"
+        ) from e
 
 
 def check_axis_names(fn: str, axis_name: Any) -> None:

@@ -54,15 +54,18 @@ def _cuda(kind, x, a, b, axis_name, axis, precision, method):
     s = _launch.comm_set(axis_name, what)
     _ext.ensure_registered()
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
-        raise ValueError(f"{what}: the independent GEMM must be a[m, k] @ b[k, n] of one dtype; "
-                         f"got a {a.shape} {a.dtype}, b {b.shape} {b.dtype}")
+        raise ValueError(
+            f"{what}: the independent GEMM must be a[m, k] @ b[k, n] of one dtype; "
+            f"got a {a.shape} {a.dtype}, b {b.shape} {b.dtype}"
+        )
     gather = kind == methods.AG
     x2 = _launch.front(x, axis % x.ndim)
     x3 = x2.reshape(x2.shape[0], -1)
     es = jnp.dtype(x.dtype).itemsize
     comm.ensure_capacity(s, (s.world if gather else 1) * math.prod(x2.shape) * es)
-    side_sms, side_rows = schedule.bulk_side(kind, math.prod(x2.shape) * es, a.shape[0], a.shape[1],
-                                             b.shape[1], a.dtype)
+    side_sms, side_rows = schedule.bulk_side(
+        kind, math.prod(x2.shape) * es, a.shape[0], a.shape[1], b.shape[1], a.dtype
+    )
     if gather and s.transport == "nccl":  # no same-device copies: NCCL's kernels go first
         side_sms, side_rows = 0, 0
     if side_rows > 0:  # both GEMMs of the op: its first rows beside the collective, then the rest
@@ -73,14 +76,23 @@ def _cuda(kind, x, a, b, axis_name, axis, precision, method):
         out_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
     else:
         if x3.shape[0] % s.world:
-            raise ValueError(f"{what}: dimension {axis} of x ({x3.shape[0]}) is not divisible by "
-                             f"the axis size {s.world}")
+            raise ValueError(
+                f"{what}: dimension {axis} of x ({x3.shape[0]}) is not divisible by the axis size {s.world}"
+            )
         out_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     algo = _ffi.schedule_code(kind, methods.runs(_OP[kind], method))
     gy_t = _ffi.result_type((a.shape[0], b.shape[1]), a.dtype, a, b)
     out, gy, _ = _ffi.call("jax_ub_bulk", (out_t, gy_t, _ffi.workspace_type(a, b)))(
-        _launch.checked(x3, s, what), a, b, set_id=s.set_id, kind=_ffi.bulk_kind_code(kind), algo=algo,
-        tf32=_ffi.tf32_allowed(precision), side_sms=np.int32(side_sms), side_rows=np.int64(side_rows))
+        _launch.checked(x3, s, what),
+        a,
+        b,
+        set_id=s.set_id,
+        kind=_ffi.bulk_kind_code(kind),
+        algo=algo,
+        tf32=_ffi.tf32_allowed(precision),
+        side_sms=np.int32(side_sms),
+        side_rows=np.int64(side_rows),
+    )
     rows = s.world * x2.shape[0] if gather else x2.shape[0] // s.world
     return _launch.back(out.reshape(rows, *x2.shape[1:]), axis % x.ndim), gy
 
@@ -111,18 +123,24 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method):
     for name, v in (("x", x), ("a", a), ("b", b)):
         _validate.check_array(what, name, v)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"{what}: the GEMM operands must be a `[m, k]` and b `[k, n]`; got a "
-                         f"{_validate.shape_str(a.shape)}, b {_validate.shape_str(b.shape)}")
+        raise ValueError(
+            f"{what}: the GEMM operands must be a `[m, k]` and b `[k, n]`; got a "
+            f"{_validate.shape_str(a.shape)}, b {_validate.shape_str(b.shape)}"
+        )
     if a.dtype != b.dtype:
-        raise TypeError(f"{what}: `a` and `b` must have the same dtype; got a "
-                        f"{np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name}")
+        raise TypeError(
+            f"{what}: `a` and `b` must have the same dtype; got a "
+            f"{np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name}"
+        )
     for name, v in (("x", x), ("a", a)):  # what the CUDA path moves and multiplies
         if np.dtype(v.dtype) not in _validate.SUPPORTED_DTYPES:
-            raise TypeError(f"{what}: `{name}` must have dtype {_validate.DTYPE_NAMES}; got "
-                            f"{np.dtype(v.dtype).name}")
+            raise TypeError(
+                f"{what}: `{name}` must have dtype {_validate.DTYPE_NAMES}; got {np.dtype(v.dtype).name}"
+            )
     axis = _validate.normalize_axis(what, "axis", axis, x.shape, last_ok=True)
-    _validate.check_nonempty_axis(what, "axis", axis, x.shape,
-                                  "all-gather" if kind == methods.AG else "reduce-scatter")
+    _validate.check_nonempty_axis(
+        what, "axis", axis, x.shape, "all-gather" if kind == methods.AG else "reduce-scatter"
+    )
     tp = _validate.bound_axis_size(what, axis_name)
     if kind == methods.RS:
         _validate.check_divisible(what, "axis", axis, x.shape, axis_name, tp)
@@ -134,15 +152,25 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method):
     if m == methods.NCCL:
         s = comm.get(axis_name)
         if s is None or s.transport != "nccl":
-            raise ValueError(f"{what}: method='nccl' needs jax_ub.initialize(mesh, "
-                             f"axis={axis_name!r}, transport='nccl'); the axis has "
-                             f"{'no communicator' if s is None else 'transport ' + repr(s.transport)}")
+            raise ValueError(
+                f"{what}: method='nccl' needs jax_ub.initialize(mesh, "
+                f"axis={axis_name!r}, transport='nccl'); the axis has "
+                f"{'no communicator' if s is None else 'transport ' + repr(s.transport)}"
+            )
         m = methods.BULK_DEFAULT  # a set with transport nccl runs every algorithm over NCCL
     return _bulk(kind, x, a, b, axis_name, axis, precision, m)
 
 
-def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *, axis: int = 0,
-                    precision: Any = None, method: str | None = None):
+def bulk_all_gather(
+    x: jax.Array,
+    a: jax.Array,
+    b: jax.Array,
+    axis_name: Any,
+    *,
+    axis: int = 0,
+    precision: Any = None,
+    method: str | None = None,
+):
     """``(lax.all_gather(x, axis_name, axis=axis, tiled=True), a @ b)``, overlapped on GPUs.
 
     x: the local shard; a[m, k], b[k, n]: an independent GEMM (e.g. the dgrad of the layer whose
@@ -155,8 +183,16 @@ def bulk_all_gather(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
     return _run(methods.AG, x, a, b, axis_name, axis, precision, method)
 
 
-def bulk_reduce_scatter(x: jax.Array, a: jax.Array, b: jax.Array, axis_name: Any, *,
-                        axis: int = 0, precision: Any = None, method: str | None = None):
+def bulk_reduce_scatter(
+    x: jax.Array,
+    a: jax.Array,
+    b: jax.Array,
+    axis_name: Any,
+    *,
+    axis: int = 0,
+    precision: Any = None,
+    method: str | None = None,
+):
     """``(lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True), a @ b)``, overlapped
     on GPUs (fp32 accumulation in the reduction).
 

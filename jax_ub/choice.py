@@ -78,6 +78,7 @@ SHAPES_FORMAT = "jax_ub_shapes"  # the key of a shapes file (jax_ub.tuning.FORMA
 @dataclasses.dataclass(frozen=True, order=True)
 class OpShape:
     """One op (``AG`` or ``RS``) at one global shape (M, K, N), as the bench names it."""
+
     op: str
     tp: int
     dtype: str
@@ -97,6 +98,7 @@ class OpShape:
 @dataclasses.dataclass(frozen=True)
 class Shape(OpShape):
     """One measured shape: median ms of each method, and where it was measured."""
+
     ms: tuple[tuple[str, float], ...]  # (method, ms), fastest first
     machine: str = "?"
     date: str = "?"
@@ -121,14 +123,24 @@ class Choice:
 @dataclasses.dataclass(frozen=True)
 class Tables:
     """What ``choose`` reads: your tuning file's shapes (``own``) and the shipped ones."""
+
     own: tuple[Shape, ...]
     shipped: tuple[Shape, ...]
 
     def digest(self, auto_chain: bool) -> str:
         """sha256 (16 hex digits) of everything a choice depends on: both tables, the rules
         (``TIE``, ``METHODS``, ``FALLBACK``, ``DTYPE_SUMS``) and ``auto_chain``."""
-        blob = json.dumps([TIE, METHODS, FALLBACK, DTYPE_SUMS, auto_chain,
-                           [s.key() for s in self.own], [s.key() for s in self.shipped]])
+        blob = json.dumps(
+            [
+                TIE,
+                METHODS,
+                FALLBACK,
+                DTYPE_SUMS,
+                auto_chain,
+                [s.key() for s in self.own],
+                [s.key() for s in self.shipped],
+            ]
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -139,7 +151,7 @@ def method_of(impl: str) -> str | None:
         return methods.XLA
     if impl in LEGACY_IMPLS:
         return LEGACY_IMPLS[impl]
-    return impl[len("jax_ub_"):] if impl.startswith("jax_ub_") else None
+    return impl[len("jax_ub_") :] if impl.startswith("jax_ub_") else None
 
 
 def _positive_int(v: Any) -> int | None:
@@ -165,8 +177,13 @@ def dtype_name(v: Any) -> str | None:
 
 def _json_type(v: Any) -> str:
     """``v``'s type as JSON names it."""
-    for kind, name in ((bool, "true/false"), (dict, "object"), (list, "array"), (str, "string"),
-                       ((int, float), "number")):
+    for kind, name in (
+        (bool, "true/false"),
+        (dict, "object"),
+        (list, "array"),
+        (str, "string"),
+        ((int, float), "number"),
+    ):
         if isinstance(v, kind):
             return name
     return "null" if v is None else type(v).__name__
@@ -190,16 +207,22 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
     what it holds."""
     where = repr(origin) if origin else "bench document"
     if not isinstance(doc, dict):
-        raise ValueError(f"{where}: a bench JSON must be an object {{\"machine\", \"date\", \"records\": "
-                         f"[...]}}; got a JSON {_json_type(doc)}")
+        raise ValueError(
+            f'{where}: a bench JSON must be an object {{"machine", "date", "records": '
+            f"[...]}}; got a JSON {_json_type(doc)}"
+        )
     if SHAPES_FORMAT in doc:
-        raise ValueError(f"{where} is a shapes file (the shapes a program ran, jax_ub.tuning), not "
-                         f"measurements: measure them with `python -m jax_ub.bench tune {origin or 'FILE'}` "
-                         f"and use the file that writes")
+        raise ValueError(
+            f"{where} is a shapes file (the shapes a program ran, jax_ub.tuning), not "
+            f"measurements: measure them with `python -m jax_ub.bench tune {origin or 'FILE'}` "
+            f"and use the file that writes"
+        )
     records = doc.get("records")
     if not isinstance(records, list):
-        raise ValueError(f"{where}: 'records' must be a list of bench records; got "
-                         + ("no 'records'" if "records" not in doc else f"a JSON {_json_type(records)}"))
+        raise ValueError(
+            f"{where}: 'records' must be a list of bench records; got "
+            + ("no 'records'" if "records" not in doc else f"a JSON {_json_type(records)}")
+        )
     machine, date = str(doc.get("machine", "?")), str(doc.get("date", "?"))
     ops = {v: k for k, v in BENCH_OP.items()}
     groups: dict[tuple, dict[str, float]] = {}
@@ -215,7 +238,9 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         rec = f"{where}: record {i} ({r['op']} {impl})"
         missing = [k for k in RECORD_KEYS if k not in r]
         if missing:
-            raise ValueError(f"{rec} has no {', '.join(map(repr, missing))}; a bench record needs {RECORD_KEYS}")
+            raise ValueError(
+                f"{rec} has no {', '.join(map(repr, missing))}; a bench record needs {RECORD_KEYS}"
+            )
         dims = {}
         for k in ("tp", "M", "K", "N"):
             dims[k] = _positive_int(r[k])
@@ -232,8 +257,9 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         try:
             ms = float(ms)
         except OverflowError:
-            raise ValueError(f"{rec}: ms must be a number of milliseconds a float can hold; got "
-                             f"{_brief(r['ms'])}") from None
+            raise ValueError(
+                f"{rec}: ms must be a number of milliseconds a float can hold; got {_brief(r['ms'])}"
+            ) from None
         if method not in METHODS[op]:
             unknown.add(f"{op} {method}")
             continue
@@ -243,8 +269,11 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
             continue  # not measured
         key = (op, dims["tp"], dtype, dims["M"], dims["K"], dims["N"])
         groups.setdefault(key, {})[method] = ms
-    shapes = [Shape(*key, tuple(sorted(m.items(), key=lambda kv: kv[1])), machine, date, origin)
-              for key, m in sorted(groups.items()) if len(m) >= 2]
+    shapes = [
+        Shape(*key, tuple(sorted(m.items(), key=lambda kv: kv[1])), machine, date, origin)
+        for key, m in sorted(groups.items())
+        if len(m) >= 2
+    ]
     return shapes, sorted(unknown)
 
 
@@ -277,12 +306,16 @@ def _provenance(doc: dict, path: str, unknown: Sequence[str]) -> list[str]:
         kind = m.group(1) if m else None
     local = _local_device_kind()
     if kind and local and kind != local:
-        notes.append(f"measured on {kind} GPUs, and this process runs on {local}: its times may not "
-                     f"hold here (run `python -m jax_ub.bench tune` on these GPUs)")
+        notes.append(
+            f"measured on {kind} GPUs, and this process runs on {local}: its times may not "
+            f"hold here (run `python -m jax_ub.bench tune` on these GPUs)"
+        )
     version = doc.get("jax_ub")
     if version is not None and str(version) != __version__:
-        notes.append(f"written by jax_ub {version}, and this is jax_ub {__version__}: the methods' "
-                     f"times may have changed since (run `python -m jax_ub.bench tune` again)")
+        notes.append(
+            f"written by jax_ub {version}, and this is jax_ub {__version__}: the methods' "
+            f"times may have changed since (run `python -m jax_ub.bench tune` again)"
+        )
     if unknown:
         notes.append(f"records of methods this jax_ub does not know are ignored: {', '.join(unknown)}")
     return notes
@@ -302,16 +335,20 @@ def _check(path: str, data: bytes) -> tuple[list[Shape], list[str]]:
     except ValueError as e:
         raise ValueError(f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: {e}") from None
     except RecursionError:
-        raise ValueError(f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: its arrays/objects "
-                         f"nest deeper than Python's recursion limit ({sys.getrecursionlimit()})") from None
+        raise ValueError(
+            f"JAX_UB_TUNING_FILE {path!r}: cannot read a bench JSON: its arrays/objects "
+            f"nest deeper than Python's recursion limit ({sys.getrecursionlimit()})"
+        ) from None
     try:
         shapes, unknown = _parse(doc, origin=path)
     except ValueError as e:
         raise ValueError(f"JAX_UB_TUNING_FILE {e}") from None
     if not shapes:
-        raise ValueError(f"JAX_UB_TUNING_FILE {path!r} has no ag_gemm/gemm_rs records with two or "
-                         f"more methods (jax_ub_<method> or xla_plain impls) per shape (write one with "
-                         f"`python -m jax_ub.bench tune SHAPES.json`, or `python -m jax_ub.bench ag|rs`)")
+        raise ValueError(
+            f"JAX_UB_TUNING_FILE {path!r} has no ag_gemm/gemm_rs records with two or "
+            f"more methods (jax_ub_<method> or xla_plain impls) per shape (write one with "
+            f"`python -m jax_ub.bench tune SHAPES.json`, or `python -m jax_ub.bench ag|rs`)"
+        )
     return shapes, _provenance(doc, path, unknown)
 
 
@@ -376,6 +413,7 @@ class Agreement:
     agree; the first op ``auto`` runs raises the error). ``note`` says what this process read
     (the file's path, why it cannot be used): for the message when the values differ, never
     compared (processes may name one file by different paths)."""
+
     value: str
     note: str
     tuning_file: str
@@ -400,10 +438,15 @@ def propose(tuning_file: str, auto_chain: bool) -> Agreement:
         t = Tables(_own(tuning_file, data), shipped)
     except ValueError as e:
         first = str(e).splitlines()[0]
-        return Agreement(f"unusable file, sha256 {_sha(data)}", f"{first} (file sha256 {_sha(data)})",
-                         tuning_file, _sha(data))
-    note = (f"JAX_UB_TUNING_FILE {tuning_file!r} ({len(t.own)} measured shapes, file sha256 "
-            f"{_sha(data)}); {ship}")
+        return Agreement(
+            f"unusable file, sha256 {_sha(data)}",
+            f"{first} (file sha256 {_sha(data)})",
+            tuning_file,
+            _sha(data),
+        )
+    note = (
+        f"JAX_UB_TUNING_FILE {tuning_file!r} ({len(t.own)} measured shapes, file sha256 {_sha(data)}); {ship}"
+    )
     return Agreement(t.digest(auto_chain), note, tuning_file, _sha(data), t)
 
 
@@ -439,9 +482,12 @@ def _current(tuning_file: str) -> Tables:
             now = "unreadable"
         if now != sha and (tuning_file, now) not in _warned_changed:
             _warned_changed.add((tuning_file, now))
-            _log.warning("jax_ub: JAX_UB_TUNING_FILE %r changed since jax_ub.initialize: auto keeps "
-                         "choosing from the content every process agreed on then (initialize again "
-                         "to read the new one)", tuning_file)
+            _log.warning(
+                "jax_ub: JAX_UB_TUNING_FILE %r changed since jax_ub.initialize: auto keeps "
+                "choosing from the content every process agreed on then (initialize again "
+                "to read the new one)",
+                tuning_file,
+            )
     return t
 
 
@@ -485,8 +531,15 @@ def _nearest(cands: Sequence[Shape], M: int, K: int, N: int) -> Shape:
     return min(ordered, key=lambda s: (_distance(s, M, K, N), not s.origin, -len(s.ms)))
 
 
-def pick(shapes: Iterable[Shape], op: str, tp: int, dtype: str, M: int, K: int, N: int,
-         ) -> Shape | None:
+def pick(
+    shapes: Iterable[Shape],
+    op: str,
+    tp: int,
+    dtype: str,
+    M: int,
+    K: int,
+    N: int,
+) -> Shape | None:
     """The measured shape of one table a call of global (M, K, N) is judged by: same op and dtype
     (else any dtype), the nearest group size, then :func:`_nearest`."""
     cands = [s for s in shapes if s.op == op]
@@ -497,8 +550,18 @@ def pick(shapes: Iterable[Shape], op: str, tp: int, dtype: str, M: int, K: int, 
     return _nearest([s for s in cands if abs(math.log(s.tp / tp)) == near_tp], M, K, N)
 
 
-def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: str = "", *,
-           using: Tables | None = None, auto_chain: bool | None = None) -> Choice:
+def choose(
+    op: str,
+    tp: int,
+    dtype: str,
+    M: int,
+    K: int,
+    N: int,
+    tuning_file: str = "",
+    *,
+    using: Tables | None = None,
+    auto_chain: bool | None = None,
+) -> Choice:
     """The method for one call of global shape (M, K, N) over ``tp`` ranks, and why.
 
     ``using``: these tables instead of those of ``tuning_file`` (the ones agreed at initialize,
@@ -520,7 +583,9 @@ def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: st
         s = pick(t.own + t.shipped, op, tp, dtype, M, K, N)
         if s is None:
             return Choice(FALLBACK[op], f"no measurement of {op} in the tables: default")
-        used = " ".join(w for w, differs in ((f"tp{s.tp}", s.tp != tp), (s.dtype, s.dtype != dtype)) if differs)
+        used = " ".join(
+            w for w, differs in ((f"tp{s.tp}", s.tp != tp), (s.dtype, s.dtype != dtype)) if differs
+        )
         notes = [f"no {op} tp{tp} {dtype} measurement in the tables: the nearest {used}"]
     far, dim = max((max(a / b, b / a), d) for d, a, b in (("M", s.M, M), ("K", s.K, K), ("N", s.N, N)))
     if far > FAR:
@@ -532,14 +597,20 @@ def choose(op: str, tp: int, dtype: str, M: int, K: int, N: int, tuning_file: st
     allowed = [(m, ms) for m, ms in s.ms if auto_chain or not sums_in_dtype(op, m, tp, dtype)]
     method, unrestricted = fastest(allowed), fastest(s.ms)
     if method != unrestricted:
-        notes.append(f"not {unrestricted}: it sums the partials in {dtype} at tp={tp}, one rounding "
-                     f"per hop, where the others sum in fp32 (JAX_UB_AUTO_CHAIN=1 allows it)")
+        notes.append(
+            f"not {unrestricted}: it sums the partials in {dtype} at tp={tp}, one rounding "
+            f"per hop, where the others sum in fp32 (JAX_UB_AUTO_CHAIN=1 allows it)"
+        )
     elif sums_in_dtype(op, method, tp, dtype):
-        notes.append(f"{method} sums the partials in {dtype} at tp={tp}, one rounding per hop "
-                     f"(allowed by JAX_UB_AUTO_CHAIN=1)")
+        notes.append(
+            f"{method} sums the partials in {dtype} at tp={tp}, one rounding per hop "
+            f"(allowed by JAX_UB_AUTO_CHAIN=1)"
+        )
     times = ", ".join(f"{m} {ms:.3f}" for m, ms in s.ms)
     label = "your tuning file" if s.origin else "jax_ub's measurements"
-    return Choice(method, f"nearest measured shape tp{s.tp} {s.dtype} {s.M}x{s.K}x{s.N}: "
-                          f"{times} ms ({s.source}, {label}; within {TIE - 1:.0%} is a tie, "
-                          f"broken in the order {', '.join(METHODS[op])})"
-                          + "".join(f"; {n}" for n in notes))
+    return Choice(
+        method,
+        f"nearest measured shape tp{s.tp} {s.dtype} {s.M}x{s.K}x{s.N}: "
+        f"{times} ms ({s.source}, {label}; within {TIE - 1:.0%} is a tie, "
+        f"broken in the order {', '.join(METHODS[op])})" + "".join(f"; {n}" for n in notes),
+    )

@@ -23,8 +23,9 @@ def _schedule(what: str, op: str, method: Any) -> str:
     return methods.runs(op, method)
 
 
-def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0,
-               method: str = methods.DEFAULT[methods.AG]) -> jax.Array:
+def all_gather(
+    x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = methods.DEFAULT[methods.AG]
+) -> jax.Array:
     """``lax.all_gather(x, axis_name, axis=axis, tiled=True)`` over jax_ub's copy-engine transport.
 
     x: `[..., m, ...]` local shard (any dtype of bfloat16/float16/float32); inside ``shard_map``
@@ -42,13 +43,15 @@ def all_gather(x: jax.Array, axis_name: Any, *, axis: int = 0,
     x3 = x2.reshape(x2.shape[0], -1)
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * jnp.dtype(x.dtype).itemsize)
     xg_t = _ffi.result_type((s.world * x3.shape[0], x3.shape[1]), x.dtype, x3)
-    xg = _ffi.call("jax_ub_all_gather", xg_t)(_launch.checked(x3, s, "all_gather"), set_id=s.set_id,
-                                              algo=_ffi.schedule_code(methods.AG, sched))
+    xg = _ffi.call("jax_ub_all_gather", xg_t)(
+        _launch.checked(x3, s, "all_gather"), set_id=s.set_id, algo=_ffi.schedule_code(methods.AG, sched)
+    )
     return _launch.back(xg.reshape(s.world * x2.shape[0], *x2.shape[1:]), axis)
 
 
-def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0,
-                   method: str = methods.DEFAULT[methods.RS]) -> jax.Array:
+def reduce_scatter(
+    x: jax.Array, axis_name: Any, *, axis: int = 0, method: str = methods.DEFAULT[methods.RS]
+) -> jax.Array:
     """``lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)`` over jax_ub's
     transport, accumulating in float32, in row pieces (:func:`jax_ub.schedule.rs_pieces`). On an
     axis of size 1 it returns ``x``, as :func:`all_gather`."""
@@ -67,7 +70,10 @@ def reduce_scatter(x: jax.Array, axis_name: Any, *, axis: int = 0,
     comm.ensure_capacity(s, math.prod(x2.shape) * es)
     y_t = _ffi.result_type((x3.shape[0] // s.world, x3.shape[1]), x.dtype, x3)
     y = _ffi.call("jax_ub_reduce_scatter", y_t)(
-        _launch.checked(x3, s, "reduce_scatter"), set_id=s.set_id,
-        algo=_ffi.schedule_code(methods.RS, sched), reduce_blocks=np.int32(schedule.REDUCE_BLOCKS),
-        splits=np.int32(schedule.rs_pieces(x3.shape[0] // s.world, x3.shape[1] * es)))
+        _launch.checked(x3, s, "reduce_scatter"),
+        set_id=s.set_id,
+        algo=_ffi.schedule_code(methods.RS, sched),
+        reduce_blocks=np.int32(schedule.REDUCE_BLOCKS),
+        splits=np.int32(schedule.rs_pieces(x3.shape[0] // s.world, x3.shape[1] * es)),
+    )
     return _launch.back(y.reshape(x2.shape[0] // s.world, *x2.shape[1:]), axis)

@@ -32,14 +32,15 @@ from jax_ub.methods import METHODS
 if sys.argv[:1] == ["-m"]:
     # `python -m jax_ub.config`: importing the package imports this module first, which runpy then
     # warns about before running the file again as __main__; harmless, __main__ calls this module.
-    warnings.filterwarnings("ignore", message=r"'jax_ub\.config' found in sys\.modules",
-                            category=RuntimeWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"'jax_ub\.config' found in sys\.modules", category=RuntimeWarning
+    )
 
 # JAX_UB_* variables that are not settings of this module, and what they are.
 OTHER_VARIABLES = {
     "JAX_UB_CUDA_ARCHS": "the CUDA architectures the build compiles for (`CMakeLists.txt`)",
     "JAX_UB_REQUIRE_CUDA": "`1` makes the build fail instead of installing without the CUDA extension "
-                           "(`CMakeLists.txt`, CI)",
+    "(`CMakeLists.txt`, CI)",
     "JAX_UB_CI_VENV": "where CI (`.ci/run`) keeps its virtual environment",
 }
 OTHER_PREFIXES = ("JAX_UB_TEST_",)  # the test launcher's, to its worker processes
@@ -47,8 +48,7 @@ EXPERIMENTAL_PREFIX = "JAX_UB_EXPERIMENTAL_"
 # Variables still recognised that do nothing, and what their warning says; they go next release.
 INERT_VARIABLES = {
     "JAX_UB_MULTICAST": "does nothing (jax_ub has no NVLink multicast path) and will be removed",
-    "UB_SKIPMC": "does nothing in jax_ub (it has no multicast path to turn off); jax_ub will stop "
-                 "reading it",
+    "UB_SKIPMC": "does nothing in jax_ub (it has no multicast path to turn off); jax_ub will stop reading it",
 }
 BOOTSTRAPS = ("auto", "kv", "nccl")
 TRANSPORTS = ("auto", "ipc", "nccl")
@@ -211,104 +211,223 @@ _SMS = _Int(256, " (SMs)", "", "SMs")
 def _setting(default: Any, env: str, kind: _Kind, doc: str, deprecated_env: str = "") -> Any:
     """A field of :class:`Config`: read from ``env`` (and from its former name ``deprecated_env``,
     with a warning), its values ``kind``, its meaning ``doc`` (one paragraph, Markdown)."""
-    return dataclasses.field(default=default, metadata={
-        "env": env, "kind": kind, "doc": " ".join(doc.split()), "deprecated_env": deprecated_env})
+    return dataclasses.field(
+        default=default,
+        metadata={"env": env, "kind": kind, "doc": " ".join(doc.split()), "deprecated_env": deprecated_env},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """jax_ub's settings; each field's metadata documents it (:func:`settings`)."""
 
-    method: str = _setting("auto", "JAX_UB_METHOD", _Choice(METHODS), """
+    method: str = _setting(
+        "auto",
+        "JAX_UB_METHOD",
+        _Choice(METHODS),
+        """
         Which implementation every jax_ub op runs. `auto` chooses per call from measured times (those
         of `JAX_UB_TUNING_FILE`, else the ones shipped with jax_ub; `jax_ub.explain` says what it
         chose and why); `xla` runs the pure-XLA reference; the others name a CUDA algorithm. A method
         of the other op runs its counterpart: for the AG→GEMM, `chain` and `columns` run `push` and
         `pipeline` runs `ring`; for the GEMM→RS, `all_peer` runs `pipeline`, and `push` and
-        `push_merge` run `ring`. `nccl` needs the `nccl` transport.""")
-    auto_chain: bool = _setting(False, "JAX_UB_AUTO_CHAIN", _Bool(), """
+        `push_merge` run `ring`. `nccl` needs the `nccl` transport.""",
+    )
+    auto_chain: bool = _setting(
+        False,
+        "JAX_UB_AUTO_CHAIN",
+        _Bool(),
+        """
         `1` lets `auto` choose `chain` at tp >= 3 in bfloat16 or float16, whose partial sums travel in
         the op's dtype (one rounding per hop, where every other method sums in fp32). With `0`, where
-        `chain` measured fastest, `auto` runs the fastest of the others.""")
-    disable: bool = _setting(False, "JAX_UB_DISABLE", _Bool(), """
-        `1` runs the pure-XLA reference path for every op, on every device.""")
-    timeout_s: float = _setting(120.0, "JAX_UB_TIMEOUT", _Seconds(), """
+        `chain` measured fastest, `auto` runs the fastest of the others.""",
+    )
+    disable: bool = _setting(
+        False,
+        "JAX_UB_DISABLE",
+        _Bool(),
+        """
+        `1` runs the pure-XLA reference path for every op, on every device.""",
+    )
+    timeout_s: float = _setting(
+        120.0,
+        "JAX_UB_TIMEOUT",
+        _Seconds(),
+        """
         How long any wait for a peer may go without progress, counted while this GPU is inside the
         op, before the op fails naming that peer. Also the default `timeout_s` of
-        `jax_ub.initialize`.""")
-    on_stall: str = _setting("abort", "JAX_UB_ON_STALL", _Choice(ON_STALL), """
+        `jax_ub.initialize`.""",
+    )
+    on_stall: str = _setting(
+        "abort",
+        "JAX_UB_ON_STALL",
+        _Choice(ON_STALL),
+        """
         What follows a timeout whose release has not reached the GPU 10 s later (its command queue is
         stalled, so the XLA call can never return): `abort` ends the process after printing why;
-        `wait` prints and keeps hanging (for a debugger).""")
-    bootstrap: str = _setting("auto", "JAX_UB_BOOTSTRAP", _Choice(BOOTSTRAPS), """
+        `wait` prints and keeps hanging (for a debugger).""",
+    )
+    bootstrap: str = _setting(
+        "auto",
+        "JAX_UB_BOOTSTRAP",
+        _Choice(BOOTSTRAPS),
+        """
         How `initialize` passes the GPUs' buffer handles between processes: `kv` through
         `jax.distributed`'s key-value store; `nccl` sends an NCCL unique id through that store and the
-        handles by an NCCL all-gather. `auto` is `kv`. A single process needs no exchange.""")
-    transport: str = _setting("auto", "JAX_UB_TRANSPORT", _Choice(TRANSPORTS), """
+        handles by an NCCL all-gather. `auto` is `kv`. A single process needs no exchange.""",
+    )
+    transport: str = _setting(
+        "auto",
+        "JAX_UB_TRANSPORT",
+        _Choice(TRANSPORTS),
+        """
         How data moves between GPUs: `ipc` copies over peer-mapped memory with the copy engine (no
         SMs); `nccl` uses `ncclSend`/`ncclRecv` and also works across hosts. `auto` takes `ipc` where
         every GPU pair of each group can map each other's memory, else `nccl`, and logs why. With one
         process per GPU, a GPU that `CUDA_VISIBLE_DEVICES` hides from a process is checked through
-        NVML; a pair nobody can check makes `auto` take `nccl`.""")
-    buffer_mib: int = _setting(0, "JAX_UB_BUFFER_MIB", _MIB, """
+        NVML; a pair nobody can check makes `auto` take `nccl`.""",
+    )
+    buffer_mib: int = _setting(
+        0,
+        "JAX_UB_BUFFER_MIB",
+        _MIB,
+        """
         The registered communication buffer per GPU allocated at `initialize`; `0` starts without one
-        and grows it when a traced op needs more.""")
-    gemm_workspace_mib: int = _setting(32, "JAX_UB_GEMM_WORKSPACE_MIB", _MIB, """
-        The cuBLASLt workspace of each GEMM call.""")
-    gemm_tune: int = _setting(8, "JAX_UB_GEMM_TUNE", _Int(16, " (cuBLASLt candidates)"), """
+        and grows it when a traced op needs more.""",
+    )
+    gemm_workspace_mib: int = _setting(
+        32,
+        "JAX_UB_GEMM_WORKSPACE_MIB",
+        _MIB,
+        """
+        The cuBLASLt workspace of each GEMM call.""",
+    )
+    gemm_tune: int = _setting(
+        8,
+        "JAX_UB_GEMM_TUNE",
+        _Int(16, " (cuBLASLt candidates)"),
+        """
         How many cuBLASLt candidate algorithms are timed per GEMM shape when it is first traced (on
         random data, after GEMMs that bring the GPU to its sustained clocks); another than the
         heuristic's first is kept only where it is more than 3% faster. It costs a fraction of a
         second per GEMM shape and GPU at the first trace. Being timed, like XLA's autotuning, the
         kept algorithm (and so the last bits of a result) can differ between runs: `0` or `1` keeps
-        the heuristic's first, for bitwise-repeatable runs.""")
-    recompute_gathered: bool = _setting(False, "JAX_UB_RECOMPUTE_GATHERED", _Bool(), """
+        the heuristic's first, for bitwise-repeatable runs.""",
+    )
+    recompute_gathered: bool = _setting(
+        False,
+        "JAX_UB_RECOMPUTE_GATHERED",
+        _Bool(),
+        """
         `1`: `all_gather_matmul` keeps only the local shard of x for its backward, not the tp times
         larger gathered x, and gathers it again there under the dgrad GEMM. Per call:
-        `recompute_gathered=`. No effect with `return_gathered=True`.""")
-    tuning_file: str = _setting("", "JAX_UB_TUNING_FILE", _Path(), """
+        `recompute_gathered=`. No effect with `return_gathered=True`.""",
+    )
+    tuning_file: str = _setting(
+        "",
+        "JAX_UB_TUNING_FILE",
+        _Path(),
+        """
         A bench JSON of this machine (from `python -m jax_ub.bench tune SHAPES.json`, or
         `python -m jax_ub.bench ag` or `rs`): for the op, tp and dtype it measured, `auto` chooses
-        from its records; for the others, from the ones shipped with jax_ub.""")
-    record_shapes: str = _setting("", "JAX_UB_RECORD_SHAPES", _Path(), """
+        from its records; for the others, from the ones shipped with jax_ub.""",
+    )
+    record_shapes: str = _setting(
+        "",
+        "JAX_UB_RECORD_SHAPES",
+        _Path(),
+        """
         A JSON file to which each jax_ub op traced in this process adds its shape (and its
         backward's), rewritten at every traced op, for `python -m jax_ub.bench tune`. With several
         processes each writes `<stem>.process<i>.json`; a process that recorded nothing says so at
-        exit.""")
-    log_level: str = _setting("WARNING", "JAX_UB_LOG", _Level(), """
+        exit.""",
+    )
+    log_level: str = _setting(
+        "WARNING",
+        "JAX_UB_LOG",
+        _Level(),
+        """
         The level of the `jax_ub` logger. When the variable is set, its records are printed on stderr
-        unless logging is configured already.""")
+        unless logging is configured already.""",
+    )
     # Schedule experiments (JAX_UB_EXPERIMENTAL_*): knobs for measuring the CUDA methods' schedules.
-    bulk_reduce_sms: int = _setting(0, "JAX_UB_EXPERIMENTAL_BULK_REDUCE_SMS", _SMS, """
+    bulk_reduce_sms: int = _setting(
+        0,
+        "JAX_UB_EXPERIMENTAL_BULK_REDUCE_SMS",
+        _SMS,
+        """
         SMs that `bulk_reduce_scatter` keeps from its concurrent GEMM for the fp32 sum; `0` gives the
-        GEMM every SM, and the sum runs after it at full speed.""", "JAX_UB_BULK_REDUCE_SMS")
-    bulk_copy_sms: int = _setting(8, "JAX_UB_EXPERIMENTAL_BULK_COPY_SMS", _SMS, """
+        GEMM every SM, and the sum runs after it at full speed.""",
+        "JAX_UB_BULK_REDUCE_SMS",
+    )
+    bulk_copy_sms: int = _setting(
+        8,
+        "JAX_UB_EXPERIMENTAL_BULK_COPY_SMS",
+        _SMS,
+        """
         SMs that `bulk_all_gather`'s GEMM leaves, over its first rows, to the gather's same-device
         copies (publish, own rows), which then start at once beside it; `0` gives the GEMM every SM,
-        and it waits for those copies.""", "JAX_UB_BULK_COPY_SMS")
-    rs_chain_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_CHAIN_PIECES", _Int(4), """
+        and it waits for those copies.""",
+        "JAX_UB_BULK_COPY_SMS",
+    )
+    rs_chain_pieces: int = _setting(
+        0,
+        "JAX_UB_EXPERIMENTAL_RS_CHAIN_PIECES",
+        _Int(4),
+        """
         Pieces per step of the `chain` GEMM→RS, each piece's partial sum sent on while the next is
-        computed; `0` lets jax_ub choose.""", "JAX_UB_RS_CHAIN_PIECES")
-    rs_chain_split: str = _setting("auto", "JAX_UB_EXPERIMENTAL_RS_CHAIN_SPLIT", _Choice(CHAIN_SPLITS), """
+        computed; `0` lets jax_ub choose.""",
+        "JAX_UB_RS_CHAIN_PIECES",
+    )
+    rs_chain_split: str = _setting(
+        "auto",
+        "JAX_UB_EXPERIMENTAL_RS_CHAIN_SPLIT",
+        _Choice(CHAIN_SPLITS),
+        """
         How `chain` cuts a step into pieces: `rows`, or `cols` (column blocks: each piece's GEMM reads
         only its block of w, so w is read once per step). `auto` cuts columns where the output is
-        narrow enough, rows above.""", "JAX_UB_RS_CHAIN_SPLIT")
-    rs_column_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_COLUMN_PIECES", _Int(8), """
-        Column blocks of the `columns` GEMM→RS; `0` lets jax_ub choose.""", "JAX_UB_RS_COLUMN_PIECES")
-    rs_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_RS_PIECES", _Int(8), """
+        narrow enough, rows above.""",
+        "JAX_UB_RS_CHAIN_SPLIT",
+    )
+    rs_column_pieces: int = _setting(
+        0,
+        "JAX_UB_EXPERIMENTAL_RS_COLUMN_PIECES",
+        _Int(8),
+        """
+        Column blocks of the `columns` GEMM→RS; `0` lets jax_ub choose.""",
+        "JAX_UB_RS_COLUMN_PIECES",
+    )
+    rs_pieces: int = _setting(
+        0,
+        "JAX_UB_EXPERIMENTAL_RS_PIECES",
+        _Int(8),
+        """
         Row pieces of a bare reduce-scatter (`jax_ub.overlap.reduce_scatter`): each piece is summed as
         soon as every peer's piece has landed, so only the last piece's sum follows the last copy.
         `0`: one piece per fixed number of bytes that a peer receives, up to a bound.""",
-                                "JAX_UB_RS_PIECES")
-    ag_push_pieces: int = _setting(0, "JAX_UB_EXPERIMENTAL_AG_PUSH_PIECES", _Int(4), """
+        "JAX_UB_RS_PIECES",
+    )
+    ag_push_pieces: int = _setting(
+        0,
+        "JAX_UB_EXPERIMENTAL_AG_PUSH_PIECES",
+        _Int(4),
+        """
         Row pieces of the last peer chunk of the `push` AG→GEMM, so that the op ends one piece's GEMM
         after the last copy; `0` lets a model of the schedule choose (more than one piece only where a
-        chunk's copy outlasts its GEMM).""", "JAX_UB_AG_PUSH_PIECES")
-    ag_push_merge: bool = _setting(False, "JAX_UB_EXPERIMENTAL_AG_PUSH_MERGE", _Bool(), """
+        chunk's copy outlasts its GEMM).""",
+        "JAX_UB_AG_PUSH_PIECES",
+    )
+    ag_push_merge: bool = _setting(
+        False,
+        "JAX_UB_EXPERIMENTAL_AG_PUSH_MERGE",
+        _Bool(),
+        """
         `1`: every call of the `push` AG→GEMM (without pieces, tp > 2) multiplies the peers' chunks
         as at most two GEMMs over their contiguous rows, each once its chunks have landed, instead of
         one GEMM per chunk. The method `push_merge` runs this, and `auto` chooses it where it measured
-        fastest.""", "JAX_UB_AG_PUSH_MERGE")
+        fastest.""",
+        "JAX_UB_AG_PUSH_MERGE",
+    )
 
     def __post_init__(self) -> None:
         # Values set directly (Config(...), override(...)) get from_env's checks and normal form:
@@ -358,8 +477,10 @@ class Config:
                 if is_set(s.env):
                     notes.append(f"{s.deprecated_env} ignored: {s.env}, its new name, is set as well")
                 else:
-                    notes.append(f"{s.deprecated_env} is deprecated and read until the next release only: "
-                                 f"set {s.env} instead (experimental: no compatibility promise)")
+                    notes.append(
+                        f"{s.deprecated_env} is deprecated and read until the next release only: "
+                        f"set {s.env} instead (experimental: no compatibility promise)"
+                    )
                     var = s.deprecated_env
             if is_set(var):
                 try:
@@ -399,10 +520,19 @@ class Setting:
 
 def settings() -> tuple[Setting, ...]:
     """Every field of :class:`Config` with its documentation, in the fields' order."""
-    return tuple(Setting(f.name, f.metadata["env"], f.default, f.metadata["kind"].values(), f.metadata["doc"],
-                         f.metadata["env"].startswith(EXPERIMENTAL_PREFIX), f.metadata["deprecated_env"],
-                         f.metadata["kind"])
-                 for f in dataclasses.fields(Config))
+    return tuple(
+        Setting(
+            f.name,
+            f.metadata["env"],
+            f.default,
+            f.metadata["kind"].values(),
+            f.metadata["doc"],
+            f.metadata["env"].startswith(EXPERIMENTAL_PREFIX),
+            f.metadata["deprecated_env"],
+            f.metadata["kind"],
+        )
+        for f in dataclasses.fields(Config)
+    )
 
 
 _active: Config | None = None
@@ -412,8 +542,14 @@ _LOG_FORMAT = "%(levelname)s %(message)s"  # most messages start with "jax_ub: "
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """The ``JAX_UB_*`` names in ``env`` that jax_ub does not know: none of :data:`KNOWN_VARIABLES`
     or :data:`OTHER_VARIABLES`."""
-    return sorted(k for k in env if k.startswith("JAX_UB_") and k not in KNOWN_VARIABLES
-                  and k not in OTHER_VARIABLES and not k.startswith(OTHER_PREFIXES))
+    return sorted(
+        k
+        for k in env
+        if k.startswith("JAX_UB_")
+        and k not in KNOWN_VARIABLES
+        and k not in OTHER_VARIABLES
+        and not k.startswith(OTHER_PREFIXES)
+    )
 
 
 def describe_unknown(env: Mapping[str, str]) -> list[str]:
@@ -423,8 +559,10 @@ def describe_unknown(env: Mapping[str, str]) -> list[str]:
     out = []
     for k in unknown_variables(env):
         near = closest_setting(k)
-        out.append(f"{k}: not a jax_ub setting ("
-                   + (f"did you mean {near}?)" if near else f"the settings: {', '.join(KNOB_VARIABLES)})"))
+        out.append(
+            f"{k}: not a jax_ub setting ("
+            + (f"did you mean {near}?)" if near else f"the settings: {', '.join(KNOB_VARIABLES)})")
+        )
     return out
 
 
@@ -470,11 +608,18 @@ def override(**changes: object) -> Iterator[Config]:
     unknown = sorted(k for k in changes if k not in fields)
     if unknown:  # dataclasses' own message ("unexpected keyword argument") names no field
         # JAX_UB_METHOD names the field method: compared without the prefix, in lower case.
-        guesses = [(k, difflib.get_close_matches(k.lower().removeprefix("jax_ub_"), fields, n=1, cutoff=0.6))
-                   for k in unknown]
-        raise TypeError("config.override: " + "; ".join(
-            f"{k!r} is not a jax_ub setting" + (f" (did you mean {g[0]!r}?)" if g else "")
-            for k, g in guesses) + f". The settings: {', '.join(fields)}")
+        guesses = [
+            (k, difflib.get_close_matches(k.lower().removeprefix("jax_ub_"), fields, n=1, cutoff=0.6))
+            for k in unknown
+        ]
+        raise TypeError(
+            "config.override: "
+            + "; ".join(
+                f"{k!r} is not a jax_ub setting" + (f" (did you mean {g[0]!r}?)" if g else "")
+                for k, g in guesses
+            )
+            + f". The settings: {', '.join(fields)}"
+        )
     _active = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
     if "log_level" in changes:
         logging.getLogger("jax_ub").setLevel(_active.log_level)
@@ -515,8 +660,10 @@ def _paragraph(text: str) -> list[str]:
 
 def _settings_text(group: Sequence[Setting]) -> list[str]:
     out = ["| variable | field | default | values |", "|---|---|---|---|"]
-    out += [f"| [`{s.env}`](#{s.env.lower()}) | `{s.field}` | {_default_text(s.default)} | {s.values} |"
-            for s in group]
+    out += [
+        f"| [`{s.env}`](#{s.env.lower()}) | `{s.field}` | {_default_text(s.default)} | {s.values} |"
+        for s in group
+    ]
     out.append("")
     for s in group:
         out += [f"### `{s.env}`", ""]
@@ -530,15 +677,20 @@ def _settings_text(group: Sequence[Setting]) -> list[str]:
 def markdown() -> str:
     """The text of ``docs/configuration.md``: every setting, from the fields' metadata."""
     group = settings()
-    out = ["# Configuration", "",
-           f"<!-- Generated from jax_ub/config.py by `{REGENERATE}`: edit the settings' metadata there, "
-           "not this file. -->", ""]
+    out = [
+        "# Configuration",
+        "",
+        f"<!-- Generated from jax_ub/config.py by `{REGENERATE}`: edit the settings' metadata there, "
+        "not this file. -->",
+        "",
+    ]
     out += _paragraph(
         "jax_ub reads its settings from `JAX_UB_*` environment variables once, when a setting is first "
         "needed (`jax_ub.config.get()`); an empty or blank variable counts as unset. In Python, "
         "`jax_ub.config.override(field=value)` changes them for a `with` block, checked like the "
         "variables. Every invalid value is named in one error; a `JAX_UB_*` variable that is no "
-        "setting gets a warning naming the setting it most likely misspells.")
+        "setting gets a warning naming the setting it most likely misspells."
+    )
     out += ["## Settings", ""]
     out += _settings_text([s for s in group if not s.experimental])
     out += ["## Experimental settings", ""]
@@ -546,11 +698,14 @@ def markdown() -> str:
         "Knobs of the CUDA methods' schedules, for measuring them: how many pieces an op is cut into, "
         "how many SMs a bulk collective takes from its GEMM. They come with no compatibility promise: "
         "any release may change their meaning, range or default, or remove them. Their former names, "
-        "without `EXPERIMENTAL_`, are still read, with a warning, until the next release.")
+        "without `EXPERIMENTAL_`, are still read, with a warning, until the next release."
+    )
     out += _settings_text([s for s in group if s.experimental])
     out += ["## Deprecated and inert variables", ""]
-    out += _paragraph("Each of these, when set, gets a warning on the `jax_ub` logger. Where the new "
-                      "name is set as well, the former one is ignored.")
+    out += _paragraph(
+        "Each of these, when set, gets a warning on the `jax_ub` logger. Where the new "
+        "name is set as well, the former one is ignored."
+    )
     out += ["| variable | now |", "|---|---|"]
     out += [f"| `{old}` | renamed `{new}` |" for old, new in DEPRECATED_VARIABLES.items()]
     out += [f"| `{var}` | {why} |" for var, why in INERT_VARIABLES.items()]
@@ -563,8 +718,13 @@ def markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jax_ub.config", description="jax_ub's settings.")
-    p.add_argument("--markdown", nargs="?", const="-", metavar="PATH",
-                   help=f"write the settings' documentation to PATH (stdout without one): `{REGENERATE}`")
+    p.add_argument(
+        "--markdown",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help=f"write the settings' documentation to PATH (stdout without one): `{REGENERATE}`",
+    )
     a = p.parse_args(argv)
     if a.markdown is None:
         p.print_help()

@@ -58,9 +58,21 @@ ENV_VARS = (
 # Extension functions the Python side calls (jax_ub.comm, overlap.py); an installed extension without
 # them is an older build than this checkout.
 REQUIRED_EXT_FUNCTIONS = (
-    "registrations", "runtime_info", "cublaslt_description", "set_library_candidates",
-    "comm_create", "comm_connect_local", "comm_export_ipc", "comm_connect_ipc", "comm_grow",
-    "comm_drain", "comm_destroy_set", "comm_error", "gemm_warmup", "p2p_matrix", "pci_bus_ids",
+    "registrations",
+    "runtime_info",
+    "cublaslt_description",
+    "set_library_candidates",
+    "comm_create",
+    "comm_connect_local",
+    "comm_export_ipc",
+    "comm_connect_ipc",
+    "comm_grow",
+    "comm_drain",
+    "comm_destroy_set",
+    "comm_error",
+    "gemm_warmup",
+    "p2p_matrix",
+    "pci_bus_ids",
 )
 
 LIVE_ROWS_PER_GPU = 256
@@ -180,7 +192,9 @@ def gather_versions() -> dict[str, Any]:
             nccl["extension_view"] = {
                 "version": nccl_version_string(code) if code > 0 else None,
                 "library": str(mod.nccl_library()) if hasattr(mod, "nccl_library") else None,
-                "load_error": (str(mod.nccl_load_error()) or None) if hasattr(mod, "nccl_load_error") else None,
+                "load_error": (str(mod.nccl_load_error()) or None)
+                if hasattr(mod, "nccl_load_error")
+                else None,
             }
         except Exception as e:
             nccl["extension_view"] = {"version": None, "library": None, "load_error": _err(e)}
@@ -200,8 +214,12 @@ def gather_versions() -> dict[str, Any]:
 def gather_source(mod: Any) -> dict[str, Any]:
     """Which sources the loaded extension was built from, against the checkout's ``csrc/`` (none
     for an installed wheel): ``stale`` says why they differ, else None."""
-    out: dict[str, Any] = {"extension_hash": None, "checkout": _ext.checkout_csrc(), "checkout_hash": None,
-                           "stale": None}
+    out: dict[str, Any] = {
+        "extension_hash": None,
+        "checkout": _ext.checkout_csrc(),
+        "checkout_hash": None,
+        "stale": None,
+    }
     with contextlib.suppress(Exception):
         out["extension_hash"] = dict(mod.build_info()).get("source_hash")
     if out["checkout"] is None:
@@ -229,8 +247,15 @@ def libcuda_error() -> str | None:
 
 def gather_gpus() -> dict[str, Any]:
     """jax's CUDA devices (all processes), this process's ones, and jax.distributed's state."""
-    out: dict[str, Any] = {"backend": None, "devices": [], "local_ids": [], "error": None,
-                           "process_index": 0, "process_count": 1, "distributed": False}
+    out: dict[str, Any] = {
+        "backend": None,
+        "devices": [],
+        "local_ids": [],
+        "error": None,
+        "process_index": 0,
+        "process_count": 1,
+        "distributed": False,
+    }
     try:
         out["backend"] = jax.default_backend()
     except Exception as e:
@@ -251,8 +276,12 @@ def gather_gpus() -> dict[str, Any]:
     mod = _ext.extension() if devices else None
     for d in devices:
         ordinal = getattr(d, "local_hardware_id", None)
-        entry: dict[str, Any] = {"id": d.id, "device_kind": d.device_kind,
-                                 "process_index": d.process_index, "local_hardware_id": ordinal}
+        entry: dict[str, Any] = {
+            "id": d.id,
+            "device_kind": d.device_kind,
+            "process_index": d.process_index,
+            "local_hardware_id": ordinal,
+        }
         if mod is not None and ordinal is not None and d.process_index == out["process_index"]:
             try:
                 free_b, total_b = mod.device_memory(ordinal)
@@ -290,8 +319,9 @@ def gather_topology() -> dict[str, Any]:
         out["error"] = "nvidia-smi not found on PATH"
         return out
     try:
-        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=TOPO_TIMEOUT_S,
-                           check=False)
+        r = subprocess.run(
+            [exe, "topo", "-m"], capture_output=True, text=True, timeout=TOPO_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         out["error"] = f"nvidia-smi topo -m did not finish within {TOPO_TIMEOUT_S} s"
         return out
@@ -309,7 +339,7 @@ def no_p2p_pairs(matrix: Sequence[Sequence[int]], ordinals: Sequence[int]) -> li
     n = len(matrix)
     bad = []
     for a, i in enumerate(ordinals):
-        for j in ordinals[a + 1:]:
+        for j in ordinals[a + 1 :]:
             if i >= n or j >= n or not (matrix[i][j] and matrix[j][i]):
                 bad.append((i, j))
     return bad
@@ -331,10 +361,13 @@ def p2p_group(matrix: Sequence[Sequence[int]], ordinals: Sequence[int]) -> list[
 def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The configuration jax_ub would read from this environment, multicast, relevant variables."""
     env = dict(os.environ if environ is None else environ)
-    out: dict[str, Any] = {"config": None, "error": None,
-                           "env": {k: env.get(k) for k in ENV_VARS},
-                           "jax_ub_env": {k: v for k, v in sorted(env.items()) if k.startswith("JAX_UB_")},
-                           "unknown_variables": unknown_variables(env)}
+    out: dict[str, Any] = {
+        "config": None,
+        "error": None,
+        "env": {k: env.get(k) for k in ENV_VARS},
+        "jax_ub_env": {k: v for k, v in sorted(env.items()) if k.startswith("JAX_UB_")},
+        "unknown_variables": unknown_variables(env),
+    }
     try:
         cfg = config.Config.from_env(env)
         out["config"] = dataclasses.asdict(cfg)
@@ -347,8 +380,10 @@ def gather_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
     set_vars = [f"{k}={env[k]}" for k in ("JAX_UB_MULTICAST", "UB_SKIPMC") if env.get(k, "").strip()]
     if set_vars:
         verb = "does" if len(set_vars) == 1 else "do"
-        reason = (f"none: {' and '.join(set_vars)} {verb} nothing (no multicast path; "
-                  "the variables will be removed)")
+        reason = (
+            f"none: {' and '.join(set_vars)} {verb} nothing (no multicast path; "
+            "the variables will be removed)"
+        )
     else:
         reason = "none (no multicast path; NVLink multicast is never used)"
     out["multicast"] = {"enabled": False, "reason": reason}
@@ -398,8 +433,14 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
     local = [d for d in gpus["devices"] if d["id"] in gpus["local_ids"]]
     ordinals = [d["local_hardware_id"] if d.get("local_hardware_id") is not None else d["id"] for d in local]
     nprocs = gpus.get("process_count", 1)
-    out: dict[str, Any] = {"processes": nprocs, "gpus": len(gpus["devices"]), "local_gpus": len(local),
-                           "nccl_transport_implemented": nccl_ok, "no_p2p_pairs": [], "blocking": None}
+    out: dict[str, Any] = {
+        "processes": nprocs,
+        "gpus": len(gpus["devices"]),
+        "local_gpus": len(local),
+        "nccl_transport_implemented": nccl_ok,
+        "no_p2p_pairs": [],
+        "blocking": None,
+    }
 
     # bootstrap
     want_b = c.get("bootstrap", "auto")
@@ -408,12 +449,16 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
         out["bootstrap_reason"] = "forced by JAX_UB_BOOTSTRAP=nccl (NCCL unique id through the KV store)"
     elif nprocs > 1:
         out["bootstrap"] = "kv"
-        out["bootstrap_reason"] = (f"jax.distributed is initialized with {nprocs} processes: CUDA IPC "
-                                   "handles travel through its key-value store")
+        out["bootstrap_reason"] = (
+            f"jax.distributed is initialized with {nprocs} processes: CUDA IPC "
+            "handles travel through its key-value store"
+        )
     elif len(local) >= 2:
         out["bootstrap"] = "local"
-        out["bootstrap_reason"] = (f"one process drives all {len(local)} local GPUs: peers are wired "
-                                   "in-process, nothing is exchanged")
+        out["bootstrap_reason"] = (
+            f"one process drives all {len(local)} local GPUs: peers are wired "
+            "in-process, nothing is exchanged"
+        )
     else:
         out["bootstrap"] = "local"
         out["bootstrap_reason"] = f"one process with {len(local)} local CUDA GPU(s)"
@@ -422,14 +467,19 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
     if want_t != "auto":
         out["transport"] = want_t
         out["transport_reason"] = f"forced by JAX_UB_TRANSPORT={want_t}"
-        bad = (no_p2p_pairs(p2p["matrix"], ordinals)
-               if want_t == "ipc" and len(local) >= 2 and p2p.get("matrix") is not None else [])
+        bad = (
+            no_p2p_pairs(p2p["matrix"], ordinals)
+            if want_t == "ipc" and len(local) >= 2 and p2p.get("matrix") is not None
+            else []
+        )
         out["no_p2p_pairs"] = [list(b) for b in bad]
         if bad:  # jax_ub.initialize raises this (jax_ub.comm.transport.choose_transport)
             pairs = "; ".join(f"GPU {i} and GPU {j} cannot access each other" for i, j in bad)
-            out["blocking"] = (f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
-                               f"each other's memory, but {pairs}: use transport='nccl' or 'auto' "
-                               "(JAX_UB_TRANSPORT=ipc forces ipc: unset it)")
+            out["blocking"] = (
+                f"initialize: transport='ipc' needs every pair of GPUs of a group to map "
+                f"each other's memory, but {pairs}: use transport='nccl' or 'auto' "
+                "(JAX_UB_TRANSPORT=ipc forces ipc: unset it)"
+            )
     elif len(local) < 2:
         out["transport"] = None
         out["transport_reason"] = f"none needed: {len(local)} local CUDA GPU(s)"
@@ -441,23 +491,31 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
         out["no_p2p_pairs"] = [list(b) for b in bad]
         if not bad:
             out["transport"] = "ipc"
-            out["transport_reason"] = (f"every pair of the {len(local)} local GPUs can access each other "
-                                       "(P2P): copy engine over peer-mapped memory")
+            out["transport_reason"] = (
+                f"every pair of the {len(local)} local GPUs can access each other "
+                "(P2P): copy engine over peer-mapped memory"
+            )
         else:
             out["transport"] = "nccl"
-            out["transport_reason"] = "; ".join(f"GPU {i} and GPU {j} cannot access each other"
-                                                for i, j in bad) + ": transport nccl"
+            out["transport_reason"] = (
+                "; ".join(f"GPU {i} and GPU {j} cannot access each other" for i, j in bad)
+                + ": transport nccl"
+            )
     if "nccl" in (out["bootstrap"], out["transport"]) and not nccl_ok:
         what = "bootstrap" if out["bootstrap"] == "nccl" else "transport"
         if want_b == "nccl" or want_t == "nccl":
-            out["blocking"] = (f"the NCCL {what} (forced by JAX_UB_{what.upper()}=nccl) is not available "
-                               "in this version of jax_ub: unset it")
+            out["blocking"] = (
+                f"the NCCL {what} (forced by JAX_UB_{what.upper()}=nccl) is not available "
+                "in this version of jax_ub: unset it"
+            )
         else:
             group = p2p_group(p2p["matrix"], ordinals)
             out["p2p_group"] = group
-            out["note"] = ("this version of jax_ub implements only the ipc transport: a TP group must "
-                           "consist of GPUs that can all access each other, e.g. GPUs "
-                           f"{', '.join(map(str, group))}")
+            out["note"] = (
+                "this version of jax_ub implements only the ipc transport: a TP group must "
+                "consist of GPUs that can all access each other, e.g. GPUs "
+                f"{', '.join(map(str, group))}"
+            )
     return out
 
 
@@ -465,8 +523,9 @@ def decide(gpus: dict[str, Any], p2p: dict[str, Any], cfg: dict[str, Any]) -> di
 # 5. live test
 
 
-def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: int = LIVE_REPEATS,
-                  warmup: int = LIVE_WARMUP) -> dict[str, Any]:
+def run_live_test(
+    device_ids: Sequence[int], platform: str = "cuda", repeats: int = LIVE_REPEATS, warmup: int = LIVE_WARMUP
+) -> dict[str, Any]:
     """``jax_ub.overlap.all_gather`` over a 1-D ``("tp",)`` mesh of ``device_ids``: checked to
     equal its input bit for bit, timed (median of ``repeats`` after ``warmup``). Never raises."""
     import jax.numpy as jnp
@@ -494,17 +553,29 @@ def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: in
         jax_ub.initialize(mesh, "tp")
         x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
         x = jax.device_put(x, NamedSharding(mesh, P("tp", None)))
-        f = jax.jit(jax.shard_map(lambda a: jax_ub.overlap.all_gather(a, "tp"), mesh=mesh,
-                                  in_specs=P("tp", None), out_specs=P(), check_vma=False))
+        f = jax.jit(
+            jax.shard_map(
+                lambda a: jax_ub.overlap.all_gather(a, "tp"),
+                mesh=mesh,
+                in_specs=P("tp", None),
+                out_specs=P(),
+                check_vma=False,
+            )
+        )
         y = jax.block_until_ready(f(x))
         want = np.asarray(x).view(np.uint16)
         for shard in y.addressable_shards:
             got = np.asarray(shard.data)
             if got.shape != want.shape or not np.array_equal(got.view(np.uint16), want):
                 diff = int(np.sum(got.view(np.uint16) != want)) if got.shape == want.shape else None
-                raise AssertionError(f"all_gather on device {shard.device.id} differs from its input "
-                                     + (f"in {diff} of {want.size} elements" if diff is not None
-                                        else f"(shape {got.shape}, want {want.shape})"))
+                raise AssertionError(
+                    f"all_gather on device {shard.device.id} differs from its input "
+                    + (
+                        f"in {diff} of {want.size} elements"
+                        if diff is not None
+                        else f"(shape {got.shape}, want {want.shape})"
+                    )
+                )
         for _ in range(max(warmup - 1, 0)):
             jax.block_until_ready(f(x))
         times = []
@@ -514,8 +585,13 @@ def run_live_test(device_ids: Sequence[int], platform: str = "cuda", repeats: in
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
         nbytes = shape[0] * shape[1] * 2
-        out.update(ok=True, median_ms=t * 1e3, bytes=nbytes, algbw_gbps=nbytes / t / 1e9,
-                   busbw_gbps=nbytes * (world - 1) / world / t / 1e9)
+        out.update(
+            ok=True,
+            median_ms=t * 1e3,
+            bytes=nbytes,
+            algbw_gbps=nbytes / t / 1e9,
+            busbw_gbps=nbytes * (world - 1) / world / t / 1e9,
+        )
     except Exception as e:
         out["error"] = _err(e)
     finally:
@@ -532,8 +608,10 @@ def _live_child_command(device_ids: Sequence[int], platform: str) -> list[str]:
     """The command of the live test's process: this jax_ub's :func:`run_live_test`, whose result
     it prints as one ``LIVE_RESULT_MARK`` line."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (f"import sys; sys.path.insert(0, {root!r}); from jax_ub import doctor; "
-            f"doctor._live_child({list(device_ids)!r}, {platform!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {root!r}); from jax_ub import doctor; "
+        f"doctor._live_child({list(device_ids)!r}, {platform!r})"
+    )
     return [sys.executable, "-c", code]
 
 
@@ -549,24 +627,42 @@ def _tail(text: str | bytes | None, lines: int = 12) -> str:
     return ("; its last output:\n" + "\n".join(kept)) if kept else ""
 
 
-def run_live_test_bounded(device_ids: Sequence[int], timeout_s: float, platform: str = "cuda",
-                          wall_s: float = LIVE_WALL_S) -> dict[str, Any]:
+def run_live_test_bounded(
+    device_ids: Sequence[int], timeout_s: float, platform: str = "cuda", wall_s: float = LIVE_WALL_S
+) -> dict[str, Any]:
     """:func:`run_live_test` in a child process whose waits for a peer are bounded by
     ``min(timeout_s, LIVE_TIMEOUT_S)`` (``JAX_UB_TIMEOUT``) and which is killed after ``wall_s``:
     a stall that aborts it (``JAX_UB_ON_STALL=abort``) or a hang is a failed test, reported with
     the end of its output. Never raises."""
     t = min(float(timeout_s), LIVE_TIMEOUT_S)
-    out: dict[str, Any] = {"ran": True, "ok": False, "devices": list(device_ids), "error": None,
-                           "timeout_s": t, "wall_s": wall_s}
-    env = dict(os.environ, JAX_UB_TIMEOUT=f"{t:g}",
-               # this process's jax holds its share of every GPU already; the test needs little
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    out: dict[str, Any] = {
+        "ran": True,
+        "ok": False,
+        "devices": list(device_ids),
+        "error": None,
+        "timeout_s": t,
+        "wall_s": wall_s,
+    }
+    env = dict(
+        os.environ,
+        JAX_UB_TIMEOUT=f"{t:g}",
+        # this process's jax holds its share of every GPU already; the test needs little
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+    )
     try:
-        r = subprocess.run(_live_child_command(device_ids, platform), capture_output=True, text=True,
-                           timeout=wall_s, env=env, check=False)
+        r = subprocess.run(
+            _live_child_command(device_ids, platform),
+            capture_output=True,
+            text=True,
+            timeout=wall_s,
+            env=env,
+            check=False,
+        )
     except subprocess.TimeoutExpired as e:
-        out["error"] = (f"the live test's process did not finish within {wall_s:g} s (waits for a peer "
-                        f"bounded at {t:g} s) and was killed{_tail(e.stderr)}")
+        out["error"] = (
+            f"the live test's process did not finish within {wall_s:g} s (waits for a peer "
+            f"bounded at {t:g} s) and was killed{_tail(e.stderr)}"
+        )
         return out
     except OSError as e:
         out["error"] = f"cannot start the live test's process: {_err(e)}"
@@ -574,14 +670,17 @@ def run_live_test_bounded(device_ids: Sequence[int], timeout_s: float, platform:
     for line in reversed(r.stdout.splitlines()):
         if line.startswith(LIVE_RESULT_MARK):
             try:
-                res = json.loads(line[len(LIVE_RESULT_MARK):])
+                res = json.loads(line[len(LIVE_RESULT_MARK) :])
             except ValueError as e:
                 out["error"] = f"the live test's process printed an unreadable result: {_err(e)}"
                 return out
             return {**out, **res, "wall_s": wall_s}
     rc = r.returncode
-    how = f"was ended by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() \
+    how = (
+        f"was ended by {signal.Signals(-rc).name}"
+        if rc < 0 and -rc in signal.valid_signals()
         else f"exited with {rc}"
+    )
     out["error"] = f"the live test's process {how} before reporting a result{_tail(r.stderr or r.stdout)}"
     return out
 
@@ -600,8 +699,10 @@ def _blocking_reasons(r: dict[str, Any]) -> list[str]:
     elif not ext["loaded"]:
         reasons.append(f"the CUDA extension cannot be loaded: {ext['load_error']}")
     elif ext["missing_functions"]:
-        reasons.append(f"the installed CUDA extension ({ext['file']}) is older than this jax_ub: it lacks "
-                       f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`")
+        reasons.append(
+            f"the installed CUDA extension ({ext['file']}) is older than this jax_ub: it lacks "
+            f"{', '.join(ext['missing_functions'])}; rebuild it with `pip install .`"
+        )
     elif (ext.get("source") or {}).get("stale"):
         reasons.append(ext["source"]["stale"])
     elif ext.get("driver_too_old"):
@@ -643,14 +744,17 @@ def _no_gpu_reason(v: dict[str, Any], g: dict[str, Any]) -> str:
     if count > 0:
         extra = _cuda_extra(cuda.get("driver_version"))
         seen = f": {g['error']}" if g.get("error") else ""
-        return (f"no CUDA GPU (jax backend: {backend}): jax has no CUDA backend{seen}, but the CUDA "
-                f"runtime counts {count} GPU(s) (driver {cuda.get('driver') or '?'}): install jax with "
-                f"its CUDA extra, `pip install -U \"jax[{extra}]\"` (or jax_ub's `\".[{extra}]\"`)")
+        return (
+            f"no CUDA GPU (jax backend: {backend}): jax has no CUDA backend{seen}, but the CUDA "
+            f"runtime counts {count} GPU(s) (driver {cuda.get('driver') or '?'}): install jax with "
+            f'its CUDA extra, `pip install -U "jax[{extra}]"` (or jax_ub\'s `".[{extra}]"`)'
+        )
     err = cuda.get("error") or ""
-    if cuda.get("libcuda_error") and (not ext["loaded"] or "InsufficientDriver" in err
-                                      or "NoDevice" in err):
-        return (f"no CUDA GPU (jax backend: {backend}): no NVIDIA driver found (libcuda.so.1 cannot be "
-                f"loaded: {cuda['libcuda_error']}); the CUDA path needs NVIDIA GPUs and their driver")
+    if cuda.get("libcuda_error") and (not ext["loaded"] or "InsufficientDriver" in err or "NoDevice" in err):
+        return (
+            f"no CUDA GPU (jax backend: {backend}): no NVIDIA driver found (libcuda.so.1 cannot be "
+            f"loaded: {cuda['libcuda_error']}); the CUDA path needs NVIDIA GPUs and their driver"
+        )
     extra = f"; CUDA runtime: {err}" if ext["loaded"] and err else ""
     return f"no CUDA GPU (jax backend: {backend}{extra})"
 
@@ -666,8 +770,11 @@ def _live_plan(r: dict[str, Any], no_live: bool) -> tuple[list[int] | None, str]
         return None, "skipped: jax.distributed has several processes (run it in one process)"
     ids = list(g["local_ids"])
     if d.get("transport") == "nccl" and not d.get("nccl_transport_implemented"):
-        ordinal_to_id = {(e["local_hardware_id"] if e.get("local_hardware_id") is not None else e["id"]):
-                         e["id"] for e in g["devices"] if e["id"] in ids}
+        ordinal_to_id = {
+            (e["local_hardware_id"] if e.get("local_hardware_id") is not None else e["id"]): e["id"]
+            for e in g["devices"]
+            if e["id"] in ids
+        }
         ids = [ordinal_to_id[o] for o in d.get("p2p_group", []) if o in ordinal_to_id]
     if len(ids) < 2:
         return None, "skipped: fewer than 2 local GPUs can take part"
@@ -687,11 +794,21 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
     if live.get("ran") and live.get("ok") and len(live.get("devices", [])) < d["local_gpus"]:
         notes.append(f"the live test ran on GPUs {live['devices']} only")
     if reasons:
-        return {"ok": False, "exit_code": 1, "reasons": reasons, "notes": notes,
-                "message": "CANNOT RUN OVERLAP: " + "; ".join(reasons)}
+        return {
+            "ok": False,
+            "exit_code": 1,
+            "reasons": reasons,
+            "notes": notes,
+            "message": "CANNOT RUN OVERLAP: " + "; ".join(reasons),
+        }
     transport = d.get("transport") or "ipc"
-    return {"ok": True, "exit_code": 0, "reasons": [], "notes": notes,
-            "message": f"OK: overlap can run (transport {transport}, {d['gpus']} GPUs)"}
+    return {
+        "ok": True,
+        "exit_code": 0,
+        "reasons": [],
+        "notes": notes,
+        "message": f"OK: overlap can run (transport {transport}, {d['gpus']} GPUs)",
+    }
 
 
 def collect(no_live: bool = False) -> dict[str, Any]:
@@ -706,8 +823,11 @@ def collect(no_live: bool = False) -> dict[str, Any]:
     r["decision"] = decide(r["gpus"], r["p2p"], r["config"])
     ids, why = _live_plan(r, no_live)
     timeout_s = (r["config"].get("config") or {}).get("timeout_s", LIVE_TIMEOUT_S)
-    r["live"] = (run_live_test_bounded(ids, timeout_s) if ids is not None
-                 else {"ran": False, "ok": None, "skipped": why})
+    r["live"] = (
+        run_live_test_bounded(ids, timeout_s)
+        if ids is not None
+        else {"ran": False, "ok": None, "skipped": why}
+    )
     r["verdict"] = verdict(r)
     return r
 
@@ -726,8 +846,9 @@ def _p2p_table(m: list[list[int]]) -> list[str]:
 
 
 def render_text(r: dict[str, Any]) -> str:
-    v, g, p, t, c, d, live = (r[k] for k in ("versions", "gpus", "p2p", "topology", "config",
-                                              "decision", "live"))
+    v, g, p, t, c, d, live = (
+        r[k] for k in ("versions", "gpus", "p2p", "topology", "config", "decision", "live")
+    )
     ext, cuda, nccl = v["extension"], v["cuda"], v["nccl"]
     L: list[str] = ["jax_ub doctor", ""]
 
@@ -758,11 +879,16 @@ def render_text(r: dict[str, Any]) -> str:
                 L.append(f"  sources       {built}; not compared: {src['error']}")
             else:
                 L.append(f"  sources       {built} (no checkout to compare with: an installed package)")
-    driver = cuda.get("driver") or ("unavailable" if not cuda.get("libcuda_error") else
-                                    f"none: libcuda.so.1 cannot be loaded ({cuda['libcuda_error']})")
+    driver = cuda.get("driver") or (
+        "unavailable"
+        if not cuda.get("libcuda_error")
+        else f"none: libcuda.so.1 cannot be loaded ({cuda['libcuda_error']})"
+    )
     count = cuda.get("device_count")
-    L.append(f"  CUDA driver   {driver}; devices: {'?' if count is None else count}"
-             + (f" ({cuda['error']})" if cuda.get("error") else ""))
+    L.append(
+        f"  CUDA driver   {driver}; devices: {'?' if count is None else count}"
+        + (f" ({cuda['error']})" if cuda.get("error") else "")
+    )
     lt = v["cublaslt"]
     L.append(f"  cuBLASLt      {lt.get('description') or (lt['paths'][0] if lt['paths'] else 'not found')}")
     if nccl.get("version"):
@@ -771,8 +897,11 @@ def render_text(r: dict[str, Any]) -> str:
         L.append(f"  NCCL          unavailable: {nccl.get('error')}")
     ev = nccl.get("extension_view")
     if ev:
-        L.append(f"                the extension loads NCCL {ev['version']} from {ev['library']}" if ev["version"]
-                 else f"                the extension cannot load NCCL: {ev['load_error']}")
+        L.append(
+            f"                the extension loads NCCL {ev['version']} from {ev['library']}"
+            if ev["version"]
+            else f"                the extension cannot load NCCL: {ev['load_error']}"
+        )
     L.append("")
 
     L.append("== GPUs ==")
@@ -781,12 +910,15 @@ def render_text(r: dict[str, Any]) -> str:
     if g.get("error"):
         L.append(f"  jax: {g['error']}")
     for e in g["devices"]:
-        mem = (f", {_gib(e['memory_free'])} free of {_gib(e['memory_total'])}"
-               if "memory_total" in e else "")
-        L.append(f"  id {e['id']}: {e['device_kind']} (process {e['process_index']}, "
-                 f"local_hardware_id {e['local_hardware_id']}{mem})")
-    L.append(f"  processes: {g.get('process_count')} (jax.distributed "
-             f"{'initialized' if g.get('distributed') else 'not initialized'})")
+        mem = f", {_gib(e['memory_free'])} free of {_gib(e['memory_total'])}" if "memory_total" in e else ""
+        L.append(
+            f"  id {e['id']}: {e['device_kind']} (process {e['process_index']}, "
+            f"local_hardware_id {e['local_hardware_id']}{mem})"
+        )
+    L.append(
+        f"  processes: {g.get('process_count')} (jax.distributed "
+        f"{'initialized' if g.get('distributed') else 'not initialized'})"
+    )
     L.append("")
 
     L.append("== P2P and topology ==")
@@ -812,13 +944,20 @@ def render_text(r: dict[str, Any]) -> str:
         L.append(f"  config      INVALID: {c['error']}")
     elif c.get("config"):
         cf = c["config"]
-        L.append(f"  config      method={cf['method']} disable={int(cf['disable'])} "
-                 f"timeout_s={cf['timeout_s']:g} on_stall={cf['on_stall']} buffer_mib={cf['buffer_mib']}")
+        L.append(
+            f"  config      method={cf['method']} disable={int(cf['disable'])} "
+            f"timeout_s={cf['timeout_s']:g} on_stall={cf['on_stall']} buffer_mib={cf['buffer_mib']}"
+        )
     tf = c.get("tuning")
     if tf is not None:
-        L.append(f"  tuning      {tf['path']}: " + (f"{tf['shapes']} measured shapes ({', '.join(tf['ops'])}), "
-                                                   "auto chooses from them first" if tf["ok"]
-                                                   else f"UNUSABLE: {tf['error']}"))
+        L.append(
+            f"  tuning      {tf['path']}: "
+            + (
+                f"{tf['shapes']} measured shapes ({', '.join(tf['ops'])}), auto chooses from them first"
+                if tf["ok"]
+                else f"UNUSABLE: {tf['error']}"
+            )
+        )
     L.append("  environment:")
     unknown = {u["name"]: u for u in c.get("unknown_variables") or []}
     for k, val in [*c["env"].items(), *c["jax_ub_env"].items()]:
@@ -833,9 +972,11 @@ def render_text(r: dict[str, Any]) -> str:
     if not live.get("ran"):
         L.append(f"  {live.get('skipped')}")
     elif live.get("ok"):
-        L.append(f"  all_gather of bf16 {live['shape']} over GPUs {live['devices']}: equal to the input; "
-                 f"{live['median_ms']:.3f} ms median, algbw {live['algbw_gbps']:.1f} GB/s, "
-                 f"busbw {live['busbw_gbps']:.1f} GB/s")
+        L.append(
+            f"  all_gather of bf16 {live['shape']} over GPUs {live['devices']}: equal to the input; "
+            f"{live['median_ms']:.3f} ms median, algbw {live['algbw_gbps']:.1f} GB/s, "
+            f"busbw {live['busbw_gbps']:.1f} GB/s"
+        )
     else:
         L.append(f"  FAILED on GPUs {live.get('devices')}: {live.get('error')}")
     L.append("")
@@ -862,9 +1003,10 @@ def _indent_continuations(line: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jax_ub.doctor",
-                                 description="Says whether jax_ub's TP overlap can run on this machine, "
-                                             "and if not, why not.")
+    ap = argparse.ArgumentParser(
+        prog="python -m jax_ub.doctor",
+        description="Says whether jax_ub's TP overlap can run on this machine, and if not, why not.",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     ap.add_argument("--no-live", action="store_true", help="skip the live all-gather test on the GPUs")
     a = ap.parse_args(argv)

@@ -29,7 +29,8 @@ def _check(x: jax.Array, w: jax.Array) -> None:
     if x.ndim < 2 or w.ndim != 2:
         raise ValueError(
             f"matmul: x must be `[..., m, k]` (>= 2-D) and w `[k, n]` (2-D); got x "
-            f"{_validate.shape_str(x.shape)}, w {_validate.shape_str(w.shape)}")
+            f"{_validate.shape_str(x.shape)}, w {_validate.shape_str(w.shape)}"
+        )
     if x.dtype != w.dtype:
         raise TypeError(f"matmul: x and w must share a dtype; got x {x.dtype}, w {w.dtype}")
     if x.dtype not in [jnp.dtype(d) for d in _DTYPES]:
@@ -37,16 +38,29 @@ def _check(x: jax.Array, w: jax.Array) -> None:
     if x.shape[-1] != w.shape[0]:
         raise ValueError(
             f"matmul: contracting dims differ: x is {_validate.shape_str(x.shape)} (k={x.shape[-1]}), "
-            f"w is {_validate.shape_str(w.shape)} (k={w.shape[0]})")
+            f"w is {_validate.shape_str(w.shape)} (k={w.shape[0]})"
+        )
 
 
 _warmed: dict[tuple, dict] = {}
 
 
-def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
-         workspace_bytes: int | None = None, accumulate: bool = False,
-         reserve_sms: int = 0, ld: int = 0, row_offsets: bool = True, trans_a: bool = False,
-         trans_b: bool = False) -> list[dict]:
+def warm(
+    devices: Any,
+    m: int,
+    n: int,
+    k: int,
+    dtype: Any,
+    precision: Any,
+    *,
+    workspace_bytes: int | None = None,
+    accumulate: bool = False,
+    reserve_sms: int = 0,
+    ld: int = 0,
+    row_offsets: bool = True,
+    trans_a: bool = False,
+    trans_b: bool = False,
+) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
     a GPU while its peers wait on it) and, with ``JAX_UB_GEMM_TUNE`` > 1, times that many of
@@ -76,19 +90,57 @@ def warm(devices: Any, m: int, n: int, k: int, dtype: Any, precision: Any, *,
     mod = _ext.extension()
     out = []
     for dev in devices:
-        key = (int(dev), int(m), int(n), int(k), name, tf32, int(ws), int(cfg.gemm_tune), bool(accumulate),
-               int(reserve_sms), int(ld), row_offsets, bool(trans_a), bool(trans_b))
+        key = (
+            int(dev),
+            int(m),
+            int(n),
+            int(k),
+            name,
+            tf32,
+            int(ws),
+            int(cfg.gemm_tune),
+            bool(accumulate),
+            int(reserve_sms),
+            int(ld),
+            row_offsets,
+            bool(trans_a),
+            bool(trans_b),
+        )
         if key not in _warmed:
-            r = _warmed[key] = dict(mod.gemm_warmup(int(dev), int(m), int(n), int(k), _ffi.dtype_code(name),
-                                                    tf32, int(ws), tune_candidates=int(cfg.gemm_tune),
-                                                    accumulate=bool(accumulate), reserve_sms=int(reserve_sms),
-                                                    ld=int(ld), unaligned_a=unaligned_a,
-                                                    unaligned_c=unaligned_c, trans_a=bool(trans_a),
-                                                    trans_b=bool(trans_b)))
+            r = _warmed[key] = dict(
+                mod.gemm_warmup(
+                    int(dev),
+                    int(m),
+                    int(n),
+                    int(k),
+                    _ffi.dtype_code(name),
+                    tf32,
+                    int(ws),
+                    tune_candidates=int(cfg.gemm_tune),
+                    accumulate=bool(accumulate),
+                    reserve_sms=int(reserve_sms),
+                    ld=int(ld),
+                    unaligned_a=unaligned_a,
+                    unaligned_c=unaligned_c,
+                    trans_a=bool(trans_a),
+                    trans_b=bool(trans_b),
+                )
+            )
             if r["candidates"]:
-                _log.debug("GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
-                           "(%.3f ms; the heuristic's first %.3f ms)", m, k, k, n, name, dev, r["chosen"],
-                           r["candidates"], r["best_ms"], r["heuristic_ms"])
+                _log.debug(
+                    "GEMM [%d, %d] @ [%d, %d] %s on GPU %d: tuning kept candidate %d of %d "
+                    "(%.3f ms; the heuristic's first %.3f ms)",
+                    m,
+                    k,
+                    k,
+                    n,
+                    name,
+                    dev,
+                    r["chosen"],
+                    r["candidates"],
+                    r["best_ms"],
+                    r["heuristic_ms"],
+                )
         out.append(_warmed[key])
     return out
 
@@ -101,8 +153,9 @@ def _local_cuda_ordinals() -> list[int]:
     return [d.local_hardware_id if d.local_hardware_id is not None else d.id for d in devs]
 
 
-def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False,
-             precision: Any = None) -> jax.Array:
+def gemm_ffi(
+    a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False, precision: Any = None
+) -> jax.Array:
     """Row-major ``op(a) @ op(b)`` through cuBLASLt (CUDA only; callers check availability).
 
     a: `[..., m, k]` (`[k, m]` 2-D when ``trans_a``), b: `[k, n]` (`[n, k]` when ``trans_b``).
@@ -119,11 +172,19 @@ def gemm_ffi(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool
     k = a.shape[0] if trans_a else a.shape[-1]
     n = shape[-1]
     if m > 0 and n > 0 and k > 0:
-        warm(_local_cuda_ordinals(), m, n, k, a.dtype, precision, row_offsets=False,  # whole buffers
-             trans_a=bool(trans_a), trans_b=bool(trans_b))
+        warm(
+            _local_cuda_ordinals(),
+            m,
+            n,
+            k,
+            a.dtype,
+            precision,
+            row_offsets=False,  # whole buffers
+            trans_a=bool(trans_a),
+            trans_b=bool(trans_b),
+        )
     call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a, b)))
-    out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b),
-                  tf32=bool(_ffi.tf32_allowed(precision)))
+    out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b), tf32=bool(_ffi.tf32_allowed(precision)))
     return out
 
 
@@ -138,9 +199,11 @@ def _gemm(a, b, trans_a, trans_b, precision, use_cuda):
         return _ref(a, b, trans_a, trans_b, precision)
     # Chosen per platform at lowering time: the same jitted function also runs on CPU.
     return lax.platform_dependent(
-        a, b,
+        a,
+        b,
         cuda=lambda a, b: gemm_ffi(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision),
-        default=lambda a, b: _ref(a, b, trans_a, trans_b, precision))
+        default=lambda a, b: _ref(a, b, trans_a, trans_b, precision),
+    )
 
 
 def _use_cuda(method: str | None) -> bool:

@@ -48,8 +48,14 @@ ALL_GATHER = "all_gather"  # the bare collectives over jax_ub's transport
 REDUCE_SCATTER = "reduce_scatter"
 OPS = (AG, RS, BULK_AG, BULK_RS, ALL_GATHER, REDUCE_SCATTER)
 
-PUBLIC_NAME = {AG: "all_gather_matmul", RS: "matmul_reduce_scatter", BULK_AG: "bulk_all_gather",
-               BULK_RS: "bulk_reduce_scatter", ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter"}
+PUBLIC_NAME = {
+    AG: "all_gather_matmul",
+    RS: "matmul_reduce_scatter",
+    BULK_AG: "bulk_all_gather",
+    BULK_RS: "bulk_reduce_scatter",
+    ALL_GATHER: "all_gather",
+    REDUCE_SCATTER: "reduce_scatter",
+}
 
 # The AG<->RS duality of tensor parallelism, written once: the backward of each op is its dual op
 # applied to (dy, wᵀ) along the same axis.
@@ -75,8 +81,10 @@ CUDA_METHODS = (RING, ALL_PEER, PUSH, PUSH_MERGE, PIPELINE, CHAIN, COLUMNS)
 
 # Deprecated method names (accepted for one release, with a DeprecationWarning) and what to use.
 NCCL = "nccl"
-DEPRECATED = {NCCL: "NCCL is a transport, not a method: use jax_ub.initialize(..., transport='nccl') "
-                    "(JAX_UB_TRANSPORT=nccl), on which every method runs the NCCL schedule"}
+DEPRECATED = {
+    NCCL: "NCCL is a transport, not a method: use jax_ub.initialize(..., transport='nccl') "
+    "(JAX_UB_TRANSPORT=nccl), on which every method runs the NCCL schedule"
+}
 
 # What ``method=`` and ``JAX_UB_METHOD`` accept (jax_ub.config.METHODS).
 METHODS = (AUTO, XLA, *CUDA_METHODS, NCCL)
@@ -87,10 +95,14 @@ SCHEDULES = {AG: (PUSH, PUSH_MERGE, RING, ALL_PEER), RS: (RING, PIPELINE, CHAIN,
 
 # The schedule each CUDA method runs where it is no schedule of the op. An all-gather's
 # push_merge is push's kernel with merged GEMMs; a bulk or bare all-gather has no GEMMs to merge.
-_OTHER = {AG: {PIPELINE: RING, CHAIN: PUSH, COLUMNS: PUSH},
-          RS: {ALL_PEER: PIPELINE, PUSH: RING, PUSH_MERGE: RING}}
-RUNS = {op: {m: (m if m in SCHEDULES[COLLECTIVE[op]] else _OTHER[COLLECTIVE[op]][m]) for m in CUDA_METHODS}
-        for op in OPS}
+_OTHER = {
+    AG: {PIPELINE: RING, CHAIN: PUSH, COLUMNS: PUSH},
+    RS: {ALL_PEER: PIPELINE, PUSH: RING, PUSH_MERGE: RING},
+}
+RUNS = {
+    op: {m: (m if m in SCHEDULES[COLLECTIVE[op]] else _OTHER[COLLECTIVE[op]][m]) for m in CUDA_METHODS}
+    for op in OPS
+}
 for _op in (BULK_AG, ALL_GATHER):
     RUNS[_op][PUSH_MERGE] = PUSH
 del _op
@@ -126,8 +138,9 @@ def runs(op: str, method: str) -> str:
     try:
         return RUNS[op][method]
     except KeyError:
-        raise ValueError(f"{PUBLIC_NAME.get(op, op)}: `method` must be one of "
-                         f"{(*CUDA_METHODS, NCCL)}; got {method!r}") from None
+        raise ValueError(
+            f"{PUBLIC_NAME.get(op, op)}: `method` must be one of {(*CUDA_METHODS, NCCL)}; got {method!r}"
+        ) from None
 
 
 def sums_in_dtype(op: str, method: str, tp: int, dtype: str) -> bool:
@@ -136,8 +149,15 @@ def sums_in_dtype(op: str, method: str, tp: int, dtype: str) -> bool:
     return method in DTYPE_SUMS.get(op, ()) and tp >= 3 and dtype != "float32"
 
 
-def canonical(requested: object, where: str = "", *, configured: bool = False,
-              accept: tuple[str, ...] = METHODS, warn: bool = True, stacklevel: int = 3) -> str:
+def canonical(
+    requested: object,
+    where: str = "",
+    *,
+    configured: bool = False,
+    accept: tuple[str, ...] = METHODS,
+    warn: bool = True,
+    stacklevel: int = 3,
+) -> str:
     """``requested`` as a name of ``accept`` (any case and surrounding blanks, as
     ``JAX_UB_METHOD`` takes it); ``where`` names the caller in the error (``"fn: "``), and
     ``configured`` says it came from ``JAX_UB_METHOD``. A deprecated name warns
@@ -146,15 +166,22 @@ def canonical(requested: object, where: str = "", *, configured: bool = False,
         name = requested.strip().lower()
         if warn and name in DEPRECATED:
             asked = f"JAX_UB_METHOD={name}" if configured else f"method={name!r}"
-            warnings.warn(f"{where}{asked} is deprecated and will be removed in the next release: "
-                          f"{DEPRECATED[name]}", DeprecationWarning, stacklevel=stacklevel)
+            warnings.warn(
+                f"{where}{asked} is deprecated and will be removed in the next release: {DEPRECATED[name]}",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
         return name
     if not isinstance(requested, str):  # a wrong type, as Python's own calls say it
-        raise TypeError(f"{where}`method` must be None or a str, one of {accept}; got "
-                        f"{requested!r} ({type(requested).__name__})")
+        raise TypeError(
+            f"{where}`method` must be None or a str, one of {accept}; got "
+            f"{requested!r} ({type(requested).__name__})"
+        )
     near = difflib.get_close_matches(requested.strip().lower(), accept, n=1, cutoff=0.6)
-    raise ValueError(f"{where}`method` must be None or one of {accept}; got {requested!r}"
-                     + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise ValueError(
+        f"{where}`method` must be None or one of {accept}; got {requested!r}"
+        + (f" (did you mean {near[0]!r}?)" if near else "")
+    )
 
 
 def alias_note(op: str, method: str) -> str:

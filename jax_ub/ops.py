@@ -80,8 +80,10 @@ def _impl(op: str, method: str) -> Impl:
         return _IMPLS[(op, method)]
     if method in methods.CUDA_METHODS or method == methods.NCCL:
         return functools.partial(_CUDA[op], method=method)
-    raise ValueError(f"{_PUBLIC_NAME[op]}: no implementation of method {method!r}; have "
-                     f"{sorted({m for o, m in _IMPLS if o == op} | set(methods.CUDA_METHODS))}")
+    raise ValueError(
+        f"{_PUBLIC_NAME[op]}: no implementation of method {method!r}; have "
+        f"{sorted({m for o, m in _IMPLS if o == op} | set(methods.CUDA_METHODS))}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,7 +156,8 @@ def checkpoint_policy(base: Callable[..., bool] | None = None) -> Callable[..., 
     if base is not None and not callable(base):
         raise TypeError(
             "checkpoint_policy: `base` must be a jax.checkpoint policy (a callable such as "
-            f"jax.checkpoint_policies.dots_saveable) or None; got {base!r}")
+            f"jax.checkpoint_policies.dots_saveable) or None; got {base!r}"
+        )
     names = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
     if base is None:
         return names
@@ -265,12 +268,17 @@ def _under_forward_mode(e: TypeError, x: Any, w: Any) -> bool:
 
 
 def _no_forward_mode(call: _Call) -> str:
-    why = ("recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1)" if call.recompute_gathered
-           else f"method {call.method!r} (a CUDA overlap kernel)")
-    return (f"{_PUBLIC_NAME[call.op]}: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot "
-            f"go through {why}: jax_ub gives it a custom_vjp, which jax differentiates in reverse mode "
-            f"only (jax.grad, jax.vjp). For forward mode use method='xla' (or JAX_UB_DISABLE=1) with "
-            f"recompute_gathered=False: the pure-XLA reference, whose derivatives jax derives itself")
+    why = (
+        "recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1)"
+        if call.recompute_gathered
+        else f"method {call.method!r} (a CUDA overlap kernel)"
+    )
+    return (
+        f"{_PUBLIC_NAME[call.op]}: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot "
+        f"go through {why}: jax_ub gives it a custom_vjp, which jax differentiates in reverse mode "
+        f"only (jax.grad, jax.vjp). For forward mode use method='xla' (or JAX_UB_DISABLE=1) with "
+        f"recompute_gathered=False: the pure-XLA reference, whose derivatives jax derives itself"
+    )
 
 
 def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
@@ -295,12 +303,12 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
         # reference.all_gather_matmul's two steps, with the gathered x named before its dot uses it:
         # a policy that keeps "jax_ub_gathered" then keeps the dot's input, and the backward's wgrad
         # does not gather x again.
-        x_full = checkpoint_name(
-            lax.all_gather(x, call.axis_name, axis=call.axis, tiled=True), GATHERED_NAME)
+        x_full = checkpoint_name(lax.all_gather(x, call.axis_name, axis=call.axis, tiled=True), GATHERED_NAME)
         y = checkpoint_name(reference.matmul(x_full, w, precision=call.precision), OUT_NAMES[AG])
         return (y, x_full) if call.return_full else y
-    y = reference.matmul_reduce_scatter(x, w, call.axis_name, scatter_axis=call.axis,
-                                        precision=call.precision)
+    y = reference.matmul_reduce_scatter(
+        x, w, call.axis_name, scatter_axis=call.axis, precision=call.precision
+    )
     return _named(RS, y, None)[0]
 
 
@@ -461,7 +469,14 @@ def matmul_reduce_scatter(
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
     call = _call_for(
-        RS, _resolve_for_size(method, tp, x, w, fn=fn), axis_name, axis, _static(precision, fn), x, w, return_full=False
+        RS,
+        _resolve_for_size(method, tp, x, w, fn=fn),
+        axis_name,
+        axis,
+        _static(precision, fn),
+        x,
+        w,
+        return_full=False,
     )
     _note(call, tp, x, w)
     return _dispatch(call, x, w)
@@ -474,8 +489,12 @@ def _note(call: _Call, tp: int, x: jax.Array, w: jax.Array) -> None:
     there is nothing to tune (and ``bench tune`` refuses zero sizes). Nor is there over several
     mesh axes, or over an axis that a ``jax.vmap``/``pmap`` binds: those calls never run the CUDA
     path."""
-    if (tp > 1 and 0 not in (*x.shape, *w.shape) and isinstance(call.axis_name, str)
-            and _validate.bound_by_shard_map(call.axis_name)):
+    if (
+        tp > 1
+        and 0 not in (*x.shape, *w.shape)
+        and isinstance(call.axis_name, str)
+        and _validate.bound_by_shard_map(call.axis_name)
+    ):
         tuning.note_call(call.op, tp, x.dtype, x.shape, w.shape, backward=not call.recompute_gathered)
 
 

@@ -58,9 +58,14 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
         for c in range(2, s.world):
             _launch.warm(s, c * rows_local, n, k, x.dtype, precision)
     y, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        _launch.checked(x2, s, "all_gather_matmul"), w, set_id=s.set_id,
-        algo=_ffi.schedule_code(methods.AG, sched), tf32=_ffi.tf32_allowed(precision),
-        pieces=np.int32(pieces), merge=merge)
+        _launch.checked(x2, s, "all_gather_matmul"),
+        w,
+        set_id=s.set_id,
+        algo=_ffi.schedule_code(methods.AG, sched),
+        tf32=_ffi.tf32_allowed(precision),
+        pieces=np.int32(pieces),
+        merge=merge,
+    )
     return _launch.back(y, axis), (_launch.back(xg, axis) if keep else None)
 
 
@@ -98,7 +103,13 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if chain:  # every step after the first adds an addend
         _launch.warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)
     y, _, _ = _ffi.call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
-        _launch.checked(x2, s, "matmul_reduce_scatter"), w, set_id=s.set_id,
-        algo=_ffi.schedule_code(methods.RS, sched), tf32=_ffi.tf32_allowed(precision),
-        reduce_blocks=np.int32(schedule.REDUCE_BLOCKS), splits=np.int32(splits), split_cols=cols)
+        _launch.checked(x2, s, "matmul_reduce_scatter"),
+        w,
+        set_id=s.set_id,
+        algo=_ffi.schedule_code(methods.RS, sched),
+        tf32=_ffi.tf32_allowed(precision),
+        reduce_blocks=np.int32(schedule.REDUCE_BLOCKS),
+        splits=np.int32(splits),
+        split_cols=cols,
+    )
     return _launch.back(y, axis), x

@@ -55,11 +55,11 @@ def matmul(x: jax.Array, w: jax.Array, *, precision: Any = None) -> jax.Array:
     return _product(functools.partial(jnp.matmul, precision=precision), x, w)
 
 
-def dot_general(x: jax.Array, w: jax.Array, dimension_numbers: Any, *,
-                precision: Any = None) -> jax.Array:
+def dot_general(x: jax.Array, w: jax.Array, dimension_numbers: Any, *, precision: Any = None) -> jax.Array:
     """``lax.dot_general``, with no dot where an operand is empty (:func:`_product`)."""
-    return _product(functools.partial(lax.dot_general, dimension_numbers=dimension_numbers,
-                                      precision=precision), x, w)
+    return _product(
+        functools.partial(lax.dot_general, dimension_numbers=dimension_numbers, precision=precision), x, w
+    )
 
 
 def all_gather_matmul(

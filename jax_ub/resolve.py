@@ -25,16 +25,19 @@ def cuda_unavailable_reason() -> str:
     return cuda_status()[1] or "the CUDA path is available"
 
 
-def requested(method: str | None, fn: str | None = None, *, warn: bool = True,
-              stacklevel: int = 4) -> str:
+def requested(method: str | None, fn: str | None = None, *, warn: bool = True, stacklevel: int = 4) -> str:
     """``method`` (``None``: the configured one), checked against :data:`jax_ub.methods.METHODS`
     (any case, as ``JAX_UB_METHOD`` is); ``fn`` names the caller in the error. With ``warn``, the
     deprecated ``"nccl"`` warns (``DeprecationWarning``, at the frame ``stacklevel`` up from
     :func:`jax_ub.methods.canonical`: the default is the public op's caller)."""
     configured = method is None
-    return methods.canonical(config.get().method if configured else method,
-                             f"{fn}: " if fn else "", configured=configured,
-                             warn=warn, stacklevel=stacklevel)
+    return methods.canonical(
+        config.get().method if configured else method,
+        f"{fn}: " if fn else "",
+        configured=configured,
+        warn=warn,
+        stacklevel=stacklevel,
+    )
 
 
 def method_name(method: str | None, fn: str | None = None, *, warn: bool = True) -> str:
@@ -50,24 +53,32 @@ def method_name(method: str | None, fn: str | None = None, *, warn: bool = True)
     cfg = config.get()
     name = requested(method, fn, warn=warn and method is None, stacklevel=6)
     if cfg.disable or name == methods.XLA:
-        _log.debug("jax_ub: method %r -> 'xla' (the pure-XLA reference): %s", name,
-                   "JAX_UB_DISABLE=1" if cfg.disable else "requested")
+        _log.debug(
+            "jax_ub: method %r -> 'xla' (the pure-XLA reference): %s",
+            name,
+            "JAX_UB_DISABLE=1" if cfg.disable else "requested",
+        )
         return methods.XLA
     ok, why = cuda_status()
     if name == methods.AUTO:
-        _log.debug("jax_ub: method 'auto' -> %s", "'auto' (the CUDA path is available: a CUDA algorithm "
-                   "per shape where the mesh axis has a communicator, else the reference)" if ok
-                   else f"'xla' (the pure-XLA reference): {why}")
+        _log.debug(
+            "jax_ub: method 'auto' -> %s",
+            "'auto' (the CUDA path is available: a CUDA algorithm "
+            "per shape where the mesh axis has a communicator, else the reference)"
+            if ok
+            else f"'xla' (the pure-XLA reference): {why}",
+        )
         return methods.AUTO if ok else methods.XLA
     if not ok:
         if method is None:  # the configured method: JAX_UB_METHOD (or config.override)
-            asked, fix = (f"JAX_UB_METHOD={name}", "Unset JAX_UB_METHOD or set it to 'auto' or 'xla' "
-                          "(the pure-XLA path)")
+            asked, fix = (
+                f"JAX_UB_METHOD={name}",
+                "Unset JAX_UB_METHOD or set it to 'auto' or 'xla' (the pure-XLA path)",
+            )
         else:
             asked, fix = f"method={name!r}", "Use method='auto' or 'xla' (the pure-XLA path)"
         raise ValueError(
-            (f"{fn}: " if fn else "")
-            + f"{asked} needs the CUDA overlap extension, which is not available: "
+            (f"{fn}: " if fn else "") + f"{asked} needs the CUDA overlap extension, which is not available: "
             f"{why}. {fix}, or set JAX_UB_DISABLE=1 to force that path everywhere"
         )
     _log.debug("jax_ub: method %r: requested (the CUDA path is available)", name)
@@ -88,8 +99,9 @@ def for_size(method: str | None, tp: int, *operands: Any, fn: str | None = None)
         return methods.XLA
     empty = [_validate.shape_str(a.shape) for a in operands if 0 in a.shape]
     if empty:
-        _log.debug("jax_ub: method %r -> 'xla': zero-size operand %s (nothing to overlap)", name,
-                   ", ".join(empty))
+        _log.debug(
+            "jax_ub: method %r -> 'xla': zero-size operand %s (nothing to overlap)", name, ", ".join(empty)
+        )
         return methods.XLA
     return method_name(method, fn, warn=False)
 
@@ -97,15 +109,18 @@ def for_size(method: str | None, tp: int, *operands: Any, fn: str | None = None)
 # ------------------------------------------------------------------------------------------------
 # auto, per call
 
-_NCCL_WHY = ("the NCCL schedule runs: axis {axis!r} has transport nccl (not every GPU pair of a group "
-             "can map each other's memory, or transport='nccl' was asked for), on which every method "
-             "runs it; no measurement compares it with xla")
+_NCCL_WHY = (
+    "the NCCL schedule runs: axis {axis!r} has transport nccl (not every GPU pair of a group "
+    "can map each other's memory, or transport='nccl' was asked for), on which every method "
+    "runs it; no measurement compares it with xla"
+)
 # What auto reports on an axis with transport nccl: the NCCL schedule, whatever the method.
 NCCL_SCHEDULE = "nccl"
 
 
-def auto(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
-         axis_name: Any) -> choice.Choice | None:
+def auto(
+    op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any, axis_name: Any
+) -> choice.Choice | None:
     """What ``method="auto"`` runs for one call of ``op`` (AG or RS) on the axis's communicator:
     the NCCL schedule on transport nccl, else the measured choice; None without a communicator."""
     s = comm.get(axis_name)
@@ -120,8 +135,7 @@ def auto(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any
     return choice.choose(op, tp, jnp.dtype(dtype).name, M, K, N, config.get().tuning_file)
 
 
-def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
-           axis_name: Any) -> str:
+def choose(op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any, axis_name: Any) -> str:
     """The algorithm ``method="auto"`` uses for one call: a CUDA one (``"nccl"`` on an axis with
     transport nccl), or ``"xla"`` when the axis has no communicator. See :func:`explain` and
     :mod:`jax_ub.choice`."""
@@ -140,8 +154,13 @@ def auto_method(op: str, x: Any, w: Any, axis_name: Any) -> str:
     c = auto(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
     if c is None:
         comm.warn_no_communicator(methods.PUBLIC_NAME[op], axis_name)
-    _log.debug("auto %s %s @ %s: %s", op, tuple(x.shape), tuple(w.shape),
-               "xla (no communicator)" if c is None else f"{c.method}: {c.why}")
+    _log.debug(
+        "auto %s %s @ %s: %s",
+        op,
+        tuple(x.shape),
+        tuple(w.shape),
+        "xla (no communicator)" if c is None else f"{c.method}: {c.why}",
+    )
     if c is None:
         return methods.XLA
     # the NCCL schedule: the axis's transport runs it for any CUDA method
@@ -155,8 +174,12 @@ def bulk_auto(what: str, axis_name: Any) -> str:
     m = methods.BULK_DEFAULT if ok else methods.XLA
     if not ok:
         comm.warn_no_communicator(what, axis_name)
-    _log.debug("jax_ub: %s method 'auto' -> %r (%s)", what, m, "the mesh axis has a communicator"
-               if ok else f"no jax_ub communicator for mesh axis {axis_name!r}")
+    _log.debug(
+        "jax_ub: %s method 'auto' -> %r (%s)",
+        what,
+        m,
+        "the mesh axis has a communicator" if ok else f"no jax_ub communicator for mesh axis {axis_name!r}",
+    )
     return m
 
 
@@ -166,8 +189,9 @@ def bulk_auto(what: str, axis_name: Any) -> str:
 _LAYOUTS = {methods.AG: ("[..., m, k]", "[k, n_local]"), methods.RS: ("[..., M, k_local]", "[k_local, n]")}
 
 
-def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
-            method: str | None = None) -> str:
+def explain(
+    op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0, method: str | None = None
+) -> str:
     """Says what a call of ``op`` ("ag": :func:`jax_ub.all_gather_matmul`, "rs":
     :func:`jax_ub.matmul_reduce_scatter`) on these operands runs, and why: ``"<what runs>: <why>;
     global MxKxN, tp=T (call x ... @ w ...)"``.
@@ -182,8 +206,10 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
     the answer names the local shapes only.
     """
     if op not in methods.DUAL:
-        raise ValueError(f"explain: op must be {methods.AG!r} (all_gather_matmul) or {methods.RS!r} "
-                         f"(matmul_reduce_scatter); got {op!r}")
+        raise ValueError(
+            f"explain: op must be {methods.AG!r} (all_gather_matmul) or {methods.RS!r} "
+            f"(matmul_reduce_scatter); got {op!r}"
+        )
     fn = f"explain({op!r})"
     _validate.check_operands(fn, x, w, *_LAYOUTS[op], abstract_ok=True)
     kw, coll = ("gather_axis", "all-gather") if op == methods.AG else ("scatter_axis", "reduce-scatter")
@@ -208,15 +234,22 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
         return f"xla: zero-size operand {', '.join(empty)} (nothing to overlap: the reference runs){call}"
     runs = method_name(method, fn, warn=False)  # raises as the op does (a CUDA method without the CUDA path)
     if runs == methods.XLA:
-        why = ("JAX_UB_DISABLE=1 forces the pure-XLA reference path" if config.get().disable
-               else f"requested ({asked})" if name == methods.XLA else cuda_status()[1])
+        why = (
+            "JAX_UB_DISABLE=1 forces the pure-XLA reference path"
+            if config.get().disable
+            else f"requested ({asked})"
+            if name == methods.XLA
+            else cuda_status()[1]
+        )
         return f"xla: {why}{call}"
     if s is None:
         if _validate.one_axis(axis_name) is None:
             why = f"axis_name {axis_name!r} names several mesh axes, and a jax_ub communicator spans one"
         else:
-            why = (f"no jax_ub communicator for axis {axis_name!r} (call jax_ub.initialize(mesh, "
-                   f"axis={axis_name!r}); an axis of size 1 gets none: nothing to communicate)")
+            why = (
+                f"no jax_ub communicator for axis {axis_name!r} (call jax_ub.initialize(mesh, "
+                f"axis={axis_name!r}); an axis of size 1 gets none: nothing to communicate)"
+            )
         if runs == methods.AUTO:
             return f"xla: {why}{call}"
         raise ValueError(f"{fn}: {asked} needs a jax_ub communicator, and the call would fail: {why}")
@@ -225,8 +258,10 @@ def explain(op: str, x: Any, w: Any, axis_name: Any = "tp", *, axis: int = 0,
     if runs == methods.AUTO:
         return f"{c.method}: {c.why}{call}"
     if runs == methods.NCCL and s.transport != "nccl":
-        raise ValueError(f"{fn}: {asked} needs jax_ub.initialize(mesh, axis={axis_name!r}, "
-                         f"transport='nccl'); this axis was initialized with transport {s.transport!r}")
+        raise ValueError(
+            f"{fn}: {asked} needs jax_ub.initialize(mesh, axis={axis_name!r}, "
+            f"transport='nccl'); this axis was initialized with transport {s.transport!r}"
+        )
     if s.transport == "nccl":
         return f"nccl: requested {runs} ({asked}), but {_NCCL_WHY.format(axis=axis_name)}{call}"
     sched = methods.runs(op, runs)

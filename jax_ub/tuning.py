@@ -76,8 +76,9 @@ class Recording:
         """``[{"op", "tp", "dtype", "M", "K", "N", "role", "calls"}, ...]`` in first-seen order."""
         with self._lock:
             items = list(self._calls.items())
-        return [{**dataclasses.asdict(s), "role": role, "calls": n} for (s, role), n in items
-                if role in roles]
+        return [
+            {**dataclasses.asdict(s), "role": role, "calls": n} for (s, role), n in items if role in roles
+        ]
 
     def save(self, path: str, *, quiet: bool = False) -> None:
         """Writes the shapes file ``bench tune`` reads (atomically: a concurrent reader sees a
@@ -86,9 +87,12 @@ class Recording:
         if not doc["shapes"] and not quiet:
             # Only ops traced while recording count: a function jitted (traced) before, or ops on an
             # axis of size 1 or with empty operands, leave nothing to tune.
-            _log.warning("jax_ub: %s gets no shapes: no jax_ub op over an axis of size > 1 was traced "
-                         "while recording (a function already traced is not traced again; "
-                         "jax.clear_caches() forces it)", path)
+            _log.warning(
+                "jax_ub: %s gets no shapes: no jax_ub op over an axis of size > 1 was traced "
+                "while recording (a function already traced is not traced again; "
+                "jax.clear_caches() forces it)",
+                path,
+            )
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
@@ -166,8 +170,9 @@ def _env_recording() -> tuple[str, Recording] | None:
         return _env
 
 
-def note_call(op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Sequence[int], *,
-              backward: bool) -> None:
+def note_call(
+    op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Sequence[int], *, backward: bool
+) -> None:
     """Called by :mod:`jax_ub.ops` for each traced op call (after validation): records its shape,
     and with ``backward`` the dual op's shape that its backward runs. Cheap when nothing records."""
     env = _env_recording()
@@ -186,7 +191,9 @@ def note_call(op: str, tp: int, dtype: Any, x_shape: Sequence[int], w_shape: Seq
         try:
             env[1].save(path)
         except OSError as e:
-            _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file %r: %s", env[0], path, e)
+            _log.warning(
+                "jax_ub: JAX_UB_RECORD_SHAPES=%r: cannot write the shapes file %r: %s", env[0], path, e
+            )
 
 
 def _at_exit() -> None:
@@ -204,11 +211,14 @@ def _at_exit() -> None:
     except Exception:  # jax half torn down: name the configured path
         path = cfg.record_shapes
     exists = os.path.exists(path)
-    _log.warning("jax_ub: JAX_UB_RECORD_SHAPES=%r: no jax_ub op over a mesh axis of size > 1 was "
-                 "traced in this process, so no shape was recorded (on a CPU machine, simulate the "
-                 "devices: XLA_FLAGS=--xla_force_host_platform_device_count=N; an axis of size 1, "
-                 "tp=1, runs a plain GEMM with nothing to tune)%s", cfg.record_shapes,
-                 f"; {path!r} exists and is left as it was" if exists else f"; wrote {path!r} without shapes")
+    _log.warning(
+        "jax_ub: JAX_UB_RECORD_SHAPES=%r: no jax_ub op over a mesh axis of size > 1 was "
+        "traced in this process, so no shape was recorded (on a CPU machine, simulate the "
+        "devices: XLA_FLAGS=--xla_force_host_platform_device_count=N; an axis of size 1, "
+        "tp=1, runs a plain GEMM with nothing to tune)%s",
+        cfg.record_shapes,
+        f"; {path!r} exists and is left as it was" if exists else f"; wrote {path!r} without shapes",
+    )
     if not exists:
         with contextlib.suppress(OSError):
             Recording().save(path, quiet=True)
@@ -226,15 +236,21 @@ def load(path: str) -> list[tuple[OpShape, str, int]]:
     except (OSError, ValueError) as e:
         stem, ext = os.path.splitext(path)
         per_process = sorted(glob.glob(f"{glob.escape(stem)}.process*{glob.escape(ext or '.json')}"))
-        hint = (f" (a run of several processes writes one file each: {', '.join(per_process)}; give "
-                f"them all)" if not os.path.exists(path) and per_process else "")
+        hint = (
+            f" (a run of several processes writes one file each: {', '.join(per_process)}; give them all)"
+            if not os.path.exists(path) and per_process
+            else ""
+        )
         raise ValueError(f"shapes file {path!r}: cannot read it as JSON: {e}{hint}") from None
     if not isinstance(doc, dict) or FORMAT not in doc:
-        raise ValueError(f"shapes file {path!r}: not a jax_ub shapes file (no {FORMAT!r} key); write "
-                         f"one with JAX_UB_RECORD_SHAPES=PATH or jax_ub.tuning.record()")
+        raise ValueError(
+            f"shapes file {path!r}: not a jax_ub shapes file (no {FORMAT!r} key); write "
+            f"one with JAX_UB_RECORD_SHAPES=PATH or jax_ub.tuning.record()"
+        )
     if doc[FORMAT] != VERSION:
-        raise ValueError(f"shapes file {path!r}: format version {doc[FORMAT]!r}; this jax_ub reads "
-                         f"version {VERSION}")
+        raise ValueError(
+            f"shapes file {path!r}: format version {doc[FORMAT]!r}; this jax_ub reads version {VERSION}"
+        )
     shapes = doc.get("shapes")
     if not isinstance(shapes, list):
         raise ValueError(f"shapes file {path!r}: 'shapes' must be a list; got {type(shapes).__name__}")
@@ -256,15 +272,21 @@ def load(path: str) -> list[tuple[OpShape, str, int]]:
             raise ValueError(f"{where}: tp, M, K, N (and calls) must be positive integers; got {dims}")
         tp = e["tp"]
         if tp < 2:
-            raise ValueError(f"{where}: tp must be >= 2 (an op over one device communicates nothing: "
-                             f"there is nothing to tune); got {tp}")
+            raise ValueError(
+                f"{where}: tp must be >= 2 (an op over one device communicates nothing: "
+                f"there is nothing to tune); got {tp}"
+            )
         if e["M"] % tp or (e["op"] == choice.AG and e["N"] % tp) or (e["op"] == choice.RS and e["K"] % tp):
             split = "M and N" if e["op"] == choice.AG else "M and K"
-            raise ValueError(f"{where}: {split} of an {e['op']} shape must be divisible by tp={tp}; "
-                             f"got M={e['M']}, K={e['K']}, N={e['N']}")
+            raise ValueError(
+                f"{where}: {split} of an {e['op']} shape must be divisible by tp={tp}; "
+                f"got M={e['M']}, K={e['K']}, N={e['N']}"
+            )
         dtype = choice.dtype_name(e["dtype"])
         if dtype is None:
-            raise ValueError(f"{where}: dtype must be one of {', '.join(choice.DTYPES)} (the dtypes "
-                             f"jax_ub's ops take); got {e['dtype']!r}")
+            raise ValueError(
+                f"{where}: dtype must be one of {', '.join(choice.DTYPES)} (the dtypes "
+                f"jax_ub's ops take); got {e['dtype']!r}"
+            )
         out.append((OpShape(e["op"], tp, dtype, e["M"], e["K"], e["N"]), role, int(e.get("calls", 1))))
     return out

@@ -46,8 +46,10 @@ def matmul_expected(x, w, dtype=None, roundings: int = 1) -> Expected:
     dtype = x.dtype if dtype is None else dtype
     if isinstance(x, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: float64 here
         x64, w64 = x.astype(np.float64), w.astype(np.float64)
-        return Expected(x64 @ w64, (roundings * _eps(dtype) + 2 * x.shape[-1] * _EPS32)
-                        * (np.abs(x64) @ np.abs(w64)) + _TINY)
+        return Expected(
+            x64 @ w64,
+            (roundings * _eps(dtype) + 2 * x.shape[-1] * _EPS32) * (np.abs(x64) @ np.abs(w64)) + _TINY,
+        )
     import jax
     import jax.numpy as jnp
 
@@ -62,8 +64,9 @@ def sum_expected(parts, dtype=None, roundings: int = 1) -> Expected:
     """The sum over axis 0 of ``parts`` (one slice per rank) and its element-wise bound."""
     p64 = np.asarray(parts, np.float64)
     dtype = parts.dtype if dtype is None else dtype
-    return Expected(p64.sum(axis=0), (roundings * _eps(dtype) + 2 * len(p64) * _EPS32)
-                    * np.abs(p64).sum(axis=0) + _TINY)
+    return Expected(
+        p64.sum(axis=0), (roundings * _eps(dtype) + 2 * len(p64) * _EPS32) * np.abs(p64).sum(axis=0) + _TINY
+    )
 
 
 # The poison's spacers (see poison): kept alive until the next call, so the freed NaN blocks stay
@@ -122,15 +125,18 @@ def assert_close(out, want: Expected, what: str = "output") -> None:
         nan = np.isnan(got)
         if nan.any():
             first = tuple(int(v) for v in np.unravel_index(np.argmax(nan), got.shape))
-            raise AssertionError(f"{what} on {dev}: {int(nan.sum())} of {got.size} elements NaN "
-                                 f"(unwritten: the poison), the first at {first} of this buffer")
+            raise AssertionError(
+                f"{what} on {dev}: {int(nan.sum())} of {got.size} elements NaN "
+                f"(unwritten: the poison), the first at {first} of this buffer"
+            )
         excess = np.abs(got - value) - bound
         if (excess > 0).any():
             i = tuple(int(v) for v in np.unravel_index(np.argmax(excess), got.shape))
             raise AssertionError(
                 f"{what} on {dev}: {int((excess > 0).sum())} of {got.size} elements beyond their "
                 f"bound; the worst at {i} of this buffer: got {got[i]:.6g}, expected {value[i]:.6g} "
-                f"(allowed error {bound[i]:.3g})")
+                f"(allowed error {bound[i]:.3g})"
+            )
 
 
 def assert_equal(out, want, what: str = "output") -> None:

@@ -63,10 +63,12 @@ def unusable(need: int) -> str:
     devices, err = jax_gpus()
     if len(devices) >= need:
         return ""
-    return (f"the NVIDIA driver lists {have} GPU(s) here, but jax sees {len(devices)}"
-            f"{f' ({err})' if err else ''}: install jax with its CUDA plugin (pip install "
-            f"'.[cuda13]' or '.[cuda12]', matching the driver), or pass --skip-gpu-tiers to run "
-            f"the CPU tier only")
+    return (
+        f"the NVIDIA driver lists {have} GPU(s) here, but jax sees {len(devices)}"
+        f"{f' ({err})' if err else ''}: install jax with its CUDA plugin (pip install "
+        f"'.[cuda13]' or '.[cuda12]', matching the driver), or pass --skip-gpu-tiers to run "
+        f"the CPU tier only"
+    )
 
 
 def extension(attr: str | None = None):
@@ -81,8 +83,11 @@ def extension(attr: str | None = None):
         import jax_ub
 
         info = jax_ub.build_info()
-        pytest.fail(f"GPU present but the jax_ub extension{f' (with {attr})' if attr else ''} is not "
-                    f"loaded: {info.get('extension_error') or info['reason']}", pytrace=False)
+        pytest.fail(
+            f"GPU present but the jax_ub extension{f' (with {attr})' if attr else ''} is not "
+            f"loaded: {info.get('extension_error') or info['reason']}",
+            pytrace=False,
+        )
     return mod
 
 

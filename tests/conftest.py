@@ -49,9 +49,12 @@ import _gpus  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--skip-gpu-tiers", action="store_true",
-                     help="skip the gpu/multigpu tests even where the NVIDIA driver lists GPUs "
-                          "(by default they fail there when jax cannot use the GPUs)")
+    parser.addoption(
+        "--skip-gpu-tiers",
+        action="store_true",
+        help="skip the gpu/multigpu tests even where the NVIDIA driver lists GPUs "
+        "(by default they fail there when jax cannot use the GPUs)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,8 +86,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(why, pytrace=False)
 
 
-def _mesh(devices: list[jax.Device], shape: tuple[int, ...], names: tuple[str, ...],
-          explicit: bool = False) -> Mesh:
+def _mesh(
+    devices: list[jax.Device], shape: tuple[int, ...], names: tuple[str, ...], explicit: bool = False
+) -> Mesh:
     n = int(np.prod(shape))
     if len(devices) < n:
         pytest.skip(f"mesh {dict(zip(names, shape, strict=True))} needs {n} devices; found {len(devices)}")

@@ -64,7 +64,7 @@ class Result:
 
     def lines(self, prefix: str) -> list[str]:
         """The stdout lines starting with ``prefix``, with the prefix removed."""
-        return [ln[len(prefix):] for ln in self.stdout.splitlines() if ln.startswith(prefix)]
+        return [ln[len(prefix) :] for ln in self.stdout.splitlines() if ln.startswith(prefix)]
 
 
 def free_port() -> int:
@@ -80,8 +80,10 @@ def _visible_devices(rank: int, per_proc: int) -> str:
     ids = range(rank * per_proc, (rank + 1) * per_proc)
     if pool is not None:
         if ids.stop > len(pool):
-            raise ValueError(f"rank {rank} needs devices {list(ids)} of CUDA_VISIBLE_DEVICES="
-                             f"{parent!r}, which lists only {len(pool)}")
+            raise ValueError(
+                f"rank {rank} needs devices {list(ids)} of CUDA_VISIBLE_DEVICES="
+                f"{parent!r}, which lists only {len(pool)}"
+            )
         return ",".join(pool[i] for i in ids)
     return ",".join(map(str, ids))
 
@@ -150,7 +152,8 @@ def parallel_launch(
     base_env.update(NO_MULTICAST_ENV)
     base_env["PYTHONUNBUFFERED"] = "1"
     base_env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT)] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [str(REPO_ROOT)] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     base_env["JAX_UB_TEST_COORD"] = coord
     base_env["JAX_UB_TEST_NPROCS"] = str(nprocs)
     cmd = _command(target, args)
@@ -172,9 +175,15 @@ def parallel_launch(
                     for k, v in NCCL_SHARED_GPU_ENV.items():
                         child_env.setdefault(k, v.format(rank=rank))
             start.append(time.monotonic())
-            p = subprocess.Popen(cmd, env=child_env, cwd=cwd or REPO_ROOT, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)  # own process group: killpg reaches all
+            p = subprocess.Popen(
+                cmd,
+                env=child_env,
+                cwd=cwd or REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )  # own process group: killpg reaches all
             procs.append(p)
             sinks: tuple[list[bytes], list[bytes]] = ([], [])
             outs.append(sinks)
@@ -214,10 +223,15 @@ def parallel_launch(
                     stream.close()
 
     return [
-        Result(rank=rank, pid=p.pid, returncode=p.returncode,
-               stdout=b"".join(outs[rank][0]).decode(errors="replace"),
-               stderr=b"".join(outs[rank][1]).decode(errors="replace"),
-               wall_s=end[rank] - start[rank], timed_out=rank in killed)
+        Result(
+            rank=rank,
+            pid=p.pid,
+            returncode=p.returncode,
+            stdout=b"".join(outs[rank][0]).decode(errors="replace"),
+            stderr=b"".join(outs[rank][1]).decode(errors="replace"),
+            wall_s=end[rank] - start[rank],
+            timed_out=rank in killed,
+        )
         for rank, p in enumerate(procs)
     ]
 

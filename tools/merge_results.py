@@ -61,8 +61,10 @@ def read(path: str) -> tuple[dict, str]:
     ops = {r.get("op") for r in doc["records"]}
     kind = next((k for k, want in FILE_OPS.items() if ops <= want), None)
     if kind is None:
-        raise Refused(f"{path}: records of {', '.join(sorted(map(str, ops)))}: not one bench ag, rs or "
-                      f"bulk run (this merges those only)")
+        raise Refused(
+            f"{path}: records of {', '.join(sorted(map(str, ops)))}: not one bench ag, rs or "
+            f"bulk run (this merges those only)"
+        )
     return doc, kind
 
 
@@ -76,14 +78,17 @@ def stamped(items: list[dict], header: dict) -> list[dict]:
 def merge(fresh: dict, old: dict) -> dict:
     """The merged document (see the module doc)."""
     replaced = {case_key(r) for r in fresh["records"]}
-    records = ([r for r in stamped(old["records"], old) if case_key(r) not in replaced]
-               + stamped(fresh["records"], fresh))
+    records = [r for r in stamped(old["records"], old) if case_key(r) not in replaced] + stamped(
+        fresh["records"], fresh
+    )
     records.sort(key=lambda r: -r["tp"])  # stable: tp 4 first, each in run order
     new_t = {timeline_key(t) for t in fresh.get("timelines", [])}
-    timelines = ([t for t in stamped(old.get("timelines", []), old) if timeline_key(t) not in new_t]
-                 + stamped(fresh.get("timelines", []), fresh))
-    failures = ([f for f in stamped(old.get("failures", []), old) if case_key(f) not in replaced]
-                + stamped(fresh.get("failures", []), fresh))
+    timelines = [t for t in stamped(old.get("timelines", []), old) if timeline_key(t) not in new_t] + stamped(
+        fresh.get("timelines", []), fresh
+    )
+    failures = [f for f in stamped(old.get("failures", []), old) if case_key(f) not in replaced] + stamped(
+        fresh.get("failures", []), fresh
+    )
     body = ("records", "timelines", "failures")
     out: dict[str, Any] = {k: v for doc in (old, fresh) for k, v in doc.items() if k not in body + PROVENANCE}
     for key in PROVENANCE:
@@ -112,8 +117,10 @@ def main(argv: list[str]) -> int:
             raise Refused(f"{fresh_path} is a bench {kind} file and {path} a bench {old_kind} file")
         for key in ("machine", "device_kind"):
             if key in fresh and key in old and fresh[key] != old[key]:
-                raise Refused(f"{fresh_path} was measured on {key} {fresh[key]!r} and {path} on "
-                              f"{old[key]!r}: merge only runs of one machine")
+                raise Refused(
+                    f"{fresh_path} was measured on {key} {fresh[key]!r} and {path} on "
+                    f"{old[key]!r}: merge only runs of one machine"
+                )
     except Refused as e:
         print(f"error: {e}; nothing written\n{USAGE}", file=sys.stderr)
         return 2
@@ -124,8 +131,10 @@ def main(argv: list[str]) -> int:
         bulk.draw(out["records"], stem, dtype)
     else:
         agrs.draw(out["records"], stem, kind, dtype)
-    print(f"{path}: {len(out['records'])} records ({len(fresh['records'])} fresh), "
-          f"{len(out.get('timelines', []))} timelines")
+    print(
+        f"{path}: {len(out['records'])} records ({len(fresh['records'])} fresh), "
+        f"{len(out.get('timelines', []))} timelines"
+    )
     return 0
 
 

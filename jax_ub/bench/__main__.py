@@ -114,8 +114,9 @@ def at_least(low: float, kind: type = int) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} "
-                                             f">= {low:g}; got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'} >= {low:g}; got {text!r}"
+            ) from None
         if not value >= low:  # NaN too
             raise argparse.ArgumentTypeError(f"must be >= {low:g}; got {text}")
         return value
@@ -129,8 +130,9 @@ def shape(text: str) -> tuple[int, int, int]:
     want = "M,K,N: three positive integers separated by commas (e.g. 8192,8192,28672)"
     parts = text.split(",")
     if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"expected {want}; got {text!r} ({len(parts)} value"
-                                         f"{'s' if len(parts) != 1 else ''})")
+        raise argparse.ArgumentTypeError(
+            f"expected {want}; got {text!r} ({len(parts)} value{'s' if len(parts) != 1 else ''})"
+        )
     values = []
     for part in parts:
         try:
@@ -138,8 +140,9 @@ def shape(text: str) -> tuple[int, int, int]:
         except ValueError:
             v = 0
         if v < 1:
-            raise argparse.ArgumentTypeError(f"expected {want}; got {text!r} ({part.strip()!r} is not a "
-                                             f"positive integer)")
+            raise argparse.ArgumentTypeError(
+                f"expected {want}; got {text!r} ({part.strip()!r} is not a positive integer)"
+            )
         values.append(v)
     return values[0], values[1], values[2]
 
@@ -154,8 +157,9 @@ NAME = re.compile(f"[A-Za-z0-9][{NAME_CHARS}]*")
 def plain_name(text: str) -> str:
     """An argparse ``type``: a name used in a file name (letters, digits, ``._+-``; no path)."""
     if not NAME.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"expected a plain name (letters, digits and . _ + -, not "
-                                         f"starting with . _ + -); got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a plain name (letters, digits and . _ + -, not starting with . _ + -); got {text!r}"
+        )
     return text
 
 
@@ -164,73 +168,141 @@ def _options(*, out: str, dtype: bool, chain: int | None) -> argparse.ArgumentPa
     actions with every subparser that names it, so a default set for one (``tune``'s ``--out`` and
     ``--chain``) would change every other's."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--warmup", type=at_least(0), default=3,
-                   help="untimed calls of each impl before timing it (at least one always runs: the "
-                        "compile is never timed)")
+    p.add_argument(
+        "--warmup",
+        type=at_least(0),
+        default=3,
+        help="untimed calls of each impl before timing it (at least one always runs: the "
+        "compile is never timed)",
+    )
     p.add_argument("--iters", type=POSITIVE, default=10)
     p.add_argument("--reps", type=POSITIVE, default=7)
-    p.add_argument("--settle-ms", type=at_least(0, float), default=25.0,
-                   help="untimed run of an impl before each of its timed bursts (0: none)")
+    p.add_argument(
+        "--settle-ms",
+        type=at_least(0, float),
+        default=25.0,
+        help="untimed run of an impl before each of its timed bursts (0: none)",
+    )
     p.add_argument("--out", default=out, help=f"folder of the output files (default: {out})")
-    p.add_argument("--machine", type=plain_name, default=None,
-                   help="name in the output files (default: <n>x<device kind>)")
+    p.add_argument(
+        "--machine",
+        type=plain_name,
+        default=None,
+        help="name in the output files (default: <n>x<device kind>)",
+    )
     if dtype:
         p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     if chain is not None:
-        p.add_argument("--chain", type=POSITIVE, default=chain,
-                       help=f"ops per timed dispatch (default: {chain}): each impl's program runs its op "
-                            "CHAIN times in a row (one dispatch per CHAIN ops, as in a model step; a lone "
-                            "dispatch of a small op is bound by the host); ms are per op; an impl that "
-                            "cannot be chained (a compiled program) runs one op per dispatch, and its "
-                            "record says chain 1")
+        p.add_argument(
+            "--chain",
+            type=POSITIVE,
+            default=chain,
+            help=f"ops per timed dispatch (default: {chain}): each impl's program runs its op "
+            "CHAIN times in a row (one dispatch per CHAIN ops, as in a model step; a lone "
+            "dispatch of a small op is bound by the host); ms are per op; an impl that "
+            "cannot be chained (a compiled program) runs one op per dispatch, and its "
+            "record says chain 1",
+        )
     return p
 
 
 def _parser() -> argparse.ArgumentParser:
     results = "benchmarks/results"
-    ap = argparse.ArgumentParser(prog="python -m jax_ub.bench", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m jax_ub.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="op", required=True)
     for op in ("ag", "rs"):
-        p = sub.add_parser(op, parents=[_options(out=results, dtype=True, chain=1)],
-                           help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA")
+        p = sub.add_parser(
+            op,
+            parents=[_options(out=results, dtype=True, chain=1)],
+            help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA",
+        )
         p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4, 2])
         p.add_argument("--shapes", type=shape, nargs="+", default=None, help="global M,K,N triples")
-        p.add_argument("--timeline", action="store_true",
-                       help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
-        p.add_argument("--timeline-method", default="auto", choices=("auto", *CUDA_METHODS[op]),
-                       help="the method the --timeline call uses (default: auto, the jax_ub impl)")
-    p = sub.add_parser("mlp", parents=[_options(out=results, dtype=True, chain=None)],
-                       help="fwd+bwd step of ParallelMLP and the attention projections")
+        p.add_argument(
+            "--timeline",
+            action="store_true",
+            help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)",
+        )
+        p.add_argument(
+            "--timeline-method",
+            default="auto",
+            choices=("auto", *CUDA_METHODS[op]),
+            help="the method the --timeline call uses (default: auto, the jax_ub impl)",
+        )
+    p = sub.add_parser(
+        "mlp",
+        parents=[_options(out=results, dtype=True, chain=None)],
+        help="fwd+bwd step of ParallelMLP and the attention projections",
+    )
     p.add_argument("--tp", type=POSITIVE, default=4, help="mesh of the first TP devices")
     p.add_argument("--hidden", type=POSITIVE, default=8192)
     p.add_argument("--ffn", type=POSITIVE, default=28672)
     p.add_argument("--tokens", type=POSITIVE, default=8192, help="batch 1 x seq TOKENS")
-    p.add_argument("--models", nargs="+", default=list(MLP_MODELS), choices=MLP_MODELS,
-                   help="which steps to time (swiglu: the gated MLP, up = hidden -> 2*ffn)")
-    p.add_argument("--remat", default="none", choices=("none", "dots", "dots_no_batch"),
-                   help="the forward under jax.checkpoint with this policy (jax_ub: "
-                        "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)")
-    p = sub.add_parser("bulk", parents=[_options(out=results, dtype=True, chain=1)],
-                       help="AG / RS under an independent GEMM (backward pass)")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=list(MLP_MODELS),
+        choices=MLP_MODELS,
+        help="which steps to time (swiglu: the gated MLP, up = hidden -> 2*ffn)",
+    )
+    p.add_argument(
+        "--remat",
+        default="none",
+        choices=("none", "dots", "dots_no_batch"),
+        help="the forward under jax.checkpoint with this policy (jax_ub: "
+        "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)",
+    )
+    p = sub.add_parser(
+        "bulk",
+        parents=[_options(out=results, dtype=True, chain=1)],
+        help="AG / RS under an independent GEMM (backward pass)",
+    )
     p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4])
-    p.add_argument("--shapes", type=shape, nargs="+", default=None,
-                   help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)")
-    p.add_argument("--timeline", action="store_true",
-                   help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)")
+    p.add_argument(
+        "--shapes",
+        type=shape,
+        nargs="+",
+        default=None,
+        help="global M,K,N triples of the forward layer (see jax_ub.bench.bulk)",
+    )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also trace one jax_ub call per shape: Gantt PNG + records in the JSON (CUDA)",
+    )
     # No --dtype: each recorded shape is measured in the dtype it was recorded with.
-    p = sub.add_parser("tune", parents=[_options(out="jax_ub_tuning", dtype=False, chain=8)],
-                       help="every method at the shapes a program recorded (JAX_UB_RECORD_SHAPES): a "
-                            "file for JAX_UB_TUNING_FILE")
-    p.add_argument("shapes_file", nargs="+", help="shapes JSONs written by JAX_UB_RECORD_SHAPES=PATH (one per "
-                   "process with several processes) or jax_ub.tuning.record() (see jax_ub.tuning); "
-                   "their shapes are measured together")
-    p.add_argument("--force", action="store_true",
-                   help="replace the tuning file of the same machine and day if it exists")
-    p.add_argument("--forward-only", action="store_true",
-                   help="skip the shapes recorded as the backward of an op (inference)")
-    p.add_argument("--full", action="store_true",
-                   help="also time the GEMM and collectives alone and XLA's windowed einsum")
+    p = sub.add_parser(
+        "tune",
+        parents=[_options(out="jax_ub_tuning", dtype=False, chain=8)],
+        help="every method at the shapes a program recorded (JAX_UB_RECORD_SHAPES): a "
+        "file for JAX_UB_TUNING_FILE",
+    )
+    p.add_argument(
+        "shapes_file",
+        nargs="+",
+        help="shapes JSONs written by JAX_UB_RECORD_SHAPES=PATH (one per "
+        "process with several processes) or jax_ub.tuning.record() (see jax_ub.tuning); "
+        "their shapes are measured together",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the tuning file of the same machine and day if it exists",
+    )
+    p.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="skip the shapes recorded as the backward of an op (inference)",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also time the GEMM and collectives alone and XLA's windowed einsum",
+    )
     from jax_ub.bench import summary  # reads JSON only
 
     summary.add_parser(sub)

@@ -60,8 +60,10 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     # The entries that need arrays of their own are thunks (built when timed), so a caller that
     # keeps only some impls (bench tune) allocates nothing for the others.
     if op == "ag":  # every GPU: the gathered x (replicated) @ its w shard
-        impls["gemm_all_gpus"] = lambda: (smap(local_gemm, (P(), w_spec), P("tp", None, None)),
-                                          (jax.device_put(x, NamedSharding(mesh, P())), w))
+        impls["gemm_all_gpus"] = lambda: (
+            smap(local_gemm, (P(), w_spec), P("tp", None, None)),
+            (jax.device_put(x, NamedSharding(mesh, P())), w),
+        )
     else:  # every GPU: its x shard @ its w shard, the whole partial
         impls["gemm_all_gpus"] = (smap(local_gemm, (x_spec, w_spec), P("tp", None, None)), (x, w))
 
@@ -74,7 +76,7 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         # AG: chunks of the gathered x (replicated) @ its w shard; RS: row chunks (one per owner)
         # of its x shard @ its w shard.
         spec = P() if op == "ag" else x_spec
-        chunks = [jax.device_put(x[i * m:(i + 1) * m], NamedSharding(mesh, spec)) for i in range(tp)]
+        chunks = [jax.device_put(x[i * m : (i + 1) * m], NamedSharding(mesh, spec)) for i in range(tp)]
         out = tuple(P("tp", None, None) for _ in range(tp))
         return smap(chunk_gemms, (*(spec,) * tp, w_spec), out), (*chunks, w)
 
@@ -83,29 +85,53 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: collectives.all_gather(x, "tp"), (x_spec,), P()), (x,))
-        impls["xla_plain"] = (smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec), (x, w))
+        impls["xla_plain"] = (
+            smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec),
+            (x, w),
+        )
         # below PUSH_MERGE_MIN_TP push_merge is push's program: not timed twice
-        ag = [m for m in methods.SCHEDULES[methods.AG]
-              if m != methods.PUSH_MERGE or tp >= methods.PUSH_MERGE_MIN_TP]
+        ag = [
+            m
+            for m in methods.SCHEDULES[methods.AG]
+            if m != methods.PUSH_MERGE or tp >= methods.PUSH_MERGE_MIN_TP
+        ]
         for m in (methods.AUTO, *ag):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
-            impls[name] = (smap(lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m),
-                                (x_spec, w_spec), y_spec), (x, w))
+            impls[name] = (
+                smap(
+                    lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m), (x_spec, w_spec), y_spec
+                ),
+                (x, w),
+            )
     else:
+
         @functools.cache
         def partials():  # the collectives' input, made once for both
             return rand(kx, (M * tp, N), NamedSharding(mesh, P("tp", None)))
 
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K // tp), dev0), rand(kw, (K // tp, N), dev0)))
-        impls["comm_nccl"] = lambda: (smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),),
-                                           P("tp", None)), (partials(),))
-        impls["comm_jax_ub"] = lambda: (smap(lambda p: collectives.reduce_scatter(p, "tp"), (P("tp", None),),
-                                             P("tp", None)), (partials(),))
-        impls["xla_plain"] = (smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec), (x, w))
+        impls["comm_nccl"] = lambda: (
+            smap(lambda p: lax.psum_scatter(p, "tp", tiled=True), (P("tp", None),), P("tp", None)),
+            (partials(),),
+        )
+        impls["comm_jax_ub"] = lambda: (
+            smap(lambda p: collectives.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)),
+            (partials(),),
+        )
+        impls["xla_plain"] = (
+            smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec),
+            (x, w),
+        )
         for m in (methods.AUTO, *methods.SCHEDULES[methods.RS]):
             name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
-            impls[name] = (smap(lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
-                                (x_spec, w_spec), y_spec), (x, w))
+            impls[name] = (
+                smap(
+                    lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
+                    (x_spec, w_spec),
+                    y_spec,
+                ),
+                (x, w),
+            )
 
     def windowed(flags):  # XLA's windowed einsum: the jit-partitioned dot, sharded operands and output
         fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))
@@ -137,13 +163,23 @@ def run(a: argparse.Namespace) -> int:
         with out.case({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, label) as c:
             mesh = h.make_mesh(tp, cuda)
             impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
-            c.res = h.time_impls(label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err,
-                                 failures=out.failures)
+            c.res = h.time_impls(
+                label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err, failures=out.failures
+            )
             traced = "jax_ub" if a.timeline_method == "auto" else f"jax_ub_{a.timeline_method}"
             if timeline_ok and traced in c.res:
-                tl = h.traced_case(a, stem, {"M": M, "K": K, "N": N, "tp": tp,
-                                             **({"method": a.timeline_method} if traced != "jax_ub" else {})},
-                                   impls[traced])
+                tl = h.traced_case(
+                    a,
+                    stem,
+                    {
+                        "M": M,
+                        "K": K,
+                        "N": N,
+                        "tp": tp,
+                        **({"method": a.timeline_method} if traced != "jax_ub" else {}),
+                    },
+                    impls[traced],
+                )
                 timeline_ok = tl is not None  # a skip says why once, then no more tries
                 out.timelines += [tl] if tl else []
             auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
@@ -159,8 +195,13 @@ def run(a: argparse.Namespace) -> int:
 
 def draw(records: list[dict], stem: str, op: str, dtype: str) -> bool:
     """``<stem>.png``: the bar chart of an ag or rs record file (also of a merged one)."""
-    return h.plot(records, stem + ".png", f"jax_ub {op} ({os.path.basename(stem)}, {dtype})", CHART,
-                  lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    return h.plot(
+        records,
+        stem + ".png",
+        f"jax_ub {op} ({os.path.basename(stem)}, {dtype})",
+        CHART,
+        lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}",
+    )
 
 
 def auto_method(op: str, tp: int, M: int, K: int, N: int, dtype: str) -> str:
@@ -187,43 +228,65 @@ def same_program_spread(rows: list) -> list[float]:
 
 def _table(op: str, rows: list, path: str) -> None:
     alts = "ring/all_peer" if op == "ag" else "ring/pipeline/chain"
-    print(f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  (nccl)  jax_ub  (auto runs)  "
-          f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm); in tp row "
-          f"chunks, T/max(them, ub_comm))")
+    print(
+        f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  (nccl)  jax_ub  (auto runs)  "
+        f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm); in tp row "
+        f"chunks, T/max(them, ub_comm))"
+    )
     for tp, M, K, N, r, auto in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        alt = (f"{g('jax_ub_all_peer'):.3f}" if op == "ag" else
-               f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}")
-        print(f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
-              f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('xla_windowed_nccl'):7.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
-              f"{g('jax_ub_ring'):.3f}/{alt}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
-              f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):8.2f}"
-              f"  ({g('gemm_all_gpus'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_all_gpus', 'comm_jax_ub'):.2f}; "
-              f"{g('gemm_chunks'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_chunks', 'comm_jax_ub'):.2f})")
-    unchained = sorted({i for *_, r, _ in rows for i in r
-                        if h.chain_of(r, i) < max(h.chain_of(r, j) for j in r)})
+        alt = (
+            f"{g('jax_ub_all_peer'):.3f}"
+            if op == "ag"
+            else f"{g('jax_ub_pipeline'):.3f}/{g('jax_ub_chain'):.3f}"
+        )
+        print(
+            f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
+            f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('xla_windowed_nccl'):7.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
+            f"{g('jax_ub_ring'):.3f}/{alt}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
+            f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):8.2f}"
+            f"  ({g('gemm_all_gpus'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_all_gpus', 'comm_jax_ub'):.2f}; "
+            f"{g('gemm_chunks'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_chunks', 'comm_jax_ub'):.2f})"
+        )
+    unchained = sorted(
+        {i for *_, r, _ in rows for i in r if h.chain_of(r, i) < max(h.chain_of(r, j) for j in r)}
+    )
     if unchained:  # --chain N, and compiled programs, which chain_fn cannot chain
         print(f"timed one op per dispatch (not chainable; the others chained): {', '.join(unchained)}")
     for tp in dict.fromkeys(row[0] for row in rows):  # the targets are per tp
         speedups = [h.ratio(row[4], "xla_plain", "jax_ub") for row in rows if row[0] == tp]
         gm = h.geomean(speedups)
         k = sum(v == v for v in speedups)
-        print(f"tp={tp}: geometric mean speedup vs xla_plain: "
-              + (f"{gm:.2f}x over {k} of {len(speedups)} shapes" if gm is not None else
-                 f"none (no shape of {len(speedups)} has both times)"))
+        print(
+            f"tp={tp}: geometric mean speedup vs xla_plain: "
+            + (
+                f"{gm:.2f}x over {k} of {len(speedups)} shapes"
+                if gm is not None
+                else f"none (no shape of {len(speedups)} has both times)"
+            )
+        )
     from jax_ub.methods import PUSH_MERGE_MIN_TP
 
-    merged = [(tp, M, K, N, r) for tp, M, K, N, r, _ in rows
-              if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp >= PUSH_MERGE_MIN_TP]
+    merged = [
+        (tp, M, K, N, r)
+        for tp, M, K, N, r, _ in rows
+        if "jax_ub_push_merge" in r and "jax_ub_push" in r and tp >= PUSH_MERGE_MIN_TP
+    ]
     if merged:
-        print("push_merge / push: " + ", ".join(
-            f"tp{tp} {M},{K},{N} {_ratio_text(r, 'jax_ub_push_merge', 'jax_ub_push')}"
-            for tp, M, K, N, r in merged))
+        print(
+            "push_merge / push: "
+            + ", ".join(
+                f"tp{tp} {M},{K},{N} {_ratio_text(r, 'jax_ub_push_merge', 'jax_ub_push')}"
+                for tp, M, K, N, r in merged
+            )
+        )
     spread = same_program_spread(rows)
     if spread:
-        print(f"same program timed twice (jax_ub and jax_ub_<the method auto runs>): differ by "
-              f"{100 * statistics.median(spread):.1f}% (median), {100 * max(spread):.1f}% (max) "
-              f"over {len(spread)} shapes: this run's noise")
+        print(
+            f"same program timed twice (jax_ub and jax_ub_<the method auto runs>): differ by "
+            f"{100 * statistics.median(spread):.1f}% (median), {100 * max(spread):.1f}% (max) "
+            f"over {len(spread)} shapes: this run's noise"
+        )
 
 
 def _ratio_text(r: dict[str, float], num: str, den: str) -> str:

@@ -46,11 +46,21 @@ Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
 def layout(kind: str, M: int, K: int, N: int, tp: int) -> dict[str, Any]:
     """Global shapes and specs of ``x``, ``a``, ``b`` and of the outputs (collective, GEMM)."""
     if kind == "ag":
-        return dict(x=((M, K), P("tp", None)), a=((M, N), P(None, "tp")), b=((N, K), P("tp", None)),
-                    out=(P(), P("tp", None)), local=((M, N // tp), (N // tp, K)))
+        return dict(
+            x=((M, K), P("tp", None)),
+            a=((M, N), P(None, "tp")),
+            b=((N, K), P("tp", None)),
+            out=(P(), P("tp", None)),
+            local=((M, N // tp), (N // tp, K)),
+        )
     if kind == "rs":
-        return dict(x=((tp * M, K), P("tp", None)), a=((K, M), P()), b=((M, N), P(None, "tp")),
-                    out=(P("tp", None), P(None, "tp")), local=((K, M), (M, N // tp)))
+        return dict(
+            x=((tp * M, K), P("tp", None)),
+            a=((K, M), P()),
+            b=((M, N), P(None, "tp")),
+            out=(P("tp", None), P(None, "tp")),
+            local=((K, M), (M, N // tp)),
+        )
     raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
 
 
@@ -59,8 +69,10 @@ def primitive(kind: str) -> Callable[..., Any]:
     name = "bulk_all_gather" if kind == "ag" else "bulk_reduce_scatter"
     fn = getattr(jax_ub, name, None)
     if fn is None:
-        raise NotImplementedError(f"jax_ub.{name} does not exist in this jax_ub "
-                                  f"({jax_ub.__file__}): the bulk primitives have not landed yet")
+        raise NotImplementedError(
+            f"jax_ub.{name} does not exist in this jax_ub "
+            f"({jax_ub.__file__}): the bulk primitives have not landed yet"
+        )
     return fn
 
 
@@ -71,8 +83,10 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
     tp = mesh.shape["tp"]
     lay = layout(kind, M, K, N, tp)
     kx, ka, kb = jax.random.split(jax.random.key(M + K + N), 3)
-    x, a, b = (h.rand(k, lay[n][0], dtype, NamedSharding(mesh, lay[n][1]))
-               for k, n in ((kx, "x"), (ka, "a"), (kb, "b")))
+    x, a, b = (
+        h.rand(k, lay[n][0], dtype, NamedSharding(mesh, lay[n][1]))
+        for k, n in ((kx, "x"), (ka, "a"), (kb, "b"))
+    )
     dev0 = mesh.devices.flat[0]
     al, bl = (h.rand(k, s, dtype, dev0) for k, s in zip((ka, kb), lay["local"], strict=True))
     x_spec, ab_specs, out_specs = lay["x"][1], (lay["a"][1], lay["b"][1]), lay["out"]
@@ -96,16 +110,23 @@ def build(kind: str, mesh: Any, M: int, K: int, N: int, *, dtype_name: str, cuda
         "gemm_alone": lambda: (jax.jit(lambda a, b: jax_ub.matmul(a, b, method=gemm_method)), (al, bl)),
         "comm_nccl": lambda: (smap(nccl, (x_spec,), out_specs[0]), (x,)),
         "comm_jax_ub": lambda: (smap(ours, (x_spec,), out_specs[0]), (x,)),
-        "xla_plain": lambda: (smap(lambda x, a, b: (nccl(x), a @ b), (x_spec, *ab_specs), out_specs),
-                              (x, a, b)),
+        "xla_plain": lambda: (
+            smap(lambda x, a, b: (nccl(x), a @ b), (x_spec, *ab_specs), out_specs),
+            (x, a, b),
+        ),
         "jax_ub": bulk,
     }
     if not cuda:
         del impls["comm_jax_ub"]
     elif kind == "ag":  # every peer pulled at once instead of the ring
         impls["jax_ub_all_peer"] = lambda: (
-            smap(lambda x, a, b: primitive(kind)(x, a, b, "tp", axis=0, method="all_peer"),
-                 (x_spec, *ab_specs), out_specs), (x, a, b))
+            smap(
+                lambda x, a, b: primitive(kind)(x, a, b, "tp", axis=0, method="all_peer"),
+                (x_spec, *ab_specs),
+                out_specs,
+            ),
+            (x, a, b),
+        )
     return impls
 
 
@@ -135,8 +156,9 @@ def run(a: argparse.Namespace) -> int:
             with out.case({**case, "dtype": a.dtype}, label) as c:
                 mesh = h.make_mesh(tp, cuda)
                 impls = build(kind, mesh, M, K, N, dtype_name=a.dtype, cuda=cuda)
-                c.res = h.time_impls(label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err,
-                                     failures=out.failures)
+                c.res = h.time_impls(
+                    label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err, failures=out.failures
+                )
                 if timeline_ok and "jax_ub" in c.res:
                     tl = h.traced_case(a, stem, case, impls["jax_ub"])
                     timeline_ok = tl is not None
@@ -146,16 +168,25 @@ def run(a: argparse.Namespace) -> int:
     if stop is not None:
         return stop
     h.wrote(stem, draw(out.records, stem, a.dtype))
-    print(f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
-          "jax_ub/max(gemm,ub_comm) (target <= 1.10)")
+    print(
+        f"{path}\nop       tp  M,K,N               gemm  ub_comm    nccl  xla_plain  jax_ub  "
+        "jax_ub/max(gemm,ub_comm) (target <= 1.10)"
+    )
     for op, tp, M, K, N, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        print(f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
-              f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):6.2f}")
+        print(
+            f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
+            f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):6.2f}"
+        )
     return 0
 
 
 def draw(records: list[dict], stem: str, dtype: str) -> bool:
     """``<stem>.png``: the bar chart of a bulk record file (also of a merged one)."""
-    return h.plot(records, stem + ".png", f"jax_ub bulk overlap ({os.path.basename(stem)}, {dtype})", CHART,
-                  lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}")
+    return h.plot(
+        records,
+        stem + ".png",
+        f"jax_ub bulk overlap ({os.path.basename(stem)}, {dtype})",
+        CHART,
+        lambda r: f"{r['op']} tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}",
+    )

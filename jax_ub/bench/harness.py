@@ -120,9 +120,13 @@ class Times(dict):
     (:func:`host_per_op`: enqueueing, waiting for peers). A plain dict elsewhere (fakes in tests)
     means chain 1, no spread and no host time."""
 
-    def __init__(self, ms: dict[str, float] | None = None, chain: dict[str, int] | None = None,
-                 spread: dict[str, tuple[float, float]] | None = None,
-                 host: dict[str, tuple[float, float]] | None = None):
+    def __init__(
+        self,
+        ms: dict[str, float] | None = None,
+        chain: dict[str, int] | None = None,
+        spread: dict[str, tuple[float, float]] | None = None,
+        host: dict[str, tuple[float, float]] | None = None,
+    ):
         super().__init__(ms or {})
         self.chain = dict(chain or {})
         self.spread = dict(spread or {})
@@ -134,9 +138,14 @@ def chain_of(res: dict[str, float], impl: str) -> int:
     return getattr(res, "chain", {}).get(impl, 1)
 
 
-def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
-               probe: Callable[[str, Any], Any] | None = None, probes: dict[str, Any] | None = None,
-               failures: list[tuple[str, str]] | None = None) -> Times:
+def time_impls(
+    label: str,
+    impls: dict[str, Any],
+    a: argparse.Namespace,
+    probe: Callable[[str, Any], Any] | None = None,
+    probes: dict[str, Any] | None = None,
+    failures: list[tuple[str, str]] | None = None,
+) -> Times:
     """Median ms per op of each impl (:class:`Times`); an entry is ``(fn, args)`` or a thunk
     returning it (built here, so a failure to build is reported like a failure to run: one progress
     line, no record, and ``(name, "<label>: <error>")`` appended to ``failures`` if given). With
@@ -199,10 +208,12 @@ def time_impls(label: str, impls: dict[str, Any], a: argparse.Namespace,
         progress(f"  {line}")
     timed = {name: statistics.median(ms) / per_call[name] for name, ms in samples.items() if ms}
     host_us = {name: host_per_op(host[name]) for name in timed if host.get(name)}
-    return Times(timed, {name: per_call[name] for name in timed},
-                 {name: (min(samples[name]) / per_call[name], max(samples[name]) / per_call[name])
-                  for name in timed},
-                 {name: us for name, us in host_us.items() if us is not None})
+    return Times(
+        timed,
+        {name: per_call[name] for name in timed},
+        {name: (min(samples[name]) / per_call[name], max(samples[name]) / per_call[name]) for name in timed},
+        {name: us for name, us in host_us.items() if us is not None},
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -256,8 +267,10 @@ def rel_err(out: Any, ref: Any) -> float:
     outs, tree = jax.tree.flatten(out)
     refs, ref_tree = jax.tree.flatten(ref)
     if tree != ref_tree or [o.shape for o in outs] != [r.shape for r in refs]:
-        raise WrongOutput(f"output {tree} of shapes {[o.shape for o in outs]} is not the reference's "
-                          f"{ref_tree} of shapes {[r.shape for r in refs]}")
+        raise WrongOutput(
+            f"output {tree} of shapes {[o.shape for o in outs]} is not the reference's "
+            f"{ref_tree} of shapes {[r.shape for r in refs]}"
+        )
     return max(float(_rel_err_fn()(o, r)) for o, r in zip(outs, refs, strict=True))
 
 
@@ -285,8 +298,9 @@ class Check:
             return None
         err = rel_err(out, self.outs[ref])
         if not err <= self.bound:  # NaN too
-            raise WrongOutput(f"wrong output: relative error {err:.3g} against {ref} (bound "
-                              f"{self.bound:g} in {self.dtype})")
+            raise WrongOutput(
+                f"wrong output: relative error {err:.3g} against {ref} (bound {self.bound:g} in {self.dtype})"
+            )
         return err
 
 
@@ -315,8 +329,10 @@ def host_per_op(deltas: list[dict]) -> tuple[float, float] | None:
     if not ops:
         return None
     per_dev = ops / max(len(d) for d in deltas)
-    spent, waited = max((sum(d[k]["host_s"] for d in deltas if k in d),
-                         sum(d[k]["meet_s"] for d in deltas if k in d)) for k in deltas[0])
+    spent, waited = max(
+        (sum(d[k]["host_s"] for d in deltas if k in d), sum(d[k]["meet_s"] for d in deltas if k in d))
+        for k in deltas[0]
+    )
     return spent / per_dev * 1e6, waited / per_dev * 1e6
 
 
@@ -365,8 +381,9 @@ def make_mesh(tp: int, cuda: bool) -> Any:
     return mesh
 
 
-def case_records(common: dict[str, Any], res: dict[str, float],
-                 rel_errs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def case_records(
+    common: dict[str, Any], res: dict[str, float], rel_errs: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """One record per impl; each says which cuBLASLt plans it ran (``gemm_tune``: candidates timed
     per GEMM shape, 0 for the heuristic's first), how many ops a timed dispatch ran (``chain``:
     ``--chain``, or 1 where the impl could not be chained), and, where its output was checked
@@ -407,8 +424,11 @@ def config_changes() -> dict[str, Any]:
     from jax_ub import config
 
     active, default = config.get(), config.Config()
-    return {f.name: getattr(active, f.name) for f in dataclasses.fields(active)
-            if getattr(active, f.name) != getattr(default, f.name)}
+    return {
+        f.name: getattr(active, f.name)
+        for f in dataclasses.fields(active)
+        if getattr(active, f.name) != getattr(default, f.name)
+    }
 
 
 def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: Any) -> None:
@@ -422,9 +442,17 @@ def write_json(a: argparse.Namespace, stem: str, records: list[dict], **extra: A
     import jax_ub
 
     chain = agreed(records, "chain")
-    doc = {"machine": a.machine, "date": a.date, "jax": jax.__version__, "jax_ub": jax_ub.__version__,
-           "device_kind": jax.devices()[0].device_kind, **({"chain": chain} if chain is not None else {}),
-           "config": config_changes(), **extra, "records": records}
+    doc = {
+        "machine": a.machine,
+        "date": a.date,
+        "jax": jax.__version__,
+        "jax_ub": jax_ub.__version__,
+        "device_kind": jax.devices()[0].device_kind,
+        **({"chain": chain} if chain is not None else {}),
+        "config": config_changes(),
+        **extra,
+        "records": records,
+    }
     write_doc(stem + ".json", doc)
 
 
@@ -458,8 +486,9 @@ def out_stem(a: argparse.Namespace, tag: str) -> str:
     return os.path.join(a.out, f"{a.machine}-{a.date}-{tag}")
 
 
-def plot(records: list[dict], path: str, title: str, impls: Sequence[str],
-         case_label: Callable[[dict], str]) -> bool:
+def plot(
+    records: list[dict], path: str, title: str, impls: Sequence[str], case_label: Callable[[dict], str]
+) -> bool:
     """Grouped bar chart: one group per case (``case_label``, first-seen order), one bar per impl.
     Returns whether the PNG was written (False without matplotlib or records)."""
     try:
@@ -477,14 +506,23 @@ def plot(records: list[dict], path: str, title: str, impls: Sequence[str],
     fig, ax = plt.subplots(figsize=(max(8, 2.2 * len(cases)), 4.5))
     width = 0.8 / len(impls)
     for j, impl in enumerate(impls):
-        vals = [next((r["ms"] for r in records if case_label(r) == c and r["impl"] == impl), None)
-                for c in cases]
+        vals = [
+            next((r["ms"] for r in records if case_label(r) == c and r["impl"] == impl), None) for c in cases
+        ]
         xs = [i + j * width for i in range(len(cases))]
         bars = ax.bar(xs, [math.nan if v is None else v for v in vals], width, label=impl)
         for x, v in zip(xs, vals, strict=True):
             if v is None:  # a gap, not a 0 ms bar that reads as "very fast"
-                ax.text(x, 0, "n/a", rotation=90, fontsize=6, ha="center", va="bottom",
-                        color=bars.patches[0].get_facecolor())
+                ax.text(
+                    x,
+                    0,
+                    "n/a",
+                    rotation=90,
+                    fontsize=6,
+                    ha="center",
+                    va="bottom",
+                    color=bars.patches[0].get_facecolor(),
+                )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
     ax.set_xticklabels(cases, fontsize=8)
     ax.set_ylabel("ms (median)")
@@ -527,8 +565,11 @@ def _shapes(a: argparse.Namespace, default: list[tuple[int, int, int]]) -> list[
     """``--shapes`` (M,K,N triples, parsed and checked by the command line; each once), or ``default``."""
     if not a.shapes:
         return default
-    return list(dict.fromkeys(tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(","))
-                              for s in a.shapes))
+    return list(
+        dict.fromkeys(
+            tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(",")) for s in a.shapes
+        )
+    )
 
 
 def cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):
@@ -553,9 +594,11 @@ def warn_gpu_sized_defaults(a: argparse.Namespace, cuda: bool, default: list[tup
     if cuda or a.shapes:
         return
     largest = max(default, key=lambda s: s[0] * s[1] * s[2])
-    progress(f"note: the default shapes are sized for GPUs (up to {'x'.join(map(str, largest))}); on "
-             f"the XLA reference path each may take minutes: --shapes 512,256,768 tries the harness "
-             f"quickly")
+    progress(
+        f"note: the default shapes are sized for GPUs (up to {'x'.join(map(str, largest))}); on "
+        f"the XLA reference path each may take minutes: --shapes 512,256,768 tries the harness "
+        f"quickly"
+    )
 
 
 def nothing_to_run(a: argparse.Namespace, cuda: bool = True) -> int:
@@ -564,11 +607,17 @@ def nothing_to_run(a: argparse.Namespace, cuda: bool = True) -> int:
     import jax
 
     ndev = len(jax.devices())
-    hint = ("; off the CUDA path, XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial "
-            "4 devices" if not cuda and ndev < max(a.tp) else "")
-    print(f"error: nothing to measure with --tp {' '.join(map(str, a.tp))} on {ndev} "
-          f"device(s): each tp needs that many devices and shapes whose M, K and N it divides "
-          f"(the skip lines above say which){hint}", file=sys.stderr)
+    hint = (
+        "; off the CUDA path, XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial 4 devices"
+        if not cuda and ndev < max(a.tp)
+        else ""
+    )
+    print(
+        f"error: nothing to measure with --tp {' '.join(map(str, a.tp))} on {ndev} "
+        f"device(s): each tp needs that many devices and shapes whose M, K and N it divides "
+        f"(the skip lines above say which){hint}",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -577,8 +626,9 @@ def ours(impl: str) -> bool:
     return impl == "jax_ub" or impl.startswith("jax_ub_")
 
 
-def nothing_measured(a: argparse.Namespace, results: Sequence[dict[str, float]],
-                     failures: Sequence[tuple[str, str]]) -> int | None:
+def nothing_measured(
+    a: argparse.Namespace, results: Sequence[dict[str, float]], failures: Sequence[tuple[str, str]]
+) -> int | None:
     """None where some case timed one of jax_ub's impls (:func:`ours`); else exit status 1 with a
     message saying that nothing was measured and why (the first failures of jax_ub's impls, from
     :func:`time_impls`'s ``failures``; the progress lines above have all of them). As with
@@ -586,17 +636,24 @@ def nothing_measured(a: argparse.Namespace, results: Sequence[dict[str, float]],
     its baselines alone would only mislead a later merge."""
     if any(ours(impl) for res in results for impl in res):
         return None
-    print(f"error: nothing was measured: jax_ub's impls gave no time in any case of bench {a.op} "
-          f"(expected at least one; {failure_summary(failures) or 'none of them was timed'}); no file "
-          f"written", file=sys.stderr, flush=True)
+    print(
+        f"error: nothing was measured: jax_ub's impls gave no time in any case of bench {a.op} "
+        f"(expected at least one; {failure_summary(failures) or 'none of them was timed'}); no file "
+        f"written",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 
 def failure_summary(failures: Sequence[tuple[str, str]], shown: int = 3) -> str:
     """The first ``shown`` failures of jax_ub's impls or of whole cases (:data:`WHOLE_CASE`),
     ``"<impl> at <label>: <error>; ..."``."""
-    whys = [f"{'the case' if name == WHOLE_CASE else name} at {why}" for name, why in failures
-            if ours(name) or name == WHOLE_CASE]
+    whys = [
+        f"{'the case' if name == WHOLE_CASE else name} at {why}"
+        for name, why in failures
+        if ours(name) or name == WHOLE_CASE
+    ]
     more = len(whys) - shown
     return "; ".join(whys[:shown]) + (f"; and {more} more (the lines above)" if more > 0 else "")
 
@@ -653,8 +710,10 @@ class Results:
                 _failed(label, WHOLE_CASE, e, self.failures)
             for r in case_records(common, c.res, c.rel_err):
                 self.records.append({**r, **c.extra.get(r["impl"], {})})
-            self.failed += [{**common, "impl": name, "error": why.removeprefix(f"{label}: ")}
-                            for name, why in self.failures[first:]]
+            self.failed += [
+                {**common, "impl": name, "error": why.removeprefix(f"{label}: ")}
+                for name, why in self.failures[first:]
+            ]
             self.timed.append(c.res)
             self.save(complete=False)
         finally:
@@ -665,8 +724,15 @@ class Results:
         """Writes the file (see the class); whether it did."""
         if not any(ours(impl) for res in self.timed for impl in res):
             return False
-        write_json(self.a, self.stem, self.records, path=self.path, complete=complete,
-                   failures=self.failed, **({"timelines": self.timelines} if self.timelines else {}))
+        write_json(
+            self.a,
+            self.stem,
+            self.records,
+            path=self.path,
+            complete=complete,
+            failures=self.failed,
+            **({"timelines": self.timelines} if self.timelines else {}),
+        )
         return True
 
     def finish(self) -> int | None:
@@ -695,8 +761,11 @@ def rand(key: Any, shape: tuple[int, ...], dtype: Any, where: Any) -> Any:
 TIMELINE_CALLS = 4
 
 
-def capture_timeline(fn: Any, args: Sequence[Any], calls: int = TIMELINE_CALLS,
-                     ) -> tuple[list[dict] | None, str]:
+def capture_timeline(
+    fn: Any,
+    args: Sequence[Any],
+    calls: int = TIMELINE_CALLS,
+) -> tuple[list[dict] | None, str]:
     """Runs ``fn(*args)`` ``calls`` times back to back with jax_ub's tracing on and returns the last
     call's records: (records, "") or (None, why not). One call right after a host sync starts
     cold: on 2xH200 its first GEMM piece took 0.21-0.30 ms against 0.18 ms in every later call
@@ -754,15 +823,22 @@ def traced_case(a: argparse.Namespace, stem: str, case: dict[str, Any], entry: A
     if case.get("method"):
         tag += f"-{case['method']}"
     path = f"{stem}-timeline-{tag}.png"
-    title = (f"jax_ub {tag} {a.dtype}: the last of {TIMELINE_CALLS} traced calls back to back "
-             "(ms from the op's start on each device)")
+    title = (
+        f"jax_ub {tag} {a.dtype}: the last of {TIMELINE_CALLS} traced calls back to back "
+        "(ms from the op's start on each device)"
+    )
     if not records:  # nothing to draw; later cases may still trace (this is no tracing failure)
-        print(f"timeline {tag}: no records: the traced calls ran no jax_ub CUDA op (at tp=1, or "
-              f"where auto runs XLA's path, there is nothing to overlap)")
+        print(
+            f"timeline {tag}: no records: the traced calls ran no jax_ub CUDA op (at tp=1, or "
+            f"where auto runs XLA's path, there is nothing to overlap)"
+        )
         return {}
     _make_folder(path)
     drawn = timeline.draw(records, path, title)
-    print(f"timeline {tag}: {len(records)} records" + (f", {path}" if drawn else " (no PNG: matplotlib missing)"))
+    print(
+        f"timeline {tag}: {len(records)} records"
+        + (f", {path}" if drawn else " (no PNG: matplotlib missing)")
+    )
     print(timeline.summary(records))
     impl = f"jax_ub_{case['method']}" if case.get("method") else "jax_ub"
     return {**case, "dtype": a.dtype, "impl": impl, "records": records}

@@ -86,11 +86,22 @@ class AttnProj(nnx.Module):
 def make_model(model: str, mesh: Any, hidden: int, ffn: int, dtype: Any, method: str) -> nnx.Module:
     rngs = nnx.Rngs(0)
     if model == "mlp":
-        return ubnn.ParallelMLP(hidden, ffn, dtype=dtype, param_dtype=dtype, method=method, mesh=mesh,
-                                rngs=rngs)
+        return ubnn.ParallelMLP(
+            hidden, ffn, dtype=dtype, param_dtype=dtype, method=method, mesh=mesh, rngs=rngs
+        )
     if model == "swiglu":
-        return ubnn.ParallelMLP(hidden, ffn, gated=True, activation=jax.nn.silu, use_bias=False,
-                                dtype=dtype, param_dtype=dtype, method=method, mesh=mesh, rngs=rngs)
+        return ubnn.ParallelMLP(
+            hidden,
+            ffn,
+            gated=True,
+            activation=jax.nn.silu,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=dtype,
+            method=method,
+            mesh=mesh,
+            rngs=rngs,
+        )
     if model == "attn_proj":
         return AttnProj(hidden, dtype=dtype, method=method, mesh=mesh, rngs=rngs)
     raise ValueError(f"model must be one of {MODELS}; got {model!r}")
@@ -115,8 +126,7 @@ def spmd_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any)
     """``m(x)`` computed on global arrays with sharding constraints instead of shard_map."""
     x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SP))
     if model != "attn_proj":
-        h = _layers.layer_norm(x, m.norm.scale[...], m.norm.bias[...], epsilon=m.norm.epsilon,
-                               dtype=dtype)
+        h = _layers.layer_norm(x, m.norm.scale[...], m.norm.bias[...], epsilon=m.norm.epsilon, dtype=dtype)
         h = _activate(model, m, _spmd_dense(h, m.up, TP, mesh, dtype))
         return _spmd_dense(h, m.down, SP, mesh, dtype)
     ctx = _mix(_spmd_dense(x, m.qkv, TP, mesh, dtype), mesh)
@@ -206,8 +216,17 @@ def train_step(forward: Callable[[Any, jax.Array], jax.Array], policy: Any = Non
     return jax.value_and_grad(loss, argnums=(0, 1))
 
 
-def build(model: str, mesh: Any, *, hidden: int, ffn: int, tokens: int, dtype_name: str,
-          windowed_flags: dict[str, Any], remat: str = "none") -> dict[str, Thunk]:
+def build(
+    model: str,
+    mesh: Any,
+    *,
+    hidden: int,
+    ffn: int,
+    tokens: int,
+    dtype_name: str,
+    windowed_flags: dict[str, Any],
+    remat: str = "none",
+) -> dict[str, Thunk]:
     """``{impl: thunk}``; each thunk returns ``(step, (params, x))`` for the harness to time.
     ``remat``: a key of :data:`REMAT_POLICIES`.
 
@@ -282,41 +301,68 @@ def run(a: argparse.Namespace) -> int:
         for model in a.models:
             ffn = 3 * a.hidden if model == "attn_proj" else a.ffn
             label = f"{model} tp={a.tp} hidden={a.hidden} ffn={ffn} tokens={a.tokens} {a.dtype}"
-            common = {"op": model, "hidden": a.hidden, "ffn": ffn, "tokens": a.tokens, "tp": a.tp,
-                      "dtype": a.dtype}
+            common = {
+                "op": model,
+                "hidden": a.hidden,
+                "ffn": ffn,
+                "tokens": a.tokens,
+                "tp": a.tp,
+                "dtype": a.dtype,
+            }
             if a.remat != "none":
                 common["remat"] = a.remat
             with out.case(common, label, shutdown=False) as c:  # one mesh for every model
                 if mesh is None:
                     mesh = h.make_mesh(a.tp, cuda)
-                impls = build(model, mesh, hidden=a.hidden, ffn=a.ffn, tokens=a.tokens, dtype_name=a.dtype,
-                              windowed_flags=h.WINDOWED_FLAGS, remat=a.remat)
+                impls = build(
+                    model,
+                    mesh,
+                    hidden=a.hidden,
+                    ffn=a.ffn,
+                    tokens=a.tokens,
+                    dtype_name=a.dtype,
+                    windowed_flags=h.WINDOWED_FLAGS,
+                    remat=a.remat,
+                )
                 checks: dict[str, Any] = {}
                 c.res = h.time_impls(label, impls, a, probe=check, probes=checks, failures=out.failures)
-                print(f"{model} check (loss, |dx|): "
-                      + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items()))
+                print(
+                    f"{model} check (loss, |dx|): "
+                    + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items())
+                )
             rows.append((model, ffn, c.res))
     finally:
         jax_ub.shutdown()
     stop = out.finish()
     if stop is not None:
         return stop
-    png = h.plot(out.records, stem + ".png", f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})",
-                 CHART, lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}")
+    png = h.plot(
+        out.records,
+        stem + ".png",
+        f"jax_ub mlp fwd+bwd ({os.path.basename(stem)}, {a.dtype})",
+        CHART,
+        lambda r: f"{r['op']} tp{r['tp']}\nh{r['hidden']} f{r['ffn']} t{r['tokens']}",
+    )
     h.wrote(stem, png)
     for model, _, r in rows:
         print(f"{model}: jax_ub speedup vs xla_plain {h.ratio(r, 'xla_plain', 'jax_ub'):.2f}x")
-    print(f"{path}\nmodel      tp  hidden  ffn     tokens  xla_plain  windowed  jax_ub  speedup  "
-          f"no_comm  (best possible)")
+    print(
+        f"{path}\nmodel      tp  hidden  ffn     tokens  xla_plain  windowed  jax_ub  speedup  "
+        f"no_comm  (best possible)"
+    )
     for model, ffn, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-        print(f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
-              f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
-              f"{g('no_comm'):7.3f}  ({h.ratio(r, 'xla_plain', 'no_comm'):.2f}x)")
+        print(
+            f"{model:<10} {a.tp:<3} {a.hidden:<7} {ffn:<7} {a.tokens:<7} {g('xla_plain'):9.3f} "
+            f"{g('xla_windowed'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
+            f"{g('no_comm'):7.3f}  ({h.ratio(r, 'xla_plain', 'no_comm'):.2f}x)"
+        )
     if a.remat != "none":
         for model, _, r in rows:
             g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
-            print(f"{model}: remat {a.remat}: jax_ub with jax_ub.checkpoint_policy {g('jax_ub'):.3f} ms, "
-                  f"with the bare policy {g('jax_ub_base_policy'):.3f} ms "
-                  f"({h.ratio(r, 'jax_ub_base_policy', 'jax_ub'):.2f}x slower)")
+            print(
+                f"{model}: remat {a.remat}: jax_ub with jax_ub.checkpoint_policy {g('jax_ub'):.3f} ms, "
+                f"with the bare policy {g('jax_ub_base_policy'):.3f} ms "
+                f"({h.ratio(r, 'jax_ub_base_policy', 'jax_ub'):.2f}x slower)"
+            )
     return 0

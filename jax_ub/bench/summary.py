@@ -88,8 +88,10 @@ def read(path: str) -> tuple[dict[Key, Case], list[str]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        raise ValueError(f"{path}: not a bench result file (expected a JSON object with a "
-                         f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)")
+        raise ValueError(
+            f"{path}: not a bench result file (expected a JSON object with a "
+            f"'records' list, as python -m jax_ub.bench ag|rs|bulk writes)"
+        )
     cases: dict[Key, Case] = {}
     others: list[str] = []
     for i, r in enumerate(doc["records"]):
@@ -106,8 +108,10 @@ def read(path: str) -> tuple[dict[Key, Case], list[str]]:
             if r["impl"] == "jax_ub" and isinstance(r.get("method"), str):
                 case.auto = r["method"]
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: record {i} ({op}) is not a bench record (expected op, tp, "
-                             f"dtype, M, K, N, impl and ms; {type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"{path}: record {i} ({op}) is not a bench record (expected op, tp, "
+                f"dtype, M, K, N, impl and ms; {type(e).__name__}: {e})"
+            ) from None
     return cases, others
 
 
@@ -119,15 +123,25 @@ def load(paths: Sequence[str]) -> dict[Key, Case]:
     return cases
 
 
-def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype: str = "bfloat16",
-             targets: dict[str, float] | None = None, ideal_max: float | None = None) -> str:
+def markdown(
+    cases: dict[Key, Case],
+    *,
+    tps: Sequence[int] | None = None,
+    dtype: str = "bfloat16",
+    targets: dict[str, float] | None = None,
+    ideal_max: float | None = None,
+) -> str:
     """The table and, per op and tp, a line of what the rows add up to; ``targets`` (op -> geometric
     mean speedup) and ``ideal_max`` (a T/T_ideal) add whether the rows reach those values."""
     targets = targets or {}
-    keys = sorted((k for k in cases if k[2] == dtype and (not tps or k[1] in tps)),
-                  key=lambda k: (list(TITLES).index(k[0]), -k[1], k[3:]))
-    lines = ["| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal | split floor |",
-             "|---|---|---|---|---|---|---|---|"]
+    keys = sorted(
+        (k for k in cases if k[2] == dtype and (not tps or k[1] in tps)),
+        key=lambda k: (list(TITLES).index(k[0]), -k[1], k[3:]),
+    )
+    lines = [
+        "| op | tp | M,K,N | XLA plain ms | jax_ub ms | speedup | T/T_ideal | split floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     verdicts: list[str] = []
     # (op, tp) -> [(speedup, T/T_ideal, split floor or None, "M,K,N", twin spread or None)], and the
     # shapes without a row
@@ -145,9 +159,11 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
         ideal = max(r["gemm_alone"], r["comm_jax_ub"])
         floor = max(r["gemm_chunks"], r["comm_jax_ub"]) / ideal if "gemm_chunks" in r else None
         rows.append((speedup, r["jax_ub"] / ideal, floor, f"{M},{K},{N}", c.twin_spread()))
-        lines.append(f"| {op} | {tp} | {M},{K},{N} | {r['xla_plain']:.3f} | {r['jax_ub']:.3f} | "
-                     f"{speedup:.2f}x | {r['jax_ub'] / ideal:.2f} | "
-                     f"{'-' if floor is None else f'{floor:.2f}'} |")
+        lines.append(
+            f"| {op} | {tp} | {M},{K},{N} | {r['xla_plain']:.3f} | {r['jax_ub']:.3f} | "
+            f"{speedup:.2f}x | {r['jax_ub'] / ideal:.2f} | "
+            f"{'-' if floor is None else f'{floor:.2f}'} |"
+        )
     if not any(groups.values()):
         return f"no {dtype} case with xla_plain, jax_ub, gemm_alone and comm_jax_ub records\n"
     for (op, tp), rows in groups.items():
@@ -163,9 +179,11 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
             by = f" by {100 * (1 - gm / goal):.1f}%" if gm is not None and gm < goal else ""
             verdict = f" (target {goal:.2f}x: {'meets' if met else 'below' + by})"
         ratios = sorted(row[1] for row in rows)
-        parts = [f"faster than XLA plain at {faster} of {n} shapes",
-                 (f"geometric mean speedup {gm:.2f}x{over}" if gm is not None
-                  else "no geometric mean speedup") + verdict]
+        parts = [
+            f"faster than XLA plain at {faster} of {n} shapes",
+            (f"geometric mean speedup {gm:.2f}x{over}" if gm is not None else "no geometric mean speedup")
+            + verdict,
+        ]
         if ratios:
             low, high = f"{ratios[0]:.2f}", f"{ratios[-1]:.2f}"
             parts.append(f"T/T_ideal {low}" + (f" to {high}" if high != low else ""))
@@ -174,27 +192,36 @@ def markdown(cases: dict[Key, Case], *, tps: Sequence[int] | None = None, dtype:
             parts.append(f"within {ideal_max:.2f}x of T_ideal at {within} of {n}")
         spreads = sorted(row[4] for row in rows if row[4] is not None)
         if spreads:  # what a difference must exceed to be resolved by these runs
-            parts.append(f"noise (auto and the method it ran, timed apart in one run): median "
-                         f"{100 * statistics.median(spreads):.1f}%, max {100 * spreads[-1]:.1f}% over "
-                         f"{len(spreads)} shape{'s' if len(spreads) > 1 else ''}")
+            parts.append(
+                f"noise (auto and the method it ran, timed apart in one run): median "
+                f"{100 * statistics.median(spreads):.1f}%, max {100 * spreads[-1]:.1f}% over "
+                f"{len(spreads)} shape{'s' if len(spreads) > 1 else ''}"
+            )
         if missed:
             parts.append(f"no row at {'; '.join(missed)}")
-        floored = [row[3] for row in rows
-                   if ideal_max is not None and row[2] is not None and row[2] > ideal_max]
+        floored = [
+            row[3] for row in rows if ideal_max is not None and row[2] is not None and row[2] > ideal_max
+        ]
         if floored:
             parts.append(f"the split floor exceeds {ideal_max:.2f} at {', '.join(floored)}")
         verdicts.append(f"- {TITLES[op]}, tp={tp}: " + "; ".join(parts) + ".")
     return "\n".join(lines) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
-def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, Case], list[str]]],
-            tps: Sequence[int] | None, dtype: str) -> str | None:
+def problem(
+    files: Sequence[str],
+    per_file: Sequence[tuple[dict[Key, Case], list[str]]],
+    tps: Sequence[int] | None,
+    dtype: str,
+) -> str | None:
     """Why the files (``per_file``: :func:`read` of each) give no table with this selection, or None."""
     for path, (cases, others) in zip(files, per_file, strict=True):
         if not cases:
-            return (f"{path}: no {', '.join(list(TITLES)[:-1])} or {list(TITLES)[-1]} records (expected a "
-                    f"file of python -m jax_ub.bench "
-                    f"ag|rs|bulk; got " + (f"records of {', '.join(others)})" if others else "no records)"))
+            return (
+                f"{path}: no {', '.join(list(TITLES)[:-1])} or {list(TITLES)[-1]} records (expected a "
+                f"file of python -m jax_ub.bench "
+                f"ag|rs|bulk; got " + (f"records of {', '.join(others)})" if others else "no records)")
+            )
     cases = {k: v for c, _ in per_file for k, v in c.items()}
     names = ", ".join(files)
     have = "the file has" if len(files) == 1 else "the files have"
@@ -208,14 +235,18 @@ def problem(files: Sequence[str], per_file: Sequence[tuple[dict[Key, Case], list
         return f"no records with {tp_text} in {names}; {have} tp {listed(k[1] for k in cases)}"
     chosen = [k for k in at_tp if k[2] == dtype]
     if not chosen:
-        return (f"no {dtype} records{' with ' + tp_text if tps else ''} in {names}; {have} dtype "
-                f"{listed(k[2] for k in at_tp)}{' there' if tps else ''} (--dtype chooses)")
+        return (
+            f"no {dtype} records{' with ' + tp_text if tps else ''} in {names}; {have} dtype "
+            f"{listed(k[2] for k in at_tp)}{' there' if tps else ''} (--dtype chooses)"
+        )
     if not any(set(NEEDED) <= cases[k].ms.keys() for k in chosen):
         k = chosen[0]
         missing = [i for i in NEEDED if i not in cases[k].ms]
-        return (f"no {dtype} case{' with ' + tp_text if tps else ''} in {names} has the {', '.join(NEEDED)} "
-                f"records a row needs (e.g. {k[0]} tp={k[1]} {k[3]},{k[4]},{k[5]} has no "
-                f"{', '.join(missing)}; a run off the CUDA path times no comm_jax_ub)")
+        return (
+            f"no {dtype} case{' with ' + tp_text if tps else ''} in {names} has the {', '.join(NEEDED)} "
+            f"records a row needs (e.g. {k[0]} tp={k[1]} {k[3]},{k[4]},{k[5]} has no "
+            f"{', '.join(missing)}; a run off the CUDA path times no comm_jax_ub)"
+        )
     return None
 
 
@@ -229,8 +260,10 @@ def run(a: argparse.Namespace) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    print(markdown(load(a.files), tps=a.tp, dtype=a.dtype, targets=dict(a.target or []),
-                   ideal_max=a.ideal_max), end="")
+    print(
+        markdown(load(a.files), tps=a.tp, dtype=a.dtype, targets=dict(a.target or []), ideal_max=a.ideal_max),
+        end="",
+    )
     return 0
 
 
@@ -238,8 +271,9 @@ def _target(text: str) -> tuple[str, float]:
     """``OP=SPEEDUP`` of ``--target``: an op of :data:`TITLES` and a positive number."""
     op, sep, value = text.partition("=")
     if not sep or op not in TITLES:
-        raise argparse.ArgumentTypeError(f"expected OP=SPEEDUP with OP one of {', '.join(TITLES)}; "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected OP=SPEEDUP with OP one of {', '.join(TITLES)}; got {text!r}"
+        )
     return op, _positive(value)
 
 
@@ -254,15 +288,36 @@ def _positive(text: str) -> float:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("summary", help="bench JSON files as a markdown table: speedup over XLA, "
-                       "T/T_ideal, and optional targets")
-    p.add_argument("files", nargs="+", help="ag / rs / bulk JSON files (a later one's case replaces an "
-                   "earlier one's whole)")
-    p.add_argument("--tp", type=int, action="append", default=None,
-                   help="only this tp (repeat for several; default: all)")
+    p = sub.add_parser(
+        "summary",
+        help="bench JSON files as a markdown table: speedup over XLA, T/T_ideal, and optional targets",
+    )
+    p.add_argument(
+        "files",
+        nargs="+",
+        help="ag / rs / bulk JSON files (a later one's case replaces an earlier one's whole)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        action="append",
+        default=None,
+        help="only this tp (repeat for several; default: all)",
+    )
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--target", type=_target, action="append", default=None, metavar="OP=SPEEDUP",
-                   help="say whether OP's geometric mean speedup over XLA plain meets SPEEDUP "
-                   "(e.g. ag_gemm=1.3; repeat for other ops)")
-    p.add_argument("--ideal-max", type=_positive, default=None, metavar="R",
-                   help="count the shapes within R of T_ideal and name those whose split floor exceeds R")
+    p.add_argument(
+        "--target",
+        type=_target,
+        action="append",
+        default=None,
+        metavar="OP=SPEEDUP",
+        help="say whether OP's geometric mean speedup over XLA plain meets SPEEDUP "
+        "(e.g. ag_gemm=1.3; repeat for other ops)",
+    )
+    p.add_argument(
+        "--ideal-max",
+        type=_positive,
+        default=None,
+        metavar="R",
+        help="count the shapes within R of T_ideal and name those whose split floor exceeds R",
+    )

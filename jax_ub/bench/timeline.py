@@ -19,8 +19,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 NAMES = ("publish", "local_copy", "copy", "wait", "gemm", "reduce")
-_COLORS = {"publish": "#9467bd", "local_copy": "#8c564b", "copy": "#1f77b4", "wait": "#bbbbbb",
-           "gemm": "#ff7f0e", "reduce": "#2ca02c"}
+_COLORS = {
+    "publish": "#9467bd",
+    "local_copy": "#8c564b",
+    "copy": "#1f77b4",
+    "wait": "#bbbbbb",
+    "gemm": "#ff7f0e",
+    "reduce": "#2ca02c",
+}
 _OTHER_COLOR = "#7f7f7f"
 
 
@@ -56,8 +62,10 @@ def summary(records: Sequence[dict]) -> str:
         gemm_ms = sum(e - s for s, e in gemm)
         hidden = _overlap(copy, gemm)
         frac = f"{100 * hidden / copy_ms:.0f}%" if copy_ms > 0 else "n/a"
-        lines.append(f"device {dev}: span {span:.3f} ms, gemm {gemm_ms:.3f} ms, copy {copy_ms:.3f} ms "
-                     f"({frac} of it under a GEMM)")
+        lines.append(
+            f"device {dev}: span {span:.3f} ms, gemm {gemm_ms:.3f} ms, copy {copy_ms:.3f} ms "
+            f"({frac} of it under a GEMM)"
+        )
     return "\n".join(lines)
 
 
@@ -88,11 +96,25 @@ def draw(records: Sequence[dict], path: str, title: str) -> str | None:
         name = str(r["name"])
         y = row[(int(r["device"]), str(r["stream"]))]
         width = max(float(r["end_ms"]) - float(r["start_ms"]), 0.0)
-        ax.barh(y, width, left=float(r["start_ms"]), height=0.8, color=_COLORS.get(name, _OTHER_COLOR),
-                edgecolor="black", linewidth=0.3)
+        ax.barh(
+            y,
+            width,
+            left=float(r["start_ms"]),
+            height=0.8,
+            color=_COLORS.get(name, _OTHER_COLOR),
+            edgecolor="black",
+            linewidth=0.3,
+        )
         if int(r.get("chunk", -1)) >= 0:
-            ax.text(float(r["start_ms"]) + width / 2, y, str(r["chunk"]), ha="center", va="center",
-                    fontsize=6, clip_on=True)
+            ax.text(
+                float(r["start_ms"]) + width / 2,
+                y,
+                str(r["chunk"]),
+                ha="center",
+                va="center",
+                fontsize=6,
+                clip_on=True,
+            )
         if name not in seen:
             seen.append(name)
     for i in range(1, len(order)):  # a line between the row groups of two devices
@@ -104,8 +126,12 @@ def draw(records: Sequence[dict], path: str, title: str) -> str | None:
     ax.set_xlabel("ms from the start of the op on each device (bar label: chunk = source rank)")
     ax.set_title(title, fontsize=9)
     ordered = [n for n in NAMES if n in seen] + [n for n in seen if n not in NAMES]
-    ax.legend(handles=[Patch(color=_COLORS.get(n, _OTHER_COLOR), label=n) for n in ordered],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(
+        handles=[Patch(color=_COLORS.get(n, _OTHER_COLOR), label=n) for n in ordered],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.grid(axis="x", linewidth=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

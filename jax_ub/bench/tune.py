@@ -103,8 +103,10 @@ def run(a: argparse.Namespace) -> int:
     names = ", ".join(map(repr, files))
     todo = cases(entries, a.forward_only)
     if not todo:
-        return _fail(f"{names} {'has' if len(files) == 1 else 'have'} no shapes to measure"
-                     + (" (--forward-only dropped the backward ones)" if entries else ""))
+        return _fail(
+            f"{names} {'has' if len(files) == 1 else 'have'} no shapes to measure"
+            + (" (--forward-only dropped the backward ones)" if entries else "")
+        )
     # What would stop the run after the first shape's timing, checked before timing anything.
     try:
         cfg = config.get()
@@ -114,21 +116,29 @@ def run(a: argparse.Namespace) -> int:
         try:
             choice.check_bench_file(cfg.tuning_file)
         except ValueError as e:
-            return _fail(f"{e}; bench tune times auto as configured (the \"auto before\" column), so "
-                         f"fix that file or unset JAX_UB_TUNING_FILE; nothing measured")
+            return _fail(
+                f'{e}; bench tune times auto as configured (the "auto before" column), so '
+                f"fix that file or unset JAX_UB_TUNING_FILE; nothing measured"
+            )
     target = os.path.join(a.out, f"{a.machine}-{a.date}-tune.json")
     if os.path.exists(target) and not getattr(a, "force", False):
-        return _fail(f"{target!r} exists (an earlier tune on this machine today; a job may be using it as "
-                     f"its JAX_UB_TUNING_FILE): --force replaces it, --out DIR writes elsewhere; nothing "
-                     f"measured")
+        return _fail(
+            f"{target!r} exists (an earlier tune on this machine today; a job may be using it as "
+            f"its JAX_UB_TUNING_FILE): --force replaces it, --out DIR writes elsewhere; nothing "
+            f"measured"
+        )
     cuda, path = h.path_info()
     print(path)
     # The first reason, checked before the device count: without CUDA no device count would do.
     if not cuda:  # only xla_plain and jax_ub (auto runs the reference) could be timed: no choice
-        print(f"error: nothing to tune on this machine: a tuning file needs the times of the "
-              f"jax_ub_<method> impls, which need the CUDA path ({path}); run bench tune on the GPU "
-              f"machine the program runs on (recording the shapes, JAX_UB_RECORD_SHAPES, works "
-              f"anywhere); no file written", file=sys.stderr, flush=True)
+        print(
+            f"error: nothing to tune on this machine: a tuning file needs the times of the "
+            f"jax_ub_<method> impls, which need the CUDA path ({path}); run bench tune on the GPU "
+            f"machine the program runs on (recording the shapes, JAX_UB_RECORD_SHAPES, works "
+            f"anywhere); no file written",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     ndev = len(jax.devices())
     groups: dict[int, list[Case]] = {}
@@ -139,8 +149,10 @@ def run(a: argparse.Namespace) -> int:
             continue
         groups[tp] = group
     if not groups:
-        return _fail(f"no shape of {names} can be measured on these {ndev} device(s) (the skip lines "
-                     f"above say why); run tune where the recorded tp fits")
+        return _fail(
+            f"no shape of {names} can be measured on these {ndev} device(s) (the skip lines "
+            f"above say why); run tune where the recorded tp fits"
+        )
     stem = h.out_stem(a, "tune")
     records: list[dict[str, Any]] = []
     rows: list[tuple[Case, dict[str, float], str]] = []
@@ -150,15 +162,35 @@ def run(a: argparse.Namespace) -> int:
         try:
             for c in group:
                 s = c.shape
-                impls = {k: v for k, v in agrs.build(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
-                         if keep_impl(k, a.full)}
+                impls = {
+                    k: v
+                    for k, v in agrs.build(s.op, mesh, s.M, s.K, s.N, s.dtype, cuda).items()
+                    if keep_impl(k, a.full)
+                }
                 errs: dict[str, Any] = {}  # a method with a wrong output gets no time: auto never picks it
-                res = h.time_impls(f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)", impls, a,
-                                   probe=h.Check(s.dtype), probes=errs, failures=failures)
+                res = h.time_impls(
+                    f"tune {s.label()} ({'+'.join(c.roles)}, {c.calls} calls)",
+                    impls,
+                    a,
+                    probe=h.Check(s.dtype),
+                    probes=errs,
+                    failures=failures,
+                )
                 before = agrs.auto_method(s.op, tp, s.M, s.K, s.N, s.dtype)
-                case = h.case_records({"op": choice.BENCH_OP[s.op], "M": s.M, "K": s.K, "N": s.N, "tp": tp,
-                                       "dtype": s.dtype, "role": "+".join(c.roles), "calls": c.calls},
-                                      res, errs)
+                case = h.case_records(
+                    {
+                        "op": choice.BENCH_OP[s.op],
+                        "M": s.M,
+                        "K": s.K,
+                        "N": s.N,
+                        "tp": tp,
+                        "dtype": s.dtype,
+                        "role": "+".join(c.roles),
+                        "calls": c.calls,
+                    },
+                    res,
+                    errs,
+                )
                 for r in case:
                     if r["impl"] == "jax_ub":
                         r["method"] = before
@@ -167,11 +199,15 @@ def run(a: argparse.Namespace) -> int:
         finally:
             jax_ub.shutdown()
     if not choice.shapes_from_bench({"records": records}):  # what JAX_UB_TUNING_FILE would refuse
-        print("error: nothing usable was measured: a tuning file needs, at some shape, the times of "
-              "two or more methods (jax_ub_<method> or xla_plain); got "
-              + (f"times of {', '.join(sorted({r['impl'] for r in records}))} only" if records else "no time")
-              + (f" ({h.failure_summary(failures)})" if h.failure_summary(failures) else "")
-              + "; no file written", file=sys.stderr, flush=True)
+        print(
+            "error: nothing usable was measured: a tuning file needs, at some shape, the times of "
+            "two or more methods (jax_ub_<method> or xla_plain); got "
+            + (f"times of {', '.join(sorted({r['impl'] for r in records}))} only" if records else "no time")
+            + (f" ({h.failure_summary(failures)})" if h.failure_summary(failures) else "")
+            + "; no file written",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     h.write_json(a, stem, records, path=path.split(" ")[1], shapes_files=[os.path.abspath(f) for f in files])
     print(f"\nwrote {stem}.json")
@@ -181,8 +217,10 @@ def run(a: argparse.Namespace) -> int:
 def report(tuning_path: str, rows: list[tuple[Case, dict[str, float], str]], path: str, cuda: bool) -> int:
     """Prints the table and whether the file can serve as ``JAX_UB_TUNING_FILE``; "auto with this
     file" is chosen from the file as written now (not from tables read earlier in the process)."""
-    print(f"{path}\nop  tp  dtype     M,K,N                 role              calls  auto before (ms)"
-          "         fastest (ms)             gain   auto with this file")
+    print(
+        f"{path}\nop  tp  dtype     M,K,N                 role              calls  auto before (ms)"
+        "         fastest (ms)             gain   auto with this file"
+    )
     tables = None
     if cuda:
         try:
@@ -205,16 +243,22 @@ def report(tuning_path: str, rows: list[tuple[Case, dict[str, float], str]], pat
                 not_chosen.append((s, top[0]))
                 after += "*"
         fastest = f"{top[0]} {top[1]:.3f}" if top else "-"
-        print(f"{s.op}  {s.tp:<3} {s.dtype:<9} {f'{s.M},{s.K},{s.N}':<21} {'+'.join(c.roles):<17} "
-              f"{c.calls:<6} {f'{before} {now:.3f}':<24} {fastest:<24} {gain:5.2f}x  {after}")
+        print(
+            f"{s.op}  {s.tp:<3} {s.dtype:<9} {f'{s.M},{s.K},{s.N}':<21} {'+'.join(c.roles):<17} "
+            f"{c.calls:<6} {f'{before} {now:.3f}':<24} {fastest:<24} {gain:5.2f}x  {after}"
+        )
     if gains and cuda:
-        print(f"auto before / fastest: median {statistics.median(gains):.2f}x, max {max(gains):.2f}x "
-              f"over {len(gains)} shapes (1.00x: auto already ran the fastest)")
+        print(
+            f"auto before / fastest: median {statistics.median(gains):.2f}x, max {max(gains):.2f}x "
+            f"over {len(gains)} shapes (1.00x: auto already ran the fastest)"
+        )
     if not_chosen:
         methods = sorted({m for _, m in not_chosen})
-        print(f"*: {', '.join(methods)} measured fastest there, but sums the partials in the op's dtype "
-              f"at tp >= 3 (one rounding per hop; the others sum in fp32), so auto runs the fastest of "
-              f"the others; JAX_UB_AUTO_CHAIN=1 lets auto choose it")
+        print(
+            f"*: {', '.join(methods)} measured fastest there, but sums the partials in the op's dtype "
+            f"at tp >= 3 (one rounding per hop; the others sum in fp32), so auto runs the fastest of "
+            f"the others; JAX_UB_AUTO_CHAIN=1 lets auto choose it"
+        )
     if tables is not None:
         print(f"export JAX_UB_TUNING_FILE={os.path.abspath(tuning_path)}")
     elif not cuda:

@@ -46,6 +46,7 @@ __all__ = [
     "next_init_id",
 ]
 
+
 class PeerTimeoutError(RuntimeError):
     """A peer did not publish its part of a bootstrap step within ``timeout_s``."""
 
@@ -151,11 +152,14 @@ class _JaxClientStore:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._binary = all(
-            hasattr(client, m) for m in ("key_value_set_bytes", "blocking_key_value_get_bytes"))
+            hasattr(client, m) for m in ("key_value_set_bytes", "blocking_key_value_get_bytes")
+        )
         for m in ("key_value_set", "blocking_key_value_get"):
             if not self._binary and not hasattr(client, m):
-                raise TypeError(f"jax_ub bootstrap: the key-value client {type(client).__name__} "
-                                f"has neither {m} nor {m}_bytes")
+                raise TypeError(
+                    f"jax_ub bootstrap: the key-value client {type(client).__name__} "
+                    f"has neither {m} nor {m}_bytes"
+                )
 
     def _decode(self, raw: bytes | str) -> bytes:
         if self._binary:
@@ -169,8 +173,9 @@ class _JaxClientStore:
             self._client.key_value_set(key, base64.b64encode(value).decode("ascii"))
 
     def wait(self, key: str, timeout_s: float) -> bytes | None:
-        get = (self._client.blocking_key_value_get_bytes if self._binary
-               else self._client.blocking_key_value_get)
+        get = (
+            self._client.blocking_key_value_get_bytes if self._binary else self._client.blocking_key_value_get
+        )
         try:
             return self._decode(get(key, max(1, int(timeout_s * 1000))))
         except Exception as err:
@@ -250,8 +255,16 @@ class KVExchange:
         ``["process 0", "process 0", "process 1", "process 1"]``.
     """
 
-    def __init__(self, namespace: str, rank: int, world: int, timeout_s: float,
-                 client: Any = None, *, peer_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        rank: int,
+        world: int,
+        timeout_s: float,
+        client: Any = None,
+        *,
+        peer_names: Sequence[str] | None = None,
+    ) -> None:
         if not namespace or namespace.endswith("/"):
             raise ValueError(f"namespace must be non-empty without a trailing '/'; got {namespace!r}")
         if world < 1 or not 0 <= rank < world:
@@ -267,7 +280,8 @@ class KVExchange:
                     raise RuntimeError(
                         f"jax_ub bootstrap ({namespace}): a group of {world} ranks needs "
                         "jax.distributed.initialize() to have been called in every process, or a "
-                        "LocalStore shared by ranks living in one process")
+                        "LocalStore shared by ranks living in one process"
+                    )
                 client = LocalStore()
         self.namespace = namespace
         self.rank = rank
@@ -278,8 +292,10 @@ class KVExchange:
         self._used_tags: set[str] = set()
 
     def __repr__(self) -> str:
-        return (f"KVExchange({self.namespace!r}, rank={self.rank}, world={self.world}, "
-                f"timeout_s={self.timeout_s})")
+        return (
+            f"KVExchange({self.namespace!r}, rank={self.rank}, world={self.world}, "
+            f"timeout_s={self.timeout_s})"
+        )
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -288,34 +304,44 @@ class KVExchange:
 
     def _claim(self, tag: str) -> None:
         if not tag or "/" in tag or tag.startswith(_FAILED_TAG):
-            raise ValueError(f"tag must be non-empty, contain no '/' and not start with "
-                             f"{_FAILED_TAG!r} (reserved for announce_failure); got {tag!r}")
+            raise ValueError(
+                f"tag must be non-empty, contain no '/' and not start with "
+                f"{_FAILED_TAG!r} (reserved for announce_failure); got {tag!r}"
+            )
         if tag in self._used_tags:
-            raise ValueError(f"jax_ub bootstrap ({self.namespace}): tag {tag!r} was already used on "
-                             "this exchange; every operation needs its own tag")
+            raise ValueError(
+                f"jax_ub bootstrap ({self.namespace}): tag {tag!r} was already used on "
+                "this exchange; every operation needs its own tag"
+            )
         self._used_tags.add(tag)
 
     def _who(self, rank: int) -> str:
         return f"rank {rank} ({self.peer_names[rank]})" if self.peer_names else f"rank {rank}"
 
-    def _timeout_error(self, op: str, tag: str, missing: Sequence[int],
-                       reached: str = "call jax_ub.initialize()") -> PeerTimeoutError:
+    def _timeout_error(
+        self, op: str, tag: str, missing: Sequence[int], reached: str = "call jax_ub.initialize()"
+    ) -> PeerTimeoutError:
         if self.peer_names:
             ranks = ", ".join(f"{r} ({self.peer_names[r]})" for r in missing)
             holders = list(dict.fromkeys(self.peer_names[r] for r in missing))
             one = len(holders) == 1
-            question = (f"{'is' if one else 'are'} {' and '.join(holders)} running and did "
-                        f"{'it' if one else 'they'} {reached}?")
+            question = (
+                f"{'is' if one else 'are'} {' and '.join(holders)} running and did "
+                f"{'it' if one else 'they'} {reached}?"
+            )
         else:
             ranks = ", ".join(map(str, missing))
             one = len(missing) == 1
-            question = (f"{'is the process' if one else 'are the processes'} holding "
-                        f"{'rank' if one else 'ranks'} {ranks} running and did "
-                        f"{'it' if one else 'they'} {reached}?")
+            question = (
+                f"{'is the process' if one else 'are the processes'} holding "
+                f"{'rank' if one else 'ranks'} {ranks} running and did "
+                f"{'it' if one else 'they'} {reached}?"
+            )
         return PeerTimeoutError(
             f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} waited "
             f"{self.timeout_s:g} s for {'rank' if len(missing) == 1 else 'ranks'} {ranks} of "
-            f"world {self.world}, which never published; {question} (timeout: JAX_UB_TIMEOUT)")
+            f"world {self.world}, which never published; {question} (timeout: JAX_UB_TIMEOUT)"
+        )
 
     def _publish(self, op: str, tag: str, payload: bytes) -> None:
         key = self._key(tag, self.rank)
@@ -327,7 +353,8 @@ class KVExchange:
                 f"publish key {key!r}: {err}. Either jax.distributed's service is gone "
                 "(jax.distributed.shutdown() ran already: call jax_ub.shutdown() before it) or "
                 "the key exists (a namespace is used by one exchange per rank: next_init_id() "
-                "once per initialize())") from err
+                "once per initialize())"
+            ) from err
 
     def announce_failure(self, message: str, *, wait_for_readers: bool = True) -> None:
         """Tell the other ranks that this rank's part failed (``message``: why): their waits on this
@@ -355,9 +382,11 @@ class KVExchange:
                 if left <= 0:
                     return
                 try:
-                    if (self._store.wait(self._key(f"{_SEEN_TAG}{self.rank}", r),
-                                         min(left, _FAILURE_POLL_S)) is not None
-                            or self._store.try_get(self._key(_FAILED_TAG, r)) is not None):
+                    if (
+                        self._store.wait(self._key(f"{_SEEN_TAG}{self.rank}", r), min(left, _FAILURE_POLL_S))
+                        is not None
+                        or self._store.try_get(self._key(_FAILED_TAG, r)) is not None
+                    ):
                         break  # read it, or failed too (and will not read)
                 except Exception:
                     return
@@ -407,11 +436,18 @@ class KVExchange:
                 self._acknowledge(r)
                 return PeerFailedError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): {self._who(r)} failed and "
-                    f"will not take part: {why.decode(errors='replace')}")
+                    f"will not take part: {why.decode(errors='replace')}"
+                )
         return None
 
-    def _read(self, op: str, tag: str, ranks: Sequence[int], deadline: float,
-              reached: str = "call jax_ub.initialize()") -> dict[int, bytes]:
+    def _read(
+        self,
+        op: str,
+        tag: str,
+        ranks: Sequence[int],
+        deadline: float,
+        reached: str = "call jax_ub.initialize()",
+    ) -> dict[int, bytes]:
         """Read the keys of ``ranks`` under ``tag``, all by ``deadline`` (time.monotonic()). Waits
         in slices of at most ``_FAILURE_POLL_S``, checking between them whether a pending rank
         announced a failure."""
@@ -427,8 +463,13 @@ class KVExchange:
                 raise RuntimeError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} could not "
                     f"read {self._who(r)}'s key {self._key(tag, r)!r}: {err}"
-                    + (". jax.distributed's service is gone (if jax.distributed.shutdown() ran "
-                       "already: call jax_ub.shutdown() before it)" if gone else "")) from err
+                    + (
+                        ". jax.distributed's service is gone (if jax.distributed.shutdown() ran "
+                        "already: call jax_ub.shutdown() before it)"
+                        if gone
+                        else ""
+                    )
+                ) from err
             if value is None:
                 failed = self._failed_peer(op, tag, pending)
                 if failed is not None:
@@ -465,9 +506,14 @@ class KVExchange:
         """
         return self._all_gather("all_gather", tag, payload)
 
-    def _all_gather(self, op: str, tag: str, payload: bytes,
-                    reached: str = "call jax_ub.initialize()",
-                    timeout_s: float | None = None) -> list[bytes]:
+    def _all_gather(
+        self,
+        op: str,
+        tag: str,
+        payload: bytes,
+        reached: str = "call jax_ub.initialize()",
+        timeout_s: float | None = None,
+    ) -> list[bytes]:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes; got {type(payload).__name__}")
         self._claim(tag)
@@ -547,8 +593,9 @@ def _show(table: dict[str, Any], name: str) -> str:
     return "not set" if table[name] is None else _canonical(table[name])
 
 
-def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "",
-           unit: str = "rank") -> list[tuple[str, str]]:
+def _diffs(
+    base: dict[str, Any], table: dict[str, Any], prefix: str = "", unit: str = "rank"
+) -> list[tuple[str, str]]:
     """(field, "rank r's value (rank 0: its value)") for every field that differs; a field whose
     values are both dicts (the schedule) names only its keys that differ (``schedule.rs_pieces``).
     ``unit``: what a rank is called ("process" for a process-wide check)."""
@@ -562,8 +609,13 @@ def _diffs(base: dict[str, Any], table: dict[str, Any], prefix: str = "",
     return out
 
 
-def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agree",
-          notes: Mapping[str, str] | None = None) -> None:
+def agree(
+    exchange: KVExchange,
+    fields: Mapping[str, object],
+    *,
+    tag: str = "agree",
+    notes: Mapping[str, str] | None = None,
+) -> None:
     """Check that every rank of ``exchange`` passed equal ``fields``.
 
     Each rank publishes a canonical JSON of ``fields`` (keys sorted; tuples compare equal to
@@ -594,8 +646,7 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
     def note(name: str, r: int) -> str:
         if name not in said[r] and name not in said[0]:
             return ""
-        return (f" [rank {r}: {said[r].get(name, '<no note>')}; "
-                f"rank 0: {said[0].get(name, '<no note>')}]")
+        return f" [rank {r}: {said[r].get(name, '<no note>')}; rank 0: {said[0].get(name, '<no note>')}]"
 
     lines = []
     for r in range(1, exchange.world):
@@ -603,18 +654,18 @@ def agree(exchange: KVExchange, fields: Mapping[str, object], *, tag: str = "agr
             continue
         base, table = tables[0], tables[r]
         if base is None or table is None:
-            lines.append(f"  rank {r}: unreadable agreement payload from rank "
-                         f"{0 if base is None else r}")
+            lines.append(f"  rank {r}: unreadable agreement payload from rank {0 if base is None else r}")
             continue
-        diffs = [f"{name}={values}{note(name.split('.', 1)[0], r)}"
-                 for name, values in _diffs(base, table)]
-        lines.append(f"  rank {r}: " + ("; ".join(diffs) or "equal fields, different hash "
-                                          "(different jax_ub versions?)"))
+        diffs = [f"{name}={values}{note(name.split('.', 1)[0], r)}" for name, values in _diffs(base, table)]
+        lines.append(
+            f"  rank {r}: "
+            + ("; ".join(diffs) or "equal fields, different hash (different jax_ub versions?)")
+        )
     bad = [r for r in range(1, exchange.world) if digests[r] != digests[0]]
     exchange.settle(tag)  # every rank read every payload before any raises (and maybe exits)
     raise AgreementError(
         f"jax_ub bootstrap: the {exchange.world} ranks of {exchange.namespace} disagree; every "
         "process must call jax_ub.initialize() with the same mesh, arguments, configuration and "
         f"jax_ub version. {_plural(bad).capitalize()} {'differs' if len(bad) == 1 else 'differ'} "
-        "from rank 0:\n" + "\n".join(lines))
-
+        "from rank 0:\n" + "\n".join(lines)
+    )

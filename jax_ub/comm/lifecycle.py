@@ -76,14 +76,18 @@ _warned_axes: set[Any] = set()  # axes warn_no_communicator has warned about
 
 def _number(name: str, value: Any, kind: type) -> Any:
     """``kind(value)`` for initialize's numeric arguments, or a message naming the argument."""
-    if (isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real)
-            or (kind is int and isinstance(value, float) and not value.is_integer())):
+    if (
+        isinstance(value, (bool, str, bytes))
+        or not isinstance(value, numbers.Real)
+        or (kind is int and isinstance(value, float) and not value.is_integer())
+    ):
         raise TypeError(f"initialize: {name} must be a{'n int' if kind is int else ' number'}; got {value!r}")
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise TypeError(f"initialize: {name} must be a{'n int' if kind is int else ' number'}; "
-                        f"got {value!r}") from None
+        raise TypeError(
+            f"initialize: {name} must be a{'n int' if kind is int else ' number'}; got {value!r}"
+        ) from None
 
 
 def _tp_groups(mesh: Any, axis: str) -> list[list[Any]]:
@@ -100,28 +104,44 @@ def _process_exchange(init_id: int, timeout_s: float) -> _bootstrap.KVExchange |
     if jax.process_count() == 1:
         return None
     names = [f"process {p}" for p in range(jax.process_count())]
-    return _bootstrap.KVExchange(_bootstrap.group_namespace(init_id, "all"), jax.process_index(),
-                                 jax.process_count(), timeout_s, peer_names=names)
+    return _bootstrap.KVExchange(
+        _bootstrap.group_namespace(init_id, "all"),
+        jax.process_index(),
+        jax.process_count(),
+        timeout_s,
+        peer_names=names,
+    )
 
 
-def _checked_arguments(mesh: Any, axis: Any, bootstrap: str | None, transport: str | None,
-                       timeout_s: float | None, buffer_mib: int | None
-                       ) -> tuple[config.Config, str, str, str, float, int, list[list[Any]]]:
+def _checked_arguments(
+    mesh: Any,
+    axis: Any,
+    bootstrap: str | None,
+    transport: str | None,
+    timeout_s: float | None,
+    buffer_mib: int | None,
+) -> tuple[config.Config, str, str, str, float, int, list[list[Any]]]:
     """initialize()'s arguments and JAX_UB_* settings, checked, with the TP groups of ``mesh``."""
     cfg = config.get()
     if not isinstance(mesh, jax.sharding.Mesh):
-        raise TypeError(f"initialize: `mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
-                        f"('tp',))); got {type(mesh).__name__}")
+        raise TypeError(
+            f"initialize: `mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), "
+            f"('tp',))); got {type(mesh).__name__}"
+        )
     bootstrap = cfg.bootstrap if bootstrap is None else bootstrap
     transport = cfg.transport if transport is None else transport
     timeout_s = cfg.timeout_s if timeout_s is None else _number("timeout_s", timeout_s, float)
     buffer_mib = cfg.buffer_mib if buffer_mib is None else _number("buffer_mib", buffer_mib, int)
     if not (math.isfinite(timeout_s) and timeout_s >= config.MIN_TIMEOUT_S):
-        raise ValueError(f"initialize: timeout_s must be a finite number of seconds >= "
-                         f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}")
+        raise ValueError(
+            f"initialize: timeout_s must be a finite number of seconds >= "
+            f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}"
+        )
     if not 0 <= buffer_mib <= config.MAX_MIB:
-        raise ValueError(f"initialize: buffer_mib must be in [0, {config.MAX_MIB}] (MiB per GPU; "
-                         f"{config.MAX_MIB} is 1 TiB); got {buffer_mib!r}")
+        raise ValueError(
+            f"initialize: buffer_mib must be in [0, {config.MAX_MIB}] (MiB per GPU; "
+            f"{config.MAX_MIB} is 1 TiB); got {buffer_mib!r}"
+        )
     if isinstance(axis, tuple) and len(axis) == 1:  # ("tp",) names the axis "tp", as in the ops
         axis = axis[0]
     if bootstrap not in config.BOOTSTRAPS:
@@ -129,9 +149,11 @@ def _checked_arguments(mesh: Any, axis: Any, bootstrap: str | None, transport: s
     if transport not in config.TRANSPORTS:
         raise ValueError(f"initialize: transport must be one of {config.TRANSPORTS}; got {transport!r}")
     if not isinstance(axis, str):
-        raise TypeError(f"initialize: `axis` must be the name of one mesh axis (a str); got "
-                        f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
-                        f"axes, build the mesh with one axis for that group")
+        raise TypeError(
+            f"initialize: `axis` must be the name of one mesh axis (a str); got "
+            f"{axis!r}. A communicator spans one mesh axis: for a TP group over several "
+            f"axes, build the mesh with one axis for that group"
+        )
     groups = _tp_groups(mesh, axis)
     return cfg, axis, bootstrap, transport, timeout_s, buffer_mib, groups
 
@@ -145,16 +167,24 @@ def _announce_refused_call(err: BaseException) -> None:
         return
     try:
         exchange = _process_exchange(_bootstrap.next_init_id(), config.Config.timeout_s)
-        exchange.announce_failure(f"jax_ub.initialize() refused its arguments or JAX_UB_* "
-                                  f"settings on process "
-                                  f"{jax.process_index()}: {type(err).__name__}: {err}")
+        exchange.announce_failure(
+            f"jax_ub.initialize() refused its arguments or JAX_UB_* "
+            f"settings on process "
+            f"{jax.process_index()}: {type(err).__name__}: {err}"
+        )
     except Exception as e:  # best effort: the peers' timeout still bounds their wait
         log.warning("jax_ub.initialize: could not tell the peers why this process failed: %s", e)
 
 
-def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
-               transport: str | None = None, timeout_s: float | None = None,
-               buffer_mib: int | None = None) -> CommSet | None:
+def initialize(
+    mesh: Any,
+    axis: str = "tp",
+    *,
+    bootstrap: str | None = None,
+    transport: str | None = None,
+    timeout_s: float | None = None,
+    buffer_mib: int | None = None,
+) -> CommSet | None:
     """Creates the communicators of every TP group of ``mesh`` along ``axis`` (collective).
 
     Args:
@@ -180,7 +210,8 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
     """
     try:
         cfg, axis, bootstrap, transport, timeout_s, buffer_mib, groups = _checked_arguments(
-            mesh, axis, bootstrap, transport, timeout_s, buffer_mib)
+            mesh, axis, bootstrap, transport, timeout_s, buffer_mib
+        )
     except Exception as err:
         _announce_refused_call(err)
         raise
@@ -198,14 +229,18 @@ def initialize(mesh: Any, axis: str = "tp", *, bootstrap: str | None = None,
         return _create_or_keep(cfg, axis, groups, devices_key, bootstrap, transport, timeout_s, capacity)
 
 
-def _without_cuda_path(cfg: config.Config, axis: str, groups: list[list[Any]], devices_key: tuple,
-                       timeout_s: float, why: str) -> None:
+def _without_cuda_path(
+    cfg: config.Config, axis: str, groups: list[list[Any]], devices_key: tuple, timeout_s: float, why: str
+) -> None:
     """initialize() where the CUDA path cannot run: says why, and the processes still agree."""
     # On GPUs (and not disabled on purpose) this is most likely a missing build: say it loudly.
     on_gpu = any(d.platform == "gpu" for g in groups for d in g) and not cfg.disable
     (log.warning if on_gpu else log.info)(
         "jax_ub: initialize(axis=%r) does nothing: the CUDA path is unavailable (%s); the ops "
-        "run the pure-XLA reference", axis, why)
+        "run the pure-XLA reference",
+        axis,
+        why,
+    )
     _agree_without_communicators(axis, devices_key, timeout_s, "reference path")
 
 
@@ -220,24 +255,38 @@ def _on_axis_of_size_one(axis: str, devices_key: tuple, timeout_s: float) -> Non
         shutdown(axis)
     except Exception as err:
         if exchange is not None:
-            exchange.announce_failure(f"{type(err).__name__}: {err}",
-                                      wait_for_readers=not _peers_know(err))
+            exchange.announce_failure(f"{type(err).__name__}: {err}", wait_for_readers=not _peers_know(err))
         raise
     _agree_without_communicators(axis, devices_key, timeout_s, "axis of size 1", exchange)
-    log.info("jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
-             "ops run a plain GEMM without communication", axis)
+    log.info(
+        "jax_ub: initialize(axis=%r) creates no communicator: the axis has size 1, so the "
+        "ops run a plain GEMM without communication",
+        axis,
+    )
 
 
-def _create_or_keep(cfg: config.Config, axis: str, groups: list[list[Any]], devices_key: tuple,
-                    bootstrap: str, transport: str, timeout_s: float, capacity: int) -> CommSet:
+def _create_or_keep(
+    cfg: config.Config,
+    axis: str,
+    groups: list[list[Any]],
+    devices_key: tuple,
+    bootstrap: str,
+    transport: str,
+    timeout_s: float,
+    capacity: int,
+) -> CommSet:
     """initialize()'s communicators (under ``_lock``): the existing set where the processes agree
     to keep it, else a new one, created in steps that every process takes in the same order."""
     global _next_set_id
     existing = _sets.get(axis)
-    keep = (existing is not None and existing.devices_key == devices_key
-            and transport in ("auto", existing.transport)
-            and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)
-            and existing.timeout_s == timeout_s and existing.capacity >= capacity)
+    keep = (
+        existing is not None
+        and existing.devices_key == devices_key
+        and transport in ("auto", existing.transport)
+        and (bootstrap in ("auto", existing.bootstrap) or existing.exchange is None)
+        and existing.timeout_s == timeout_s
+        and existing.capacity >= capacity
+    )
     init_id = _bootstrap.next_init_id()
     exchange = _process_exchange(init_id, timeout_s)
     mod = _ext.extension()
@@ -262,51 +311,103 @@ def _create_or_keep(cfg: config.Config, axis: str, groups: list[list[Any]], devi
             bootstrap = "kv"
         _check_nccl_loads(transport, bootstrap)
         if exchange is not None:
-            _bootstrap.agree(exchange, {
-                "axis": axis, "groups": [list(k) for k in devices_key], "capacity": capacity,
-                "transport": transport, "bootstrap": bootstrap, "timeout_s": timeout_s,
-                "version": _version(), "schedule": _schedule(cfg)})
-        s = CommSet(set_id, init_id, axis, world, groups, local, capacity, timeout_s, transport,
-                    exchange, bootstrap=bootstrap, transport_reason=reason, hosts=hosts)
+            _bootstrap.agree(
+                exchange,
+                {
+                    "axis": axis,
+                    "groups": [list(k) for k in devices_key],
+                    "capacity": capacity,
+                    "transport": transport,
+                    "bootstrap": bootstrap,
+                    "timeout_s": timeout_s,
+                    "version": _version(),
+                    "schedule": _schedule(cfg),
+                },
+            )
+        s = CommSet(
+            set_id,
+            init_id,
+            axis,
+            world,
+            groups,
+            local,
+            capacity,
+            timeout_s,
+            transport,
+            exchange,
+            bootstrap=bootstrap,
+            transport_reason=reason,
+            hosts=hosts,
+        )
         _create_members(mod, s, abort_on_stall=cfg.on_stall == "abort")
     except BaseException as err:
         # The peers' waits on this exchange end at once with this error instead of timing out.
         if exchange is not None:
-            exchange.announce_failure(f"{type(err).__name__}: {err}",
-                                      wait_for_readers=not _peers_know(err))
+            exchange.announce_failure(f"{type(err).__name__}: {err}", wait_for_readers=not _peers_know(err))
         if s is not None:
             _destroy_quietly(s)
         raise
     if exchange is not None:
         _confirm_outcome(exchange, s)
     _sets[axis] = s
-    log.info("jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
-             "transport %s (%s), bootstrap %s", axis, len(groups), world, len(local),
-             capacity // _MIB, transport, reason, bootstrap if exchange is not None else "none")
+    log.info(
+        "jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
+        "transport %s (%s), bootstrap %s",
+        axis,
+        len(groups),
+        world,
+        len(local),
+        capacity // _MIB,
+        transport,
+        reason,
+        bootstrap if exchange is not None else "none",
+    )
     return s
 
 
 def _local_members(groups: list[list[Any]]) -> list[tuple[int, int, int]]:
     """(cuda ordinal, group, rank) of each of this process's devices in ``groups``."""
     me = jax.process_index()
-    return [(device_ordinal(d), gi, r) for gi, g in enumerate(groups) for r, d in enumerate(g)
-            if d.process_index == me]
+    return [
+        (device_ordinal(d), gi, r)
+        for gi, g in enumerate(groups)
+        for r, d in enumerate(g)
+        if d.process_index == me
+    ]
 
 
-def _agree_to_keep(exchange: _bootstrap.KVExchange, cfg: config.Config, axis: str,
-                   devices_key: tuple, existing: CommSet | None, keep: bool) -> None:
+def _agree_to_keep(
+    exchange: _bootstrap.KVExchange,
+    cfg: config.Config,
+    axis: str,
+    devices_key: tuple,
+    existing: CommSet | None,
+    keep: bool,
+) -> None:
     """The processes' first agreement of a call that creates communicators. Whether to keep the
     existing set is decided by each process from its own state: every process must decide alike (a
     process that keeps its set while its peers replace theirs would wait for them forever). The
     tables auto chooses from are agreed here too (also when the set is kept), and adopted only
     once agreed."""
     tables = choice.propose(cfg.tuning_file, cfg.auto_chain)
-    _bootstrap.agree(exchange, {**_first_fields(
-        axis, devices_key, "communicators",
-        f"keeps set {existing.set_id}" if keep else
-        f"replaces set {existing.set_id} (other arguments)"
-        if existing is not None else "none"), "auto_tables": tables.value},
-        tag="keep", notes={"auto_tables": tables.note})
+    _bootstrap.agree(
+        exchange,
+        {
+            **_first_fields(
+                axis,
+                devices_key,
+                "communicators",
+                f"keeps set {existing.set_id}"
+                if keep
+                else f"replaces set {existing.set_id} (other arguments)"
+                if existing is not None
+                else "none",
+            ),
+            "auto_tables": tables.value,
+        },
+        tag="keep",
+        notes={"auto_tables": tables.note},
+    )
     choice.adopt(tables)
 
 
@@ -314,9 +415,11 @@ def _check_nccl_loads(transport: str, bootstrap: str) -> None:
     if transport == "nccl" or bootstrap == "nccl":
         err = nccl.load_error()
         if err:
-            raise RuntimeError(f"jax_ub.initialize: transport={transport!r}, "
-                               f"bootstrap={bootstrap!r} need NCCL, which cannot be "
-                               f"loaded: {err}")
+            raise RuntimeError(
+                f"jax_ub.initialize: transport={transport!r}, "
+                f"bootstrap={bootstrap!r} need NCCL, which cannot be "
+                f"loaded: {err}"
+            )
 
 
 def _create_members(mod: Any, s: CommSet, *, abort_on_stall: bool) -> None:
@@ -325,9 +428,18 @@ def _create_members(mod: Any, s: CommSet, *, abort_on_stall: bool) -> None:
     for dev, gi, r in s.local:
         # One process: cuMem buffers mapped for the peers only (no context-wide peer
         # access, which let XLA's module loading on one GPU wait on a busy peer).
-        mod.comm_create(s.set_id, gi, r, s.world, dev, s.capacity, s.timeout_s,
-                        local_only=s.exchange is None, nccl=s.transport == "nccl",
-                        abort_on_stall=abort_on_stall)
+        mod.comm_create(
+            s.set_id,
+            gi,
+            r,
+            s.world,
+            dev,
+            s.capacity,
+            s.timeout_s,
+            local_only=s.exchange is None,
+            nccl=s.transport == "nccl",
+            abort_on_stall=abort_on_stall,
+        )
     if s.transport == "nccl" or (s.bootstrap == "nccl" and s.exchange is not None):
         _create_nccl(s, bootstrap_only=s.transport != "nccl")
     _connect(s, tag="connect")
@@ -341,19 +453,23 @@ def _confirm_outcome(exchange: _bootstrap.KVExchange, s: CommSet) -> None:
         exchange.barrier("outcome", reached="finish jax_ub.initialize()")
     except Exception as err:
         _destroy_quietly(s)
-        raise RuntimeError(f"jax_ub.initialize: process {jax.process_index()} set up its "
-                           f"communicators for axis {s.axis!r}, but a peer did not: {err}") from err
+        raise RuntimeError(
+            f"jax_ub.initialize: process {jax.process_index()} set up its "
+            f"communicators for axis {s.axis!r}, but a peer did not: {err}"
+        ) from err
 
 
 def _peers_know(err: BaseException) -> bool:
     """Whether the peers learn of ``err`` without this process's announcement: they disagreed
     (each raises the same AgreementError), one of them failed, or some never came."""
-    return isinstance(err, (_bootstrap.AgreementError, _bootstrap.PeerFailedError,
-                            _bootstrap.PeerTimeoutError))
+    return isinstance(
+        err, (_bootstrap.AgreementError, _bootstrap.PeerFailedError, _bootstrap.PeerTimeoutError)
+    )
 
 
-def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float, path: str,
-                                 exchange: _bootstrap.KVExchange | None = None) -> None:
+def _agree_without_communicators(
+    axis: str, devices_key: tuple, timeout_s: float, path: str, exchange: _bootstrap.KVExchange | None = None
+) -> None:
     """Several processes, no communicators (the reference path, or an axis of size 1): they still
     check that they got the same mesh and axis, so a process launched with another layout fails
     here, naming the difference, instead of hanging in XLA's first collective. ``exchange``: this
@@ -363,16 +479,26 @@ def _agree_without_communicators(axis: str, devices_key: tuple, timeout_s: float
     if exchange is None:
         exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
     existing = _sets.get(axis)
-    _bootstrap.agree(exchange, _first_fields(
-        axis, devices_key, path, "none" if existing is None else f"frees set {existing.set_id}"),
-        tag="keep")
+    _bootstrap.agree(
+        exchange,
+        _first_fields(
+            axis, devices_key, path, "none" if existing is None else f"frees set {existing.set_id}"
+        ),
+        tag="keep",
+    )
 
 
 def _first_fields(axis: str, devices_key: tuple, path: str, existing: str) -> dict[str, Any]:
     """What every process's initialize() first agrees on, on every path (``path``: with or without
     communicators, and why), so processes that took different paths fail naming the difference."""
-    return {"axis": axis, "groups": devices_key, "path": path, "existing_set": existing,
-            "version": _version(), "schedule": _schedule(config.get())}
+    return {
+        "axis": axis,
+        "groups": devices_key,
+        "path": path,
+        "existing_set": existing,
+        "version": _version(),
+        "schedule": _schedule(config.get()),
+    }
 
 
 def _schedule(cfg: config.Config) -> dict[str, Any]:
@@ -385,26 +511,35 @@ def _schedule(cfg: config.Config) -> dict[str, Any]:
     ``JAX_UB_TUNING_FILE``'s) and its rules (:func:`jax_ub.choice.propose`); a difference names
     each process's file. Without communicators (the reference path, an axis of size 1) ``auto``
     runs XLA's path whatever the tables say, so a tuning file that differs there fails nothing."""
-    return {"method": cfg.method, "auto_chain": cfg.auto_chain, "disable": cfg.disable,
-            "recompute_gathered": cfg.recompute_gathered, "rs_chain_pieces": cfg.rs_chain_pieces,
-            "rs_chain_split": cfg.rs_chain_split, "rs_column_pieces": cfg.rs_column_pieces,
-            "rs_pieces": cfg.rs_pieces, "ag_push_pieces": cfg.ag_push_pieces,
-            "ag_push_merge": cfg.ag_push_merge}
+    return {
+        "method": cfg.method,
+        "auto_chain": cfg.auto_chain,
+        "disable": cfg.disable,
+        "recompute_gathered": cfg.recompute_gathered,
+        "rs_chain_pieces": cfg.rs_chain_pieces,
+        "rs_chain_split": cfg.rs_chain_split,
+        "rs_column_pieces": cfg.rs_column_pieces,
+        "rs_pieces": cfg.rs_pieces,
+        "ag_push_pieces": cfg.ag_push_pieces,
+        "ag_push_merge": cfg.ag_push_merge,
+    }
 
 
 def _destroy_quietly(s: CommSet) -> None:
     """Frees whatever :func:`initialize` created for ``s``; a failure here is logged, so the error
     that made initialize() give up is the one raised."""
     mod = _ext.extension()
-    for what, free in (("the communicators", lambda: mod.comm_destroy_set(s.set_id)),
-                       ("the NCCL bootstrap communicators",
-                        lambda: nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
-                       ("the NCCL communicators", lambda: nccl.destroy_comm(s.set_id))):
+    for what, free in (
+        ("the communicators", lambda: mod.comm_destroy_set(s.set_id)),
+        ("the NCCL bootstrap communicators", lambda: nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
+        ("the NCCL communicators", lambda: nccl.destroy_comm(s.set_id)),
+    ):
         try:
             free()
         except Exception as err:  # logged: the original failure is the one raised
-            log.error("jax_ub.initialize: freeing %s of set %d after a failure also failed: %s",
-                      what, s.set_id, err)
+            log.error(
+                "jax_ub.initialize: freeing %s of set %d after a failure also failed: %s", what, s.set_id, err
+            )
 
 
 def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
@@ -419,8 +554,7 @@ def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
         if s.exchange is None:
             uids[gi] = nccl.unique_id()
         else:
-            uids[gi] = nccl.bootstrap_unique_id(s.exchange, f"{s.set_id}-{gi}",
-                                                 root=g[0].process_index)
+            uids[gi] = nccl.bootstrap_unique_id(s.exchange, f"{s.set_id}-{gi}", root=g[0].process_index)
     errors: dict[tuple[int, int], BaseException] = {}
 
     def body(dev: int, gi: int, r: int) -> None:
@@ -429,8 +563,9 @@ def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
         except BaseException as err:  # reported below
             errors[(gi, r)] = err
 
-    threads = [threading.Thread(target=body, args=m, daemon=True, name=f"jax_ub-nccl-{m[1]}-{m[2]}")
-               for m in s.local]
+    threads = [
+        threading.Thread(target=body, args=m, daemon=True, name=f"jax_ub-nccl-{m[1]}-{m[2]}") for m in s.local
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -465,7 +600,7 @@ def _nccl_blobs(s: CommSet) -> dict[str, bytes]:
             size = len(blob)
             allb = nccl.allgather_bytes(key, dev, blob, s.timeout_s)
             for q in range(s.world):
-                out[f"{gi}/{q}"] = allb[q * size:(q + 1) * size]
+                out[f"{gi}/{q}"] = allb[q * size : (q + 1) * size]
         except BaseException as err:  # reported below
             errors.append(f"group {gi} rank {r}: {err}")
 
@@ -475,8 +610,9 @@ def _nccl_blobs(s: CommSet) -> dict[str, bytes]:
     for t in threads:
         t.join()
     if errors:
-        raise RuntimeError("jax_ub.initialize: the NCCL all-gather of buffer handles failed: "
-                           + "; ".join(errors))
+        raise RuntimeError(
+            "jax_ub.initialize: the NCCL all-gather of buffer handles failed: " + "; ".join(errors)
+        )
     return out
 
 
@@ -490,8 +626,7 @@ def _connect(s: CommSet, tag: str) -> None:
     if s.exchange is not None and s.bootstrap == "nccl":
         by_member = _nccl_blobs(s)
         proc_of = {(gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)}
-        remote = {k: (s.hosts[proc_of[tuple(map(int, k.split("/")))]], v)
-                  for k, v in by_member.items()}
+        remote = {k: (s.hosts[proc_of[tuple(map(int, k.split("/")))]], v) for k, v in by_member.items()}
     elif s.exchange is not None:
         mine = {f"{gi}/{r}": mod.comm_export_ipc(s.set_id, dev).hex() for dev, gi, r in s.local}
         import json
@@ -524,14 +659,20 @@ def _connect(s: CommSet, tag: str) -> None:
                 raise ValueError(
                     f"jax_ub.initialize: group {gi} spans hosts {label[host]!r} and "
                     f"{label[peer_host]!r}, which "
-                    "transport ipc cannot reach: use transport='nccl' or 'auto'")
+                    "transport ipc cannot reach: use transport='nccl' or 'auto'"
+                )
             why_not = mod.comm_connect_ipc(s.set_id, dev, q, blob)
             if why_not and tag == "connect":
                 unchecked.setdefault(why_not, []).append(q)
     for why_not, ranks in unchecked.items():
-        log.info("jax_ub: axis %r: the processes of rank(s) %s cannot be watched for an exit (%s): "
-                 "if one dies, an op waiting for it fails after the timeout (%g s), not at once",
-                 s.axis, ", ".join(map(str, sorted(set(ranks)))), why_not, s.timeout_s)
+        log.info(
+            "jax_ub: axis %r: the processes of rank(s) %s cannot be watched for an exit (%s): "
+            "if one dies, an op waiting for it fails after the timeout (%g s), not at once",
+            s.axis,
+            ", ".join(map(str, sorted(set(ranks)))),
+            why_not,
+            s.timeout_s,
+        )
 
 
 def ensure_capacity(s: CommSet, nbytes: int) -> None:
@@ -543,16 +684,16 @@ def ensure_capacity(s: CommSet, nbytes: int) -> None:
         if nbytes <= s.capacity:
             return
         new = -(-nbytes // _MIB) * _MIB
-        log.info("jax_ub: growing axis %r buffers from %d to %d MiB", s.axis, s.capacity // _MIB,
-                 new // _MIB)
+        log.info("jax_ub: growing axis %r buffers from %d to %d MiB", s.axis, s.capacity // _MIB, new // _MIB)
         mod.comm_drain(s.set_id)
         s.grow_count += 1
         if s.exchange is not None:
             s.exchange.barrier(
                 f"grow{s.grow_count}-drained",
                 reached=f"trace the same program (buffers of axis {s.axis!r} grow to {new // _MIB} MiB "
-                        "when an op this large is traced: every process must trace the same jax_ub "
-                        "ops with the same shapes, in the same order)")
+                "when an op this large is traced: every process must trace the same jax_ub "
+                "ops with the same shapes, in the same order)",
+            )
         for dev, _, _ in s.local:
             mod.comm_grow(s.set_id, dev, new)
         s.capacity = new
@@ -576,15 +717,23 @@ def warn_no_communicator(what: str, axis_name: Any) -> None:
             return
         _warned_axes.add(axis_name)
     if _validate.one_axis(axis_name) is None:
-        log.warning("jax_ub %s: axis_name %r names several mesh axes, and a jax_ub communicator "
-                    "spans one, so method='auto' runs XLA's collective and dot (no overlap). Pass "
-                    "method='xla' where that is intended, or build the mesh with one axis for the "
-                    "TP group.", what, axis_name)
+        log.warning(
+            "jax_ub %s: axis_name %r names several mesh axes, and a jax_ub communicator "
+            "spans one, so method='auto' runs XLA's collective and dot (no overlap). Pass "
+            "method='xla' where that is intended, or build the mesh with one axis for the "
+            "TP group.",
+            what,
+            axis_name,
+        )
         return
-    log.warning("jax_ub %s: GPU mesh axis %r has no jax_ub communicator, so method='auto' runs "
-                "XLA's collective and dot (no overlap). Call jax_ub.initialize(mesh, axis=%r) "
-                "before tracing, or pass method='xla' where that is intended.",
-                what, axis_name, axis_name)
+    log.warning(
+        "jax_ub %s: GPU mesh axis %r has no jax_ub communicator, so method='auto' runs "
+        "XLA's collective and dot (no overlap). Call jax_ub.initialize(mesh, axis=%r) "
+        "before tracing, or pass method='xla' where that is intended.",
+        what,
+        axis_name,
+        axis_name,
+    )
 
 
 def shutdown(axis: str | None = None) -> None:
@@ -599,13 +748,18 @@ def shutdown(axis: str | None = None) -> None:
     if axis is not None:
         axis = _validate.one_axis(axis) or axis  # ("tp",) is "tp", as for initialize and the ops
     if axis is not None and not isinstance(axis, str):
-        raise TypeError(f"jax_ub.shutdown: axis must be a mesh axis name (str), a tuple of one, or "
-                        f"None (every axis); got {axis!r}")
+        raise TypeError(
+            f"jax_ub.shutdown: axis must be a mesh axis name (str), a tuple of one, or "
+            f"None (every axis); got {axis!r}"
+        )
     if axis is not None and axis not in _sets and axis not in _named_axes:
         # Not an error (shutdown is safe to call twice), but a misspelt axis frees nothing.
-        log.warning("jax_ub.shutdown(axis=%r): no jax_ub.initialize() named this axis, so nothing "
-                    "is freed (initialized: %s)", axis,
-                    ", ".join(map(repr, sorted(_named_axes))) or "none")
+        log.warning(
+            "jax_ub.shutdown(axis=%r): no jax_ub.initialize() named this axis, so nothing "
+            "is freed (initialized: %s)",
+            axis,
+            ", ".join(map(repr, sorted(_named_axes))) or "none",
+        )
     freed = False
     try:
         with _lock:
@@ -633,8 +787,12 @@ def shutdown(axis: str | None = None) -> None:
                             f"jax_ub.shutdown(axis={a!r}): {err}. The communicators of set "
                             f"{s.set_id} stay allocated (a peer that did not arrive may still "
                             "write into their buffers); they are freed when the process exits."
-                            + (f" Draining this process's ops had failed first: {error}"
-                               if error is not None else "")) from err
+                            + (
+                                f" Draining this process's ops had failed first: {error}"
+                                if error is not None
+                                else ""
+                            )
+                        ) from err
                 mod.comm_destroy_set(s.set_id)  # also destroys attached NCCL communicators
                 nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)
                 if error is not None:

@@ -47,8 +47,10 @@ def _extension() -> tuple[Any | None, str]:
     if mod is None:
         return None, _ext._load()[1] or "the jax_ub CUDA extension is unavailable"
     if not hasattr(mod, "nccl_version"):
-        return None, ("the installed jax_ub CUDA extension predates NCCL support; rebuild it "
-                      "(pip install . from the jax_ub checkout)")
+        return None, (
+            "the installed jax_ub CUDA extension predates NCCL support; rebuild it "
+            "(pip install . from the jax_ub checkout)"
+        )
     return mod, ""
 
 
@@ -104,13 +106,19 @@ def unique_id() -> bytes:
     """
     uid = bytes(_require().nccl_unique_id())
     if len(uid) != UNIQUE_ID_BYTES:
-        raise RuntimeError(f"jax_ub NCCL: ncclGetUniqueId returned {len(uid)} bytes, expected "
-                           f"{UNIQUE_ID_BYTES}")
+        raise RuntimeError(
+            f"jax_ub NCCL: ncclGetUniqueId returned {len(uid)} bytes, expected {UNIQUE_ID_BYTES}"
+        )
     return uid
 
 
-def bootstrap_unique_id(exchange: bootstrap.KVExchange, key: int | str, *, root: int = 0,
-                        make_id: Callable[[], bytes] | None = None) -> bytes:
+def bootstrap_unique_id(
+    exchange: bootstrap.KVExchange,
+    key: int | str,
+    *,
+    root: int = 0,
+    make_id: Callable[[], bytes] | None = None,
+) -> bytes:
     """The NCCL unique id of communicator ``key``, identical on every rank of ``exchange``.
 
     The exchange's rank ``root`` creates it (``make_id()``, default :func:`unique_id`) and publishes
@@ -130,15 +138,17 @@ def bootstrap_unique_id(exchange: bootstrap.KVExchange, key: int | str, *, root:
     if exchange.rank == root:
         uid = bytes((make_id or unique_id)())
         if len(uid) != UNIQUE_ID_BYTES:
-            raise RuntimeError(f"jax_ub NCCL: the unique id made for {tag} has {len(uid)} bytes, "
-                               f"expected {UNIQUE_ID_BYTES}")
+            raise RuntimeError(
+                f"jax_ub NCCL: the unique id made for {tag} has {len(uid)} bytes, expected {UNIQUE_ID_BYTES}"
+            )
         return exchange.broadcast(tag, uid, root=root)
     uid = exchange.broadcast(tag, None, root=root)
     if len(uid) != UNIQUE_ID_BYTES:
         raise RuntimeError(
             f"jax_ub NCCL bootstrap ({exchange.namespace}): rank {exchange.rank} received a "
             f"{len(uid)}-byte unique id for {tag} from rank {root}, expected {UNIQUE_ID_BYTES}; "
-            "do all processes run the same jax_ub build?")
+            "do all processes run the same jax_ub build?"
+        )
     return uid
 
 
@@ -150,12 +160,12 @@ def create_comm(key: int, uid: bytes, rank: int, world: int, device: int, timeou
     """
     if len(uid) != UNIQUE_ID_BYTES:
         raise ValueError(f"uid must have {UNIQUE_ID_BYTES} bytes; got {len(uid)}")
-    _require().nccl_comm_create(int(key), bytes(uid), int(rank), int(world), int(device),
-                                float(timeout_s))
+    _require().nccl_comm_create(int(key), bytes(uid), int(rank), int(world), int(device), float(timeout_s))
 
 
-def create_comms(key: int, uid: bytes, ranks: Sequence[int], world: int, devices: Sequence[int],
-                 timeout_s: float) -> None:
+def create_comms(
+    key: int, uid: bytes, ranks: Sequence[int], world: int, devices: Sequence[int], timeout_s: float
+) -> None:
     """Create several local ranks of communicator ``key`` at once (one thread per rank).
 
     ``ranks[i]`` lives on ``devices[i]``. On failure every rank created here is destroyed again
@@ -174,9 +184,10 @@ def create_comms(key: int, uid: bytes, ranks: Sequence[int], world: int, devices
         except BaseException as err:  # reported below, on the calling thread
             errors[rank] = err
 
-    threads = [threading.Thread(target=body, args=(r, d), daemon=True,
-                                name=f"jax_ub-nccl-init-{key}-r{r}")
-               for r, d in zip(ranks, devices, strict=True)]
+    threads = [
+        threading.Thread(target=body, args=(r, d), daemon=True, name=f"jax_ub-nccl-init-{key}-r{r}")
+        for r, d in zip(ranks, devices, strict=True)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -185,8 +196,9 @@ def create_comms(key: int, uid: bytes, ranks: Sequence[int], world: int, devices
         with contextlib.suppress(Exception):  # the creation errors below are what matters
             destroy_comm(key)
         detail = "\n".join(f"  rank {r}: {errors[r]}" for r in sorted(errors))
-        raise RuntimeError(f"jax_ub NCCL: creating local ranks {list(ranks)} of communicator {key} "
-                           f"failed:\n{detail}")
+        raise RuntimeError(
+            f"jax_ub NCCL: creating local ranks {list(ranks)} of communicator {key} failed:\n{detail}"
+        )
 
 
 def allgather_bytes(key: int, device: int, data: bytes, timeout_s: float = 0.0) -> bytes:
@@ -195,8 +207,7 @@ def allgather_bytes(key: int, device: int, data: bytes, timeout_s: float = 0.0) 
     Returns ``world * len(data)`` bytes in rank order. Bounded by ``timeout_s`` (<= 0: the
     communicator's own); on timeout the communicator is aborted and this raises.
     """
-    return bytes(_require().nccl_allgather_bytes(int(key), int(device), bytes(data),
-                                                 float(timeout_s)))
+    return bytes(_require().nccl_allgather_bytes(int(key), int(device), bytes(data), float(timeout_s)))
 
 
 def comm_error(key: int, device: int) -> str:

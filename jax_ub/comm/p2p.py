@@ -46,10 +46,15 @@ def host_labels(ids: Iterable[str]) -> dict[str, str]:
 
 class _PciInfo(ctypes.Structure):
     # nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3).
-    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint),
-                ("bus", ctypes.c_uint), ("device", ctypes.c_uint),
-                ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
-                ("busId", ctypes.c_char * 32)]
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
 
 
 def normalize_bus_id(bus: str) -> str:
@@ -90,8 +95,10 @@ def nvml_matrix(load: Callable[[], Any] = _load_nvml) -> tuple[list[str], list[l
             h = ctypes.c_void_p()
             info = _PciInfo()
             pci_info = getattr(lib, "nvmlDeviceGetPciInfo_v3", None) or lib.nvmlDeviceGetPciInfo_v2
-            if (lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(h)) != 0
-                    or pci_info(h, ctypes.byref(info)) != 0):
+            if (
+                lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(h)) != 0
+                or pci_info(h, ctypes.byref(info)) != 0
+            ):
                 return [], [], f"NVML could not describe its GPU {i}"
             handles.append(h)
             buses.append(normalize_bus_id(info.busId.decode(errors="replace")))
@@ -103,8 +110,9 @@ def nvml_matrix(load: Callable[[], Any] = _load_nvml) -> tuple[list[str], list[l
                     continue
                 for cap in (_NVML_P2P_READ, _NVML_P2P_WRITE):
                     status = ctypes.c_int(-1)
-                    r = lib.nvmlDeviceGetP2PStatus(handles[i], handles[j], ctypes.c_int(cap),
-                                                   ctypes.byref(status))
+                    r = lib.nvmlDeviceGetP2PStatus(
+                        handles[i], handles[j], ctypes.c_int(cap), ctypes.byref(status)
+                    )
                     if r != 0 or status.value != _NVML_P2P_OK:
                         can[i][j] = 0
         return buses, can, ""
@@ -115,9 +123,13 @@ def nvml_matrix(load: Callable[[], Any] = _load_nvml) -> tuple[list[str], list[l
             lib.nvmlShutdown()
 
 
-def local_report(mod: Any, members: dict[str, int], *, use_nvml: bool,
-                 nvml: Callable[[], tuple[list[str], list[list[int]], str]] = nvml_matrix
-                 ) -> dict[str, Any]:
+def local_report(
+    mod: Any,
+    members: dict[str, int],
+    *,
+    use_nvml: bool,
+    nvml: Callable[[], tuple[list[str], list[list[int]], str]] = nvml_matrix,
+) -> dict[str, Any]:
     """This process's part of the survey. ``members``: jax device id (as a string) -> CUDA ordinal
     of each GPU of this process in a group; ``mod``: the extension (``pci_bus_ids``,
     ``p2p_matrix``); ``use_nvml``: also ask NVML about the GPUs CUDA does not show this process
@@ -146,8 +158,7 @@ def local_report(mod: Any, members: dict[str, int], *, use_nvml: bool,
             for j, b in enumerate(buses):
                 if a and b and a != b and i < len(can) and j < len(can[i]):
                     found[source][(a, b)] = can[i][j]
-    member_buses = {dev: cuda_buses[o] if 0 <= o < len(cuda_buses) else ""
-                    for dev, o in members.items()}
+    member_buses = {dev: cuda_buses[o] if 0 <= o < len(cuda_buses) else "" for dev, o in members.items()}
     buses = sorted({b for pairs in found.values() for pair in pairs for b in pair})
     index = {b: k for k, b in enumerate(buses)}
     report = {"host": host_identity(), "members": member_buses, "buses": buses, "notes": notes}
@@ -159,8 +170,9 @@ def local_report(mod: Any, members: dict[str, int], *, use_nvml: bool,
     return report
 
 
-def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
-          ) -> tuple[list[str], list[tuple[Any, Any]], list[tuple[Any, Any, str]]]:
+def judge(
+    reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
+) -> tuple[list[str], list[tuple[Any, Any]], list[tuple[Any, Any, str]]]:
     """(host id of every process, pairs of devices that cannot map each other, pairs nobody could
     check with the reason) from every process's :func:`local_report`, in process order.
 
@@ -195,7 +207,7 @@ def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
     bad, unverified, seen = [], [], set()
     for g in groups:
         for i, da in enumerate(g):
-            for db in g[i + 1:]:
+            for db in g[i + 1 :]:
                 key = (min(da.id, db.id), max(da.id, db.id))
                 if key in seen:
                     continue
@@ -207,9 +219,10 @@ def judge(reports: Sequence[dict[str, Any]], groups: Sequence[Sequence[Any]]
                 if a and a == b:
                     continue  # one GPU
                 if not a or not b:
-                    why = "; ".join(reports[da.process_index]["notes"]
-                                    + (reports[db.process_index]["notes"]
-                                       if db.process_index != da.process_index else []))
+                    why = "; ".join(
+                        reports[da.process_index]["notes"]
+                        + (reports[db.process_index]["notes"] if db.process_index != da.process_index else [])
+                    )
                     unverified.append((da, db, why or "no PCI bus id"))
                     continue
                 v = verdict(a, b, ha)

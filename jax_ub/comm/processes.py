@@ -50,8 +50,13 @@ class ProcessCheckError(RuntimeError):
     from process 0's as well; ``missing``: the processes that never came (then only this
     process's own problem is known)."""
 
-    def __init__(self, message: str, problems: Mapping[int, str],
-                 differences: list[str] | None = None, missing: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        problems: Mapping[int, str],
+        differences: list[str] | None = None,
+        missing: list[int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.problems = dict(problems)
         self.differences = list(differences or [])
@@ -91,27 +96,40 @@ def _argument_errors(fields: Any, problem: Any, timeout_s: Any) -> dict[str, Exc
     once the others know; the arguments not named here are fine and are used."""
     out: dict[str, Exception] = {}
     if fields is not None and not isinstance(fields, Mapping):
-        out["fields"] = TypeError(f"{_WHO}: `fields` must be a mapping of setting names to values "
-                                  f"(e.g. vars(args)); got {type(fields).__name__}")
+        out["fields"] = TypeError(
+            f"{_WHO}: `fields` must be a mapping of setting names to values "
+            f"(e.g. vars(args)); got {type(fields).__name__}"
+        )
     elif fields is not None and not all(isinstance(k, str) for k in fields):
-        out["fields"] = TypeError(f"{_WHO}: the names in `fields` must be str; got "
-                                  f"{sorted(map(repr, fields))}")
+        out["fields"] = TypeError(
+            f"{_WHO}: the names in `fields` must be str; got {sorted(map(repr, fields))}"
+        )
     elif fields is not None:
         try:
             bootstrap._canonical(dict(fields))
         except (TypeError, ValueError) as e:  # a tuple-keyed dict inside, a cycle
-            out["fields"] = TypeError(f"{_WHO}: `fields` cannot be encoded as JSON (values are "
-                                      f"compared as JSON; keys inside must be str): {e}")
+            out["fields"] = TypeError(
+                f"{_WHO}: `fields` cannot be encoded as JSON (values are "
+                f"compared as JSON; keys inside must be str): {e}"
+            )
     if problem is not None and not isinstance(problem, str):
-        out["problem"] = TypeError(f"{_WHO}: `problem` must be None or a str saying why this process "
-                                   f"cannot go on; got {type(problem).__name__}")
+        out["problem"] = TypeError(
+            f"{_WHO}: `problem` must be None or a str saying why this process "
+            f"cannot go on; got {type(problem).__name__}"
+        )
     elif problem is not None and not problem.strip():
-        out["problem"] = ValueError(f"{_WHO}: `problem` must say why this process cannot go on; got "
-                                    f"an empty string (pass None where there is no problem)")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not (math.isfinite(timeout_s) and timeout_s > 0)):
-        out["timeout_s"] = ValueError(f"{_WHO}: timeout_s must be a finite number of seconds > 0; "
-                                      f"got {timeout_s!r}")
+        out["problem"] = ValueError(
+            f"{_WHO}: `problem` must say why this process cannot go on; got "
+            f"an empty string (pass None where there is no problem)"
+        )
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not (math.isfinite(timeout_s) and timeout_s > 0)
+    ):
+        out["timeout_s"] = ValueError(
+            f"{_WHO}: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}"
+        )
     return out
 
 
@@ -122,8 +140,9 @@ def _default_timeout() -> float:
         return config.Config.timeout_s
 
 
-def check_processes(fields: Mapping[str, object] | None = None, *, problem: str | None = None,
-                    timeout_s: float | None = None) -> None:
+def check_processes(
+    fields: Mapping[str, object] | None = None, *, problem: str | None = None, timeout_s: float | None = None
+) -> None:
     """Collective over every process of a ``jax.distributed`` run: returns on every process, or
     raises on every process that takes part.
 
@@ -176,13 +195,13 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
     client, me, count = where
     with _lock:
         call = next(_calls)
-    exchange = bootstrap.KVExchange(_namespace(call), me, count, timeout, client=client,
-                                     peer_names=[f"process {p}" for p in range(count)])
+    exchange = bootstrap.KVExchange(
+        _namespace(call), me, count, timeout, client=client, peer_names=[f"process {p}" for p in range(count)]
+    )
     text = bootstrap._canonical(dict(fields or {}))
     payload = json.dumps({"problem": problem, "fields": text}).encode()
     try:
-        blobs = exchange._all_gather("check_processes", "answers", payload,
-                                     reached=f"call {_WHO}()")
+        blobs = exchange._all_gather("check_processes", "answers", payload, reached=f"call {_WHO}()")
     except bootstrap.PeerTimeoutError as err:
         # Say so before looking once more: a late process that then reads every answer sees this
         # mark and raises too, instead of going on alone into a collective.
@@ -192,11 +211,15 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         if missing:
             message = _timeout_message(exchange, call, timeout_s is None, missing)
             if problem is not None:
-                raise ProcessCheckError(f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
-                                        {me: problem}, missing=missing) from err
+                raise ProcessCheckError(
+                    f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
+                    {me: problem},
+                    missing=missing,
+                ) from err
             raise bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
-        blobs = [payload if p == me else _peek(exchange, exchange._key("answers", p))
-                 for p in range(count)]  # every answer came in the end
+        blobs = [
+            payload if p == me else _peek(exchange, exchange._key("answers", p)) for p in range(count)
+        ]  # every answer came in the end
     else:
         gave_up = _peers_with(exchange, _GAVE_UP)
         if gave_up:
@@ -204,7 +227,8 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
             raise bootstrap.PeerTimeoutError(
                 f"{_WHO}: process {me} arrived after process{'es' if len(gave_up) > 1 else ''} "
                 f"{names} had given up waiting for it (their timeout: JAX_UB_TIMEOUT or timeout_s), "
-                f"so they have stopped and this process stops too")
+                f"so they have stopped and this process stops too"
+            )
     answers = [_decode(blob) for blob in blobs]
     problems = {p: said for p, (said, _) in enumerate(answers) if said is not None}
     differing = _differences([table for _, table in answers])
@@ -219,14 +243,20 @@ def check_processes(fields: Mapping[str, object] | None = None, *, problem: str 
         body = "\n".join(f"{'  ' if many else ''}{who}: {_indent(said, many)}" for who, said in groups)
         also = ("\nThe processes' settings differ as well:\n" + "\n".join(differ)) if differ else ""
         raise ProcessCheckError(
-            f"{_WHO}: {len(problems)} of {count} processes cannot go on" + (":\n" if many else ": ")
-            + body + also, problems, differ)
+            f"{_WHO}: {len(problems)} of {count} processes cannot go on"
+            + (":\n" if many else ": ")
+            + body
+            + also,
+            problems,
+            differ,
+        )
     if differ:
         bad = len(differing)
         raise bootstrap.AgreementError(
             f"{_WHO}: the {count} processes disagree; every process must be started with the same "
             f"settings. {bad} process{'es differ' if bad > 1 else ' differs'} from process 0:\n"
-            + "\n".join(differ))
+            + "\n".join(differ)
+        )
 
 
 def _decode(blob: bytes) -> tuple[str | None, dict[str, Any] | None]:
@@ -286,12 +316,14 @@ def _peek(exchange: bootstrap.KVExchange, key: str) -> bytes | None:
 
 def _peers_with(exchange: bootstrap.KVExchange, tag: str, present: bool = True) -> list[int]:
     """The other processes whose ``tag`` key is present now (or, with ``present=False``, absent)."""
-    return [p for p in range(exchange.world) if p != exchange.rank
-            and (_peek(exchange, exchange._key(tag, p)) is not None) == present]
+    return [
+        p
+        for p in range(exchange.world)
+        if p != exchange.rank and (_peek(exchange, exchange._key(tag, p)) is not None) == present
+    ]
 
 
-def _timeout_message(exchange: bootstrap.KVExchange, call: int, default: bool,
-                     missing: list[int]) -> str:
+def _timeout_message(exchange: bootstrap.KVExchange, call: int, default: bool, missing: list[int]) -> str:
     """Which processes did not call within the timeout, and where one of them is at another
     numbered call of check_processes, which (the processes did not make the same calls)."""
     me, count, timeout = exchange.rank, exchange.world, exchange.timeout_s
@@ -305,14 +337,17 @@ def _timeout_message(exchange: bootstrap.KVExchange, call: int, default: bool,
             if _peek(exchange, f"{_namespace(other)}/answers/{p}") is not None:
                 elsewhere.append(
                     f"process {p} made its call {other} of {_WHO}() already, this process is at "
-                    f"its call {call}: every process must make the same calls" if other > call else
-                    f"process {p}'s latest call of {_WHO}() was its call {other}")
+                    f"its call {call}: every process must make the same calls"
+                    if other > call
+                    else f"process {p}'s latest call of {_WHO}() was its call {other}"
+                )
                 break
     names = ", ".join(map(str, missing)) or "?"
     several = len(missing) > 1
-    return (f"process {me} waited {timeout:g} s for process{'es' if several else ''} {names} of "
-            f"{count}, which did not call {_WHO}() (this process's call {call}); "
-            + ("; ".join(elsewhere) + "; " if elsewhere else "")
-            + f"{'are they' if several else 'is it'} running, and did {'they' if several else 'it'} "
-            f"stop before the check? (timeout: "
-            + ("JAX_UB_TIMEOUT" if default else "timeout_s") + ")")
+    return (
+        f"process {me} waited {timeout:g} s for process{'es' if several else ''} {names} of "
+        f"{count}, which did not call {_WHO}() (this process's call {call}); "
+        + ("; ".join(elsewhere) + "; " if elsewhere else "")
+        + f"{'are they' if several else 'is it'} running, and did {'they' if several else 'it'} "
+        f"stop before the check? (timeout: " + ("JAX_UB_TIMEOUT" if default else "timeout_s") + ")"
+    )

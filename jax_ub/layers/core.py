@@ -86,19 +86,18 @@ NORMS = ("layernorm", "rmsnorm", None)
 def check_norm(where: str, norm: Any) -> str | None:
     """``norm`` of a :class:`ParallelMLP`: ``"layernorm"``, ``"rmsnorm"`` or ``None``."""
     if norm not in NORMS or isinstance(norm, bool):
-        raise ValueError(f"{where}: `norm` must be 'layernorm', 'rmsnorm' or None (no norm); "
-                         f"got {norm!r}.")
+        raise ValueError(f"{where}: `norm` must be 'layernorm', 'rmsnorm' or None (no norm); got {norm!r}.")
     return norm
 
 
 def check_seq_axis(where: str, seq_axis: Any) -> int:
     """``seq_axis`` is an int and, counted from the end, not the last (features) axis."""
     if isinstance(seq_axis, bool) or not isinstance(seq_axis, int):
-        raise TypeError(f"{where}: `seq_axis` must be an int (the sequence axis of x); "
-                        f"got {seq_axis!r}.")
+        raise TypeError(f"{where}: `seq_axis` must be an int (the sequence axis of x); got {seq_axis!r}.")
     if seq_axis == -1:
-        raise ValueError(f"{where}: `seq_axis` must not be the last axis of x (-1: the features); "
-                         f"got {seq_axis}.")
+        raise ValueError(
+            f"{where}: `seq_axis` must not be the last axis of x (-1: the features); got {seq_axis}."
+        )
     return seq_axis
 
 
@@ -117,8 +116,7 @@ def _promote(dtype: Any, *arrays: Array | None) -> tuple[Array | None, ...]:
     return tuple(None if a is None else jnp.asarray(a, dtype) for a in arrays)
 
 
-def _local_slice(where: str, name: str, value: Array, dim: int, full: int, tp: int,
-                 axis_name: str) -> Array:
+def _local_slice(where: str, name: str, value: Array, dim: int, full: int, tp: int, axis_name: str) -> Array:
     """``value`` as this device's shard along ``dim``: given local (``full/tp``) or whole (``full``)."""
     size = value.shape[dim]
     n = full // tp
@@ -126,9 +124,11 @@ def _local_slice(where: str, name: str, value: Array, dim: int, full: int, tp: i
         return value
     if size == full:
         return lax.dynamic_slice_in_dim(value, lax.axis_index(axis_name) * n, n, axis=dim)
-    raise ValueError(f"{where}: inside shard_map over {axis_name!r} (size {tp}), `{name}` dim {dim} "
-                     f"must be the local shard ({n}) or the whole parameter ({full}); "
-                     f"got {name}.shape={_fmt(value.shape)}.")
+    raise ValueError(
+        f"{where}: inside shard_map over {axis_name!r} (size {tp}), `{name}` dim {dim} "
+        f"must be the local shard ({n}) or the whole parameter ({full}); "
+        f"got {name}.shape={_fmt(value.shape)}."
+    )
 
 
 def _free_axes(mesh: Any) -> tuple[str, ...]:
@@ -184,8 +184,9 @@ def place(value: Array, names: Sequence[Any], mesh: Any) -> Array:
     return _to_spec(value, P(*names), explicit_axes(mesh) & set(_free_axes(mesh)), mesh)
 
 
-def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | None],
-               in_specs: Sequence[P], out_spec: P) -> Array:
+def _shard_map(
+    body: Callable[..., Array], mesh: Any, args: Sequence[Array | None], in_specs: Sequence[P], out_spec: P
+) -> Array:
     """``shard_map(body)(*args)`` over every free axis of ``mesh``; ``None`` args pass through."""
     present = [i for i, a in enumerate(args) if a is not None]
     explicit = explicit_axes(mesh) & set(_free_axes(mesh))
@@ -199,8 +200,9 @@ def _shard_map(body: Callable[..., Array], mesh: Any, args: Sequence[Array | Non
     kw: dict[str, Any] = {}
     if len(_free_axes(mesh)) != len(mesh.axis_names):  # nested in a shard_map over other axes
         kw["axis_names"] = set(_free_axes(mesh))
-    mapped = jax.shard_map(inner, mesh=mesh, in_specs=tuple(in_specs[i] for i in present),
-                           out_specs=out_spec, **kw)
+    mapped = jax.shard_map(
+        inner, mesh=mesh, in_specs=tuple(in_specs[i] for i in present), out_specs=out_spec, **kw
+    )
     return mapped(*(_to_spec(args[i], in_specs[i], explicit, mesh) for i in present))
 
 
@@ -212,8 +214,16 @@ def _layout(features: str, seq_axis: int, sequence_parallel: bool, seq: str = "s
     return f"[..., {features}] with the sequence ({seq}) on axis {seq_axis}"
 
 
-def check_x(where: str, x: Array, hidden: int | None, hidden_name: str, *, seq_axis: int = -2,
-            sequence_parallel: bool = True, seq: str = "seq") -> int | None:
+def check_x(
+    where: str,
+    x: Array,
+    hidden: int | None,
+    hidden_name: str,
+    *,
+    seq_axis: int = -2,
+    sequence_parallel: bool = True,
+    seq: str = "seq",
+) -> int | None:
     """``x`` is `[..., hidden]` with its sequence on ``seq_axis`` (not the last axis); returns that
     axis, non-negative (``None`` without sequence parallelism where x has no such axis)."""
     layout = _layout(hidden_name, seq_axis, sequence_parallel, seq)
@@ -222,24 +232,33 @@ def check_x(where: str, x: Array, hidden: int | None, hidden_name: str, *, seq_a
     if sequence_parallel and (ndim < 2 or not 0 <= axis < ndim - 1):
         raise ValueError(
             f"{where}: x must be `{layout}`: at least 2 dims, the sequence on axis "
-            f"seq_axis={seq_axis} and the features last; got x.shape={_fmt(x.shape)}.")
+            f"seq_axis={seq_axis} and the features last; got x.shape={_fmt(x.shape)}."
+        )
     if ndim < 1:
-        raise ValueError(f"{where}: x must be `{layout}` (at least 1 dim: the features); "
-                         f"got x.shape={_fmt(x.shape)}.")
+        raise ValueError(
+            f"{where}: x must be `{layout}` (at least 1 dim: the features); got x.shape={_fmt(x.shape)}."
+        )
     if hidden is not None and x.shape[-1] != hidden:
-        raise ValueError(f"{where}: x must be `{layout}` with {hidden_name} == {hidden}; "
-                         f"got x.shape={_fmt(x.shape)}.")
+        raise ValueError(
+            f"{where}: x must be `{layout}` with {hidden_name} == {hidden}; got x.shape={_fmt(x.shape)}."
+        )
     return axis if 0 <= axis < ndim - 1 else None
 
 
 def _check_seq_divisible(where: str, x: Array, axis: int, tp: int, axis_name: str) -> None:
     check_divisible(
-        where, f"the sequence length (x.shape={_fmt(x.shape)}, axis {axis})", x.shape[axis], tp,
+        where,
+        f"the sequence length (x.shape={_fmt(x.shape)}, axis {axis})",
+        x.shape[axis],
+        tp,
         axis_name,
-        hint=(f" For a sequence that does not split over {axis_name!r} (a decode step, a prompt of "
-              f"any length), build the layer with `sequence_parallel=False`: activations "
-              f"replicated over {axis_name!r}, no all-gather in the column layer and an all-reduce "
-              f"instead of the reduce-scatter in the row layer."))
+        hint=(
+            f" For a sequence that does not split over {axis_name!r} (a decode step, a prompt of "
+            f"any length), build the layer with `sequence_parallel=False`: activations "
+            f"replicated over {axis_name!r}, no all-gather in the column layer and an all-reduce "
+            f"instead of the reduce-scatter in the row layer."
+        ),
+    )
 
 
 def _batch_dim(ndim: int, seq: int | None) -> int | None:
@@ -257,8 +276,9 @@ def _local_dot(x: Array, kernel: Array, precision: Any) -> Array:
     Named like :func:`jax_ub.matmul`'s output, so that :func:`jax_ub.checkpoint_policy` and
     ``save_only_these_names(*jax_ub.CHECKPOINT_NAMES)`` keep it as they keep the overlapped ops'.
     """
-    return checkpoint_name(reference.matmul(x, kernel, precision=_validate.static_precision(precision)),
-                           gemm.OUT_NAME)
+    return checkpoint_name(
+        reference.matmul(x, kernel, precision=_validate.static_precision(precision)), gemm.OUT_NAME
+    )
 
 
 def _shape_error(where: str, name: str, expected: str, got: Sequence[int], hint: str = "") -> None:
@@ -267,8 +287,7 @@ def _shape_error(where: str, name: str, expected: str, got: Sequence[int], hint:
 
 def _transposed_hint(kernel: Array, in_features: int, out_features: int) -> str:
     if in_features != out_features and tuple(kernel.shape) == (out_features, in_features):
-        return (" It is [out_features, in_features] (PyTorch's layout for a Linear weight): "
-                "transpose it.")
+        return " It is [out_features, in_features] (PyTorch's layout for a Linear weight): transpose it."
     return ""
 
 
@@ -277,8 +296,9 @@ def _check_kernel_2d(where: str, kernel: Array) -> None:
         _shape_error(where, "kernel", "`[in_features, out_features]` (2 dims)", kernel.shape)
 
 
-def _check_kernel(where: str, kernel: Array, in_features: int, out_features: int, tp: int,
-                  split_dim: int, local: bool) -> None:
+def _check_kernel(
+    where: str, kernel: Array, in_features: int, out_features: int, tp: int, split_dim: int, local: bool
+) -> None:
     """``kernel`` is `[in_features, out_features]`; in local mode its ``split_dim`` may also be the
     local shard (``/ tp``)."""
     whole = (in_features, out_features)
@@ -289,16 +309,15 @@ def _check_kernel(where: str, kernel: Array, in_features: int, out_features: int
     expected = f"`[in_features, out_features]` = {_fmt(whole)}"
     if local and tp > 1:
         expected += f" (whole) or this device's shard {_fmt(shard)}"
-    _shape_error(where, "kernel", expected, kernel.shape,
-                 _transposed_hint(kernel, in_features, out_features))
+    _shape_error(where, "kernel", expected, kernel.shape, _transposed_hint(kernel, in_features, out_features))
 
 
-def _check_bias(where: str, bias: Array | None, out_features: int, tp: int, split: bool,
-                local: bool) -> None:
+def _check_bias(where: str, bias: Array | None, out_features: int, tp: int, split: bool, local: bool) -> None:
     if bias is None:
         return
-    ok = bias.ndim == 1 and (bias.shape[0] == out_features
-                             or (local and split and bias.shape[0] == out_features // tp))
+    ok = bias.ndim == 1 and (
+        bias.shape[0] == out_features or (local and split and bias.shape[0] == out_features // tp)
+    )
     if ok:
         return
     expected = f"`[out_features]` = [{out_features}]"
@@ -368,14 +387,28 @@ def column_parallel_dense(
     _check_kernel(where, kernel, in_features, out_features, tp, 1, p.local)
     _check_bias(where, bias, out_features, tp, True, p.local)
     seq_label = "seq/tp" if p.local else "seq"
-    seq = check_x(where, x, in_features, "in_features", seq_axis=seq_axis,
-                  sequence_parallel=sequence_parallel, seq=seq_label)
+    seq = check_x(
+        where,
+        x,
+        in_features,
+        "in_features",
+        seq_axis=seq_axis,
+        sequence_parallel=sequence_parallel,
+        seq=seq_label,
+    )
     x, kernel, bias = _promote(dtype, x, kernel, bias)
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         if sequence_parallel:
-            y = ops.all_gather_matmul(x, kernel, axis_name, gather_axis=seq, method=method,
-                                      precision=precision, recompute_gathered=recompute_gathered)
+            y = ops.all_gather_matmul(
+                x,
+                kernel,
+                axis_name,
+                gather_axis=seq,
+                method=method,
+                precision=precision,
+                recompute_gathered=recompute_gathered,
+            )
         else:
             y = _local_dot(x, kernel, precision)
         return y if bias is None else y + bias
@@ -391,9 +424,13 @@ def column_parallel_dense(
     bdim = _batch_dim(x.ndim, seq)
     b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
     x_spec = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
-    return _shard_map(body, p.mesh, (x, kernel, bias),
-                      (_spec(x.ndim, x_spec), P(None, axis_name), P(axis_name)),
-                      _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}))
+    return _shard_map(
+        body,
+        p.mesh,
+        (x, kernel, bias),
+        (_spec(x.ndim, x_spec), P(None, axis_name), P(axis_name)),
+        _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}),
+    )
 
 
 def row_parallel_dense(
@@ -444,19 +481,27 @@ def row_parallel_dense(
     _check_kernel(where, kernel, in_features, out_features, tp, 0, p.local)
     _check_bias(where, bias, out_features, tp, False, p.local)
     if p.local:
-        seq = check_x(where, x, in_features // tp, "in_features/tp", seq_axis=seq_axis,
-                      sequence_parallel=sequence_parallel)
+        seq = check_x(
+            where,
+            x,
+            in_features // tp,
+            "in_features/tp",
+            seq_axis=seq_axis,
+            sequence_parallel=sequence_parallel,
+        )
     else:
-        seq = check_x(where, x, in_features, "in_features", seq_axis=seq_axis,
-                      sequence_parallel=sequence_parallel)
+        seq = check_x(
+            where, x, in_features, "in_features", seq_axis=seq_axis, sequence_parallel=sequence_parallel
+        )
     if sequence_parallel:
         _check_seq_divisible(where, x, seq, tp, axis_name)
     x, kernel, bias = _promote(dtype, x, kernel, bias)
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         if sequence_parallel:
-            y = ops.matmul_reduce_scatter(x, kernel, axis_name, scatter_axis=seq, method=method,
-                                          precision=precision)
+            y = ops.matmul_reduce_scatter(
+                x, kernel, axis_name, scatter_axis=seq, method=method, precision=precision
+            )
         else:
             y = lax.psum(_local_dot(x, kernel, precision), axis_name)
         return y if bias is None else y + bias
@@ -468,20 +513,24 @@ def row_parallel_dense(
     bdim = _batch_dim(x.ndim, seq)
     b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
     out = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
-    return _shard_map(body, p.mesh, (x, kernel, bias),
-                      (_spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}), P(axis_name, None), P(None)),
-                      _spec(x.ndim, out))
+    return _shard_map(
+        body,
+        p.mesh,
+        (x, kernel, bias),
+        (_spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}), P(axis_name, None), P(None)),
+        _spec(x.ndim, out),
+    )
 
 
-def layer_norm(x: Array, scale: Array | None, bias: Array | None, *, epsilon: float = 1e-6,
-               dtype: Any = None) -> Array:
+def layer_norm(
+    x: Array, scale: Array | None, bias: Array | None, *, epsilon: float = 1e-6, dtype: Any = None
+) -> Array:
     """LayerNorm over the last dim (statistics in float32); a token-local op, so no communication.
 
     x `[..., features]`, scale/bias `[features]` (replicated) → `[..., features]` in ``dtype``
     (default: the promoted dtype of x and the parameters).
     """
-    out_dtype = jnp.result_type(*(a for a in (x, scale, bias) if a is not None)) \
-        if dtype is None else dtype
+    out_dtype = jnp.result_type(*(a for a in (x, scale, bias) if a is not None)) if dtype is None else dtype
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
@@ -501,8 +550,7 @@ def rms_norm(x: Array, scale: Array | None, *, epsilon: float = 1e-6, dtype: Any
     the promoted dtype of x and scale). The scale multiplies in float32 before the cast (Hugging
     Face's ``LlamaRMSNorm`` casts first, then scales: the same in float32, within rounding below).
     """
-    out_dtype = jnp.result_type(*(a for a in (x, scale) if a is not None)) \
-        if dtype is None else dtype
+    out_dtype = jnp.result_type(*(a for a in (x, scale) if a is not None)) if dtype is None else dtype
     xf = x.astype(jnp.float32)
     y = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + epsilon)
     if scale is not None:
@@ -529,16 +577,19 @@ def pack_gated(gate: Array, linear: Array) -> Array:
     with ``gate[..., j]`` at column ``2j`` and ``linear[..., j]`` at ``2j + 1``.
     """
     if gate.shape != linear.shape:
-        raise ValueError(f"pack_gated: gate and linear must have the same shape; got "
-                         f"{_fmt(gate.shape)} and {_fmt(linear.shape)}.")
+        raise ValueError(
+            f"pack_gated: gate and linear must have the same shape; got "
+            f"{_fmt(gate.shape)} and {_fmt(linear.shape)}."
+        )
     return jnp.stack([gate, linear], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
 
 
 def unpack_gated(packed: Array) -> tuple[Array, Array]:
     """Inverse of :func:`pack_gated`: `[..., 2 * ffn]` → ``(gate, linear)``, `[..., ffn]` each."""
     if packed.ndim < 1 or packed.shape[-1] % 2:
-        raise ValueError(f"unpack_gated: the last dim must be even (gate/linear pairs); got "
-                         f"{_fmt(packed.shape)}.")
+        raise ValueError(
+            f"unpack_gated: the last dim must be even (gate/linear pairs); got {_fmt(packed.shape)}."
+        )
     pairs = packed.reshape(*packed.shape[:-1], packed.shape[-1] // 2, 2)
     return pairs[..., 0], pairs[..., 1]
 
@@ -553,8 +604,14 @@ def glu(h: Array, activation: Callable[[Array], Array]) -> Array:
     return activation(gate) * linear
 
 
-def check_gated(where: str, ffn_features: int, axis_name: str, mesh: Any,
-                fallbacks: Sequence[Any] = ()) -> None:
+def check_gated(
+    where: str, ffn_features: int, axis_name: str, mesh: Any, fallbacks: Sequence[Any] = ()
+) -> None:
     """A gated MLP's ``ffn_features`` must split into whole gate/linear pairs per device."""
-    check_divisible(where, "ffn_features (gated: each device holds whole gate/linear pairs)",
-                    ffn_features, placement(where, axis_name, mesh, fallbacks).tp, axis_name)
+    check_divisible(
+        where,
+        "ffn_features (gated: each device holds whole gate/linear pairs)",
+        ffn_features,
+        placement(where, axis_name, mesh, fallbacks).tp,
+        axis_name,
+    )

@@ -30,11 +30,18 @@ def _box_mesh(box: Any) -> Any:
     return getattr(box, "metadata", {}).get("mesh") if box is not None else None
 
 
-def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[int, ...],
-           dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
-           dim_names: Sequence[str] | None = None,
-           default: params.Boxed | None = None,
-           ) -> tuple[jax.Array, logical.Resolved | None]:
+def _param(
+    module: nn.Module,
+    name: str,
+    init: Callable[..., Any],
+    shape: tuple[int, ...],
+    dtype: Any,
+    names: tuple[Any, ...],
+    axis_name: str,
+    mesh: Any,
+    dim_names: Sequence[str] | None = None,
+    default: params.Boxed | None = None,
+) -> tuple[jax.Array, logical.Resolved | None]:
     """The parameter ``name`` (boxed ``nn.Partitioned``, or ``nn.LogicallyPartitioned`` with an
     initializer's logical names), unboxed, and its partitioning where ``init`` ran (else None).
 
@@ -49,14 +56,28 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     # Local mode: `apply` may be given this device's shards (what `init` makes there) or the whole
     # parameters (e.g. replicated through shard_map's in_specs); the layer slices whole ones.
-    whole = (p.local and module.has_variable("params", name)
-             and np.shape(_raw(module.get_variable("params", name))) == shape)
+    whole = (
+        p.local
+        and module.has_variable("params", name)
+        and np.shape(_raw(module.get_variable("params", name))) == shape
+    )
     resolved: list[logical.Resolved] = []
 
     def init_boxed(key: jax.Array, *_: Any) -> nn.Partitioned:
-        raw, res, box = params.init_param(where, name, init, key, shape, dtype, names,
-                                                 axis_name, p, framework="linen",
-                                                 slice_local=not whole, default=default)
+        raw, res, box = params.init_param(
+            where,
+            name,
+            init,
+            key,
+            shape,
+            dtype,
+            names,
+            axis_name,
+            p,
+            framework="linen",
+            slice_local=not whole,
+            default=default,
+        )
         resolved.append(res)
         if not p.local and p.tp is not None:  # global mode: born sharded (needed on Explicit meshes)
             raw = core.place(raw, res.mesh_names, p.mesh)
@@ -79,20 +100,40 @@ def _param(module: nn.Module, name: str, init: Callable[..., Any], shape: tuple[
     return nn.unbox(value), res
 
 
-def _dense_params(module: ColumnParallelDense | RowParallelDense,
-                  in_features: int) -> tuple[jax.Array, jax.Array | None]:
+def _dense_params(
+    module: ColumnParallelDense | RowParallelDense, in_features: int
+) -> tuple[jax.Array, jax.Array | None]:
     """``(kernel [in_features, features], bias [features] or None)`` of a dense layer; a bias
     whose initializer names nothing takes the kernel's logical output name, if it has one."""
-    partitioning = (params.column_partitioning if isinstance(module, ColumnParallelDense)
-                    else params.row_partitioning)
+    partitioning = (
+        params.column_partitioning if isinstance(module, ColumnParallelDense) else params.row_partitioning
+    )
     kernel_names, bias_names = partitioning(module.axis_name)
-    kernel, res = _param(module, "kernel", module.kernel_init, (in_features, module.features),
-                         module.param_dtype, kernel_names, module.axis_name, module.mesh, _DIMS)
+    kernel, res = _param(
+        module,
+        "kernel",
+        module.kernel_init,
+        (in_features, module.features),
+        module.param_dtype,
+        kernel_names,
+        module.axis_name,
+        module.mesh,
+        _DIMS,
+    )
     if not module.use_bias:
         return kernel, None
-    bias, _ = _param(module, "bias", module.bias_init, (module.features,), module.param_dtype,
-                     bias_names, module.axis_name, module.mesh, _DIMS[1:],
-                     None if res is None else params.inherited_names(res))
+    bias, _ = _param(
+        module,
+        "bias",
+        module.bias_init,
+        (module.features,),
+        module.param_dtype,
+        bias_names,
+        module.axis_name,
+        module.mesh,
+        _DIMS[1:],
+        None if res is None else params.inherited_names(res),
+    )
     return kernel, bias
 
 
@@ -137,10 +178,20 @@ class ColumnParallelDense(nn.Module):
         in_features = x.shape[-1] if x.ndim else 0
         kernel, bias = _dense_params(self, in_features)
         return core.column_parallel_dense(
-            x, kernel, bias, out_features=self.features, axis_name=self.axis_name, mesh=self.mesh,
-            dtype=self.dtype, precision=self.precision, method=self.method,
-            recompute_gathered=self.recompute_gathered, seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel, where=where)
+            x,
+            kernel,
+            bias,
+            out_features=self.features,
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+            dtype=self.dtype,
+            precision=self.precision,
+            method=self.method,
+            recompute_gathered=self.recompute_gathered,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            where=where,
+        )
 
 
 class RowParallelDense(nn.Module):
@@ -175,10 +226,20 @@ class RowParallelDense(nn.Module):
         in_features = x_in * p.tp if p.local and p.tp else x_in
         kernel, bias = _dense_params(self, in_features)
         return core.row_parallel_dense(
-            x, kernel, bias, in_features=in_features, out_features=self.features,
-            axis_name=self.axis_name, mesh=self.mesh, dtype=self.dtype, precision=self.precision,
-            method=self.method, seq_axis=self.seq_axis, sequence_parallel=self.sequence_parallel,
-            where=where)
+            x,
+            kernel,
+            bias,
+            in_features=in_features,
+            out_features=self.features,
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+            dtype=self.dtype,
+            precision=self.precision,
+            method=self.method,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            where=where,
+        )
 
 
 class _Norm(nn.Module):
@@ -196,8 +257,9 @@ class _Norm(nn.Module):
 
 def _norm_param(module: _Norm, name: str, init: Callable[..., Any], x: jax.Array) -> jax.Array:
     """A norm's replicated `[features]` parameter (``x.shape[-1]`` features)."""
-    return _param(module, name, init, (x.shape[-1],), module.param_dtype, (None,), module.axis_name,
-                  module.mesh)[0]
+    return _param(
+        module, name, init, (x.shape[-1],), module.param_dtype, (None,), module.axis_name, module.mesh
+    )[0]
 
 
 class LayerNorm(_Norm):
@@ -269,27 +331,50 @@ class ParallelMLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
         norm_cls = _NORMS[core.check_norm(where, self.norm)]
-        _mesh.check_axis_in_mesh(where, self.axis_name,
-                                   _mesh.placement(where, self.axis_name, self.mesh))
+        _mesh.check_axis_in_mesh(where, self.axis_name, _mesh.placement(where, self.axis_name, self.mesh))
         core.check_seq_axis(where, self.seq_axis)
-        core.check_x(where, x, None, "features", seq_axis=self.seq_axis,
-                        sequence_parallel=self.sequence_parallel)
+        core.check_x(
+            where, x, None, "features", seq_axis=self.seq_axis, sequence_parallel=self.sequence_parallel
+        )
         if self.gated:
             core.check_gated(where, self.ffn_features, self.axis_name, self.mesh)
-        common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-                      precision=self.precision, method=self.method, seq_axis=self.seq_axis,
-                      sequence_parallel=self.sequence_parallel, axis_name=self.axis_name,
-                      mesh=self.mesh)
+        common = dict(
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            precision=self.precision,
+            method=self.method,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+        )
         inits = params.projection_inits(
-            self.kernel_init, self.bias_init, up=(self.up_kernel_init, self.up_bias_init),
-            down=(self.down_kernel_init, self.down_bias_init))
-        h = x if norm_cls is None else norm_cls(
-            epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
-            axis_name=self.axis_name, mesh=self.mesh, name="norm")(x)
+            self.kernel_init,
+            self.bias_init,
+            up=(self.up_kernel_init, self.up_bias_init),
+            down=(self.down_kernel_init, self.down_bias_init),
+        )
+        h = (
+            x
+            if norm_cls is None
+            else norm_cls(
+                epsilon=self.epsilon,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                axis_name=self.axis_name,
+                mesh=self.mesh,
+                name="norm",
+            )(x)
+        )
         with params.building(where, "up", inits["up"]):
-            h = ColumnParallelDense(2 * self.ffn_features if self.gated else self.ffn_features,
-                                    name="up", recompute_gathered=self.recompute_gathered,
-                                    **inits["up"].kwargs, **common)(h)
+            h = ColumnParallelDense(
+                2 * self.ffn_features if self.gated else self.ffn_features,
+                name="up",
+                recompute_gathered=self.recompute_gathered,
+                **inits["up"].kwargs,
+                **common,
+            )(h)
         h = core.glu(h, self.activation) if self.gated else self.activation(h)
         with params.building(where, "down", inits["down"]):
             return RowParallelDense(x.shape[-1], name="down", **inits["down"].kwargs, **common)(h)

@@ -74,8 +74,15 @@ def _fmt_rules(rules: Rules) -> str:
 class _Check:
     """The checks shared by both frameworks, for one parameter."""
 
-    def __init__(self, where: str, param: str, layer_names: Sequence[Any], axis_name: str,
-                 mesh_axes: Sequence[str] | None, rules: Rules):
+    def __init__(
+        self,
+        where: str,
+        param: str,
+        layer_names: Sequence[Any],
+        axis_name: str,
+        mesh_axes: Sequence[str] | None,
+        rules: Rules,
+    ):
         self.where, self.param = where, param
         self.layer_names = tuple(layer_names)
         self.axis_name = axis_name
@@ -84,17 +91,23 @@ class _Check:
         self.tp_dims = [d for d, n in enumerate(self.layer_names) if n == axis_name]
 
     def head(self, dim: int) -> str:
-        role = (f"splits over {self.axis_name!r}" if dim in self.tp_dims
-                else f"keeps whole over {self.axis_name!r}")
-        return (f"{self.where}: `{self.param}` dim {dim} (which the layer {role}; it names "
-                f"`{self.param}` {self.layer_names})")
+        role = (
+            f"splits over {self.axis_name!r}"
+            if dim in self.tp_dims
+            else f"keeps whole over {self.axis_name!r}"
+        )
+        return (
+            f"{self.where}: `{self.param}` dim {dim} (which the layer {role}; it names "
+            f"`{self.param}` {self.layer_names})"
+        )
 
     def entries(self, user: tuple[Any, ...]) -> tuple[Any, ...]:
         n = len(self.layer_names)
         if len(user) > n:
             raise ValueError(
                 f"{self.where}: {self.param}_init's partitioning {user} has {len(user)} entries, "
-                f"but `{self.param}` has {n} dims (the layer names it {self.layer_names}).")
+                f"but `{self.param}` has {n} dims (the layer names it {self.layer_names})."
+            )
         return user + (None,) * (n - len(user))
 
     def mapped(self, dim: int, name: Any, got: Any) -> None:
@@ -104,32 +117,43 @@ class _Check:
             raise ValueError(
                 f"{self.head(dim)}: expected a logical name that the rules map to {ax!r} (or None, "
                 f"which the layer fills); {self.param}_init names it {name!r}, which maps to "
-                f"{got!r} (rules: {_fmt_rules(self.rules)}).")
+                f"{got!r} (rules: {_fmt_rules(self.rules)})."
+            )
         if dim not in self.tp_dims and ax in axes_of(got):
             raise ValueError(
                 f"{self.head(dim)}: expected a logical name that the rules map to mesh axes other "
                 f"than {ax!r} (e.g. FSDP's) or to None; {self.param}_init names it {name!r}, which "
                 f"maps to {got!r} (rules: {_fmt_rules(self.rules)}). The layer places {ax!r} "
-                f"itself.")
+                f"itself."
+            )
         if self.mesh_axes is not None:
             missing = [a for a in axes_of(got) if a not in self.mesh_axes]
             if missing:
                 raise ValueError(
                     f"{self.head(dim)}: {self.param}_init names it {name!r}, which maps to {got!r}, "
                     f"but the mesh has no axis {missing[0]!r} (its axes: {self.mesh_axes}; rules: "
-                    f"{_fmt_rules(self.rules)}).")
+                    f"{_fmt_rules(self.rules)})."
+                )
 
     def unknown(self, dim: int, name: str, extra: str = "") -> None:
         raise ValueError(
             f"{self.head(dim)}: {self.param}_init names it with the logical name {name!r}, which no "
             f"logical axis rule maps{extra} (rules: {_fmt_rules(self.rules)}). Expected one of "
             f"{_keys(self.rules)}; to keep the dim whole, add the rule ({name!r}, None) or give "
-            f"None.")
+            f"None."
+        )
 
 
-def resolve_nnx(where: str, param: str, layer_names: Sequence[Any], user: Sequence[Any],
-                box_rules: Rules | None, axis_name: str, mesh_axes: Sequence[str] | None,
-                merge: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> Resolved:
+def resolve_nnx(
+    where: str,
+    param: str,
+    layer_names: Sequence[Any],
+    user: Sequence[Any],
+    box_rules: Rules | None,
+    axis_name: str,
+    mesh_axes: Sequence[str] | None,
+    merge: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+) -> Resolved:
     """NNX: ``user`` names translated with the box's ``sharding_rules`` composed with the context's.
 
     Names that are no rule's pass through as mesh axes; with no name a rule's, ``merge`` (the mesh
@@ -141,8 +165,10 @@ def resolve_nnx(where: str, param: str, layer_names: Sequence[Any], user: Sequen
     try:
         rules = tuple(spmd.composite_rules(context_rules(), local))
     except ValueError as e:
-        raise ValueError(f"{where}: {param}_init's sharding_rules disagree with the context's "
-                         f"`nnx.logical_axis_rules`: {e}.") from e
+        raise ValueError(
+            f"{where}: {param}_init's sharding_rules disagree with the context's "
+            f"`nnx.logical_axis_rules`: {e}."
+        ) from e
     check = _Check(where, param, layer_names, axis_name, mesh_axes, rules)
     user = check.entries(tuple(user))
     keys = set(_keys(rules))
@@ -151,11 +177,14 @@ def resolve_nnx(where: str, param: str, layer_names: Sequence[Any], user: Sequen
         names = merge(user)
     else:
         for dim, name in enumerate(user):
-            if (isinstance(name, str) and name not in keys and check.mesh_axes is not None
-                    and name not in check.mesh_axes):
+            if (
+                isinstance(name, str)
+                and name not in keys
+                and check.mesh_axes is not None
+                and name not in check.mesh_axes
+            ):
                 check.unknown(dim, name, f" and which is not a mesh axis {check.mesh_axes}")
-        names = tuple(axis_name if d in check.tp_dims and n is None else n
-                      for d, n in enumerate(user))
+        names = tuple(axis_name if d in check.tp_dims and n is None else n for d, n in enumerate(user))
     mesh_names = tuple(spmd.from_sharding_rules(names, rules)) if rules else names
     for dim, (name, got) in enumerate(zip(names, mesh_names, strict=True)):
         check.mapped(dim, name, got)
@@ -171,13 +200,18 @@ def linen_rules_cover(layer_names: Sequence[Any], axis_name: str) -> bool:
     """linen: whether the layer boxes a parameter it names itself with logical names: rules are
     in context and, if it has a TP dim, one of them maps a name to ``axis_name``."""
     rules = context_rules()
-    return bool(rules) and (axis_name not in layer_names
-                            or _tp_rule_name(rules, axis_name) is not None)
+    return bool(rules) and (axis_name not in layer_names or _tp_rule_name(rules, axis_name) is not None)
 
 
-def resolve_linen(where: str, param: str, layer_names: Sequence[Any], user: Sequence[Any],
-                  box_rules: Rules | None, axis_name: str,
-                  mesh_axes: Sequence[str] | None) -> Resolved:
+def resolve_linen(
+    where: str,
+    param: str,
+    layer_names: Sequence[Any],
+    user: Sequence[Any],
+    box_rules: Rules | None,
+    axis_name: str,
+    mesh_axes: Sequence[str] | None,
+) -> Resolved:
     """linen: logical ``user`` names translated as ``nn.logical_to_mesh_axes`` does, with the box's
     ``rules`` or else the context's; the TP dim left ``None`` takes the first name that the rules
     map to ``axis_name``."""
@@ -190,7 +224,8 @@ def resolve_linen(where: str, param: str, layer_names: Sequence[Any], user: Sequ
         raise ValueError(
             f"{where}: {param}_init gives `{param}` the logical names {user}, but there are no "
             f"logical axis rules to map them to mesh axes: expected `nn.logical_axis_rules(rules)` "
-            f"around `init` (or `rules=` on `nn.with_logical_partitioning`); received none.")
+            f"around `init` (or `rules=` on `nn.with_logical_partitioning`); received none."
+        )
     keys = _keys(rules)
     for dim, name in enumerate(user):
         if isinstance(name, str) and name not in keys:
@@ -204,7 +239,8 @@ def resolve_linen(where: str, param: str, layer_names: Sequence[Any], user: Sequ
                     f"{check.head(dim)}: {param}_init leaves it None, and no logical axis rule maps "
                     f"a name to {axis_name!r} for the layer to put there (rules: "
                     f"{_fmt_rules(rules)}). Expected a rule such as ('mlp', {axis_name!r}), or a "
-                    f"logical name on that dim that maps to {axis_name!r}.")
+                    f"logical name on that dim that maps to {axis_name!r}."
+                )
             names[dim] = pick
     try:
         mesh_names = tuple(nn.logical_to_mesh_axes(tuple(names), rules))

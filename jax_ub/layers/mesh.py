@@ -94,16 +94,18 @@ def check_layer_axis(where: str, axis_name: Any) -> None:
     jax reads it as an axis name (an int would give jax's own, unrelated error)."""
     if isinstance(axis_name, str):
         return
-    hint = (f" Pass {axis_name[0]!r}: the layers take one axis name, not a {type(axis_name).__name__}."
-            if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1
-            and isinstance(axis_name[0], str) else "")
+    hint = (
+        f" Pass {axis_name[0]!r}: the layers take one axis name, not a {type(axis_name).__name__}."
+        if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1 and isinstance(axis_name[0], str)
+        else ""
+    )
     raise TypeError(
         f"{where}: `axis_name` must be the name (a str) of the mesh's tensor-parallel axis, e.g. "
-        f"'tp'; got {axis_name!r} ({type(axis_name).__name__}).{hint}")
+        f"'tp'; got {axis_name!r} ({type(axis_name).__name__}).{hint}"
+    )
 
 
-def placement(where: str, axis_name: str, mesh: Any = None,
-              fallbacks: Sequence[Any] = ()) -> Placement:
+def placement(where: str, axis_name: str, mesh: Any = None, fallbacks: Sequence[Any] = ()) -> Placement:
     """The mode a layer is in right now (see the module docstring). Raises only for an
     ``axis_name`` that is not a str (:func:`check_layer_axis`).
 
@@ -127,7 +129,8 @@ def check_axis_in_mesh(where: str, axis_name: str, p: Placement) -> None:
         raise ValueError(
             f"{where}: mesh axis {axis_name!r} (the layer's `axis_name`) is not an axis of the mesh "
             f"(axes {tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
-            f"or use a mesh with an axis {axis_name!r}.")
+            f"or use a mesh with an axis {axis_name!r}."
+        )
 
 
 def require_placement(where: str, axis_name: str, mesh: Any, fallbacks: Sequence[Any] = ()) -> Placement:
@@ -137,17 +140,22 @@ def require_placement(where: str, axis_name: str, mesh: Any, fallbacks: Sequence
             raise ValueError(
                 f"{where}: mesh axis {axis_name!r} is unknown here (a mesh with axes "
                 f"{tuple(p.mesh.axis_names)}). Give `axis_name=` the mesh's tensor-parallel axis, "
-                f"or call the layer inside `jax.shard_map` over {axis_name!r} (local shards).")
+                f"or call the layer inside `jax.shard_map` over {axis_name!r} (local shards)."
+            )
         legacy = _legacy_mesh()
-        found = "no mesh" if legacy is None else (
-            f"no mesh set with `jax.set_mesh`; the legacy `with mesh:` context holds a mesh with "
-            f"axes {tuple(legacy.axis_names)}, which these layers do not read: use "
-            f"`with jax.set_mesh(mesh):` instead")
+        found = (
+            "no mesh"
+            if legacy is None
+            else (
+                f"no mesh set with `jax.set_mesh`; the legacy `with mesh:` context holds a mesh with "
+                f"axes {tuple(legacy.axis_names)}, which these layers do not read: use "
+                f"`with jax.set_mesh(mesh):` instead"
+            )
+        )
         raise ValueError(
             f"{where}: mesh axis {axis_name!r} is unknown here ({found}). Call the layer under "
             f"`jax.set_mesh(mesh)` or give it `mesh=` (global arrays; outside `jax.jit`, parameters "
             f"sharded on a mesh are enough), or call it inside `jax.shard_map` over {axis_name!r} "
-            f"(local shards).")
+            f"(local shards)."
+        )
     return p
-
-

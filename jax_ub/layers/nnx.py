@@ -24,14 +24,22 @@ default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
 
 # Sharding keys of a user's VariableMetadata, replaced by the merged names (see _param).
-_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding", "eager_sharding",
-                  "sharding_rules")
+_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding", "eager_sharding", "sharding_rules")
 
 
-def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
-           shape: Sequence[int], dtype: Any, names: tuple[Any, ...], axis_name: str, mesh: Any,
-           dim_names: Sequence[str] | None = None,
-           default: params.Boxed | None = None) -> tuple[nnx.Param, logical.Resolved]:
+def _param(
+    where: str,
+    param: str,
+    init: Callable[..., Any],
+    key: jax.Array,
+    shape: Sequence[int],
+    dtype: Any,
+    names: tuple[Any, ...],
+    axis_name: str,
+    mesh: Any,
+    dim_names: Sequence[str] | None = None,
+    default: params.Boxed | None = None,
+) -> tuple[nnx.Param, logical.Resolved]:
     """A parameter of global ``shape`` split over ``axis_name`` as ``names`` says, and its
     partitioning.
 
@@ -46,8 +54,9 @@ def _param(where: str, param: str, init: Callable[..., Any], key: jax.Array,
     _mesh.check_axis_in_mesh(where, axis_name, p)
     shape = tuple(shape)
     params.check_param_divisible(where, param, shape, names, dim_names, p.tp, axis_name)
-    raw, res, box = params.init_param(where, param, init, key, shape, dtype, names,
-                                             axis_name, p, framework="nnx", default=default)
+    raw, res, box = params.init_param(
+        where, param, init, key, shape, dtype, names, axis_name, p, framework="nnx", default=default
+    )
     eager = not p.local and p.tp is not None
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     if isinstance(box, variablelib.VariableMetadata):
@@ -73,13 +82,24 @@ class _ParallelDense(nnx.Module):
 
     _partitioning: Callable[[str], tuple[Any, Any]]
 
-    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
-                 dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., Any] = default_kernel_init,
-                 bias_init: Callable[..., Any] = default_bias_init,
-                 precision: Any = None, method: str | None = None, seq_axis: int = -2,
-                 sequence_parallel: bool = True, axis_name: str = "tp", mesh: Any = None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        kernel_init: Callable[..., Any] = default_kernel_init,
+        bias_init: Callable[..., Any] = default_bias_init,
+        precision: Any = None,
+        method: str | None = None,
+        seq_axis: int = -2,
+        sequence_parallel: bool = True,
+        axis_name: str = "tp",
+        mesh: Any = None,
+        rngs: nnx.Rngs,
+    ):
         where = type(self).__name__
         core.check_seq_axis(where, seq_axis)
         _validate.check_bool(where, "sequence_parallel", sequence_parallel)
@@ -98,19 +118,48 @@ class _ParallelDense(nnx.Module):
         self._mesh_at_build = _mesh.concrete_mesh(mesh)
         kernel_names, bias_names = type(self)._partitioning(axis_name)
         dims = ("in_features", "out_features")
-        self.kernel, kernel = _param(where, "kernel", kernel_init, rngs.params(),
-                                     (in_features, out_features), param_dtype, kernel_names,
-                                     axis_name, mesh, dims)
-        self.bias = (_param(where, "bias", bias_init, rngs.params(), (out_features,),
-                            param_dtype, bias_names, axis_name, mesh, dims[1:],
-                            params.inherited_names(kernel))[0]
-                     if use_bias else None)
+        self.kernel, kernel = _param(
+            where,
+            "kernel",
+            kernel_init,
+            rngs.params(),
+            (in_features, out_features),
+            param_dtype,
+            kernel_names,
+            axis_name,
+            mesh,
+            dims,
+        )
+        self.bias = (
+            _param(
+                where,
+                "bias",
+                bias_init,
+                rngs.params(),
+                (out_features,),
+                param_dtype,
+                bias_names,
+                axis_name,
+                mesh,
+                dims[1:],
+                params.inherited_names(kernel),
+            )[0]
+            if use_bias
+            else None
+        )
 
     def _options(self) -> dict[str, Any]:
-        return dict(axis_name=self.axis_name, mesh=self.mesh, dtype=self.dtype,
-                    precision=self.precision, method=self.method, seq_axis=self.seq_axis,
-                    sequence_parallel=self.sequence_parallel, default_mesh=self._mesh_at_build,
-                    where=type(self).__name__)
+        return dict(
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+            dtype=self.dtype,
+            precision=self.precision,
+            method=self.method,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            default_mesh=self._mesh_at_build,
+            where=type(self).__name__,
+        )
 
 
 class ColumnParallelDense(_ParallelDense):
@@ -153,16 +202,22 @@ class ColumnParallelDense(_ParallelDense):
 
     _partitioning = staticmethod(params.column_partitioning)
 
-    def __init__(self, in_features: int, out_features: int, *,
-                 recompute_gathered: bool | None = None, **kwargs: Any):
+    def __init__(
+        self, in_features: int, out_features: int, *, recompute_gathered: bool | None = None, **kwargs: Any
+    ):
         super().__init__(in_features, out_features, **kwargs)
         self.recompute_gathered = recompute_gathered
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return core.column_parallel_dense(
-            x, self.kernel[...], None if self.bias is None else self.bias[...],
-            out_features=self.out_features, in_features=self.in_features,
-            recompute_gathered=self.recompute_gathered, **self._options())
+            x,
+            self.kernel[...],
+            None if self.bias is None else self.bias[...],
+            out_features=self.out_features,
+            in_features=self.in_features,
+            recompute_gathered=self.recompute_gathered,
+            **self._options(),
+        )
 
 
 class RowParallelDense(_ParallelDense):
@@ -185,40 +240,71 @@ class RowParallelDense(_ParallelDense):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return core.row_parallel_dense(
-            x, self.kernel[...], None if self.bias is None else self.bias[...],
-            in_features=self.in_features, out_features=self.out_features, **self._options())
+            x,
+            self.kernel[...],
+            None if self.bias is None else self.bias[...],
+            in_features=self.in_features,
+            out_features=self.out_features,
+            **self._options(),
+        )
 
 
 class LayerNorm(nnx.Module):
     """LayerNorm over the last dim with replicated `[features]` scale and bias (token-local)."""
 
-    def __init__(self, features: int, *, epsilon: float = 1e-6, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, axis_name: str = "tp", mesh: Any = None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        axis_name: str = "tp",
+        mesh: Any = None,
+        rngs: nnx.Rngs,
+    ):
         self.epsilon = epsilon
         self.dtype = dtype
         ones = nnx.initializers.ones_init()
         zeros = nnx.initializers.zeros_init()
-        self.scale = _param("LayerNorm", "scale", ones, rngs.params(), (features,), param_dtype,
-                            (None,), axis_name, mesh)[0]
-        self.bias = _param("LayerNorm", "bias", zeros, rngs.params(), (features,), param_dtype,
-                           (None,), axis_name, mesh)[0]
+        self.scale = _param(
+            "LayerNorm", "scale", ones, rngs.params(), (features,), param_dtype, (None,), axis_name, mesh
+        )[0]
+        self.bias = _param(
+            "LayerNorm", "bias", zeros, rngs.params(), (features,), param_dtype, (None,), axis_name, mesh
+        )[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return core.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon,
-                                  dtype=self.dtype)
+        return core.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype)
 
 
 class RMSNorm(nnx.Module):
     """RMSNorm over the last dim (Llama, Mistral) with a replicated `[features]` scale, no bias."""
 
-    def __init__(self, features: int, *, epsilon: float = 1e-6, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, axis_name: str = "tp", mesh: Any = None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        features: int,
+        *,
+        epsilon: float = 1e-6,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        axis_name: str = "tp",
+        mesh: Any = None,
+        rngs: nnx.Rngs,
+    ):
         self.epsilon = epsilon
         self.dtype = dtype
-        self.scale = _param("RMSNorm", "scale", nnx.initializers.ones_init(), rngs.params(),
-                            (features,), param_dtype, (None,), axis_name, mesh)[0]
+        self.scale = _param(
+            "RMSNorm",
+            "scale",
+            nnx.initializers.ones_init(),
+            rngs.params(),
+            (features,),
+            param_dtype,
+            (None,),
+            axis_name,
+            mesh,
+        )[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return core.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype)
@@ -263,20 +349,33 @@ class ParallelMLP(nnx.Module):
     and :func:`unpack_gated` splits it. ``ffn_features`` must then be divisible by ``tp``.
     """
 
-    def __init__(self, features: int, ffn_features: int, *,
-                 activation: Callable[[jax.Array], jax.Array] = jax.nn.gelu,
-                 use_bias: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
-                 kernel_init: Callable[..., Any] = default_kernel_init,
-                 bias_init: Callable[..., Any] = default_bias_init,
-                 up_kernel_init: Callable[..., Any] | None = None,
-                 down_kernel_init: Callable[..., Any] | None = None,
-                 up_bias_init: Callable[..., Any] | None = None,
-                 down_bias_init: Callable[..., Any] | None = None,
-                 precision: Any = None, method: str | None = None, epsilon: float = 1e-6,
-                 recompute_gathered: bool | None = None, gated: bool = False,
-                 norm: str | None = "layernorm", seq_axis: int = -2,
-                 sequence_parallel: bool = True, axis_name: str = "tp", mesh: Any = None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        features: int,
+        ffn_features: int,
+        *,
+        activation: Callable[[jax.Array], jax.Array] = jax.nn.gelu,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        kernel_init: Callable[..., Any] = default_kernel_init,
+        bias_init: Callable[..., Any] = default_bias_init,
+        up_kernel_init: Callable[..., Any] | None = None,
+        down_kernel_init: Callable[..., Any] | None = None,
+        up_bias_init: Callable[..., Any] | None = None,
+        down_bias_init: Callable[..., Any] | None = None,
+        precision: Any = None,
+        method: str | None = None,
+        epsilon: float = 1e-6,
+        recompute_gathered: bool | None = None,
+        gated: bool = False,
+        norm: str | None = "layernorm",
+        seq_axis: int = -2,
+        sequence_parallel: bool = True,
+        axis_name: str = "tp",
+        mesh: Any = None,
+        rngs: nnx.Rngs,
+    ):
         where = type(self).__name__
         norm = core.check_norm(where, norm)
         _mesh.check_axis_in_mesh(where, axis_name, _mesh.placement(where, axis_name, mesh))
@@ -284,32 +383,66 @@ class ParallelMLP(nnx.Module):
             core.check_gated(where, ffn_features, axis_name, mesh)
         self.activation = activation
         self.gated = gated
-        common = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                      precision=precision, method=method, seq_axis=seq_axis,
-                      sequence_parallel=sequence_parallel, axis_name=axis_name, mesh=mesh,
-                      rngs=rngs)
-        inits = params.projection_inits(kernel_init, bias_init, up=(up_kernel_init, up_bias_init),
-                                               down=(down_kernel_init, down_bias_init))
+        common = dict(
+            use_bias=use_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            precision=precision,
+            method=method,
+            seq_axis=seq_axis,
+            sequence_parallel=sequence_parallel,
+            axis_name=axis_name,
+            mesh=mesh,
+            rngs=rngs,
+        )
+        inits = params.projection_inits(
+            kernel_init, bias_init, up=(up_kernel_init, up_bias_init), down=(down_kernel_init, down_bias_init)
+        )
         norm_cls = _NORMS[norm]
-        self.norm = None if norm_cls is None else norm_cls(
-            features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name,
-            mesh=mesh, rngs=rngs)
+        self.norm = (
+            None
+            if norm_cls is None
+            else norm_cls(
+                features,
+                epsilon=epsilon,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                axis_name=axis_name,
+                mesh=mesh,
+                rngs=rngs,
+            )
+        )
         with params.building(where, "up", inits["up"]):
-            self.up = ColumnParallelDense(features, 2 * ffn_features if gated else ffn_features,
-                                          recompute_gathered=recompute_gathered,
-                                          **inits["up"].kwargs, **common)
+            self.up = ColumnParallelDense(
+                features,
+                2 * ffn_features if gated else ffn_features,
+                recompute_gathered=recompute_gathered,
+                **inits["up"].kwargs,
+                **common,
+            )
         with params.building(where, "down", inits["down"]):
             self.down = RowParallelDense(ffn_features, features, **inits["down"].kwargs, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # Here, not in the norm: its broadcasting error would not say which layer or dim.
         up = self.up
-        core.check_x(type(self).__name__, x, up.in_features, "features", seq_axis=up.seq_axis,
-                        sequence_parallel=up.sequence_parallel)
+        core.check_x(
+            type(self).__name__,
+            x,
+            up.in_features,
+            "features",
+            seq_axis=up.seq_axis,
+            sequence_parallel=up.sequence_parallel,
+        )
         h = self.up(x if self.norm is None else self.norm(x))
         if self.gated:
-            core.check_gated(type(self).__name__, self.down.in_features, up.axis_name, up.mesh,
-                                (_mesh.array_mesh(up.kernel[...]), up._mesh_at_build))
+            core.check_gated(
+                type(self).__name__,
+                self.down.in_features,
+                up.axis_name,
+                up.mesh,
+                (_mesh.array_mesh(up.kernel[...]), up._mesh_at_build),
+            )
             h = core.glu(h, self.activation)
         else:
             h = self.activation(h)

@@ -51,13 +51,15 @@ class ProjectionInits:
         return dict(kernel_init=self.kernel_init, bias_init=self.bias_init)
 
 
-def projection_inits(kernel_init: Any, bias_init: Any,
-                     **own: tuple[Any, Any]) -> dict[str, ProjectionInits]:
+def projection_inits(kernel_init: Any, bias_init: Any, **own: tuple[Any, Any]) -> dict[str, ProjectionInits]:
     """Each projection's ``(kernel_init, bias_init)``: its own where given (not ``None``), else the
     MLP's shared ``kernel_init`` / ``bias_init``."""
-    return {name: ProjectionInits(kernel_init if k is None else k, bias_init if b is None else b,
-                                  k is not None, b is not None)
-            for name, (k, b) in own.items()}
+    return {
+        name: ProjectionInits(
+            kernel_init if k is None else k, bias_init if b is None else b, k is not None, b is not None
+        )
+        for name, (k, b) in own.items()
+    }
 
 
 @contextlib.contextmanager
@@ -67,17 +69,19 @@ def building(where: str, projection: str, inits: ProjectionInits) -> Iterator[No
     try:
         yield
     except (ValueError, TypeError) as e:
-        k = (f"{projection}_kernel_init" if inits.own_kernel
-             else f"kernel_init (no {projection}_kernel_init given)")
-        b = (f"{projection}_bias_init" if inits.own_bias
-             else f"bias_init (no {projection}_bias_init given)")
-        e.add_note(f"While building {where}.{projection}: its `kernel` is from {k}, its `bias` "
-                   f"from {b}.")
+        k = (
+            f"{projection}_kernel_init"
+            if inits.own_kernel
+            else f"kernel_init (no {projection}_kernel_init given)"
+        )
+        b = f"{projection}_bias_init" if inits.own_bias else f"bias_init (no {projection}_bias_init given)"
+        e.add_note(f"While building {where}.{projection}: its `kernel` is from {k}, its `bias` from {b}.")
         raise
 
 
-def local_initializer(init: Initializer, global_shape: Sequence[int], names: Sequence[Any],
-                      axis_name: str, tp: int) -> Initializer:
+def local_initializer(
+    init: Initializer, global_shape: Sequence[int], names: Sequence[Any], axis_name: str, tp: int
+) -> Initializer:
     """Wraps ``init`` to build this device's shard of a ``global_shape`` parameter (local mode).
 
     The whole parameter is drawn from the same key on every device and sliced along the dims that
@@ -101,27 +105,39 @@ def _slice_tp(value: Array, names: Sequence[Any], axis_name: str, tp: int) -> Ar
     return value
 
 
-def local_shape(global_shape: Sequence[int], names: Sequence[Any], axis_name: str,
-                tp: int) -> tuple[int, ...]:
+def local_shape(
+    global_shape: Sequence[int], names: Sequence[Any], axis_name: str, tp: int
+) -> tuple[int, ...]:
     """``global_shape`` with each dim split over ``axis_name`` divided by ``tp``."""
     return tuple(d // tp if n == axis_name else d for d, n in zip(global_shape, names, strict=True))
 
 
-def check_divisible(where: str, what: str, value: int, tp: int | None, axis_name: str,
-                    hint: str = "") -> None:
+def check_divisible(
+    where: str, what: str, value: int, tp: int | None, axis_name: str, hint: str = ""
+) -> None:
     if tp is not None and value % tp:
-        raise ValueError(f"{where}: {what} must be divisible by the size of mesh axis "
-                         f"{axis_name!r} ({tp}); got {value}.{hint}")
+        raise ValueError(
+            f"{where}: {what} must be divisible by the size of mesh axis "
+            f"{axis_name!r} ({tp}); got {value}.{hint}"
+        )
 
 
-def check_param_divisible(where: str, param: str, shape: Sequence[int], names: Sequence[Any],
-                          dim_names: Sequence[str] | None, tp: int | None, axis_name: str) -> None:
+def check_param_divisible(
+    where: str,
+    param: str,
+    shape: Sequence[int],
+    names: Sequence[Any],
+    dim_names: Sequence[str] | None,
+    tp: int | None,
+    axis_name: str,
+) -> None:
     """Each dim of ``shape`` split over ``axis_name`` divides by ``tp``; the error names the dim
     by ``dim_names`` (e.g. ``out_features``) where given."""
     for dim, name in enumerate(names):
         if name == axis_name:
-            what = (dim_names[dim] if dim_names is not None
-                    else f"parameter `{param}` dim {dim} of {list(shape)}")
+            what = (
+                dim_names[dim] if dim_names is not None else f"parameter `{param}` dim {dim} of {list(shape)}"
+            )
             check_divisible(where, what, shape[dim], tp, axis_name)
 
 
@@ -138,8 +154,9 @@ def _axes_of(entry: Any) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def merge_partitioning(where: str, param: str, layer_names: Sequence[Any], user_names: Any,
-                       axis_name: str) -> tuple[Any, ...]:
+def merge_partitioning(
+    where: str, param: str, layer_names: Sequence[Any], user_names: Any, axis_name: str
+) -> tuple[Any, ...]:
     """The layer's partitioning names with the user's on the dims the layer keeps whole over
     ``axis_name``: ``(None, "tp")`` and ``("fsdp", "tp")`` give ``("fsdp", "tp")``.
 
@@ -151,7 +168,8 @@ def merge_partitioning(where: str, param: str, layer_names: Sequence[Any], user_
     if len(user) > len(layer_names):
         raise ValueError(
             f"{where}: {param}_init's partitioning {user} has {len(user)} entries, but `{param}` "
-            f"has {len(layer_names)} dims (the layer names it {layer_names}).")
+            f"has {len(layer_names)} dims (the layer names it {layer_names})."
+        )
     user = user + (None,) * (len(layer_names) - len(user))
     merged = []
     for dim, (mine, theirs) in enumerate(zip(layer_names, user, strict=True)):
@@ -161,14 +179,16 @@ def merge_partitioning(where: str, param: str, layer_names: Sequence[Any], user_
                     f"{where}: {param}_init's partitioning {user} names {theirs!r} on dim {dim} of "
                     f"`{param}`, which the layer splits over {axis_name!r} itself (it sets "
                     f"{layer_names}). Leave that dim None; other mesh axes (e.g. FSDP) may go on "
-                    f"the dims the layer keeps whole.")
+                    f"the dims the layer keeps whole."
+                )
             merged.append(mine)
         else:
             if axis_name in _axes_of(theirs):
                 raise ValueError(
                     f"{where}: {param}_init's partitioning {user} names the tensor-parallel axis "
                     f"{axis_name!r} on dim {dim} of `{param}`, which the layer keeps whole over it "
-                    f"(it sets {layer_names}). The layer places {axis_name!r} itself: leave it out.")
+                    f"(it sets {layer_names}). The layer places {axis_name!r} itself: leave it out."
+                )
             merged.append(theirs)
     return tuple(merged)
 
@@ -203,8 +223,9 @@ def unbox_init(where: str, param: str, value: Any) -> Boxed:
 
     if isinstance(value, variablelib.VariableMetadata):
         md = value.metadata
-        names = next((md[k] for k in ("out_sharding", "sharding_names", "sharding")
-                      if md.get(k) is not None), None)
+        names = next(
+            (md[k] for k in ("out_sharding", "sharding_names", "sharding") if md.get(k) is not None), None
+        )
         if isinstance(names, jax.sharding.NamedSharding):
             names = names.spec
         rules = _rules(md.get("sharding_rules"))
@@ -218,7 +239,8 @@ def unbox_init(where: str, param: str, value: Any) -> Boxed:
             f"{where}: {param}_init returned a {type(value).__name__} box, which the layer cannot "
             f"read. The layer sets the tensor-parallel partitioning of `{param}` itself: give a "
             f"plain initializer, or one wrapped in `with_partitioning` (mesh axis names) or "
-            f"`nn.with_logical_partitioning` (logical names).")
+            f"`nn.with_logical_partitioning` (logical names)."
+        )
     return Boxed(value)
 
 
@@ -231,10 +253,21 @@ def inherited_names(kernel: Resolved) -> Boxed | None:
     return Boxed(None, (kernel.names[1],), kernel.rules, True)
 
 
-def init_param(where: str, param: str, init: Initializer, key: Array, global_shape: Sequence[int],
-               dtype: Any, layer_names: Sequence[Any], axis_name: str, p: Placement, *,
-               framework: str, slice_local: bool = True,
-               default: Boxed | None = None) -> tuple[Array, Resolved, Any]:
+def init_param(
+    where: str,
+    param: str,
+    init: Initializer,
+    key: Array,
+    global_shape: Sequence[int],
+    dtype: Any,
+    layer_names: Sequence[Any],
+    axis_name: str,
+    p: Placement,
+    *,
+    framework: str,
+    slice_local: bool = True,
+    default: Boxed | None = None,
+) -> tuple[Array, Resolved, Any]:
     """Runs ``init`` at the parameter's global shape: ``(value, partitioning, user's box or None)``.
 
     The partitioning is the layer's merged with the names the initializer's box carries (mesh
@@ -245,27 +278,37 @@ def init_param(where: str, param: str, init: Initializer, key: Array, global_sha
     """
     layer_names = tuple(layer_names)
     got = unbox_init(where, param, init(key, tuple(global_shape), dtype))
-    user = got if got.names is not None or default is None else dataclasses.replace(
-        default, value=got.value)
+    user = got if got.names is not None or default is None else dataclasses.replace(default, value=got.value)
     res = _partitioning(where, param, layer_names, user, axis_name, p, framework)
     raw = got.value
     if p.local:
         if res.mesh_names != layer_names:
-            given = (f"logical names {res.names} map to mesh axes {res.mesh_names}, which"
-                     if res.logical else f"partitioning names {res.names}")
+            given = (
+                f"logical names {res.names} map to mesh axes {res.mesh_names}, which"
+                if res.logical
+                else f"partitioning names {res.names}"
+            )
             raise ValueError(
                 f"{where}: {param}_init's {given} put mesh axes other than "
                 f"{axis_name!r} on `{param}`; inside `jax.shard_map` over {axis_name!r} (local "
                 f"mode) parameters are whole on the dims not split over {axis_name!r}. Build the "
-                f"layer outside shard_map (global mode) to keep those names.")
+                f"layer outside shard_map (global mode) to keep those names."
+            )
         if slice_local:
             assert p.tp is not None
             raw = _slice_tp(raw, res.mesh_names, axis_name, p.tp)
     return raw, res, got.box
 
 
-def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Boxed,
-                  axis_name: str, p: Placement, framework: str) -> Resolved:
+def _partitioning(
+    where: str,
+    param: str,
+    layer_names: tuple[Any, ...],
+    user: Boxed,
+    axis_name: str,
+    p: Placement,
+    framework: str,
+) -> Resolved:
     mesh_axes = None if p.mesh is None else tuple(p.mesh.axis_names)
     names = () if user.names is None else _entries(user.names)
 
@@ -273,15 +316,12 @@ def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Bo
         return merge_partitioning(where, param, layer_names, entries, axis_name)
 
     if framework == "nnx":
-        return logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name,
-                                          mesh_axes, merge)
-    if user.logical or (user.names is None
-                        and logical.linen_rules_cover(layer_names, axis_name)):
+        return logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name, mesh_axes, merge)
+    if user.logical or (user.names is None and logical.linen_rules_cover(layer_names, axis_name)):
         # With rules in context, the layer's own boxes are logical too (`None`, and the rules' name
         # for the TP axis): one tree of logical names, which a "layers" name added by `nn.scan`
         # and `nn.logical_to_mesh_sharding` of the whole tree need.
-        return logical.resolve_linen(where, param, layer_names, names, user.rules,
-                                            axis_name, mesh_axes)
+        return logical.resolve_linen(where, param, layer_names, names, user.rules, axis_name, mesh_axes)
     merged = layer_names if user.names is None else merge(names)
     if mesh_axes is not None and user.names is not None:
         for dim, (name, entry) in enumerate(zip(names, merged, strict=False)):
@@ -291,5 +331,6 @@ def _partitioning(where: str, param: str, layer_names: tuple[Any, ...], user: Bo
                     f"{where}: `{param}` dim {dim} (the layer names `{param}` {layer_names}): "
                     f"{param}_init's partitioning names it {name!r}, but the mesh has no axis "
                     f"{missing[0]!r} (its axes: {mesh_axes}). Name an axis of the mesh, or None "
-                    f"to keep the dim whole.")
+                    f"to keep the dim whole."
+                )
     return logical.Resolved(merged, merged)

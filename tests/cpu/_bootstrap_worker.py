@@ -39,11 +39,13 @@ def init_distributed(heartbeat_s: int = 10) -> None:
     """jax.distributed on the CPU backend with short timeouts, so a failure never hangs long."""
     import jax
 
-    wanted = {"initialization_timeout": 30, "heartbeat_timeout_seconds": heartbeat_s,
-              "shutdown_timeout_seconds": 10}
+    wanted = {
+        "initialization_timeout": 30,
+        "heartbeat_timeout_seconds": heartbeat_s,
+        "shutdown_timeout_seconds": 10,
+    }
     accepted = inspect.signature(jax.distributed.initialize).parameters
-    jax.distributed.initialize(coord, nprocs, rank,
-                               **{k: v for k, v in wanted.items() if k in accepted})
+    jax.distributed.initialize(coord, nprocs, rank, **{k: v for k, v in wanted.items() if k in accepted})
 
 
 def shutdown_distributed(ex) -> None:
@@ -84,8 +86,7 @@ def scenario_gather() -> None:
     init2 = bs.next_init_id()
     assert init2 == 2
     group, members = rank % 2, list(range(rank % 2, nprocs, 2))
-    sub = bs.KVExchange(bs.group_namespace(init2, group), members.index(rank), len(members),
-                        timeout_s=20)
+    sub = bs.KVExchange(bs.group_namespace(init2, group), members.index(rank), len(members), timeout_s=20)
     got2 = sub.all_gather("blobs", blob(rank, 2))
     assert got2 == [blob(r, 2) for r in members], f"rank {rank}: round 2 read a wrong payload"
     bs.agree(sub, {"group": group, "members": members})
@@ -143,9 +144,16 @@ def scenario_timeout(mode: str, timeout_s: float, missing: list[int]) -> None:
 
 
 def scenario_env() -> None:
-    keys = ["JAX_UB_TEST_COORD", "JAX_UB_TEST_NPROCS", "JAX_UB_TEST_RANK", "CUDA_VISIBLE_DEVICES",
-            "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-            "JAX_UB_TEST_EXTRA"]
+    keys = [
+        "JAX_UB_TEST_COORD",
+        "JAX_UB_TEST_NPROCS",
+        "JAX_UB_TEST_RANK",
+        "CUDA_VISIBLE_DEVICES",
+        "NCCL_NVLS_ENABLE",
+        "NVSHMEM_DISABLE_NVLS",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+        "JAX_UB_TEST_EXTRA",
+    ]
     emit(rank=rank, pid=os.getpid(), pgid=os.getpgid(0), env={k: os.environ.get(k) for k in keys})
     print(f"stderr of rank {rank}", file=sys.stderr, flush=True)
     sys.exit(3 if rank == 1 else 0)

@@ -55,8 +55,9 @@ if scenario == "ok" and rank == 1:
 
 wanted = {"initialization_timeout": 30, "heartbeat_timeout_seconds": 60, "shutdown_timeout_seconds": 10}
 accepted = inspect.signature(jax.distributed.initialize).parameters
-jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
-                           **{k: v for k, v in wanted.items() if k in accepted})
+jax.distributed.initialize(
+    os.environ["JAX_UB_TEST_COORD"], nprocs, rank, **{k: v for k, v in wanted.items() if k in accepted}
+)
 
 fields = {"steps": 10, "seed": 0, "shape": (4, 8)}
 kw = {}

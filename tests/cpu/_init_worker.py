@@ -43,11 +43,11 @@ if scenario == "schedule_mismatch" and rank == 1:
 
 import jax  # noqa: E402
 
-wanted = {"initialization_timeout": 30, "heartbeat_timeout_seconds": 30,
-          "shutdown_timeout_seconds": 10}
+wanted = {"initialization_timeout": 30, "heartbeat_timeout_seconds": 30, "shutdown_timeout_seconds": 10}
 accepted = inspect.signature(jax.distributed.initialize).parameters
-jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
-                           **{k: v for k, v in wanted.items() if k in accepted})
+jax.distributed.initialize(
+    os.environ["JAX_UB_TEST_COORD"], nprocs, rank, **{k: v for k, v in wanted.items() if k in accepted}
+)
 
 import jax_ub  # noqa: E402
 from jax_ub import _ext  # noqa: E402
@@ -114,20 +114,25 @@ def step(name, fn):
     t0 = time.monotonic()
     try:
         s = fn()
-        out = {"ok": True, "set": None if s is None else s.set_id,
-               "transport": getattr(s, "transport", None), "reason": getattr(s, "transport_reason", None)}
+        out = {
+            "ok": True,
+            "set": None if s is None else s.set_id,
+            "transport": getattr(s, "transport", None),
+            "reason": getattr(s, "transport_reason", None),
+        }
     except Exception as err:  # reported to the test
         out = {"ok": False, "err": f"{type(err).__name__}: {err}"}
-    print("RESULT " + json.dumps({"step": name, "dt": round(time.monotonic() - t0, 2), **out}),
-          flush=True)
+    print("RESULT " + json.dumps({"step": name, "dt": round(time.monotonic() - t0, 2), **out}), flush=True)
 
 
 class _LogLines(logging.Handler):
     """jax_ub's log records as RESULT lines (step "log"), for the tests that check a message."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        print("RESULT " + json.dumps({"step": "log", "level": record.levelname,
-                                      "msg": record.getMessage()}), flush=True)
+        print(
+            "RESULT " + json.dumps({"step": "log", "level": record.levelname, "msg": record.getMessage()}),
+            flush=True,
+        )
 
 
 if os.environ.get("CAPTURE_LOG"):  # with JAX_UB_LOG=INFO (jax_ub sets its logger's level)
@@ -165,8 +170,10 @@ elif scenario == "reinit":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     step("same", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     step("bigger", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T, buffer_mib=64))
-    step("transport", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T,
-                                                transport="nccl" if rank == 0 else None))
+    step(
+        "transport",
+        lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T, transport="nccl" if rank == 0 else None),
+    )
 elif scenario == "tables":
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     _ext.cuda_path_available = lambda: (False, "stand-in: reference path")
@@ -175,8 +182,7 @@ elif scenario == "tables_changed":
     from jax_ub import choice
 
     def chosen():
-        return choice.choose("rs", 2, "bfloat16", 4096, 4096, 4096,
-                             os.environ["JAX_UB_TUNING_FILE"]).method
+        return choice.choose("rs", 2, "bfloat16", 4096, 4096, 4096, os.environ["JAX_UB_TUNING_FILE"]).method
 
     step("init", lambda: jax_ub.initialize(mesh(), "tp", timeout_s=T))
     print("RESULT " + json.dumps({"step": "chosen", "method": chosen()}), flush=True)

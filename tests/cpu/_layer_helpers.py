@@ -90,9 +90,11 @@ def nnx_layer(kind, **kw):
 
 def linen_layer(kind, **kw):
     """The linen layer of ``kind`` ("column", "row" or "mlp") at the sizes above."""
-    return {"column": lambda: ubl.ColumnParallelDense(F, **kw),
-            "row": lambda: ubl.RowParallelDense(H, **kw),
-            "mlp": lambda: ubl.ParallelMLP(F, **kw)}[kind]()
+    return {
+        "column": lambda: ubl.ColumnParallelDense(F, **kw),
+        "row": lambda: ubl.RowParallelDense(H, **kw),
+        "mlp": lambda: ubl.ParallelMLP(F, **kw),
+    }[kind]()
 
 
 def pure(module):
@@ -105,9 +107,14 @@ def randomized(params, seed=5):
     added twice or a norm parameter ignored (only the gradients would)."""
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    new = [jax.device_put(np.asarray(v) + np.asarray(jax.random.normal(k, v.shape, v.dtype)),
-                          getattr(v, "sharding", None)) if v.ndim == 1 else v
-           for v, k in zip(leaves, keys, strict=True)]
+    new = [
+        jax.device_put(
+            np.asarray(v) + np.asarray(jax.random.normal(k, v.shape, v.dtype)), getattr(v, "sharding", None)
+        )
+        if v.ndim == 1
+        else v
+        for v, k in zip(leaves, keys, strict=True)
+    ]
     return jax.tree.unflatten(tree, new)
 
 
@@ -133,8 +140,7 @@ def value_and_grads(fn, params, x, ct):
 
 def assert_close(a, b, **tol):
     """Every leaf of the trees ``a`` and ``b`` (of one structure) close: ``tol`` or :data:`TOL`."""
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)),
-                 a, b)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), **(tol or TOL)), a, b)
 
 
 def nnx_matches(mesh, build, oracle, x, ct):

@@ -33,8 +33,11 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
     for name in jax_ub.config.KNOB_VARIABLES:  # the bench's defaults, whatever the caller set
         env.pop(name, None)
@@ -53,9 +56,15 @@ def _default_settings(monkeypatch):
 
 def _bench(args: list[str], out: Path, tag: str | None = None) -> tuple[dict, str]:
     """Runs the harness in a subprocess on 4 simulated CPU devices; (the JSON, stdout)."""
-    proc = subprocess.run([sys.executable, "-m", "jax_ub.bench", *args, *FAST, "--out", str(out),
-                           "--machine", "test-box"], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jax_ub.bench", *args, *FAST, "--out", str(out), "--machine", "test-box"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     (path,) = out.glob(f"test-box-*-{tag or args[0]}.json")
     if HAVE_MPL:
@@ -76,15 +85,46 @@ def _synthetic_records() -> list[dict]:
         t = 0.0
         for chunk in range(4):
             peer = (dev + chunk) % 4
-            recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
-                         "name": "copy" if chunk else "local_copy", "chunk": peer,
-                         "stream": f"comm{chunk % 2}", "start_ms": t, "end_ms": t + 0.2})
-            recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
-                         "name": "gemm", "chunk": peer, "stream": "compute0",
-                         "start_ms": t + 0.2, "end_ms": t + 0.5})
+            recs.append(
+                {
+                    "device": dev,
+                    "rank": dev,
+                    "op": "all_gather_matmul",
+                    "epoch": 1,
+                    "name": "copy" if chunk else "local_copy",
+                    "chunk": peer,
+                    "stream": f"comm{chunk % 2}",
+                    "start_ms": t,
+                    "end_ms": t + 0.2,
+                }
+            )
+            recs.append(
+                {
+                    "device": dev,
+                    "rank": dev,
+                    "op": "all_gather_matmul",
+                    "epoch": 1,
+                    "name": "gemm",
+                    "chunk": peer,
+                    "stream": "compute0",
+                    "start_ms": t + 0.2,
+                    "end_ms": t + 0.5,
+                }
+            )
             t += 0.25
-        recs.append({"device": dev, "rank": dev, "op": "all_gather_matmul", "epoch": 1,
-                     "name": "wait", "chunk": -1, "stream": "compute0", "start_ms": 0.0, "end_ms": 0.2})
+        recs.append(
+            {
+                "device": dev,
+                "rank": dev,
+                "op": "all_gather_matmul",
+                "epoch": 1,
+                "name": "wait",
+                "chunk": -1,
+                "stream": "compute0",
+                "start_ms": 0.0,
+                "end_ms": 0.2,
+            }
+        )
     return recs
 
 
@@ -102,8 +142,14 @@ def test_timeline_draw_writes_png(tmp_path):
 
 def test_timeline_lanes_and_summary():
     recs = _synthetic_records()
-    assert timeline.lanes(recs) == [(0, "comm0"), (0, "comm1"), (0, "compute0"),
-                                    (1, "comm0"), (1, "comm1"), (1, "compute0")]
+    assert timeline.lanes(recs) == [
+        (0, "comm0"),
+        (0, "comm1"),
+        (0, "compute0"),
+        (1, "comm0"),
+        (1, "comm1"),
+        (1, "compute0"),
+    ]
     text = timeline.summary(recs)
     assert "device 0: span 1.250 ms" in text and "device 1" in text
     assert timeline.draw([], "unused.png", "empty") is None
@@ -124,8 +170,9 @@ def test_capture_timeline_keeps_the_last_of_back_to_back_calls(monkeypatch):
     only the last one's ops (per device, the latest epochs, as many as one call runs) are kept."""
     ran = []
     # two ops per call on each device, 4 calls: epochs 1..8 (device 0) and 11..18 (device 1)
-    fake = [{"device": d, "epoch": base + e, "name": "gemm"} for d, base in ((0, 0), (1, 10))
-            for e in range(1, 9)]
+    fake = [
+        {"device": d, "epoch": base + e, "name": "gemm"} for d, base in ((0, 0), (1, 10)) for e in range(1, 9)
+    ]
     monkeypatch.setattr(trace, "trace_enable", lambda on: None, raising=False)
     monkeypatch.setattr(trace, "trace_collect", lambda: fake, raising=False)
     records, why = harness.capture_timeline(lambda x: ran.append(1) or x, (jnp.ones(3),), calls=4)
@@ -146,8 +193,7 @@ def test_capture_timeline_without_tracing(monkeypatch):
     assert records is None and "without tracing" in why
 
 
-def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monkeypatch, tmp_path,
-                                                                             capsys):
+def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monkeypatch, tmp_path, capsys):
     """At tp=1 (or where auto runs XLA's path) the traced calls run no jax_ub op: no picture, a
     line saying why, and ``{}`` (not None, which stops the tracing of every later case)."""
     import argparse
@@ -161,7 +207,9 @@ def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monk
     assert "timeline tp1-8x4x8: no records: the traced calls ran no jax_ub CUDA op" in capsys.readouterr().out
     assert not list(tmp_path.iterdir())
     monkeypatch.setattr(trace, "trace_enable", _broken)  # tracing unavailable: callers stop trying
-    assert harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),))) is None
+    assert (
+        harness.traced_case(a, stem, {"M": 8, "K": 4, "N": 8, "tp": 1}, (lambda x: x, (jnp.ones(3),))) is None
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,8 +218,21 @@ def test_traced_case_without_a_jax_ub_op_says_so_and_lets_later_cases_trace(monk
 
 @pytest.mark.parametrize(("op", "tps"), [("ag", ["4", "2"]), ("rs", ["4"])])
 def test_ag_rs_harness(op, tps, tmp_path, capsys):
-    rc = cli.main([op, "--tp", *tps, "--shapes", "64,32,64", "--timeline", *FAST,
-                       "--out", str(tmp_path), "--machine", "test-box"])
+    rc = cli.main(
+        [
+            op,
+            "--tp",
+            *tps,
+            "--shapes",
+            "64,32,64",
+            "--timeline",
+            *FAST,
+            "--out",
+            str(tmp_path),
+            "--machine",
+            "test-box",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "path: xla-reference" in out and "T/T_ideal" in out
@@ -189,16 +250,19 @@ def test_ag_rs_harness(op, tps, tmp_path, capsys):
         assert all(r["gemm_tune"] == jax_ub.config.get().gemm_tune for r in recs)  # which plans
 
 
-@pytest.mark.parametrize(("op", "args"), [("ag", ["--tp", "16"]), ("rs", ["--tp", "4", "--shapes", "66,32,64"]),
-                                         ("bulk", ["--tp", "16"])])
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [("ag", ["--tp", "16"]), ("rs", ["--tp", "4", "--shapes", "66,32,64"]), ("bulk", ["--tp", "16"])],
+)
 def test_a_run_with_nothing_to_measure_fails_and_writes_nothing(op, args, tmp_path, capsys):
     """Every tp larger than the devices here (8), or no shape that tp divides: exit 2, no JSON."""
     assert cli.main([op, *args, *FAST, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: nothing to measure with --tp" in err and "on 8 device(s)" in err, err
     # Off the CUDA path with too few devices, the error says how a CPU trial gets more.
-    assert ("XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial 4 devices" in err) \
-        == (op != "rs"), err
+    assert ("XLA_FLAGS=--xla_force_host_platform_device_count=4 gives a CPU trial 4 devices" in err) == (
+        op != "rs"
+    ), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -217,8 +281,10 @@ def test_default_shapes_off_the_cuda_path_are_announced_as_gpu_sized(op, monkeyp
         with pytest.raises(KeyboardInterrupt):
             cli.main([op, "--tp", "2", *FAST, *shapes, "--out", str(tmp_path)])
         err = capsys.readouterr().err
-        note = "note: the default shapes are sized for GPUs (up to 16384x12288x12288); on the XLA " \
-               "reference path each may take minutes: --shapes 512,256,768 tries the harness quickly"
+        note = (
+            "note: the default shapes are sized for GPUs (up to 16384x12288x12288); on the XLA "
+            "reference path each may take minutes: --shapes 512,256,768 tries the harness quickly"
+        )
         assert (note in err) == (not shapes), err
     assert len(started) == 2
 
@@ -226,10 +292,12 @@ def test_default_shapes_off_the_cuda_path_are_announced_as_gpu_sized(op, monkeyp
 def test_same_program_spread_compares_auto_with_its_own_method():
     """The noise line: jax_ub against jax_ub_<the method auto ran> per shape, or against
     xla_plain where auto ran XLA's path; a shape whose twin the run did not time gives nothing."""
-    rows = [(4, 1, 2, 3, {"jax_ub": 1.10, "jax_ub_ring": 1.00, "jax_ub_push": 2.0}, "ring"),
-            (4, 1, 2, 3, {"jax_ub": 0.90, "jax_ub_push": 1.00}, "push"),
-            (4, 1, 2, 3, {"jax_ub": 0.90, "xla_plain": 0.95}, "xla"),
-            (4, 1, 2, 3, {"jax_ub": 0.90}, "chain")]
+    rows = [
+        (4, 1, 2, 3, {"jax_ub": 1.10, "jax_ub_ring": 1.00, "jax_ub_push": 2.0}, "ring"),
+        (4, 1, 2, 3, {"jax_ub": 0.90, "jax_ub_push": 1.00}, "push"),
+        (4, 1, 2, 3, {"jax_ub": 0.90, "xla_plain": 0.95}, "xla"),
+        (4, 1, 2, 3, {"jax_ub": 0.90}, "chain"),
+    ]
     assert agrs.same_program_spread(rows) == pytest.approx([0.10, 0.10, 0.05 / 0.95])
 
 
@@ -244,9 +312,9 @@ def test_gemm_all_gpus_is_each_gpus_local_gemm(op, cpu_mesh):
     xs, ws = np.asarray(x), np.asarray(w)
     for i in range(4):
         if op == "ag":
-            want = xs @ ws[:, i * 6:(i + 1) * 6]
+            want = xs @ ws[:, i * 6 : (i + 1) * 6]
         else:
-            want = xs[:, i * 4:(i + 1) * 4] @ ws[i * 4:(i + 1) * 4]
+            want = xs[:, i * 4 : (i + 1) * 4] @ ws[i * 4 : (i + 1) * 4]
         np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-5)
 
 
@@ -262,10 +330,14 @@ def test_gemm_chunks_are_each_gpus_row_chunk_gemms(op, cpu_mesh):
     xs = np.concatenate([np.asarray(c) for c in chunks])  # the global x, rows in order
     ws = np.asarray(w)
     for i in range(4):  # device i
-        want = xs @ ws[:, i * 6:(i + 1) * 6] if op == "ag" else xs[:, i * 4:(i + 1) * 4] @ ws[i * 4:(i + 1) * 4]
+        want = (
+            xs @ ws[:, i * 6 : (i + 1) * 6]
+            if op == "ag"
+            else xs[:, i * 4 : (i + 1) * 4] @ ws[i * 4 : (i + 1) * 4]
+        )
         for j in range(4):  # its chunk j
             assert outs[j].shape == (4, 8, 6 if op == "ag" else 24)
-            np.testing.assert_allclose(outs[j][i], want[j * 8:(j + 1) * 8], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(outs[j][i], want[j * 8 : (j + 1) * 8], rtol=1e-5, atol=1e-5)
 
 
 def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
@@ -276,16 +348,35 @@ def test_ag_timeline_plumbing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: Mesh(np.array(jax.devices()[:tp]), ("tp",)))
     monkeypatch.setattr(trace, "trace_enable", lambda on: None, raising=False)
     monkeypatch.setattr(trace, "trace_collect", _synthetic_records, raising=False)
-    rc = cli.main(["ag", "--tp", "4", "--shapes", "64,32,64", "--timeline", *FAST,
-                       "--out", str(tmp_path), "--machine", "test-box"])
+    rc = cli.main(
+        [
+            "ag",
+            "--tp",
+            "4",
+            "--shapes",
+            "64,32,64",
+            "--timeline",
+            *FAST,
+            "--out",
+            str(tmp_path),
+            "--machine",
+            "test-box",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "timeline tp4-64x32x64: 18 records" in out and "device 1: span" in out
     (path,) = tmp_path.glob("test-box-*-ag.json")
     doc = json.loads(path.read_text())
     (tl,) = doc["timelines"]
-    assert {k: tl[k] for k in ("M", "K", "N", "tp", "dtype", "impl")} == \
-        {"M": 64, "K": 32, "N": 64, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub"}
+    assert {k: tl[k] for k in ("M", "K", "N", "tp", "dtype", "impl")} == {
+        "M": 64,
+        "K": 32,
+        "N": 64,
+        "tp": 4,
+        "dtype": "bfloat16",
+        "impl": "jax_ub",
+    }
     assert tl["records"] == _synthetic_records()
     if HAVE_MPL:
         (png,) = tmp_path.glob("test-box-*-ag-timeline-tp4-64x32x64.png")
@@ -304,7 +395,9 @@ def test_mlp_cli(tmp_path):
     checks = re.findall(r"^(\w+) check \(loss, \|dx\|\): (.*)$", stdout, re.M)
     assert [m for m, _ in checks] == ["mlp", "attn_proj", "swiglu"]
     for model, line in checks:
-        vals = {k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)}
+        vals = {
+            k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)
+        }
         assert {"jax_ub", "xla_plain"} <= set(vals), line
         for name, (loss, dx) in vals.items():
             assert loss > 0 and dx > 0, (model, name)
@@ -315,7 +408,9 @@ def test_mlp_cli(tmp_path):
     assert set(by_op) == {"mlp", "attn_proj", "swiglu"}
     for op, recs in by_op.items():
         impls = {r["impl"] for r in recs}
-        assert {"jax_ub", "xla_plain", "no_comm"} <= impls <= {"jax_ub", "xla_plain", "xla_windowed", "no_comm"}
+        assert (
+            {"jax_ub", "xla_plain", "no_comm"} <= impls <= {"jax_ub", "xla_plain", "xla_windowed", "no_comm"}
+        )
         for r in recs:
             assert r["ms"] > 0
             assert (r["hidden"], r["tokens"], r["tp"], r["dtype"]) == (64, 64, 4, "bfloat16")
@@ -326,10 +421,31 @@ def test_mlp_cli(tmp_path):
 def test_mlp_cli_remat(tmp_path):
     """--remat dots: every impl's forward under jax.checkpoint; jax_ub with
     jax_ub.checkpoint_policy(dots), jax_ub_base_policy with the bare policy; the same step."""
-    doc, stdout = _bench(["mlp", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--tp", "4",
-                          "--remat", "dots", "--models", "mlp"], tmp_path, tag="mlp-remat-dots")
-    assert re.search(r"^mlp: remat dots: jax_ub with jax_ub.checkpoint_policy [\d.]+ ms, with the bare "
-                     r"policy [\d.]+ ms", stdout, re.M), stdout
+    doc, stdout = _bench(
+        [
+            "mlp",
+            "--hidden",
+            "64",
+            "--ffn",
+            "128",
+            "--tokens",
+            "64",
+            "--tp",
+            "4",
+            "--remat",
+            "dots",
+            "--models",
+            "mlp",
+        ],
+        tmp_path,
+        tag="mlp-remat-dots",
+    )
+    assert re.search(
+        r"^mlp: remat dots: jax_ub with jax_ub.checkpoint_policy [\d.]+ ms, with the bare "
+        r"policy [\d.]+ ms",
+        stdout,
+        re.M,
+    ), stdout
     (line,) = re.findall(r"^mlp check \(loss, \|dx\|\): (.*)$", stdout, re.M)
     vals = {k: (float(a), float(b)) for k, a, b in re.findall(r"(\w+) \(([-\d.e+]+), ([-\d.e+]+)\)", line)}
     np.testing.assert_allclose(vals["jax_ub_base_policy"], vals["xla_plain"], rtol=2e-2)
@@ -346,8 +462,10 @@ def test_mlp_cli_rejects_bad_sizes(capsys):
 # ------------------------------------------------------------------------------------------------
 # bulk
 
-needs_bulk = pytest.mark.skipif(not hasattr(jax_ub, "bulk_all_gather"),
-                                reason="jax_ub.bulk_all_gather / bulk_reduce_scatter not implemented yet")
+needs_bulk = pytest.mark.skipif(
+    not hasattr(jax_ub, "bulk_all_gather"),
+    reason="jax_ub.bulk_all_gather / bulk_reduce_scatter not implemented yet",
+)
 
 
 @needs_bulk
@@ -409,8 +527,11 @@ def test_time_impls_interleaves_repetitions(capsys):
         raise ValueError("cannot build")
 
     a = argparse.Namespace(warmup=1, iters=2, reps=6, settle_ms=0)
-    out = harness.time_impls("t", {"a": impl("a"), "b": lambda: impl("b"), "c": broken,
-                                   "d": impl("d"), "e": impl("e", fail_from=2)}, a)
+    out = harness.time_impls(
+        "t",
+        {"a": impl("a"), "b": lambda: impl("b"), "c": broken, "d": impl("d"), "e": impl("e", fail_from=2)},
+        a,
+    )
     assert sorted(out) == ["a", "b", "d"], out
     assert all(v > 0 for v in out.values()), out
     assert calls[:4] == ["a", "b", "d", "e"], calls  # the warm-ups
@@ -420,7 +541,7 @@ def test_time_impls_interleaves_repetitions(capsys):
     rest = [n for n in timed if n != "e"]
     assert all(rest[i] == rest[i + 1] for i in range(0, len(rest), 2)), rest
     bursts = rest[::2]
-    per_rep = [bursts[3 * r:3 * (r + 1)] for r in range(6)]
+    per_rep = [bursts[3 * r : 3 * (r + 1)] for r in range(6)]
     assert all(sorted(rep) == ["a", "b", "d"] for rep in per_rep), per_rep
     assert len({tuple(rep) for rep in per_rep}) > 1, per_rep  # shuffled, not one fixed order
     err = capsys.readouterr().err
@@ -461,8 +582,6 @@ def test_time_impls_settles_each_impl_before_timing_it():
     assert harness.settle_calls(1.0, 0, 10) == 0
 
 
-
-
 def test_chain_fn_runs_every_call_and_time_is_per_op():
     """--chain: the chained program runs the op N times (none dead, none merged), and time_impls
     reports the time per op: an op that sleeps 20 ms on the host measures about 20 ms, not N x 20."""
@@ -495,9 +614,12 @@ def test_chain_fn_runs_every_call_and_time_is_per_op():
 def test_host_line_reports_the_slowest_device_per_op():
     """The bench's host line: per impl, the slowest device's host seconds per op over its bursts,
     and of it the wait for peers; impls that ran no jax_ub op (XLA, CPU) are left out."""
+
     def d(ops, host0, meet0, host1, meet1):
-        return {("tp", 0): {"ops": ops, "host_s": host0, "meet_s": meet0},
-                ("tp", 1): {"ops": ops, "host_s": host1, "meet_s": meet1}}
+        return {
+            ("tp", 0): {"ops": ops, "host_s": host0, "meet_s": meet0},
+            ("tp", 1): {"ops": ops, "host_s": host1, "meet_s": meet1},
+        }
 
     host = {
         "jax_ub": [d(10, 500e-6, 50e-6, 800e-6, 20e-6), d(10, 700e-6, 70e-6, 900e-6, 40e-6)],
@@ -515,17 +637,31 @@ def test_host_line_reports_the_slowest_device_per_op():
 def test_table_prints_split_floor_and_merged_push(capsys):
     """The ag table's last columns: T over max(the GEMM in tp row chunks, ub_comm); and, where the
     run timed both, push_merge over plain push, per shape (tp > 2: at tp=2 they are one program)."""
-    r = {"gemm_alone": 1.0, "gemm_all_gpus": 1.1, "gemm_chunks": 1.2, "comm_nccl": 0.5,
-         "comm_jax_ub": 0.4, "xla_plain": 2.0, "xla_windowed": 2.5, "jax_ub": 1.32,
-         "jax_ub_push": 1.32, "jax_ub_ring": 1.5, "jax_ub_all_peer": 1.6, "jax_ub_push_merge": 1.254}
+    r = {
+        "gemm_alone": 1.0,
+        "gemm_all_gpus": 1.1,
+        "gemm_chunks": 1.2,
+        "comm_nccl": 0.5,
+        "comm_jax_ub": 0.4,
+        "xla_plain": 2.0,
+        "xla_windowed": 2.5,
+        "jax_ub": 1.32,
+        "jax_ub_push": 1.32,
+        "jax_ub_ring": 1.5,
+        "jax_ub_all_peer": 1.6,
+        "jax_ub_push_merge": 1.254,
+    }
     agrs._table("ag", [(4, 8192, 8192, 28672, r, "push")], "path: cuda")
     out = capsys.readouterr().out
     assert "(1.100, 1.20; 1.200, 1.10)" in out  # T/max(all GPUs, comm) 1.20; T/max(chunks, comm) 1.10
     assert "push_merge / push: tp4 8192,8192,28672 0.950" in out
     agrs._table("ag", [(2, 8192, 8192, 28672, r, "push")], "path: cuda")
     assert "push_merge / push" not in capsys.readouterr().out
-    agrs._table("ag", [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "jax_ub_push_merge"},
-                        "push")], "path: cuda")
+    agrs._table(
+        "ag",
+        [(4, 8192, 8192, 28672, {k: v for k, v in r.items() if k != "jax_ub_push_merge"}, "push")],
+        "path: cuda",
+    )
     assert "push_merge / push" not in capsys.readouterr().out
 
 
@@ -537,31 +673,42 @@ SMALL = ["--shapes", "64,32,64"]  # were a check missing, the run would stay sho
 MLP_SMALL = ["--hidden", "64", "--ffn", "128", "--tokens", "64"]
 
 
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (["ag", "--tp", "2", "--shapes", "64,64"],
-     "argument --shapes: expected M,K,N: three positive integers separated by commas (e.g. "
-     "8192,8192,28672); got '64,64' (2 values)"),
-    (["ag", "--tp", "2", "--shapes", "64,64,64", "64,64,abc"], "got '64,64,abc' ('abc' is not a positive integer)"),
-    (["bulk", "--shapes", "64,0,64"], "got '64,0,64' ('0' is not a positive integer)"),
-    (["rs", "--shapes", "64,32,64,8"], "got '64,32,64,8' (4 values)"),
-    # a tp no device count here allows: the malformed shape is still reported, not skipped
-    (["ag", "--tp", "16", "--shapes", "64,64"], "argument --shapes: expected M,K,N"),
-    (["ag", "--tp", "0", *SMALL], "argument --tp: must be >= 1; got 0"),
-    (["bulk", "--tp", "4", "-2", *SMALL], "argument --tp: must be >= 1; got -2"),
-    (["mlp", "--tp", "0", *MLP_SMALL], "argument --tp: must be >= 1; got 0"),
-    (["mlp", *MLP_SMALL, "--tokens", "0"], "argument --tokens: must be >= 1; got 0"),
-    (["rs", *SMALL, "--iters", "0"], "argument --iters: must be >= 1; got 0"),
-    (["ag", *SMALL, "--iters", "many"], "argument --iters: expected an integer >= 1; got 'many'"),
-    (["ag", *SMALL, "--reps", "0"], "argument --reps: must be >= 1; got 0"),
-    (["bulk", *SMALL, "--chain", "0"], "argument --chain: must be >= 1; got 0"),
-    (["tune", "shapes.json", "--chain", "0"], "argument --chain: must be >= 1; got 0"),
-    (["ag", *SMALL, "--warmup", "-1"], "argument --warmup: must be >= 0; got -1"),
-    (["rs", *SMALL, "--settle-ms", "-5"], "argument --settle-ms: must be >= 0; got -5"),
-    (["ag", *SMALL, "--dtype", "int8"], "argument --dtype: invalid choice: 'int8' (choose from 'bfloat16', "
-                                        "'float16', 'float32')"),
-    (["mlp", *MLP_SMALL, "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
-    (["rs", *SMALL, "--timeline-method", "push"], "argument --timeline-method: invalid choice: 'push'"),
-], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (
+            ["ag", "--tp", "2", "--shapes", "64,64"],
+            "argument --shapes: expected M,K,N: three positive integers separated by commas (e.g. "
+            "8192,8192,28672); got '64,64' (2 values)",
+        ),
+        (
+            ["ag", "--tp", "2", "--shapes", "64,64,64", "64,64,abc"],
+            "got '64,64,abc' ('abc' is not a positive integer)",
+        ),
+        (["bulk", "--shapes", "64,0,64"], "got '64,0,64' ('0' is not a positive integer)"),
+        (["rs", "--shapes", "64,32,64,8"], "got '64,32,64,8' (4 values)"),
+        # a tp no device count here allows: the malformed shape is still reported, not skipped
+        (["ag", "--tp", "16", "--shapes", "64,64"], "argument --shapes: expected M,K,N"),
+        (["ag", "--tp", "0", *SMALL], "argument --tp: must be >= 1; got 0"),
+        (["bulk", "--tp", "4", "-2", *SMALL], "argument --tp: must be >= 1; got -2"),
+        (["mlp", "--tp", "0", *MLP_SMALL], "argument --tp: must be >= 1; got 0"),
+        (["mlp", *MLP_SMALL, "--tokens", "0"], "argument --tokens: must be >= 1; got 0"),
+        (["rs", *SMALL, "--iters", "0"], "argument --iters: must be >= 1; got 0"),
+        (["ag", *SMALL, "--iters", "many"], "argument --iters: expected an integer >= 1; got 'many'"),
+        (["ag", *SMALL, "--reps", "0"], "argument --reps: must be >= 1; got 0"),
+        (["bulk", *SMALL, "--chain", "0"], "argument --chain: must be >= 1; got 0"),
+        (["tune", "shapes.json", "--chain", "0"], "argument --chain: must be >= 1; got 0"),
+        (["ag", *SMALL, "--warmup", "-1"], "argument --warmup: must be >= 0; got -1"),
+        (["rs", *SMALL, "--settle-ms", "-5"], "argument --settle-ms: must be >= 0; got -5"),
+        (
+            ["ag", *SMALL, "--dtype", "int8"],
+            "argument --dtype: invalid choice: 'int8' (choose from 'bfloat16', 'float16', 'float32')",
+        ),
+        (["mlp", *MLP_SMALL, "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+        (["rs", *SMALL, "--timeline-method", "push"], "argument --timeline-method: invalid choice: 'push'"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
 def test_bad_arguments_are_argparse_errors(argv, fragment, tmp_path, capsys):
     """A malformed shape, a count below its minimum or an unsupported dtype: argparse's `error:`
     (exit 2, stderr) naming the argument, what it expects and what it got; nothing runs."""
@@ -587,13 +734,17 @@ def _broken(*args, **kwargs):
     raise RuntimeError("broken on purpose")
 
 
-@pytest.mark.parametrize(("op", "patch"), [
-    ("ag", ["all_gather_matmul"]),
-    ("rs", ["matmul_reduce_scatter"]),
-    pytest.param("bulk", ["bulk_all_gather", "bulk_reduce_scatter"], marks=needs_bulk),
-])
-def test_a_run_whose_jax_ub_impls_all_failed_fails_and_writes_nothing(op, patch, tmp_path, capsys,
-                                                                      monkeypatch):
+@pytest.mark.parametrize(
+    ("op", "patch"),
+    [
+        ("ag", ["all_gather_matmul"]),
+        ("rs", ["matmul_reduce_scatter"]),
+        pytest.param("bulk", ["bulk_all_gather", "bulk_reduce_scatter"], marks=needs_bulk),
+    ],
+)
+def test_a_run_whose_jax_ub_impls_all_failed_fails_and_writes_nothing(
+    op, patch, tmp_path, capsys, monkeypatch
+):
     """Every time of jax_ub's own impls failed (NaN in every jax_ub column): not exit 0 with a
     table of NaN, but exit 1 saying nothing was measured and why, and no JSON."""
     for name in patch:
@@ -602,8 +753,11 @@ def test_a_run_whose_jax_ub_impls_all_failed_fails_and_writes_nothing(op, patch,
     err = capsys.readouterr().err
     assert rc == 1, err
     assert "error: nothing was measured: jax_ub's impls gave no time in any case of bench " + op in err, err
-    label = {"ag": "ag tp=2 64x32x64 bfloat16", "rs": "rs tp=2 64x32x64 bfloat16",
-             "bulk": "bulk_ag tp=2 64x32x64 bfloat16"}[op]
+    label = {
+        "ag": "ag tp=2 64x32x64 bfloat16",
+        "rs": "rs tp=2 64x32x64 bfloat16",
+        "bulk": "bulk_ag tp=2 64x32x64 bfloat16",
+    }[op]
     assert f"jax_ub at {label}: RuntimeError: broken on purpose" in err, err
     assert "no file written" in err
     assert list(tmp_path.iterdir()) == []
@@ -611,12 +765,30 @@ def test_a_run_whose_jax_ub_impls_all_failed_fails_and_writes_nothing(op, patch,
 
 def test_an_mlp_run_whose_models_all_failed_fails_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(mlp_bench, "build", _broken)
-    rc = cli.main(["mlp", "--tp", "2", "--hidden", "64", "--ffn", "128", "--tokens", "64", "--models",
-                   "mlp", *FAST, "--out", str(tmp_path)])
+    rc = cli.main(
+        [
+            "mlp",
+            "--tp",
+            "2",
+            "--hidden",
+            "64",
+            "--ffn",
+            "128",
+            "--tokens",
+            "64",
+            "--models",
+            "mlp",
+            *FAST,
+            "--out",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1, err
     assert "error: nothing was measured" in err, err
-    assert "the case at mlp tp=2 hidden=64 ffn=128 tokens=64 bfloat16: RuntimeError: broken on purpose" in err, err
+    assert (
+        "the case at mlp tp=2 hidden=64 ffn=128 tokens=64 bfloat16: RuntimeError: broken on purpose" in err
+    ), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -628,8 +800,10 @@ def test_nothing_measured_only_when_no_case_timed_jax_ub(capsys):
     fails = [("xla_windowed", "c1: E: x")] + [("jax_ub", f"c{i}: E: y") for i in range(5)]
     assert harness.nothing_measured(a, [{"xla_plain": 1.0}], fails) == 1
     err = capsys.readouterr().err
-    assert "(expected at least one; jax_ub at c0: E: y; jax_ub at c1: E: y; jax_ub at c2: E: y; and 2 " \
-           "more (the lines above)); no file written" in err, err
+    assert (
+        "(expected at least one; jax_ub at c0: E: y; jax_ub at c1: E: y; jax_ub at c2: E: y; and 2 "
+        "more (the lines above)); no file written" in err
+    ), err
     assert "xla_windowed" not in err
     assert harness.nothing_measured(a, [], []) == 1
     assert "none of them was timed" in capsys.readouterr().err
@@ -656,8 +830,10 @@ def test_tune_off_the_cuda_path_fails_before_timing(tmp_path, capsys, monkeypatc
     rc = cli.main(["tune", str(_shapes_file(tmp_path)), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert "error: nothing to tune on this machine: a tuning file needs the times of the " \
-           "jax_ub_<method> impls, which need the CUDA path (path: xla-reference (" in err, err
+    assert (
+        "error: nothing to tune on this machine: a tuning file needs the times of the "
+        "jax_ub_<method> impls, which need the CUDA path (path: xla-reference (" in err
+    ), err
     assert "no file written" in err
     assert not (tmp_path / "o").exists()
 
@@ -665,20 +841,25 @@ def test_tune_off_the_cuda_path_fails_before_timing(tmp_path, capsys, monkeypatc
 def test_tune_with_nothing_usable_measured_fails_and_writes_nothing(tmp_path, capsys, monkeypatch):
     """On the CUDA path (stubbed), every jax_ub_<method> failed: one method per shape is no
     choice, so no tuning file; exit 1 naming the failures."""
+
     def fake_time(label, impls, a, failures=None, **kw):
         failures.extend((n, f"{label}: RuntimeError: no GPU") for n in impls if n.startswith("jax_ub_"))
         return {"xla_plain": 1.0, "jax_ub": 1.1}
 
     monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
-    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
+    monkeypatch.setattr(
+        harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",))
+    )
     monkeypatch.setattr(harness, "time_impls", fake_time)
     monkeypatch.setattr(agrs, "auto_method", lambda *a: "push")
     rc = cli.main(["tune", str(_shapes_file(tmp_path)), "--out", str(tmp_path / "o"), "--machine", "box"])
     err = capsys.readouterr().err
     assert rc == 1, err
-    assert "error: nothing usable was measured: a tuning file needs, at some shape, the times of two or " \
-           "more methods (jax_ub_<method> or xla_plain); got times of jax_ub, xla_plain only (jax_ub_push " \
-           "at tune ag tp2 float32 64x32x96 (forward, 1 calls): RuntimeError: no GPU" in err, err
+    assert (
+        "error: nothing usable was measured: a tuning file needs, at some shape, the times of two or "
+        "more methods (jax_ub_<method> or xla_plain); got times of jax_ub, xla_plain only (jax_ub_push "
+        "at tune ag tp2 float32 64x32x96 (forward, 1 calls): RuntimeError: no GPU" in err
+    ), err
     assert "no file written" in err
     assert not list((tmp_path / "o").glob("*.json"))
 
@@ -767,12 +948,13 @@ def test_check_compares_each_impl_with_its_reference(capsys):
     assert check("jax_ub", ref) == 0.0
     assert 0 < check("jax_ub_push", ref * (1 + 5e-3)) < 1e-2
     assert check("comm_jax_ub", ref + 1) == 0.0
-    for name, out, why in [("jax_ub", ref * 1.02,
-                            "relative error 0.02 against xla_plain (bound 0.01 in bfloat16)"),
-                           ("xla_windowed", ref.at[0, 0].set(jnp.nan), "relative error nan"),
-                           ("xla_windowed_nccl", ref * 0.5, "relative error 0.5 against xla_plain"),
-                           ("comm_jax_ub", ref, "against comm_nccl"),
-                           ("variant_push_merge", (ref, ref), "is not the reference's")]:
+    for name, out, why in [
+        ("jax_ub", ref * 1.02, "relative error 0.02 against xla_plain (bound 0.01 in bfloat16)"),
+        ("xla_windowed", ref.at[0, 0].set(jnp.nan), "relative error nan"),
+        ("xla_windowed_nccl", ref * 0.5, "relative error 0.5 against xla_plain"),
+        ("comm_jax_ub", ref, "against comm_nccl"),
+        ("variant_push_merge", (ref, ref), "is not the reference's"),
+    ]:
         with pytest.raises(harness.WrongOutput, match=re.escape(why)):
             check(name, out)
     f32 = harness.Check("float32")
@@ -789,20 +971,28 @@ def test_a_wrong_output_gets_no_time_and_a_failure():
     from types import SimpleNamespace
 
     x = jnp.arange(12.0).reshape(3, 4)
-    impls = {"xla_plain": (jax.jit(lambda x: x * 2), (x,)),
-             "jax_ub": (jax.jit(lambda x: x * 2 + 1e-4), (x,)),
-             "jax_ub_ring": (jax.jit(lambda x: x * 3), (x,))}
+    impls = {
+        "xla_plain": (jax.jit(lambda x: x * 2), (x,)),
+        "jax_ub": (jax.jit(lambda x: x * 2 + 1e-4), (x,)),
+        "jax_ub_ring": (jax.jit(lambda x: x * 3), (x,)),
+    }
     errs: dict = {}
     failures: list = []
     a = SimpleNamespace(warmup=1, iters=1, reps=1, settle_ms=0, chain=3)
     res = harness.time_impls("t", impls, a, probe=harness.Check("float32"), probes=errs, failures=failures)
     assert sorted(res) == ["jax_ub", "xla_plain"] and res.chain == {"jax_ub": 3, "xla_plain": 3}
     assert errs["xla_plain"] is None and 0 < errs["jax_ub"] < 1e-4
-    assert failures == [("jax_ub_ring", "t: WrongOutput: wrong output: relative error 0.5 against xla_plain "
-                                        "(bound 0.0001 in float32)")]
+    assert failures == [
+        (
+            "jax_ub_ring",
+            "t: WrongOutput: wrong output: relative error 0.5 against xla_plain (bound 0.0001 in float32)",
+        )
+    ]
     recs = harness.case_records({"op": "x"}, res, errs)
     assert {r["impl"]: (r["chain"], r.get("rel_err")) for r in recs} == {
-        "xla_plain": (3, None), "jax_ub": (3, float(f"{errs['jax_ub']:.3g}"))}
+        "xla_plain": (3, None),
+        "jax_ub": (3, float(f"{errs['jax_ub']:.3g}")),
+    }
 
 
 @pytest.mark.parametrize("op", ["ag", "rs"])
@@ -815,19 +1005,25 @@ def test_a_wrong_jax_ub_op_is_not_timed(op, tmp_path, capsys, monkeypatch):
     rc = cli.main([op, "--tp", "2", *SMALL, *FAST, "--out", str(tmp_path / "new")])
     err = capsys.readouterr().err
     assert rc == 1, err
-    assert f"jax_ub at {op} tp=2 64x32x64 bfloat16: WrongOutput: wrong output: relative error 1 against " \
-           f"xla_plain (bound 0.01 in bfloat16)" in err, err
+    assert (
+        f"jax_ub at {op} tp=2 64x32x64 bfloat16: WrongOutput: wrong output: relative error 1 against "
+        f"xla_plain (bound 0.01 in bfloat16)" in err
+    ), err
     assert not (tmp_path / "new").exists()  # no folder either: nothing was measured
 
 
 def test_records_say_their_chain_and_error(tmp_path, capsys):
     """--chain 2 on CPU: the jitted impls chained, xla_windowed (compiled) not: each record says its
     own chain, the header states none, and the table says which impls were not chained."""
-    rc = cli.main(["rs", "--tp", "2", *SMALL, *FAST, "--chain", "2", "--out", str(tmp_path),
-                   "--machine", "box"])
+    rc = cli.main(
+        ["rs", "--tp", "2", *SMALL, *FAST, "--chain", "2", "--out", str(tmp_path), "--machine", "box"]
+    )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "timed one op per dispatch (not chainable; the others chained): xla_windowed, xla_windowed_nccl" in out
+    assert (
+        "timed one op per dispatch (not chainable; the others chained): xla_windowed, xla_windowed_nccl"
+        in out
+    )
     assert "tp=2: geometric mean speedup vs xla_plain: " in out and "x over 1 of 1 shapes" in out
     doc = json.loads(next(tmp_path.glob("box-*-rs.json")).read_text())
     assert "chain" not in doc and doc["complete"] is True and doc["failures"] == [] and doc["config"] == {}
@@ -851,8 +1047,9 @@ def test_records_carry_the_spread_of_their_bursts(monkeypatch):
     real = harness._burst
     impls = {"jax_ub": (jax.jit(lambda x: x + 1), (x,))}
     a = SimpleNamespace(warmup=1, iters=1, reps=3, settle_ms=0, chain=2)
-    monkeypatch.setattr(harness, "_burst",
-                        lambda fn, args, iters: next(times) if iters == a.iters else real(fn, args, iters))
+    monkeypatch.setattr(
+        harness, "_burst", lambda fn, args, iters: next(times) if iters == a.iters else real(fn, args, iters)
+    )
     res = harness.time_impls("t", impls, a)
     (r,) = harness.case_records({"op": "x"}, res)
     assert (r["ms_min"], r["ms"], r["ms_max"], r["chain"]) == (0.5, 1.0, 2.5, 2)
@@ -879,8 +1076,10 @@ def test_records_carry_host_time_per_op_of_jax_ub_impls(monkeypatch):
         return out
 
     def stats():
-        return {("tp", 0): {"ops": clock["ops"], "host_s": clock["h0"], "meet_s": 0.0},
-                ("tp", 1): {"ops": clock["ops"], "host_s": clock["h1"], "meet_s": clock["m1"]}}
+        return {
+            ("tp", 0): {"ops": clock["ops"], "host_s": clock["h0"], "meet_s": 0.0},
+            ("tp", 1): {"ops": clock["ops"], "host_s": clock["h1"], "meet_s": clock["m1"]},
+        }
 
     impls = {"jax_ub": (jax.jit(lambda x: x + 1), (x,)), "xla_plain": (jax.jit(lambda x: x * 2), (x,))}
     a = SimpleNamespace(warmup=1, iters=2, reps=3, settle_ms=0, chain=1)
@@ -894,16 +1093,39 @@ def test_records_carry_host_time_per_op_of_jax_ub_impls(monkeypatch):
 
 
 def test_ratios_of_impls_of_different_chains_are_flagged(capsys):
-    r = harness.Times({"gemm_alone": 1.0, "comm_jax_ub": 0.4, "xla_plain": 2.0, "jax_ub": 1.25,
-                       "jax_ub_push": 1.25, "jax_ub_push_merge": 1.2},
-                      {"gemm_alone": 4, "comm_jax_ub": 4, "xla_plain": 4, "jax_ub": 4, "jax_ub_push": 4,
-                       "jax_ub_push_merge": 1})
-    assert harness.ratio(r, "xla_plain", "jax_ub") == 1.6 and harness.ratio(r, "jax_ub", "gemm_alone",
-                                                                            "comm_jax_ub") == 1.25
+    r = harness.Times(
+        {
+            "gemm_alone": 1.0,
+            "comm_jax_ub": 0.4,
+            "xla_plain": 2.0,
+            "jax_ub": 1.25,
+            "jax_ub_push": 1.25,
+            "jax_ub_push_merge": 1.2,
+        },
+        {
+            "gemm_alone": 4,
+            "comm_jax_ub": 4,
+            "xla_plain": 4,
+            "jax_ub": 4,
+            "jax_ub_push": 4,
+            "jax_ub_push_merge": 1,
+        },
+    )
+    assert (
+        harness.ratio(r, "xla_plain", "jax_ub") == 1.6
+        and harness.ratio(r, "jax_ub", "gemm_alone", "comm_jax_ub") == 1.25
+    )
     assert math.isnan(harness.ratio(r, "jax_ub_push_merge", "jax_ub_push"))
     assert math.isnan(harness.ratio(r, "xla_plain", "xla_windowed"))  # missing
-    agrs._table("ag", [(4, 8192, 8192, 8192, r, "push"), (4, 2048, 8192, 28672, harness.Times(), "-"),
-                       (2, 8192, 8192, 8192, r, "push")], "path: cuda")
+    agrs._table(
+        "ag",
+        [
+            (4, 8192, 8192, 8192, r, "push"),
+            (4, 2048, 8192, 28672, harness.Times(), "-"),
+            (2, 8192, 8192, 8192, r, "push"),
+        ],
+        "path: cuda",
+    )
     out = capsys.readouterr().out
     assert "push_merge / push: tp4 8192,8192,8192 n/a (chain 1 against 4)" in out
     assert "timed one op per dispatch (not chainable; the others chained): jax_ub_push_merge" in out
@@ -925,14 +1147,37 @@ def test_a_failing_case_does_not_cost_the_others(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(agrs, "build", build)
     monkeypatch.setattr(jax_ub, "shutdown", lambda: shutdowns.append(1))
-    rc = cli.main(["ag", "--tp", "2", "--shapes", "128,32,64", "64,32,64", *FAST, "--out", str(tmp_path),
-                   "--machine", "box"])
+    rc = cli.main(
+        [
+            "ag",
+            "--tp",
+            "2",
+            "--shapes",
+            "128,32,64",
+            "64,32,64",
+            *FAST,
+            "--out",
+            str(tmp_path),
+            "--machine",
+            "box",
+        ]
+    )
     assert rc == 0 and len(shutdowns) == 2
     assert "the case failed: MemoryError: out of memory making x" in capsys.readouterr().err
     doc = json.loads(next(tmp_path.glob("box-*-ag.json")).read_text())
     assert {r["M"] for r in doc["records"]} == {64} and doc["complete"] is True
-    assert doc["failures"] == [{"op": "ag_gemm", "M": 128, "K": 32, "N": 64, "tp": 2, "dtype": "bfloat16",
-                                "impl": "*", "error": "MemoryError: out of memory making x"}]
+    assert doc["failures"] == [
+        {
+            "op": "ag_gemm",
+            "M": 128,
+            "K": 32,
+            "N": 64,
+            "tp": 2,
+            "dtype": "bfloat16",
+            "impl": "*",
+            "error": "MemoryError: out of memory making x",
+        }
+    ]
 
 
 def test_the_file_is_written_after_every_case(tmp_path, monkeypatch):
@@ -950,8 +1195,21 @@ def test_the_file_is_written_after_every_case(tmp_path, monkeypatch):
 
     monkeypatch.setattr(agrs, "build", build)
     with pytest.raises(Killed):
-        cli.main(["ag", "--tp", "2", "--shapes", "64,32,64", "128,32,64", *FAST, "--out", str(tmp_path),
-                  "--machine", "box"])
+        cli.main(
+            [
+                "ag",
+                "--tp",
+                "2",
+                "--shapes",
+                "64,32,64",
+                "128,32,64",
+                *FAST,
+                "--out",
+                str(tmp_path),
+                "--machine",
+                "box",
+            ]
+        )
     doc = json.loads(next(tmp_path.glob("box-*-ag.json")).read_text())
     assert doc["complete"] is False and {r["M"] for r in doc["records"]} == {64}
     assert not list(tmp_path.glob("*.png"))  # the chart comes at the end
@@ -962,8 +1220,9 @@ def test_the_header_names_the_settings_away_from_their_defaults(tmp_path):
 
     a = argparse.Namespace(machine="box", date="20261125")
     with jax_ub.config.override(ag_push_merge=True, gemm_tune=0):
-        harness.write_json(a, str(tmp_path / "new" / "box"),
-                           [{"impl": "x", "chain": 2}, {"impl": "y", "chain": 2}])
+        harness.write_json(
+            a, str(tmp_path / "new" / "box"), [{"impl": "x", "chain": 2}, {"impl": "y", "chain": 2}]
+        )
     doc = json.loads((tmp_path / "new" / "box.json").read_text())
     assert doc["config"] == {"gemm_tune": 0, "ag_push_merge": True} and doc["chain"] == 2
 
@@ -974,9 +1233,13 @@ def test_a_missing_impl_is_a_gap_in_the_chart(tmp_path, monkeypatch):
 
     texts = []
     real = matplotlib.axes.Axes.text
-    monkeypatch.setattr(matplotlib.axes.Axes, "text",
-                        lambda self, *a, **k: texts.append(a[2]) or real(self, *a, **k))
-    recs = [{"c": "one", "impl": "a", "ms": 1.0}, {"c": "one", "impl": "b", "ms": 2.0},
-            {"c": "two", "impl": "a", "ms": 1.5}]
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "text", lambda self, *a, **k: texts.append(a[2]) or real(self, *a, **k)
+    )
+    recs = [
+        {"c": "one", "impl": "a", "ms": 1.0},
+        {"c": "one", "impl": "b", "ms": 2.0},
+        {"c": "two", "impl": "a", "ms": 1.5},
+    ]
     assert harness.plot(recs, str(tmp_path / "x.png"), "t", ["a", "b"], lambda r: r["c"])
     assert texts == ["n/a"]

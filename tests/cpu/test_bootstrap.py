@@ -39,8 +39,9 @@ from _ranks import run_ranks  # noqa: E402
 def blobs(world: int) -> list[bytes]:
     """Binary payloads: empty, every byte value, NULs, a larger random one."""
     rnd = os.urandom(70000)
-    return [(b"", bytes(range(256)) * 2, b"\x00" * 17, rnd)[r % 4] + bytes([r]) * (r // 4)
-            for r in range(world)]
+    return [
+        (b"", bytes(range(256)) * 2, b"\x00" * 17, rnd)[r % 4] + bytes([r]) * (r // 4) for r in range(world)
+    ]
 
 
 def results_of(res: Result) -> list[dict]:
@@ -134,8 +135,14 @@ def test_an_announced_failure_ends_the_peers_waits_at_once():
     world, timeout, store = 3, 20.0, bs.LocalStore()
 
     def rank_fn(r: int):
-        ex = bs.KVExchange("jax_ub/init7/group0", r, world, timeout_s=timeout, client=store,
-                           peer_names=[f"process {q}" for q in range(world)])
+        ex = bs.KVExchange(
+            "jax_ub/init7/group0",
+            r,
+            world,
+            timeout_s=timeout,
+            client=store,
+            peer_names=[f"process {q}" for q in range(world)],
+        )
         if r == 2:
             time.sleep(0.3)
             ex.announce_failure("RuntimeError: out of memory")
@@ -150,17 +157,28 @@ def test_an_announced_failure_ends_the_peers_waits_at_once():
     for r in (0, 1):
         msg, waited = out[r]
         assert waited < 3, waited
-        assert msg == ("jax_ub bootstrap all_gather 'handles' (jax_ub/init7/group0): rank 2 "
-                       "(process 2) failed and will not take part: RuntimeError: out of memory"), msg
+        assert msg == (
+            "jax_ub bootstrap all_gather 'handles' (jax_ub/init7/group0): rank 2 "
+            "(process 2) failed and will not take part: RuntimeError: out of memory"
+        ), msg
     with pytest.raises(ValueError, match="reserved for announce_failure"):
         bs.KVExchange("jax_ub/init7/group1", 0, 1, timeout_s=1, client=store).barrier("failed")
 
 
 def test_a_barrier_timeout_asks_about_the_call_that_should_have_come():
-    ex = bs.KVExchange("jax_ub/init8/group0", 0, 2, timeout_s=0.2, client=bs.LocalStore(),
-                       peer_names=["process 0", "process 1"])
-    with pytest.raises(bs.PeerTimeoutError, match=r"is process 1 running and did it call "
-                                                  r"jax_ub\.shutdown\(\)\?"):
+    ex = bs.KVExchange(
+        "jax_ub/init8/group0",
+        0,
+        2,
+        timeout_s=0.2,
+        client=bs.LocalStore(),
+        peer_names=["process 0", "process 1"],
+    )
+    with pytest.raises(
+        bs.PeerTimeoutError,
+        match=r"is process 1 running and did it call "
+        r"jax_ub\.shutdown\(\)\?",
+    ):
         ex.barrier("shutdown", reached="call jax_ub.shutdown()")
 
 
@@ -182,14 +200,18 @@ def test_local_timeout_names_every_missing_rank_and_is_bounded():
         assert msg == (
             f"jax_ub bootstrap all_gather 'handles' (jax_ub/init9/group0): rank {r} waited 0.4 s for "
             "ranks 1, 3 of world 4, which never published; are the processes holding ranks 1, 3 "
-            "running and did they call jax_ub.initialize()? (timeout: JAX_UB_TIMEOUT)")
+            "running and did they call jax_ub.initialize()? (timeout: JAX_UB_TIMEOUT)"
+        )
 
 
 def test_local_timeout_with_peer_names_and_broadcast():
     names = ["process 0", "process 0", "process 1", "process 1"]
     ex = bs.KVExchange("ns", 0, 4, timeout_s=0.2, client=bs.LocalStore(), peer_names=names)
-    with pytest.raises(bs.PeerTimeoutError, match=r"for rank 3 \(process 1\) of world 4.*is process 1 "
-                       r"running and did it call jax_ub.initialize\(\)"):
+    with pytest.raises(
+        bs.PeerTimeoutError,
+        match=r"for rank 3 \(process 1\) of world 4.*is process 1 "
+        r"running and did it call jax_ub.initialize\(\)",
+    ):
         ex.broadcast("nccl_id", None, root=3)
     with pytest.raises(bs.PeerTimeoutError, match=r"barrier 'end'.*ranks 1 \(process 0\), 2"):
         ex.barrier("end")
@@ -239,7 +261,8 @@ def test_agree_mismatch_same_message_on_every_rank():
         "jax_ub.initialize() with the same mesh, arguments, configuration and jax_ub version. "
         "Ranks 1, 3 differ from rank 0:\n"
         '  rank 1: dtype="float32" (rank 0: "bfloat16")\n'
-        '  rank 3: extra=1 (rank 0: <absent>); version="0.2.0" (rank 0: "0.1.0")')
+        '  rank 3: extra=1 (rank 0: <absent>); version="0.2.0" (rank 0: "0.1.0")'
+    )
 
 
 def test_validation_errors():
@@ -317,8 +340,9 @@ class _BytesDirClient(_FakeClient):
             return [(k, v) for k, v in sorted(self.data.items()) if k.startswith(key)]
 
 
-@pytest.mark.parametrize("client_cls", [_StringOnlyClient, _BytesDirClient],
-                         ids=["string-base64", "bytes-dirget"])
+@pytest.mark.parametrize(
+    "client_cls", [_StringOnlyClient, _BytesDirClient], ids=["string-base64", "bytes-dirget"]
+)
 def test_fake_jax_client_round_trip_and_timeout(client_cls):
     client, world = client_cls(), 3
     data = blobs(world)
@@ -340,8 +364,11 @@ def test_store_failure_is_reported_not_hidden():
             raise RuntimeError("UNAVAILABLE: Socket closed")
 
     ex = bs.KVExchange("ns", 0, 2, timeout_s=1, client=Broken())
-    with pytest.raises(RuntimeError, match=r"all_gather 'h' \(ns\): rank 0 could not read rank 1's "
-                       r"key 'ns/h/1': UNAVAILABLE") as info:
+    with pytest.raises(
+        RuntimeError,
+        match=r"all_gather 'h' \(ns\): rank 0 could not read rank 1's "
+        r"key 'ns/h/1': UNAVAILABLE",
+    ) as info:
         ex.all_gather("h", b"x")
     assert not isinstance(info.value, bs.PeerTimeoutError)
     # A read cancelled because jax.distributed's service went away says what the user did wrong.
@@ -365,8 +392,9 @@ def test_a_failing_read_of_a_live_service_does_not_blame_jax_distributed_shutdow
 
 def test_launcher_env_exit_codes_and_report(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    res = parallel_launch(2, WORKER, ["env"], env={"JAX_UB_TEST_EXTRA": "x"}, timeout_s=30,
-                          devices_per_proc=2)
+    res = parallel_launch(
+        2, WORKER, ["env"], env={"JAX_UB_TEST_EXTRA": "x"}, timeout_s=30, devices_per_proc=2
+    )
     assert_reaped(res)
     assert [r.returncode for r in res] == [0, 3]
     assert [r.ok for r in res] == [True, False]
@@ -375,10 +403,15 @@ def test_launcher_env_exit_codes_and_report(monkeypatch):
     for r, info in enumerate(envs):
         assert info["pgid"] == info["pid"] == res[r].pid  # own process group
         assert info["env"] | {"JAX_UB_TEST_COORD": None} == {
-            "JAX_UB_TEST_COORD": None, "JAX_UB_TEST_NPROCS": "2", "JAX_UB_TEST_RANK": str(r),
-            "CUDA_VISIBLE_DEVICES": f"{2 * r},{2 * r + 1}", "NCCL_NVLS_ENABLE": "0",
-            "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "JAX_UB_TEST_EXTRA": "x"}
+            "JAX_UB_TEST_COORD": None,
+            "JAX_UB_TEST_NPROCS": "2",
+            "JAX_UB_TEST_RANK": str(r),
+            "CUDA_VISIBLE_DEVICES": f"{2 * r},{2 * r + 1}",
+            "NCCL_NVLS_ENABLE": "0",
+            "NVSHMEM_DISABLE_NVLS": "1",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "JAX_UB_TEST_EXTRA": "x",
+        }
     report = format_failures(res)
     assert "rank 1 (pid" in report and "exit 3" in report and "stderr of rank 1" in report
 
@@ -435,17 +468,20 @@ def test_multiprocess_agreement_mismatch_fails_every_rank_identically():
     assert messages[0] is not None and messages.count(messages[0]) == 3, messages
     assert messages[0].endswith(
         "Rank 2 differs from rank 0:\n"
-        '  rank 2: buffer_mib=128 (rank 0: 64); dtype="float32" (rank 0: "bfloat16")')
+        '  rank 2: buffer_mib=128 (rank 0: 64); dtype="float32" (rank 0: "bfloat16")'
+    )
 
 
 @pytest.mark.parametrize(
     ("nprocs", "mode", "missing"),
     [(3, "silent", [2]), (3, "exit", [2]), (4, "silent", [0, 2])],
-    ids=["np3-silent-rank2", "np3-exits-rank2", "np4-silent-ranks0,2"])
+    ids=["np3-silent-rank2", "np3-exits-rank2", "np4-silent-ranks0,2"],
+)
 def test_multiprocess_missing_peer_times_out_with_its_name(nprocs, mode, missing):
     timeout = 3.0
-    res = parallel_launch(nprocs, WORKER, ["timeout", mode, str(timeout), *map(str, missing)],
-                          env=CPU_ENV, timeout_s=60)
+    res = parallel_launch(
+        nprocs, WORKER, ["timeout", mode, str(timeout), *map(str, missing)], env=CPU_ENV, timeout_s=60
+    )
     assert_reaped(res)
     waiting = [r for r in res if r.rank not in missing]
     assert all(r.ok for r in waiting), format_failures(res)
@@ -454,9 +490,11 @@ def test_multiprocess_missing_peer_times_out_with_its_name(nprocs, mode, missing
         (info,) = results_of(r)
         assert info["error"] is not None, format_failures(res)
         assert info["elapsed"] < timeout + 5, info
-        assert (f"all_gather 'handles' (jax_ub/init1/group0): rank {r.rank} waited 3 s for "
-                f"{'rank' if len(missing) == 1 else 'ranks'} {ranks} of world {nprocs}, which never "
-                "published") in info["error"]
+        assert (
+            f"all_gather 'handles' (jax_ub/init1/group0): rank {r.rank} waited 3 s for "
+            f"{'rank' if len(missing) == 1 else 'ranks'} {ranks} of world {nprocs}, which never "
+            "published"
+        ) in info["error"]
 
 
 def test_agree_shows_each_rank_note_on_a_differing_field_only():

@@ -23,8 +23,18 @@ def _doc(rows, machine="4xTest_GPU"):
     for op, tp, M, K, N, times in rows:
         times = {**times, "xla": times.get("xla", 9.0)}  # xla_plain: slow unless a row says otherwise
         for m, ms in times.items():
-            recs.append({"op": op, "tp": tp, "dtype": "bfloat16", "M": M, "K": K, "N": N,
-                         "impl": "xla_plain" if m == "xla" else f"jax_ub_{m}", "ms": ms})
+            recs.append(
+                {
+                    "op": op,
+                    "tp": tp,
+                    "dtype": "bfloat16",
+                    "M": M,
+                    "K": K,
+                    "N": N,
+                    "impl": "xla_plain" if m == "xla" else f"jax_ub_{m}",
+                    "ms": ms,
+                }
+            )
     return {"machine": machine, "date": "20261122", "records": recs}
 
 
@@ -49,8 +59,14 @@ def test_shipped_table_is_read():
 
 
 def test_fastest_method_at_the_measured_shape(tuning):
-    f = tuning(_doc([("gemm_rs", 4, 8192, 8192, 28672, {"ring": 1.70, "pipeline": 1.75, "columns": 1.45}),
-                     ("gemm_rs", 4, 8192, 8192, 8192, {"ring": 0.59, "pipeline": 0.50, "columns": 0.55})]))
+    f = tuning(
+        _doc(
+            [
+                ("gemm_rs", 4, 8192, 8192, 28672, {"ring": 1.70, "pipeline": 1.75, "columns": 1.45}),
+                ("gemm_rs", 4, 8192, 8192, 8192, {"ring": 0.59, "pipeline": 0.50, "columns": 0.55}),
+            ]
+        )
+    )
     assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 28672, f).method == "columns"
     assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 8192, f).method == "pipeline"
     # Nearest shape in log distance: 7000x8192x26000 is near the first.
@@ -67,8 +83,14 @@ def test_near_ties_go_to_the_first_method_in_order(tuning):
 
 
 def test_nearest_group_size_first(tuning):
-    f = tuning(_doc([("gemm_rs", 2, 8192, 8192, 28672, {"ring": 1.0, "pipeline": 2.0}),
-                     ("gemm_rs", 4, 1024, 1024, 1024, {"ring": 2.0, "pipeline": 1.0})]))
+    f = tuning(
+        _doc(
+            [
+                ("gemm_rs", 2, 8192, 8192, 28672, {"ring": 1.0, "pipeline": 2.0}),
+                ("gemm_rs", 4, 1024, 1024, 1024, {"ring": 2.0, "pipeline": 1.0}),
+            ]
+        )
+    )
     # tp 4: only the tp-4 record counts, however far its shape.
     assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 28672, f).method == "pipeline"
     assert choice.choose("rs", 2, "bfloat16", 1024, 1024, 1024, f).method == "ring"
@@ -92,8 +114,17 @@ def test_bad_tuning_file_says_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=r"JAX_UB_TUNING_FILE .*cannot read a bench JSON"):
         choice.load_bench_file(str(bad))
     one = {"op": "gemm_rs", "tp": 2, "dtype": "bfloat16", "M": 64, "K": 64, "N": 64, "ms": 1.0}
-    bad.write_text(json.dumps({"records": [{**one, "impl": "xla_plain"}, {**one, "impl": "jax_ub"},
-                                           {**one, "impl": "xla_windowed"}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "records": [
+                    {**one, "impl": "xla_plain"},
+                    {**one, "impl": "jax_ub"},
+                    {**one, "impl": "xla_windowed"},
+                ]
+            }
+        )
+    )
     with pytest.raises(ValueError, match="no ag_gemm/gemm_rs records with two or more methods"):
         choice.load_bench_file(str(bad))
 
@@ -101,8 +132,14 @@ def test_bad_tuning_file_says_what_is_wrong(tmp_path):
 def test_xla_only_where_it_measured_faster_than_every_algorithm(tuning):
     """xla_plain records are a candidate too ("xla"): auto runs XLA's own path where it measured
     faster than every CUDA algorithm by more than the tie, and an algorithm otherwise."""
-    f = tuning(_doc([("gemm_rs", 2, 16384, 1024, 1024, {"ring": 0.148, "chain": 0.152, "xla": 0.139}),
-                     ("gemm_rs", 2, 8192, 8192, 8192, {"ring": 0.90, "chain": 0.95, "xla": 0.89})]))
+    f = tuning(
+        _doc(
+            [
+                ("gemm_rs", 2, 16384, 1024, 1024, {"ring": 0.148, "chain": 0.152, "xla": 0.139}),
+                ("gemm_rs", 2, 8192, 8192, 8192, {"ring": 0.90, "chain": 0.95, "xla": 0.89}),
+            ]
+        )
+    )
     c = choice.choose("rs", 2, "bfloat16", 16384, 1024, 1024, f)
     assert c.method == "xla" and "xla 0.139" in c.why, c
     assert choice.choose("rs", 2, "bfloat16", 8192, 8192, 8192, f).method == "ring"  # within 2%
@@ -111,10 +148,16 @@ def test_xla_only_where_it_measured_faster_than_every_algorithm(tuning):
 def test_global_shape_of_a_call(monkeypatch, tuning):
     """auto names a call by the bench's global (M, K, N): AG x[M/tp, K] @ w[K, N/tp], RS
     x[M, K/tp] @ w[K/tp, N] (leading batch dims fold into M)."""
-    f = tuning(_doc([("ag_gemm", 4, 8192, 8192, 28672, {"push": 2.0, "ring": 1.0}),
-                     ("ag_gemm", 4, 512, 512, 512, {"push": 1.0, "ring": 2.0}),
-                     ("gemm_rs", 4, 8192, 8192, 28672, {"ring": 2.0, "columns": 1.0}),
-                     ("gemm_rs", 4, 512, 512, 512, {"ring": 1.0, "columns": 2.0})]))
+    f = tuning(
+        _doc(
+            [
+                ("ag_gemm", 4, 8192, 8192, 28672, {"push": 2.0, "ring": 1.0}),
+                ("ag_gemm", 4, 512, 512, 512, {"push": 1.0, "ring": 2.0}),
+                ("gemm_rs", 4, 8192, 8192, 28672, {"ring": 2.0, "columns": 1.0}),
+                ("gemm_rs", 4, 512, 512, 512, {"ring": 1.0, "columns": 2.0}),
+            ]
+        )
+    )
     monkeypatch.setattr(comm, "get", lambda axis: types.SimpleNamespace(world=4, transport="ipc"))
     with config.override(tuning_file=f):
         assert overlap.choose(ops.AG, (2048, 8192), (8192, 7168), "bfloat16", "tp") == "ring"
@@ -127,8 +170,9 @@ def test_global_shape_of_a_call(monkeypatch, tuning):
 
 def test_same_shape_on_two_machines_prefers_the_wider_comparison(tmp_path):
     a = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1})], machine="0xOld")
-    b = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1, "chain": 0.8})],
-             machine="9xNew")
+    b = _doc(
+        [("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1, "chain": 0.8})], machine="9xNew"
+    )
     shapes = choice.shapes_from_bench(a) + choice.shapes_from_bench(b)
     s = choice.pick(shapes, "rs", 2, "bfloat16", 4096, 4096, 4096)
     assert s is not None and s.source.startswith("9xNew") and s.ms[0] == ("chain", 0.8)
@@ -149,7 +193,9 @@ def test_tuning_file_record_with_a_non_integer_shape(tuning):
     doc = _doc([("gemm_rs", 4, 1024, 1024, 1024, {"ring": 1.0, "chain": 1.1})])
     doc["records"][0]["M"] = "big"
     f = tuning(doc)
-    with pytest.raises(ValueError, match=r"record 0 \(gemm_rs jax_ub_ring\): M must be a positive integer; got 'big'"):
+    with pytest.raises(
+        ValueError, match=r"record 0 \(gemm_rs jax_ub_ring\): M must be a positive integer; got 'big'"
+    ):
         choice.choose("rs", 4, "bfloat16", 1024, 1024, 1024, f)
 
 
@@ -208,11 +254,19 @@ def test_one_shape_measured_twice_goes_to_the_newest_measurement(tmp_path):
 
 
 def test_auto_runs_chain_at_tp3_and_more_in_bf16_only_when_asked(tuning):
-    f = tuning(_doc([("gemm_rs", 4, 8192, 8192, 8192, {"ring": 1.00, "pipeline": 1.10, "chain": 0.80}),
-                     ("gemm_rs", 2, 8192, 8192, 8192, {"ring": 1.00, "pipeline": 1.10, "chain": 0.80})]))
+    f = tuning(
+        _doc(
+            [
+                ("gemm_rs", 4, 8192, 8192, 8192, {"ring": 1.00, "pipeline": 1.10, "chain": 0.80}),
+                ("gemm_rs", 2, 8192, 8192, 8192, {"ring": 1.00, "pipeline": 1.10, "chain": 0.80}),
+            ]
+        )
+    )
     c = choice.choose("rs", 4, "bfloat16", 8192, 8192, 8192, f)
     assert c.method == "ring", c
-    assert "not chain: it sums the partials in bfloat16 at tp=4" in c.why and "JAX_UB_AUTO_CHAIN=1" in c.why, c
+    assert (
+        "not chain: it sums the partials in bfloat16 at tp=4" in c.why and "JAX_UB_AUTO_CHAIN=1" in c.why
+    ), c
     assert choice.choose("rs", 8, "bfloat16", 8192, 8192, 8192, f).method == "ring"  # judged by tp 4
     assert choice.choose("rs", 2, "bfloat16", 8192, 8192, 8192, f).method == "chain"  # one hop
     with config.override(auto_chain=True):
@@ -235,8 +289,10 @@ def _ring_faster(times: float):
     divided by ``times``."""
     docs = []
     for d in _measured.DOCS:
-        recs = [dict(r, ms=r["ms"] / times) if (r["op"], r["impl"]) == ("ag_gemm", "jax_ub_ring") else r
-                for r in d["records"]]
+        recs = [
+            dict(r, ms=r["ms"] / times) if (r["op"], r["impl"]) == ("ag_gemm", "jax_ub_ring") else r
+            for r in d["records"]
+        ]
         docs.append(dict(d, records=recs))
     return docs
 
@@ -308,24 +364,52 @@ def _one(**change):
     return doc
 
 
-@pytest.mark.parametrize("doc, message", [
-    ([1, 2], 'a bench JSON must be an object {"machine", "date", "records": [...]}; got a JSON array'),
-    ({"machine": "m", "records": None}, "'records' must be a list of bench records; got a JSON null"),
-    ({"machine": "m", "records": {"a": 1}}, "'records' must be a list of bench records; got a JSON object"),
-    ({"machine": "m"}, "'records' must be a list of bench records; got no 'records'"),
-    ({"records": [[1, 2, 3]]}, "record 0 must be an object; got [1, 2, 3]"),
-    (_one(tp=0), "record 1 (ag_gemm jax_ub_ring): tp must be a positive integer; got 0"),
-    (_one(M=-8), "record 1 (ag_gemm jax_ub_ring): M must be a positive integer; got -8"),
-    (_one(K=1024.5), "record 1 (ag_gemm jax_ub_ring): K must be a positive integer; got 1024.5"),
-    (_one(N=True), "record 1 (ag_gemm jax_ub_ring): N must be a positive integer; got True"),
-    (_one(dtype="bf16"), "record 1 (ag_gemm jax_ub_ring): dtype must be one of bfloat16, float16, float32; "
-                         "got 'bf16'"),
-    (_one(dtype="int8"), "dtype must be one of bfloat16, float16, float32; got 'int8'"),
-    (_one(ms="0.5"), "record 1 (ag_gemm jax_ub_ring): ms must be a number (median milliseconds); got '0.5'"),
-    ({"jax_ub_shapes": 1, "shapes": []}, "is a shapes file (the shapes a program ran, jax_ub.tuning), not "
-                                         "measurements: measure them with `python -m jax_ub.bench tune"),
-], ids=["list", "records-null", "records-object", "no-records", "record-list", "tp0", "M<0", "K-fraction",
-        "N-bool", "dtype-alias", "dtype-int8", "ms-string", "shapes-file"])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ([1, 2], 'a bench JSON must be an object {"machine", "date", "records": [...]}; got a JSON array'),
+        ({"machine": "m", "records": None}, "'records' must be a list of bench records; got a JSON null"),
+        (
+            {"machine": "m", "records": {"a": 1}},
+            "'records' must be a list of bench records; got a JSON object",
+        ),
+        ({"machine": "m"}, "'records' must be a list of bench records; got no 'records'"),
+        ({"records": [[1, 2, 3]]}, "record 0 must be an object; got [1, 2, 3]"),
+        (_one(tp=0), "record 1 (ag_gemm jax_ub_ring): tp must be a positive integer; got 0"),
+        (_one(M=-8), "record 1 (ag_gemm jax_ub_ring): M must be a positive integer; got -8"),
+        (_one(K=1024.5), "record 1 (ag_gemm jax_ub_ring): K must be a positive integer; got 1024.5"),
+        (_one(N=True), "record 1 (ag_gemm jax_ub_ring): N must be a positive integer; got True"),
+        (
+            _one(dtype="bf16"),
+            "record 1 (ag_gemm jax_ub_ring): dtype must be one of bfloat16, float16, float32; got 'bf16'",
+        ),
+        (_one(dtype="int8"), "dtype must be one of bfloat16, float16, float32; got 'int8'"),
+        (
+            _one(ms="0.5"),
+            "record 1 (ag_gemm jax_ub_ring): ms must be a number (median milliseconds); got '0.5'",
+        ),
+        (
+            {"jax_ub_shapes": 1, "shapes": []},
+            "is a shapes file (the shapes a program ran, jax_ub.tuning), not "
+            "measurements: measure them with `python -m jax_ub.bench tune",
+        ),
+    ],
+    ids=[
+        "list",
+        "records-null",
+        "records-object",
+        "no-records",
+        "record-list",
+        "tp0",
+        "M<0",
+        "K-fraction",
+        "N-bool",
+        "dtype-alias",
+        "dtype-int8",
+        "ms-string",
+        "shapes-file",
+    ],
+)
 def test_a_malformed_tuning_file_names_file_record_field_and_value(doc, message, tuning):
     f = tuning(doc)
     with pytest.raises(ValueError) as info:
@@ -339,8 +423,10 @@ def test_a_malformed_tuning_file_names_file_record_field_and_value(doc, message,
 
 
 def test_a_tuning_file_from_other_gpus_or_another_version_is_named_in_warnings(tuning, monkeypatch, caplog):
-    doc = _doc([("ag_gemm", 4, 1024, 1024, 1024, {"push": 1.0, "ring": 1.1, "bidir": 0.9})],
-               machine="4xNVIDIA_H100_80GB_HBM3")
+    doc = _doc(
+        [("ag_gemm", 4, 1024, 1024, 1024, {"push": 1.0, "ring": 1.1, "bidir": 0.9})],
+        machine="4xNVIDIA_H100_80GB_HBM3",
+    )
     doc["records"][2]["impl"] = "jax_ub_bidir"  # a method of another jax_ub
     doc["jax_ub"] = "0.0.1"
     f = tuning(doc)
@@ -350,7 +436,9 @@ def test_a_tuning_file_from_other_gpus_or_another_version_is_named_in_warnings(t
             assert choice.choose("ag", 4, "bfloat16", 1024, 1024, 1024, f).method == "push"
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 3, msgs
-    assert any("measured on NVIDIA_H100_80GB_HBM3 GPUs, and this process runs on NVIDIA_H200" in m for m in msgs)
+    assert any(
+        "measured on NVIDIA_H100_80GB_HBM3 GPUs, and this process runs on NVIDIA_H200" in m for m in msgs
+    )
     assert any(f"written by jax_ub 0.0.1, and this is jax_ub {jax_ub_version()}" in m for m in msgs)
     assert any("records of methods this jax_ub does not know are ignored: ag bidir" in m for m in msgs)
     assert all(m.startswith(f"jax_ub: JAX_UB_TUNING_FILE {f!r}: ") for m in msgs)
@@ -400,19 +488,30 @@ def test_a_file_broken_after_an_agreement_is_not_read_from_the_old_tables(tmp_pa
 def test_the_agreement_note_names_the_file_and_why_it_cannot_be_used(tmp_path):
     f = tmp_path / "mine.json"
     n = random.Random(5).randint(2, 6)
-    f.write_text(json.dumps(_doc([("gemm_rs", 4, 1024 * (i + 1), 4096, 4096, {"ring": 1.0, "columns": 0.5})
-                                  for i in range(n)])))
+    f.write_text(
+        json.dumps(
+            _doc(
+                [("gemm_rs", 4, 1024 * (i + 1), 4096, 4096, {"ring": 1.0, "columns": 0.5}) for i in range(n)]
+            )
+        )
+    )
     good = choice.propose(str(f), False)
-    assert good.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r} ({n} measured shapes, file sha256 "), good.note
+    assert good.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r} ({n} measured shapes, file sha256 "), (
+        good.note
+    )
     assert "jax_ub/data/measured.json (" in good.note
     bad = choice.propose(str(tmp_path / "none.json"), False)
     assert bad.value == "unreadable file" and bad.tables is None
-    assert bad.note.startswith(f"JAX_UB_TUNING_FILE {str(tmp_path / 'none.json')!r}: cannot read a "
-                               "bench JSON: [Errno 2] No such file or directory"), bad.note
+    assert bad.note.startswith(
+        f"JAX_UB_TUNING_FILE {str(tmp_path / 'none.json')!r}: cannot read a "
+        "bench JSON: [Errno 2] No such file or directory"
+    ), bad.note
     f.write_text(json.dumps({"machine": "m", "records": [{"op": "gemm_rs", "impl": "jax_ub_ring"}]}))
     bad = choice.propose(str(f), False)
     assert bad.value.startswith("unusable file, sha256 ") and bad.tables is None
-    assert bad.note.startswith(f"JAX_UB_TUNING_FILE {str(f)!r}: record 0 (gemm_rs jax_ub_ring) has no 'tp'"), bad.note
+    assert bad.note.startswith(
+        f"JAX_UB_TUNING_FILE {str(f)!r}: record 0 (gemm_rs jax_ub_ring) has no 'tp'"
+    ), bad.note
     assert choice.propose("", False).note.startswith("no JAX_UB_TUNING_FILE; jax_ub/data/measured.json (")
 
 
@@ -420,12 +519,23 @@ def _overflow_cases(rng):
     big = 10 ** rng.randint(320, 400)  # a JSON integer no float holds
     one = {"op": "ag_gemm", "tp": 2, "dtype": "bfloat16", "M": 1024, "K": 1024, "N": 1024}
     return [
-        ({"records": [dict(one, impl="jax_ub_push", ms=big), dict(one, impl="jax_ub_ring", ms=1.0)]},
-         "record 0 (ag_gemm jax_ub_push): ms must be a number of milliseconds a float can hold; got 1000"),
-        ({"records": [dict(one, impl="jax_ub_push", ms=1.0, M=big), dict(one, impl="jax_ub_ring", ms=2.0, M=big)]},
-         "record 0 (ag_gemm jax_ub_push): M must be at most 2**63 - 1; got 1000"),
-        ("[" * rng.randint(200_000, 300_000), "cannot read a bench JSON: its arrays/objects nest deeper "
-                                              "than Python's recursion limit"),
+        (
+            {"records": [dict(one, impl="jax_ub_push", ms=big), dict(one, impl="jax_ub_ring", ms=1.0)]},
+            "record 0 (ag_gemm jax_ub_push): ms must be a number of milliseconds a float can hold; got 1000",
+        ),
+        (
+            {
+                "records": [
+                    dict(one, impl="jax_ub_push", ms=1.0, M=big),
+                    dict(one, impl="jax_ub_ring", ms=2.0, M=big),
+                ]
+            },
+            "record 0 (ag_gemm jax_ub_push): M must be at most 2**63 - 1; got 1000",
+        ),
+        (
+            "[" * rng.randint(200_000, 300_000),
+            "cannot read a bench JSON: its arrays/objects nest deeper than Python's recursion limit",
+        ),
     ]
 
 

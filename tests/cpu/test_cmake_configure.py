@@ -14,16 +14,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CMAKE = shutil.which("cmake")
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+NVCC = shutil.which("nvcc") or (
+    "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
+)
 
 pytestmark = pytest.mark.skipif(CMAKE is None, reason="needs cmake on PATH")
 
 
 def _configure(build: Path, **env) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in ("CUDACXX", "JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA")}
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUDACXX", "JAX_UB_CUDA_ARCHS", "JAX_UB_REQUIRE_CUDA")
+    }
     full.update(env)
-    return subprocess.run([CMAKE, "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}"],
-                          capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run(
+        [CMAKE, "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}"],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+    )
 
 
 def _flat(p: subprocess.CompletedProcess) -> str:
@@ -34,7 +45,9 @@ def _flat(p: subprocess.CompletedProcess) -> str:
 def test_a_wrong_arch_list_names_the_knob(tmp_path, archs):
     p = _configure(tmp_path / "b", JAX_UB_CUDA_ARCHS=archs)
     assert p.returncode != 0
-    assert f'JAX_UB_CUDA_ARCHS="{archs}"' in _flat(p) and "compute capability of 80 or more" in _flat(p), _flat(p)
+    assert f'JAX_UB_CUDA_ARCHS="{archs}"' in _flat(p) and "compute capability of 80 or more" in _flat(p), (
+        _flat(p)
+    )
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (/usr/local/cuda/bin or PATH)")

@@ -36,9 +36,18 @@ class FakeCommExtension:
 
 
 def _fake_set(set_id: int, axis: str) -> comm.CommSet:
-    return comm.CommSet(set_id=set_id, init_id=0, axis=axis, world=2, groups=[[None, None]],
-                        local=[(0, 0, 0), (1, 0, 1)], capacity=1 << 20, timeout_s=1.0,
-                        transport="ipc", exchange=None)
+    return comm.CommSet(
+        set_id=set_id,
+        init_id=0,
+        axis=axis,
+        world=2,
+        groups=[[None, None]],
+        local=[(0, 0, 0), (1, 0, 1)],
+        capacity=1 << 20,
+        timeout_s=1.0,
+        transport="ipc",
+        exchange=None,
+    )
 
 
 def test_shutdown_retraces_programs_only_where_it_freed_a_set(monkeypatch):
@@ -105,9 +114,17 @@ def test_shutdown_clears_caches_even_when_draining_failed(monkeypatch):
 
 def _exchanges(world: int, timeout_s: float = 5.0):
     store = bootstrap.LocalStore()
-    return [bootstrap.KVExchange("jax_ub/test/outcome", p, world, timeout_s, client=store,
-                                  peer_names=[f"process {q}" for q in range(world)])
-            for p in range(world)]
+    return [
+        bootstrap.KVExchange(
+            "jax_ub/test/outcome",
+            p,
+            world,
+            timeout_s,
+            client=store,
+            peer_names=[f"process {q}" for q in range(world)],
+        )
+        for p in range(world)
+    ]
 
 
 def test_a_failed_cleanup_does_not_hide_why_initialize_gave_up(monkeypatch, caplog):
@@ -150,25 +167,43 @@ def test_one_axis_names_the_communicators_axis():
 
 def test_initialize_refuses_several_axes(cpu_mesh):
     mesh = cpu_mesh(2, dp=2)
-    with pytest.raises(TypeError, match=r"`axis` must be the name of one mesh axis \(a str\); "
-                                        r"got \('dp', 'tp'\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"`axis` must be the name of one mesh axis \(a str\); "
+        r"got \('dp', 'tp'\)",
+    ):
         comm.initialize(mesh, ("dp", "tp"))
 
 
-@pytest.mark.parametrize("kw,exc,fragment", [
-    (dict(timeout_s=-1), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got -1.0"),
-    (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds >= 0.001"),
-    (dict(timeout_s=1e-4), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got 0.0001"),
-    (dict(timeout_s="soon"), TypeError, "timeout_s must be a number; got 'soon'"),
-    (dict(buffer_mib=-5), ValueError, "buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got -5"),
-    # Numbers only (Config refuses strings too), and no size a GPU cannot have: 2**70 MiB would
-    # overflow the extension's size_t, far from a jax_ub message.
-    (dict(timeout_s="5"), TypeError, "timeout_s must be a number; got '5'"),
-    (dict(buffer_mib="4"), TypeError, "buffer_mib must be an int; got '4'"),
-    (dict(buffer_mib=2**70), ValueError, f"buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got {2**70}"),
-    (dict(buffer_mib=1.5), TypeError, "buffer_mib must be an int; got 1.5"),
-    (dict(buffer_mib=True), TypeError, "buffer_mib must be an int; got True"),
-])
+@pytest.mark.parametrize(
+    "kw,exc,fragment",
+    [
+        (dict(timeout_s=-1), ValueError, "timeout_s must be a finite number of seconds >= 0.001; got -1.0"),
+        (dict(timeout_s=float("nan")), ValueError, "timeout_s must be a finite number of seconds >= 0.001"),
+        (
+            dict(timeout_s=1e-4),
+            ValueError,
+            "timeout_s must be a finite number of seconds >= 0.001; got 0.0001",
+        ),
+        (dict(timeout_s="soon"), TypeError, "timeout_s must be a number; got 'soon'"),
+        (
+            dict(buffer_mib=-5),
+            ValueError,
+            "buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got -5",
+        ),
+        # Numbers only (Config refuses strings too), and no size a GPU cannot have: 2**70 MiB would
+        # overflow the extension's size_t, far from a jax_ub message.
+        (dict(timeout_s="5"), TypeError, "timeout_s must be a number; got '5'"),
+        (dict(buffer_mib="4"), TypeError, "buffer_mib must be an int; got '4'"),
+        (
+            dict(buffer_mib=2**70),
+            ValueError,
+            f"buffer_mib must be in [0, 1048576] (MiB per GPU; 1048576 is 1 TiB); got {2**70}",
+        ),
+        (dict(buffer_mib=1.5), TypeError, "buffer_mib must be an int; got 1.5"),
+        (dict(buffer_mib=True), TypeError, "buffer_mib must be an int; got True"),
+    ],
+)
 def test_initialize_checks_its_numbers_everywhere(cpu_mesh, kw, exc, fragment):
     """Checked before anything else, so a CPU run finds the mistake a GPU run would hit."""
     with pytest.raises(exc) as info:
@@ -197,8 +232,11 @@ def test_cuda_method_over_several_axes_says_why(monkeypatch):
     from jax_ub import overlap
 
     monkeypatch.setattr(comm, "_sets", {"tp": _fake_set(3, "tp")})
-    with pytest.raises(ValueError, match=r"all_gather_matmul: method='ring' runs over one mesh axis, "
-                                         r"and axis_name \('dp', 'tp'\) names several"):
+    with pytest.raises(
+        ValueError,
+        match=r"all_gather_matmul: method='ring' runs over one mesh axis, "
+        r"and axis_name \('dp', 'tp'\) names several",
+    ):
         overlap._set_for(("dp", "tp"), "all_gather_matmul", "ring")
     with pytest.raises(ValueError, match=r"bulk_all_gather: the CUDA path runs over one mesh axis"):
         overlap._set_for(("dp", "tp"), "bulk_all_gather")
@@ -226,14 +264,16 @@ def test_vmap_axis_is_not_a_shard_map_axis(cpu_mesh):
         def f(x):
             seen[tag] = _validate.bound_by_shard_map("tp")
             return x
+
         return f
 
     mesh = cpu_mesh(4)
     x = jnp.ones((4, 3))
     jax.vmap(probe("vmap"), axis_name="tp")(x)
     jax.jit(jax.shard_map(probe("shard_map"), mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))(x)
-    jax.jit(jax.vmap(jax.shard_map(probe("shard_map_in_vmap"), mesh=mesh, in_specs=P("tp"),
-                                   out_specs=P("tp"))))(jnp.ones((2, 4, 3)))
+    jax.jit(
+        jax.vmap(jax.shard_map(probe("shard_map_in_vmap"), mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
+    )(jnp.ones((2, 4, 3)))
     assert seen == {"vmap": False, "shard_map": True, "shard_map_in_vmap": True}
 
 
@@ -259,8 +299,11 @@ def test_shutdown_of_an_axis_no_initialize_named_says_so(cpu_mesh, caplog):
     """A misspelt axis frees nothing: shutdown says which axes were initialized (and stays quiet
     for an initialized axis shut down twice); an axis that is not a name is refused."""
     for bad in (3, ("tp", "dp")):
-        with pytest.raises(TypeError, match=r"axis must be a mesh axis name \(str\), a tuple of one, or "
-                                            r"None .*got " + re.escape(repr(bad))):
+        with pytest.raises(
+            TypeError,
+            match=r"axis must be a mesh axis name \(str\), a tuple of one, or "
+            r"None .*got " + re.escape(repr(bad)),
+        ):
             comm.shutdown(bad)
     comm.initialize(cpu_mesh(2), "tp")  # the reference path on CPU: no set, but a named axis
     with caplog.at_level("WARNING", logger="jax_ub"):

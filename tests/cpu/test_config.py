@@ -84,8 +84,16 @@ def test_each_variable_is_its_own_field():
     assert {v[0] for v in VARIABLES} == set(config.KNOB_VARIABLES)
 
 
-EXPERIMENTAL = ["bulk_reduce_sms", "bulk_copy_sms", "rs_chain_pieces", "rs_chain_split", "rs_column_pieces",
-                "rs_pieces", "ag_push_pieces", "ag_push_merge"]
+EXPERIMENTAL = [
+    "bulk_reduce_sms",
+    "bulk_copy_sms",
+    "rs_chain_pieces",
+    "rs_chain_split",
+    "rs_column_pieces",
+    "rs_pieces",
+    "ag_push_pieces",
+    "ag_push_merge",
+]
 
 
 def test_the_schedule_experiments_are_the_experimental_settings():
@@ -106,9 +114,11 @@ def test_a_former_name_is_read_with_a_warning_naming_the_new_one(field, caplog):
         c = Config.from_env({s.deprecated_env: value})
     assert c == Config.from_env({s.env: value}) != Config()
     (record,) = caplog.records
-    assert record.getMessage() == (f"jax_ub: {s.deprecated_env} is deprecated and read until the next "
-                                   f"release only: set {s.env} instead (experimental: no compatibility "
-                                   "promise)")
+    assert record.getMessage() == (
+        f"jax_ub: {s.deprecated_env} is deprecated and read until the next "
+        f"release only: set {s.env} instead (experimental: no compatibility "
+        "promise)"
+    )
 
 
 def test_the_new_name_wins_over_the_former_one(caplog):
@@ -116,8 +126,9 @@ def test_the_new_name_wins_over_the_former_one(caplog):
     with caplog.at_level(logging.WARNING, logger="jax_ub"):
         assert Config.from_env(env).rs_pieces == 3  # the former one is not even parsed
     (record,) = caplog.records
-    assert record.getMessage() == ("jax_ub: JAX_UB_RS_PIECES ignored: JAX_UB_EXPERIMENTAL_RS_PIECES, its "
-                                   "new name, is set as well")
+    assert record.getMessage() == (
+        "jax_ub: JAX_UB_RS_PIECES ignored: JAX_UB_EXPERIMENTAL_RS_PIECES, its new name, is set as well"
+    )
 
 
 def test_a_bad_value_under_a_former_name_is_named_by_that_name():
@@ -125,8 +136,16 @@ def test_a_bad_value_under_a_former_name_is_named_by_that_name():
         Config.from_env({"JAX_UB_AG_PUSH_PIECES": "9"})
 
 
-@pytest.mark.parametrize("var,value", [("JAX_UB_MULTICAST", "1"), ("JAX_UB_MULTICAST", "2"),
-                                       ("JAX_UB_MULTICAST", "0"), ("UB_SKIPMC", "1"), ("UB_SKIPMC", "?")])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("JAX_UB_MULTICAST", "1"),
+        ("JAX_UB_MULTICAST", "2"),
+        ("JAX_UB_MULTICAST", "0"),
+        ("UB_SKIPMC", "1"),
+        ("UB_SKIPMC", "?"),
+    ],
+)
 def test_the_inert_variables_change_nothing_and_say_so(var, value, caplog):
     """No multicast path exists: JAX_UB_MULTICAST (and TransformerEngine's UB_SKIPMC, which turned it
     off) do nothing, whatever their value, and each says it goes."""
@@ -140,14 +159,23 @@ def test_the_inert_variables_change_nothing_and_say_so(var, value, caplog):
 
 def test_multicast_is_no_longer_a_field():
     assert "multicast" not in {f.name for f in dataclasses.fields(Config)}
-    with pytest.raises(TypeError, match="'multicast' is not a jax_ub setting"), \
-            config.override(multicast=True):
+    with (
+        pytest.raises(TypeError, match="'multicast' is not a jax_ub setting"),
+        config.override(multicast=True),
+    ):
         pass
 
 
 def test_former_and_inert_names_are_known():
-    env = dict.fromkeys([*config.DEPRECATED_VARIABLES, *config.DEPRECATED_VARIABLES.values(),
-                         *config.INERT_VARIABLES, *config.KNOB_VARIABLES], "")
+    env = dict.fromkeys(
+        [
+            *config.DEPRECATED_VARIABLES,
+            *config.DEPRECATED_VARIABLES.values(),
+            *config.INERT_VARIABLES,
+            *config.KNOB_VARIABLES,
+        ],
+        "",
+    )
     assert config.unknown_variables(env) == []
     assert set(config.KNOWN_VARIABLES) == set(env)
 
@@ -245,17 +273,26 @@ def test_a_misspelt_variable_gets_the_setting_it_most_likely_means(caplog):
     assert "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)" in msg, msg
     assert "JAX_UB_TIMOUT: not a jax_ub setting (did you mean JAX_UB_TIMEOUT?)" in msg, msg
     assert config.describe_unknown({"JAX_UB_METHD": "xla", "PATH": "/bin"}) == [
-        "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)"]
+        "JAX_UB_METHD: not a jax_ub setting (did you mean JAX_UB_METHOD?)"
+    ]
 
 
-@pytest.mark.parametrize("name, near", [
-    ("JAX_UB_FOO", None), ("JAX_UB_X", None), ("JAX_UB_DEBUG", None),  # the shared prefix is no likeness
-    ("JAX_UB_LGO", "JAX_UB_LOG"), ("JAX_UB_DISABLED", "JAX_UB_DISABLE"),
-    ("JAX_UB_TUNNING_FILE", "JAX_UB_TUNING_FILE"), ("JAX_UB_TRANSPROT", "JAX_UB_TRANSPORT"),
-    ("JAX_UB_RS_PEICES", "JAX_UB_EXPERIMENTAL_RS_PIECES"),  # a misspelt former name: the new one
-    ("JAX_UB_EXPERIMENTAL_RS_PEICES", "JAX_UB_EXPERIMENTAL_RS_PIECES"),
-    ("JAX_UB_EXPERIMENTAL_METHD", "JAX_UB_METHOD"), ("JAX_UB_EXPERIMENTAL_FOO", None),
-])
+@pytest.mark.parametrize(
+    "name, near",
+    [
+        ("JAX_UB_FOO", None),
+        ("JAX_UB_X", None),
+        ("JAX_UB_DEBUG", None),  # the shared prefix is no likeness
+        ("JAX_UB_LGO", "JAX_UB_LOG"),
+        ("JAX_UB_DISABLED", "JAX_UB_DISABLE"),
+        ("JAX_UB_TUNNING_FILE", "JAX_UB_TUNING_FILE"),
+        ("JAX_UB_TRANSPROT", "JAX_UB_TRANSPORT"),
+        ("JAX_UB_RS_PEICES", "JAX_UB_EXPERIMENTAL_RS_PIECES"),  # a misspelt former name: the new one
+        ("JAX_UB_EXPERIMENTAL_RS_PEICES", "JAX_UB_EXPERIMENTAL_RS_PIECES"),
+        ("JAX_UB_EXPERIMENTAL_METHD", "JAX_UB_METHOD"),
+        ("JAX_UB_EXPERIMENTAL_FOO", None),
+    ],
+)
 def test_the_likely_setting_is_judged_on_the_name_after_the_prefix(name, near):
     """JAX_UB_FOO once got "did you mean JAX_UB_LOG?": the common JAX_UB_ made any short name look
     close; "EXPERIMENTAL_" is left out likewise. Without a close setting the message lists the settings
@@ -275,14 +312,26 @@ def test_jax_ub_exp_is_not_a_setting(caplog):
 
 
 def test_every_invalid_value_is_named_at_once(caplog):
-    env = {"JAX_UB_METHOD": "rign", "JAX_UB_GEMM_TUNE": "99", "JAX_UB_LOG": "verbose",
-           "JAX_UB_RS_PIECES": "?", "JAX_UB_METHD": "x"}
+    env = {
+        "JAX_UB_METHOD": "rign",
+        "JAX_UB_GEMM_TUNE": "99",
+        "JAX_UB_LOG": "verbose",
+        "JAX_UB_RS_PIECES": "?",
+        "JAX_UB_METHD": "x",
+    }
     with caplog.at_level(logging.WARNING, logger="jax_ub"), pytest.raises(ValueError) as info:
         Config.from_env(env)
     msg = str(info.value)
-    for fragment in ("JAX_UB_METHOD must be one of", "got 'rign'", "JAX_UB_GEMM_TUNE must be <= 16",
-                     "got '99'", "JAX_UB_LOG must be DEBUG", "got 'verbose'",
-                     "JAX_UB_RS_PIECES must be an integer", "got '?'"):
+    for fragment in (
+        "JAX_UB_METHOD must be one of",
+        "got 'rign'",
+        "JAX_UB_GEMM_TUNE must be <= 16",
+        "got '99'",
+        "JAX_UB_LOG must be DEBUG",
+        "got 'verbose'",
+        "JAX_UB_RS_PIECES must be an integer",
+        "got '?'",
+    ):
         assert fragment in msg, msg
     assert "did you mean JAX_UB_METHOD?" in caplog.text  # the warning is not lost to the error
 
@@ -291,8 +340,12 @@ def test_every_field_has_one_documented_variable():
     """Each field's metadata names its variable, its values and its meaning; no two share a name."""
     fields = [f.name for f in dataclasses.fields(Config)]
     assert len(config.KNOB_VARIABLES) == len(fields) == len(set(config.KNOB_VARIABLES))
-    names = [*config.KNOB_VARIABLES, *config.DEPRECATED_VARIABLES, *config.INERT_VARIABLES,
-             *config.OTHER_VARIABLES]
+    names = [
+        *config.KNOB_VARIABLES,
+        *config.DEPRECATED_VARIABLES,
+        *config.INERT_VARIABLES,
+        *config.OTHER_VARIABLES,
+    ]
     assert len(names) == len(set(names)), names
     for s in config.settings():
         assert s.env.startswith("JAX_UB_") and s.values and len(s.doc) > 40, s
@@ -352,11 +405,23 @@ def test_override_unknown_field():
         pass
     assert "'no_such_knob' is not a jax_ub setting. The settings: " in str(info.value)
     assert config.get() is before
-    with pytest.raises(TypeError, match=r"^config.override: 'methd' is not a jax_ub setting \(did you "
-                                        r"mean 'method'\?\)"), config.override(methd="xla"):
+    with (
+        pytest.raises(
+            TypeError,
+            match=r"^config.override: 'methd' is not a jax_ub setting \(did you "
+            r"mean 'method'\?\)",
+        ),
+        config.override(methd="xla"),
+    ):
         pass
-    with pytest.raises(TypeError, match=r"'JAX_UB_TIMEOUT' is not a jax_ub setting \(did you mean "
-                                        r"'timeout_s'\?\)"), config.override(JAX_UB_TIMEOUT=5):
+    with (
+        pytest.raises(
+            TypeError,
+            match=r"'JAX_UB_TIMEOUT' is not a jax_ub setting \(did you mean "
+            r"'timeout_s'\?\)",
+        ),
+        config.override(JAX_UB_TIMEOUT=5),
+    ):
         pass
     assert config.get() is before
 
@@ -380,10 +445,19 @@ def test_numbers_are_normalised():
 
 @pytest.mark.parametrize(
     "field,value,kind",
-    [("disable", "0", "a bool"), ("ag_push_merge", 1, "a bool"), ("recompute_gathered", "yes", "a bool"),
-     ("timeout_s", "30", "a number"), ("timeout_s", True, "a number"), ("buffer_mib", 1.5, "an int"),
-     ("gemm_tune", True, "an int"), ("rs_chain_pieces", "2", "an int"), ("method", None, "a str"),
-     ("tuning_file", None, "a str"), ("log_level", 10, "a str")],
+    [
+        ("disable", "0", "a bool"),
+        ("ag_push_merge", 1, "a bool"),
+        ("recompute_gathered", "yes", "a bool"),
+        ("timeout_s", "30", "a number"),
+        ("timeout_s", True, "a number"),
+        ("buffer_mib", 1.5, "an int"),
+        ("gemm_tune", True, "an int"),
+        ("rs_chain_pieces", "2", "an int"),
+        ("method", None, "a str"),
+        ("tuning_file", None, "a str"),
+        ("log_level", 10, "a str"),
+    ],
     ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None,
 )
 def test_wrong_types_rejected_naming_the_field(field, value, kind):
@@ -396,8 +470,9 @@ def test_wrong_types_rejected_naming_the_field(field, value, kind):
     assert config.get() is before
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 1e-4],
-                         ids=["inf", "nan", "negative", "below_env_minimum"])
+@pytest.mark.parametrize(
+    "value", [float("inf"), float("nan"), -1.0, 1e-4], ids=["inf", "nan", "negative", "below_env_minimum"]
+)
 def test_timeout_must_be_finite_and_at_least_a_millisecond(value):
     """The same minimum as JAX_UB_TIMEOUT's (config.MIN_TIMEOUT_S)."""
     with pytest.raises(ValueError, match=r"timeout_s must be a finite number >= 0.001 \(seconds\); got"):
@@ -408,7 +483,9 @@ def test_timeout_must_be_finite_and_at_least_a_millisecond(value):
 
 
 def test_bad_log_level_rejected():
-    with pytest.raises(ValueError, match=r"log_level must be one of \('DEBUG', 'INFO', 'WARNING', 'ERROR'\); got 'loud'"):
+    with pytest.raises(
+        ValueError, match=r"log_level must be one of \('DEBUG', 'INFO', 'WARNING', 'ERROR'\); got 'loud'"
+    ):
         Config(log_level="loud")
 
 
@@ -433,8 +510,9 @@ def test_jax_ub_log_prints_on_stderr(level, shown):
     env["JAX_PLATFORMS"] = "cpu"
     if level:
         env["JAX_UB_LOG"] = level
-    p = subprocess.run([sys.executable, "-c", _RESOLVE], env=env, capture_output=True, text=True,
-                       timeout=120, check=True)
+    p = subprocess.run(
+        [sys.executable, "-c", _RESOLVE], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     assert p.stdout.strip() == "xla"
     assert ("DEBUG jax_ub: method 'auto' -> 'xla'" in p.stderr) is shown, p.stderr
 
@@ -444,7 +522,8 @@ def test_the_configuration_docs_are_the_generated_ones():
     a range, a meaning) changes it, by regenerating it."""
     path = REPO / config.DOCS_PATH
     assert path.is_file() and path.read_text(encoding="utf-8") == config.markdown(), (
-        f"{config.DOCS_PATH} is not what jax_ub/config.py generates: run `{config.REGENERATE}`")
+        f"{config.DOCS_PATH} is not what jax_ub/config.py generates: run `{config.REGENERATE}`"
+    )
     text = config.markdown()
     for s in config.settings():
         assert f"### `{s.env}`" in text and s.doc in " ".join(text.split()), s.env
@@ -461,20 +540,36 @@ def test_the_docs_command_writes_the_docs(tmp_path):
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     out = tmp_path / "configuration.md"
-    p = subprocess.run([sys.executable, "-m", "jax_ub.config", "--markdown", str(out)], env=env,
-                       capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "jax_ub.config", "--markdown", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=tmp_path,
+    )
     assert p.stderr == "" and p.stdout == ""
     assert out.read_text(encoding="utf-8") == config.markdown()
-    p = subprocess.run([sys.executable, "-m", "jax_ub.config", "--markdown"], env=env,
-                       capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "jax_ub.config", "--markdown"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=tmp_path,
+    )
     assert p.stdout == config.markdown() and p.stderr == ""
 
 
 @pytest.mark.parametrize("name", ["JAX_UB_BUFFER_MIB", "JAX_UB_GEMM_WORKSPACE_MIB"])
 def test_sizes_above_a_tebibyte_are_refused_by_name(name):
     """Not left to overflow a size in the extension: 1 TiB is more than any GPU has."""
-    assert getattr(Config.from_env({name: str(1 << 20)}), name[len("JAX_UB_"):].lower()) == 1 << 20
-    with pytest.raises(ValueError, match=f"{name} must be <= 1048576 \\(MiB: 1 TiB\\); got '99999999999999999999'"):
+    assert getattr(Config.from_env({name: str(1 << 20)}), name[len("JAX_UB_") :].lower()) == 1 << 20
+    with pytest.raises(
+        ValueError, match=f"{name} must be <= 1048576 \\(MiB: 1 TiB\\); got '99999999999999999999'"
+    ):
         Config.from_env({name: "99999999999999999999"})
     with pytest.raises(ValueError, match=r"must be in \[0, 1048576\]"):
-        Config(**{name[len("JAX_UB_"):].lower(): (1 << 20) + 1})
+        Config(**{name[len("JAX_UB_") :].lower(): (1 << 20) + 1})

@@ -38,8 +38,13 @@ def test_text_report_on_this_machine(capsys, monkeypatch):
     rc = doctor.main(["--no-live"])
     out = capsys.readouterr().out
     assert rc == 1
-    for section in ("== Versions ==", "== GPUs ==", "== P2P and topology ==", "== Decision",
-                    "== Live all-gather test =="):
+    for section in (
+        "== Versions ==",
+        "== GPUs ==",
+        "== P2P and topology ==",
+        "== Decision",
+        "== Live all-gather test ==",
+    ):
         assert section in out
     assert f"jax / jaxlib  {jax.__version__} / " in out
     assert f"jax_ub        {jax_ub.__version__}" in out
@@ -90,8 +95,15 @@ def test_nccl_version_decoding_and_failure():
 
 @cpu_only
 def test_cli_subprocess():
-    r = subprocess.run([sys.executable, "-m", "jax_ub.doctor", "--no-live"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ), check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "jax_ub.doctor", "--no-live"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+        check=False,
+    )
     assert r.returncode == 1, r.stderr
     assert "== Versions ==" in r.stdout
     assert r.stdout.rstrip().splitlines()[-1].startswith("CANNOT RUN OVERLAP: ")
@@ -99,17 +111,27 @@ def test_cli_subprocess():
 
 
 def test_cli_bad_usage_exits_2():
-    r = subprocess.run([sys.executable, "-m", "jax_ub.doctor", "--bogus"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ), check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "jax_ub.doctor", "--bogus"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+        check=False,
+    )
     assert r.returncode == 2
     assert "unrecognized arguments: --bogus" in r.stderr
 
 
 def test_import_touches_no_backend():
-    code = ("import jax_ub.doctor\nfrom jax._src import xla_bridge\n"
-            "print(len(getattr(xla_bridge, '_backends', {})))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       check=False)
+    code = (
+        "import jax_ub.doctor\nfrom jax._src import xla_bridge\n"
+        "print(len(getattr(xla_bridge, '_backends', {})))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
 
@@ -120,25 +142,54 @@ def test_import_touches_no_backend():
 
 def _versions(built=True, loaded=True, missing=()):
     return {
-        "python": "3.11.7", "python_executable": "/usr/bin/python3", "jax": "0.10.2", "jaxlib": "0.10.2",
+        "python": "3.11.7",
+        "python_executable": "/usr/bin/python3",
+        "jax": "0.10.2",
+        "jaxlib": "0.10.2",
         "jax_ub": "0.1.0",
-        "extension": {"built": built, "build_reason": None if built else "nvcc not found on PATH",
-                      "build_facts": {"cuda_built": built, "nvcc_version": "12.8", "cuda_archs": "80;90a"},
-                      "loaded": loaded, "load_error": None if loaded else "libcudart.so.12: not found",
-                      "file": "/site/_jax_ub_cuda.so", "build_info": {"cuda_runtime_version": 12080},
-                      "missing_functions": list(missing)},
+        "extension": {
+            "built": built,
+            "build_reason": None if built else "nvcc not found on PATH",
+            "build_facts": {"cuda_built": built, "nvcc_version": "12.8", "cuda_archs": "80;90a"},
+            "loaded": loaded,
+            "load_error": None if loaded else "libcudart.so.12: not found",
+            "file": "/site/_jax_ub_cuda.so",
+            "build_info": {"cuda_runtime_version": 12080},
+            "missing_functions": list(missing),
+        },
         "cuda": {"driver_version": 12040, "driver": "12.4", "device_count": 4, "error": None},
         "cublaslt": {"paths": ["/site/libcublasLt.so.12"], "description": "cuBLASLt 120800 from /site/x"},
-        "nccl": {"path": "/site/libnccl.so.2", "paths": ["/site/libnccl.so.2"], "code": 22105,
-                 "version": "2.21.5", "error": None},
+        "nccl": {
+            "path": "/site/libnccl.so.2",
+            "paths": ["/site/libnccl.so.2"],
+            "code": 22105,
+            "version": "2.21.5",
+            "error": None,
+        },
     }
 
 
 def _gpus(n=4, process_count=1):
-    devs = [{"id": i, "device_kind": "NVIDIA H100 80GB HBM3", "process_index": 0, "local_hardware_id": i,
-             "memory_free": 20 << 30, "memory_total": 80 << 30} for i in range(n)]
-    return {"backend": "gpu", "devices": devs, "local_ids": list(range(n)), "error": None,
-            "process_index": 0, "process_count": process_count, "distributed": process_count > 1}
+    devs = [
+        {
+            "id": i,
+            "device_kind": "NVIDIA H100 80GB HBM3",
+            "process_index": 0,
+            "local_hardware_id": i,
+            "memory_free": 20 << 30,
+            "memory_total": 80 << 30,
+        }
+        for i in range(n)
+    ]
+    return {
+        "backend": "gpu",
+        "devices": devs,
+        "local_ids": list(range(n)),
+        "error": None,
+        "process_index": 0,
+        "process_count": process_count,
+        "distributed": process_count > 1,
+    }
 
 
 def _matrix(n=4, missing=()):
@@ -160,9 +211,18 @@ class LiveSpy:
         self.calls.append(list(ids))
         if not self.ok:
             return {"ran": True, "ok": False, "devices": list(ids), "error": self.error}
-        return {"ran": True, "ok": True, "devices": list(ids), "error": None, "shape": [len(ids) * 256, 1024],
-                "dtype": "bfloat16", "median_ms": 0.05, "bytes": len(ids) * 524288, "algbw_gbps": 42.0,
-                "busbw_gbps": 31.5}
+        return {
+            "ran": True,
+            "ok": True,
+            "devices": list(ids),
+            "error": None,
+            "shape": [len(ids) * 256, 1024],
+            "dtype": "bfloat16",
+            "median_ms": 0.05,
+            "bytes": len(ids) * 524288,
+            "algbw_gbps": 42.0,
+            "busbw_gbps": 31.5,
+        }
 
 
 @pytest.fixture
@@ -178,8 +238,11 @@ def machine(monkeypatch):
         monkeypatch.setattr(doctor, "gather_gpus", lambda: _gpus(n, process_count))
         m = matrix if matrix is not None else _matrix(n, missing_p2p)
         monkeypatch.setattr(doctor, "gather_p2p", lambda: {"matrix": m, "error": None})
-        monkeypatch.setattr(doctor, "gather_topology",
-                            lambda: {"nvidia_smi": "/usr/bin/nvidia-smi", "output": TOPO, "error": None})
+        monkeypatch.setattr(
+            doctor,
+            "gather_topology",
+            lambda: {"nvidia_smi": "/usr/bin/nvidia-smi", "output": TOPO, "error": None},
+        )
         monkeypatch.setattr(doctor, "run_live_test", spy)
         monkeypatch.setattr(doctor, "run_live_test_bounded", spy)
         return spy
@@ -336,8 +399,11 @@ def test_environment_and_multicast(machine, capsys, monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     rc, out, _ = _run(capsys, "--no-live")
     assert rc == 0
-    lines = {ln.split()[0]: ln.split()[1] for ln in out.splitlines()
-             if ln.startswith("    ") and len(ln.split()) == 2}
+    lines = {
+        ln.split()[0]: ln.split()[1]
+        for ln in out.splitlines()
+        if ln.startswith("    ") and len(ln.split()) == 2
+    }
     assert lines["JAX_UB_TIMEOUT"] == "33" and lines["JAX_UB_MULTICAST"] == "1"
     assert lines["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and lines["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert "NCCL_NVLS_ENABLE                (unset)" in out
@@ -346,8 +412,11 @@ def test_environment_and_multicast(machine, capsys, monkeypatch):
     monkeypatch.setenv("UB_SKIPMC", "1")
     _run(capsys, "--no-live")
     r = doctor.gather_config()
-    assert r["multicast"] == {"enabled": False, "reason": "none: JAX_UB_MULTICAST=1 and UB_SKIPMC=1 do "
-                              "nothing (no multicast path; the variables will be removed)"}
+    assert r["multicast"] == {
+        "enabled": False,
+        "reason": "none: JAX_UB_MULTICAST=1 and UB_SKIPMC=1 do "
+        "nothing (no multicast path; the variables will be removed)",
+    }
 
 
 def test_invalid_configuration_is_fatal(machine, capsys, monkeypatch):
@@ -364,10 +433,32 @@ def test_tuning_file_is_read_and_a_bad_one_is_fatal(machine, capsys, monkeypatch
     first traced op, so it is a blocking reason, named with choice's error."""
     machine(4)
     good = tmp_path / "tune.json"
-    good.write_text(json.dumps({"machine": "m", "date": "d", "records": [
-        {"op": op, "tp": 4, "dtype": "bfloat16", "M": 64, "K": 32, "N": 96, "impl": impl, "ms": ms}
-        for op, methods in (("ag_gemm", ("push", "ring")), ("gemm_rs", ("ring", "chain")))
-        for impl, ms in ((f"jax_ub_{methods[0]}", 1.0), (f"jax_ub_{methods[1]}", 2.0), ("xla_plain", 3.0))]}))
+    good.write_text(
+        json.dumps(
+            {
+                "machine": "m",
+                "date": "d",
+                "records": [
+                    {
+                        "op": op,
+                        "tp": 4,
+                        "dtype": "bfloat16",
+                        "M": 64,
+                        "K": 32,
+                        "N": 96,
+                        "impl": impl,
+                        "ms": ms,
+                    }
+                    for op, methods in (("ag_gemm", ("push", "ring")), ("gemm_rs", ("ring", "chain")))
+                    for impl, ms in (
+                        (f"jax_ub_{methods[0]}", 1.0),
+                        (f"jax_ub_{methods[1]}", 2.0),
+                        ("xla_plain", 3.0),
+                    )
+                ],
+            }
+        )
+    )
     monkeypatch.setenv("JAX_UB_TUNING_FILE", str(good))
     rc, out, _ = _run(capsys, "--no-live")
     assert rc == 0
@@ -412,8 +503,11 @@ def test_forced_nccl_transport_is_not_available_in_builds_without_it(machine, ca
 
 def test_topology_absent_timeout_and_output(monkeypatch):
     monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
-    assert doctor.gather_topology() == {"nvidia_smi": None, "output": None,
-                                        "error": "nvidia-smi not found on PATH"}
+    assert doctor.gather_topology() == {
+        "nvidia_smi": None,
+        "output": None,
+        "error": "nvidia-smi not found on PATH",
+    }
     monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     seen = {}
 
@@ -449,9 +543,14 @@ def test_live_test_reports_the_op_error_and_shuts_down(monkeypatch):
     monkeypatch.setattr(jax_ub, "shutdown", lambda *a: calls.append(a) or real_shutdown(*a))
     r = doctor.run_live_test([0, 1], platform="cpu")
     assert r["ran"] is True and r["ok"] is False
-    assert any(why in r["error"] for why in ("jax_ub CUDA extension unavailable",  # not built
-                                             "no jax_ub communicator for mesh axis 'tp'",
-                                             "created no communicator for mesh axis 'tp'")), r["error"]
+    assert any(
+        why in r["error"]
+        for why in (
+            "jax_ub CUDA extension unavailable",  # not built
+            "no jax_ub communicator for mesh axis 'tp'",
+            "created no communicator for mesh axis 'tp'",
+        )
+    ), r["error"]
     assert calls == [()]
 
 
@@ -496,22 +595,37 @@ def test_multi_line_reasons_are_indented_under_their_value(machine, capsys):
     """A library's load error lists what it tried on lines of its own: those lines stay inside the
     field (indented to the value's column), not flush with the section's labels."""
     v = _versions()
-    v["cublaslt"] = {"paths": [], "description": "could not load cuBLASLt (libcublasLt.so); tried:\n"
-                     "  libcublasLt.so.13: cannot open shared object file\n(install jax with its CUDA extra)"}
-    v["nccl"] = {"path": None, "paths": [], "code": None, "version": None,
-                 "error": "not found; tried:\n  libnccl.so.2: cannot open",
-                 "extension_view": {"version": None, "library": None,
-                                    "load_error": "could not load NCCL; tried:\n  libnccl.so.2: nope"}}
+    v["cublaslt"] = {
+        "paths": [],
+        "description": "could not load cuBLASLt (libcublasLt.so); tried:\n"
+        "  libcublasLt.so.13: cannot open shared object file\n(install jax with its CUDA extra)",
+    }
+    v["nccl"] = {
+        "path": None,
+        "paths": [],
+        "code": None,
+        "version": None,
+        "error": "not found; tried:\n  libnccl.so.2: cannot open",
+        "extension_view": {
+            "version": None,
+            "library": None,
+            "load_error": "could not load NCCL; tried:\n  libnccl.so.2: nope",
+        },
+    }
     machine(4, versions=v)
     _, out, _ = _run(capsys, "--no-live")
     lines = out.splitlines()
     i = lines.index("  cuBLASLt      could not load cuBLASLt (libcublasLt.so); tried:")
-    assert lines[i + 1:i + 3] == ["                  libcublasLt.so.13: cannot open shared object file",
-                                  "                (install jax with its CUDA extra)"], lines[i:i + 3]
+    assert lines[i + 1 : i + 3] == [
+        "                  libcublasLt.so.13: cannot open shared object file",
+        "                (install jax with its CUDA extra)",
+    ], lines[i : i + 3]
     i = lines.index("  NCCL          unavailable: not found; tried:")
-    assert lines[i + 1:i + 4] == ["                  libnccl.so.2: cannot open",
-                                  "                the extension cannot load NCCL: could not load NCCL; tried:",
-                                  "                    libnccl.so.2: nope"], lines[i:i + 4]
+    assert lines[i + 1 : i + 4] == [
+        "                  libnccl.so.2: cannot open",
+        "                the extension cannot load NCCL: could not load NCCL; tried:",
+        "                    libnccl.so.2: nope",
+    ], lines[i : i + 4]
     assert doctor._indent_continuations("CANNOT RUN OVERLAP: a\nb") == "CANNOT RUN OVERLAP: a\n  b"
     assert doctor._indent_continuations("  one line") == "  one line"
 
@@ -538,7 +652,9 @@ class _FakeExtension:
         self.source_hash = source_hash
 
     def build_info(self):
-        return {"cuda_runtime_version": 12080} | ({"source_hash": self.source_hash} if self.source_hash else {})
+        return {"cuda_runtime_version": 12080} | (
+            {"source_hash": self.source_hash} if self.source_hash else {}
+        )
 
 
 def _checkout(tmp_path, text="int x;\n"):
@@ -559,8 +675,10 @@ def test_extension_built_from_other_sources_is_fatal(machine, capsys, monkeypatc
     machine(4, versions=v)
     rc, out, last = _run(capsys, "--no-live")
     assert rc == 1, out
-    assert last.startswith("CANNOT RUN OVERLAP: the CUDA extension /site/_jax_ub_cuda.so was not built "
-                           f"from this checkout's {csrc} (expected sources ")
+    assert last.startswith(
+        "CANNOT RUN OVERLAP: the CUDA extension /site/_jax_ub_cuda.so was not built "
+        f"from this checkout's {csrc} (expected sources "
+    )
     assert "built from sources 000000000000" in last and "`pip install .` in " in last
     assert "sources       OTHER THAN THIS CHECKOUT'S" in out
     # an extension that records no hash at all predates the check: stale too
@@ -631,23 +749,33 @@ def test_jax_without_its_cuda_backend_on_a_gpu_machine(machine, capsys, monkeypa
 
 def test_no_driver_is_named_as_such(machine, capsys, monkeypatch):
     v = _versions()
-    v["cuda"] = {"driver_version": None, "driver": None, "device_count": 0,
-                 "error": "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version",
-                 "libcuda_error": "libcuda.so.1: cannot open shared object file: No such file or directory"}
+    v["cuda"] = {
+        "driver_version": None,
+        "driver": None,
+        "device_count": 0,
+        "error": "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version",
+        "libcuda_error": "libcuda.so.1: cannot open shared object file: No such file or directory",
+    }
     machine(4, versions=v)
     _no_jax_gpu(monkeypatch, "RuntimeError: Unknown backend cuda")
     rc, out, last = _run(capsys, "--no-live")
     assert rc == 1
-    assert ("  CUDA driver   none: libcuda.so.1 cannot be loaded (libcuda.so.1: cannot open shared object "
-            "file: No such file or directory); devices: 0 (cudaErrorInsufficientDriver") in out
-    assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu): no NVIDIA driver found (libcuda.so.1 "
-                    "cannot be loaded: libcuda.so.1: cannot open shared object file: No such file or "
-                    "directory); the CUDA path needs NVIDIA GPUs and their driver")
+    assert (
+        "  CUDA driver   none: libcuda.so.1 cannot be loaded (libcuda.so.1: cannot open shared object "
+        "file: No such file or directory); devices: 0 (cudaErrorInsufficientDriver"
+    ) in out
+    assert last == (
+        "CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu): no NVIDIA driver found (libcuda.so.1 "
+        "cannot be loaded: libcuda.so.1: cannot open shared object file: No such file or "
+        "directory); the CUDA path needs NVIDIA GPUs and their driver"
+    )
     v["cuda"]["libcuda_error"] = None  # a driver that is there but too old: the runtime's words
     rc, out, last = _run(capsys, "--no-live")
     assert "  CUDA driver   unavailable; devices: 0 (cudaErrorInsufficientDriver" in out
-    assert last == ("CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu; CUDA runtime: "
-                    "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version)")
+    assert last == (
+        "CANNOT RUN OVERLAP: no CUDA GPU (jax backend: cpu; CUDA runtime: "
+        "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version)"
+    )
 
 
 def test_libcuda_error_on_this_machine():
@@ -671,16 +799,21 @@ def test_live_test_runs_in_a_child_with_a_bounded_timeout():
     r = doctor.run_live_test_bounded([0, 1], timeout_s=3600, platform="cpu")
     assert r["ran"] is True and r["ok"] is False and r["devices"] == [0, 1]
     assert r["timeout_s"] == doctor.LIVE_TIMEOUT_S == 30  # as the child's own config read it
-    assert any(why in r["error"] for why in ("jax_ub CUDA extension unavailable",
-                                             "no jax_ub communicator for mesh axis 'tp'")), r["error"]
+    assert any(
+        why in r["error"]
+        for why in ("jax_ub CUDA extension unavailable", "no jax_ub communicator for mesh axis 'tp'")
+    ), r["error"]
     assert 0 < doctor.LIVE_WALL_S <= 600
 
 
 def test_live_test_child_environment(monkeypatch):
     monkeypatch.setenv("JAX_UB_TIMEOUT", "3600")
     mark = doctor.LIVE_RESULT_MARK
-    _child(monkeypatch, "import json, os; print('noise'); print(" + repr(mark) + " + json.dumps({'ok': True, "
-           "'seen': [os.environ['JAX_UB_TIMEOUT'], os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']]}))")
+    _child(
+        monkeypatch,
+        "import json, os; print('noise'); print(" + repr(mark) + " + json.dumps({'ok': True, "
+        "'seen': [os.environ['JAX_UB_TIMEOUT'], os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']]}))",
+    )
     r = doctor.run_live_test_bounded([0, 1], timeout_s=3600)
     assert r["ok"] is True and r["seen"] == ["30", "false"], r
     r = doctor.run_live_test_bounded([0, 1], timeout_s=5)
@@ -690,8 +823,10 @@ def test_live_test_child_environment(monkeypatch):
 def test_live_test_abort_or_hang_is_a_failed_test_not_the_doctors_end(machine, capsys, monkeypatch):
     """JAX_UB_ON_STALL=abort (the default) kills the process at a stall: the live test's process,
     not the doctor, which still prints its verdict (and its JSON); a hang is killed after wall_s."""
-    _child(monkeypatch, "import os, sys; sys.stderr.write('jax_ub: stall on GPU 1\\n'); sys.stderr.flush(); "
-           "os.abort()")
+    _child(
+        monkeypatch,
+        "import os, sys; sys.stderr.write('jax_ub: stall on GPU 1\\n'); sys.stderr.flush(); os.abort()",
+    )
     r = doctor.run_live_test_bounded([0, 1], timeout_s=120)
     assert r["ok"] is False
     assert r["error"].startswith("the live test's process was ended by SIGABRT before reporting a result")
@@ -699,7 +834,8 @@ def test_live_test_abort_or_hang_is_a_failed_test_not_the_doctors_end(machine, c
     _child(monkeypatch, "import sys, time; print('compiling', file=sys.stderr, flush=True); time.sleep(60)")
     r = doctor.run_live_test_bounded([0, 1], timeout_s=120, wall_s=2)
     assert r["ok"] is False and r["error"].startswith(
-        "the live test's process did not finish within 2 s (waits for a peer bounded at 30 s) and was killed")
+        "the live test's process did not finish within 2 s (waits for a peer bounded at 30 s) and was killed"
+    )
     assert r["error"].endswith("compiling")
     # through the doctor: its own process survives and reports
     _child(monkeypatch, "import os; os.abort()")
@@ -708,8 +844,10 @@ def test_live_test_abort_or_hang_is_a_failed_test_not_the_doctors_end(machine, c
     monkeypatch.setattr(doctor, "run_live_test_bounded", real)
     rc, out, _ = _run(capsys, "--json")
     r = json.loads(out)
-    assert rc == 1 and r["verdict"]["message"] == ("CANNOT RUN OVERLAP: live test failed: the live test's "
-                                                   "process was ended by SIGABRT before reporting a result")
+    assert rc == 1 and r["verdict"]["message"] == (
+        "CANNOT RUN OVERLAP: live test failed: the live test's "
+        "process was ended by SIGABRT before reporting a result"
+    )
 
 
 def test_unknown_jax_ub_variables_are_in_the_report(machine, capsys, monkeypatch):
@@ -721,7 +859,9 @@ def test_unknown_jax_ub_variables_are_in_the_report(machine, capsys, monkeypatch
     monkeypatch.setenv("JAX_UB_TIMEOUT", "60")
     rc, out, last = _run(capsys, "--no-live")
     assert rc == 0 and last.startswith("OK: ")
-    assert "note: JAX_UB_METHD=xla is not a jax_ub setting: it is ignored (did you mean JAX_UB_METHOD?)" in out
+    assert (
+        "note: JAX_UB_METHD=xla is not a jax_ub setting: it is ignored (did you mean JAX_UB_METHOD?)" in out
+    )
     assert "note: JAX_UB_ZZZZ=1 is not a jax_ub setting: it is ignored\n" in out
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("JAX_UB_METHD"))
     assert line.split()[1] == "xla" and "not a jax_ub setting: ignored (did you mean JAX_UB_METHOD?)" in line
@@ -729,5 +869,6 @@ def test_unknown_jax_ub_variables_are_in_the_report(machine, capsys, monkeypatch
     r = json.loads(_run(capsys, "--json", "--no-live")[1])
     assert r["config"]["unknown_variables"] == [
         {"name": "JAX_UB_METHD", "value": "xla", "did_you_mean": "JAX_UB_METHOD"},
-        {"name": "JAX_UB_ZZZZ", "value": "1", "did_you_mean": None}]
+        {"name": "JAX_UB_ZZZZ", "value": "1", "did_you_mean": None},
+    ]
     assert any("JAX_UB_METHD=xla" in n for n in r["verdict"]["notes"])

@@ -32,7 +32,9 @@ def test_row_parallel_dense_docstring_says_no_recompute_gathered():
 
 
 def test_the_multicast_setting_is_documented_as_doing_nothing():
-    rows = [ln for p in _pages() for ln in p.read_text().splitlines() if ln.startswith("| `JAX_UB_MULTICAST`")]
+    rows = [
+        ln for p in _pages() for ln in p.read_text().splitlines() if ln.startswith("| `JAX_UB_MULTICAST`")
+    ]
     assert rows, "no page has a JAX_UB_MULTICAST row"
     assert all(re.search(r"does nothing|ignored", row) for row in rows), rows
 

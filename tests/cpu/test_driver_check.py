@@ -22,8 +22,11 @@ class FakeExtension:
 
 
 def test_a_cuda13_build_on_a_cuda12_driver_is_named():
-    mod = FakeExtension(12040, 13000, "cudaErrorInsufficientDriver: CUDA driver version is "
-                                      "insufficient for CUDA runtime version")
+    mod = FakeExtension(
+        12040,
+        13000,
+        "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version",
+    )
     why = _ext.driver_too_old(mod)
     assert "built with CUDA 13.0" in why and "driver supports CUDA 12.4" in why, why
     assert "CUDACXX=" in why and "upgrade the driver" in why, why
@@ -46,5 +49,9 @@ def test_an_extension_without_these_facts_is_not_judged():
 def test_no_driver_at_all_is_not_called_too_old():
     """Without libcuda the runtime also says InsufficientDriver, with driver version 0: that is a
     machine without a GPU driver (the doctor's own message), not an old driver."""
-    assert _ext.driver_too_old(FakeExtension(0, 13000, "cudaErrorInsufficientDriver: CUDA driver "
-                                                       "version is insufficient")) == ""
+    assert (
+        _ext.driver_too_old(
+            FakeExtension(0, 13000, "cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+        )
+        == ""
+    )

@@ -21,8 +21,22 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_tp_block.py"
 LAUNCH = REPO / "examples" / "launch.sh"
 FAILFAST = REPO / "examples" / "failfast.py"
-TINY = ["--hidden", "32", "--heads", "4", "--ffn", "64", "--seq", "16", "--batch", "4",
-        "--motif", "4", "--vocab", "32"]
+TINY = [
+    "--hidden",
+    "32",
+    "--heads",
+    "4",
+    "--ffn",
+    "64",
+    "--seq",
+    "16",
+    "--batch",
+    "4",
+    "--motif",
+    "4",
+    "--vocab",
+    "32",
+]
 LOSS = re.compile(r"step\s+(\d+)\s+loss\s+(\S+)")
 
 
@@ -30,15 +44,19 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "JAX_UB_METHOD"}  # unless `extra` sets it
     env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
     # Let the script choose its own simulated device count (tests/conftest.py forces 8 here).
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
 def _run(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=timeout, check=False
+    )
     return proc
 
 
@@ -51,8 +69,9 @@ def _describe(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_one_process_trains_and_compares():
-    proc = _run([sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--compare", *TINY],
-                timeout=110)
+    proc = _run(
+        [sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--compare", *TINY], timeout=110
+    )
     assert proc.returncode == 0, _describe(proc)
     out = proc.stdout
     assert "devices: 4 x cpu in 1 process(es); mesh dp=1 tp=4" in out
@@ -72,8 +91,10 @@ def test_remat_keeps_the_losses():
     """--remat dots / full recompute the blocks in the backward: the same losses as without."""
     runs = {}
     for remat in ("none", "dots", "full"):
-        proc = _run([sys.executable, str(SCRIPT), "--steps", "12", "--log-every", "3", "--remat", remat,
-                     *TINY], timeout=110)
+        proc = _run(
+            [sys.executable, str(SCRIPT), "--steps", "12", "--log-every", "3", "--remat", remat, *TINY],
+            timeout=110,
+        )
         assert proc.returncode == 0, _describe(proc)
         runs[remat] = _losses(proc.stdout)
     assert len(runs["none"]) == 5
@@ -83,8 +104,10 @@ def test_remat_keeps_the_losses():
 
 def test_swiglu_mlp_trains():
     """--mlp swiglu: the gated ParallelMLP (one column layer for both halves) learns the task."""
-    proc = _run([sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--mlp", "swiglu",
-                 *TINY], timeout=110)
+    proc = _run(
+        [sys.executable, str(SCRIPT), "--steps", "40", "--log-every", "5", "--mlp", "swiglu", *TINY],
+        timeout=110,
+    )
     assert proc.returncode == 0, _describe(proc)
     assert "ffn 64 (swiglu)" in proc.stdout, proc.stdout
     losses = _losses(proc.stdout)
@@ -92,22 +115,28 @@ def test_swiglu_mlp_trains():
 
 
 def test_dp_tp_mesh_and_nan_loss_exits_nonzero():
-    proc = _run([sys.executable, str(SCRIPT), "--steps", "3", "--dp", "2", "--lr", "nan", *TINY],
-                timeout=90)
+    proc = _run([sys.executable, str(SCRIPT), "--steps", "3", "--dp", "2", "--lr", "nan", *TINY], timeout=90)
     assert "mesh dp=2 tp=2" in proc.stdout, _describe(proc)
     assert proc.returncode == 1, _describe(proc)
     assert "loss is not finite" in proc.stderr
 
 
-@pytest.mark.parametrize("argv,env,fragment", [
-    (["--method", "ring"], {}, "error: method='ring' needs the CUDA overlap extension"),
-    ([], {"JAX_UB_METHOD": "ring"}, "error: JAX_UB_METHOD=ring needs the CUDA overlap extension"),
-    ([], {"JAX_UB_METHOD": "sideways"}, "error: JAX_UB_METHOD must be one of"),
-    (["--method", "sideways"], {}, "argument --method: invalid choice: 'sideways'"),
-    (["--cpu-devices", "8", "--heads", "4"], {},
-     "error: --heads (4) must be divisible by tp (8); tp = the 8 devices / --dp 1 unless --tp says "
-     "otherwise: pass --tp and --dp with dp * tp = 8"),
-], ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag", "default-tp"])
+@pytest.mark.parametrize(
+    "argv,env,fragment",
+    [
+        (["--method", "ring"], {}, "error: method='ring' needs the CUDA overlap extension"),
+        ([], {"JAX_UB_METHOD": "ring"}, "error: JAX_UB_METHOD=ring needs the CUDA overlap extension"),
+        ([], {"JAX_UB_METHOD": "sideways"}, "error: JAX_UB_METHOD must be one of"),
+        (["--method", "sideways"], {}, "argument --method: invalid choice: 'sideways'"),
+        (
+            ["--cpu-devices", "8", "--heads", "4"],
+            {},
+            "error: --heads (4) must be divisible by tp (8); tp = the 8 devices / --dp 1 unless --tp says "
+            "otherwise: pass --tp and --dp with dp * tp = 8",
+        ),
+    ],
+    ids=["cuda-method", "cuda-method-env", "bad-env", "bad-flag", "default-tp"],
+)
 def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
     """A configuration the CPU cannot run is a configuration error (exit 2, one `error:` line, no
     traceback), as examples/README.md says."""
@@ -116,9 +145,27 @@ def test_configuration_errors_exit_2_with_one_line(argv, env, fragment):
     assert fragment in proc.stderr and "Traceback" not in proc.stderr, _describe(proc)
 
 
-@pytest.mark.parametrize("flag", ["--steps", "--batch", "--seq", "--motif", "--cpu-devices", "--hidden",
-                                  "--heads", "--ffn", "--layers", "--vocab", "--dp", "--tp", "--log-every",
-                                  "--num-processes", "--init-timeout", "--heartbeat-timeout"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--steps",
+        "--batch",
+        "--seq",
+        "--motif",
+        "--cpu-devices",
+        "--hidden",
+        "--heads",
+        "--ffn",
+        "--layers",
+        "--vocab",
+        "--dp",
+        "--tp",
+        "--log-every",
+        "--num-processes",
+        "--init-timeout",
+        "--heartbeat-timeout",
+    ],
+)
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_a_count_below_one_is_a_configuration_error(flag, value):
     """Zero or negative sizes, steps or device counts: `error: --X must be >= 1; got N`, exit 2,
@@ -137,24 +184,58 @@ def test_a_negative_process_id_is_a_configuration_error():
 _BY_HAND = "a multi-process run by hand needs all of --coordinator, --num-processes and --process-id"
 
 
-@pytest.mark.parametrize("argv,env,fragment", [
-    (["--coordinator", "localhost:1234"], {}, f"error: --coordinator without --num-processes and --process-id: {_BY_HAND}"),
-    (["--coordinator", "localhost:1234", "--num-processes", "2"], {},
-     f"error: --coordinator and --num-processes without --process-id: {_BY_HAND}"),
-    (["--num-processes", "2", "--process-id", "1"], {},
-     f"error: --num-processes and --process-id without --coordinator: {_BY_HAND}"),
-    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"], {},
-     "error: --process-id (2) must be below --num-processes (2)"),
-    (["--init-timeout", "5"], {}, "error: --init-timeout only applies to a multi-process run"),
-    (["--init-timeout", "5", "--heartbeat-timeout", "5"], {},
-     "error: --init-timeout and --heartbeat-timeout only apply to a multi-process run"),
-    ([], {"LAUNCH_COORDINATOR_ADDRESS": "127.0.0.1:1234"},
-     "error: LAUNCH_COORDINATOR_ADDRESS is set but LAUNCH_NUM_PROCESSES is not"),
-    # jax's own IndexError (coordinator_address.rsplit(':', 1)[1]) before this check
-    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], {},
-     "error: --coordinator must be HOST:PORT (process 0's host, and a free port there); got 'localhost'"),
-], ids=["coordinator-alone", "no-process-id", "no-coordinator", "process-id-too-big", "timeout-one-process",
-        "timeouts-one-process", "launch-env-incomplete", "coordinator-without-port"])
+@pytest.mark.parametrize(
+    "argv,env,fragment",
+    [
+        (
+            ["--coordinator", "localhost:1234"],
+            {},
+            f"error: --coordinator without --num-processes and --process-id: {_BY_HAND}",
+        ),
+        (
+            ["--coordinator", "localhost:1234", "--num-processes", "2"],
+            {},
+            f"error: --coordinator and --num-processes without --process-id: {_BY_HAND}",
+        ),
+        (
+            ["--num-processes", "2", "--process-id", "1"],
+            {},
+            f"error: --num-processes and --process-id without --coordinator: {_BY_HAND}",
+        ),
+        (
+            ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"],
+            {},
+            "error: --process-id (2) must be below --num-processes (2)",
+        ),
+        (["--init-timeout", "5"], {}, "error: --init-timeout only applies to a multi-process run"),
+        (
+            ["--init-timeout", "5", "--heartbeat-timeout", "5"],
+            {},
+            "error: --init-timeout and --heartbeat-timeout only apply to a multi-process run",
+        ),
+        (
+            [],
+            {"LAUNCH_COORDINATOR_ADDRESS": "127.0.0.1:1234"},
+            "error: LAUNCH_COORDINATOR_ADDRESS is set but LAUNCH_NUM_PROCESSES is not",
+        ),
+        # jax's own IndexError (coordinator_address.rsplit(':', 1)[1]) before this check
+        (
+            ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+            {},
+            "error: --coordinator must be HOST:PORT (process 0's host, and a free port there); got 'localhost'",
+        ),
+    ],
+    ids=[
+        "coordinator-alone",
+        "no-process-id",
+        "no-coordinator",
+        "process-id-too-big",
+        "timeout-one-process",
+        "timeouts-one-process",
+        "launch-env-incomplete",
+        "coordinator-without-port",
+    ],
+)
 def test_incomplete_multi_process_flags_are_argparse_errors(argv, env, fragment):
     """--coordinator without the others used to end in a KeyError, --num-processes/--process-id
     without --coordinator trained one process silently: now an argparse error (exit 2, before jax
@@ -179,33 +260,64 @@ def test_distributed_kwargs_from_flags_and_launch_env(monkeypatch):
     import jax
 
     mod = _example_module()
-    for var in ("LAUNCH_COORDINATOR_ADDRESS", "LAUNCH_NUM_PROCESSES", "LAUNCH_PROCESS_ID", "LAUNCH_LOCAL_RANK"):
+    for var in (
+        "LAUNCH_COORDINATOR_ADDRESS",
+        "LAUNCH_NUM_PROCESSES",
+        "LAUNCH_PROCESS_ID",
+        "LAUNCH_LOCAL_RANK",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert mod.parse_args([]).distributed_kw is None
-    by_hand = mod.parse_args(["--coordinator", "h:1", "--num-processes", "2", "--process-id", "1",
-                              "--init-timeout", "7", "--heartbeat-timeout", "9"]).distributed_kw
+    by_hand = mod.parse_args(
+        [
+            "--coordinator",
+            "h:1",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "1",
+            "--init-timeout",
+            "7",
+            "--heartbeat-timeout",
+            "9",
+        ]
+    ).distributed_kw
     # By hand, jax's cluster detection is off: under srun it would pick one GPU per process.
-    assert by_hand == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1,
-                       "cluster_detection_method": "deactivate",
-                       "initialization_timeout": 7, "heartbeat_timeout_seconds": 9}
+    assert by_hand == {
+        "coordinator_address": "h:1",
+        "num_processes": 2,
+        "process_id": 1,
+        "cluster_detection_method": "deactivate",
+        "initialization_timeout": 7,
+        "heartbeat_timeout_seconds": 9,
+    }
     assert mod.parse_args(["--distributed"]).distributed_kw == {}  # jax detects the cluster
-    assert mod.parse_args(["--distributed", "--coordinator", "h:2"]).distributed_kw == {"coordinator_address": "h:2"}
+    assert mod.parse_args(["--distributed", "--coordinator", "h:2"]).distributed_kw == {
+        "coordinator_address": "h:2"
+    }
     monkeypatch.setenv("LAUNCH_COORDINATOR_ADDRESS", "127.0.0.1:5")
     monkeypatch.setenv("LAUNCH_NUM_PROCESSES", "4")
     monkeypatch.setenv("LAUNCH_PROCESS_ID", "3")
     monkeypatch.setenv("LAUNCH_LOCAL_RANK", "3")
     assert mod.parse_args(["--init-timeout", "30"]).distributed_kw == {
-        "coordinator_address": "127.0.0.1:5", "num_processes": 4, "process_id": 3, "local_device_ids": [3],
-        "initialization_timeout": 30}
+        "coordinator_address": "127.0.0.1:5",
+        "num_processes": 4,
+        "process_id": 3,
+        "local_device_ids": [3],
+        "initialization_timeout": 30,
+    }
     params = inspect.signature(jax.distributed.initialize).parameters
     assert set(by_hand) <= set(params) and "local_device_ids" in params, sorted(params)
 
 
-@pytest.mark.parametrize("argv,xla_flags,count", [
-    ([], "", "4"),
-    ([], "--xla_force_host_platform_device_count=2", "2"),
-    (["--cpu-devices", "8"], "--xla_force_host_platform_device_count=2 --xla_cpu_foo=1", "8"),
-])
+@pytest.mark.parametrize(
+    "argv,xla_flags,count",
+    [
+        ([], "", "4"),
+        ([], "--xla_force_host_platform_device_count=2", "2"),
+        (["--cpu-devices", "8"], "--xla_force_host_platform_device_count=2 --xla_cpu_foo=1", "8"),
+    ],
+)
 def test_cpu_devices_flag_replaces_the_count_in_xla_flags(monkeypatch, argv, xla_flags, count):
     mod = _example_module()
     monkeypatch.setenv("XLA_FLAGS", xla_flags)
@@ -215,10 +327,14 @@ def test_cpu_devices_flag_replaces_the_count_in_xla_flags(monkeypatch, argv, xla
     assert ("--xla_cpu_foo=1" in flags) == ("--xla_cpu_foo=1" in xla_flags)
 
 
-@pytest.mark.parametrize("argv,line", [
-    (["--hidden", "30"], "error: --hidden (30) must be divisible by --heads (4)"),
-    (["--batch", "3", "--dp", "2"], "error: --batch (3) must be divisible by --dp (2)"),
-], ids=["hidden-heads", "batch-dp"])
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (["--hidden", "30"], "error: --hidden (30) must be divisible by --heads (4)"),
+        (["--batch", "3", "--dp", "2"], "error: --batch (3) must be divisible by --dp (2)"),
+    ],
+    ids=["hidden-heads", "batch-dp"],
+)
 def test_divisibility_errors_name_the_condition_and_the_values(argv, line):
     """Each of the two conditions has its own message with the values (it was one message for both)."""
     proc = _run([sys.executable, str(SCRIPT), "--steps", "3", *argv], timeout=90)
@@ -252,35 +368,50 @@ def test_tuning_section_records_with_the_gpu_runs_flags():
     """examples/README.md's tuning steps: recording on a CPU machine must use the GPU run's model
     flags (dtype, sizes, device count), or the shapes are those of the CPU defaults."""
     text = (REPO / "examples" / "README.md").read_text()
-    section = text[text.index("### Tuning `method=\"auto\"` for this model"):]
-    cmd = re.search(r"JAX_UB_RECORD_SHAPES=shapes\.json JAX_PLATFORMS=cpu python examples/train_tp_block\.py"
-                    r"(?:[^\n]*\\\n)*[^\n]*", section)
+    section = text[text.index('### Tuning `method="auto"` for this model') :]
+    cmd = re.search(
+        r"JAX_UB_RECORD_SHAPES=shapes\.json JAX_PLATFORMS=cpu python examples/train_tp_block\.py"
+        r"(?:[^\n]*\\\n)*[^\n]*",
+        section,
+    )
     assert cmd, section
     argv = cmd.group(0).replace("\\\n", " ").split()
-    defaults = {"--dtype": "bfloat16", "--hidden": "1024", "--heads": "16", "--seq": "1024", "--batch": "16",
-                "--layers": "2"}  # the script's GPU defaults (main())
+    defaults = {
+        "--dtype": "bfloat16",
+        "--hidden": "1024",
+        "--heads": "16",
+        "--seq": "1024",
+        "--batch": "16",
+        "--layers": "2",
+    }  # the script's GPU defaults (main())
     for flag, value in defaults.items():
         assert argv[argv.index(flag) + 1] == value, (flag, argv)
     assert "--cpu-devices" in argv
     script = (REPO / "examples" / "train_tp_block.py").read_text()
-    assert ("defaults = dict(steps=(300, 100), lr=(3e-3, 1e-2), batch=(16, 8), seq=(1024, 32), "
-            "hidden=(1024, 64),\n                    heads=(16, 4), layers=(2, 1), dtype=(\"bfloat16\", "
-            "\"float32\"))") in script, "the GPU defaults changed: update examples/README.md's tuning command"
+    assert (
+        "defaults = dict(steps=(300, 100), lr=(3e-3, 1e-2), batch=(16, 8), seq=(1024, 32), "
+        'hidden=(1024, 64),\n                    heads=(16, 4), layers=(2, 1), dtype=("bfloat16", '
+        '"float32"))'
+    ) in script, "the GPU defaults changed: update examples/README.md's tuning command"
 
 
 def _gloo_reason() -> str | None:
     if shutil.which("timeout") is None:
         return "coreutils `timeout` is not installed"
-    probe = ("import jax\n"
-             "from jax._src.lib import _jax\n"
-             "assert hasattr(_jax, 'make_gloo_tcp_collectives'), 'no make_gloo_tcp_collectives'\n"
-             "jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
-                          timeout=60)
+    probe = (
+        "import jax\n"
+        "from jax._src.lib import _jax\n"
+        "assert hasattr(_jax, 'make_gloo_tcp_collectives'), 'no make_gloo_tcp_collectives'\n"
+        "jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60
+    )
     if proc.returncode:
         return f"this jaxlib has no gloo CPU collectives: {proc.stderr.strip().splitlines()[-1:]}"
-    bash = subprocess.run(["bash", "-c", "wait -n -p x 2>/dev/null; echo $?"], capture_output=True,
-                          text=True, check=False)
+    bash = subprocess.run(
+        ["bash", "-c", "wait -n -p x 2>/dev/null; echo $?"], capture_output=True, text=True, check=False
+    )
     if bash.stdout.strip() not in ("0", "127"):
         return "launch.sh needs bash >= 5.1 (`wait -n -p`)"
     return None
@@ -290,8 +421,23 @@ def test_launch_sh_two_processes():
     reason = _gloo_reason()
     if reason:
         pytest.skip(reason)
-    proc = _run(["bash", str(LAUNCH), "2", str(SCRIPT), "--cpu-devices", "2", "--steps", "12",
-                 "--log-every", "4", *TINY], timeout=110, LAUNCH_TIMEOUT="100")
+    proc = _run(
+        [
+            "bash",
+            str(LAUNCH),
+            "2",
+            str(SCRIPT),
+            "--cpu-devices",
+            "2",
+            "--steps",
+            "12",
+            "--log-every",
+            "4",
+            *TINY,
+        ],
+        timeout=110,
+        LAUNCH_TIMEOUT="100",
+    )
     assert proc.returncode == 0, _describe(proc)
     out = proc.stdout
     assert "[rank 0] devices: 4 x cpu in 2 process(es); mesh dp=1 tp=4" in out, _describe(proc)
@@ -312,12 +458,35 @@ def test_by_hand_processes_may_name_the_coordinator_differently():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    per_process = [["--coordinator", f"127.0.0.1:{port}", "--log-every", "4"],
-                   ["--coordinator", f"localhost:{port}", "--log-every", "6", "--init-timeout", "90"]]
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), *flags, "--num-processes", "2", "--process-id",
-                               str(i), "--cpu-devices", "2", "--steps", "12", *TINY], cwd=REPO, env=_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for i, flags in enumerate(per_process)]
+    per_process = [
+        ["--coordinator", f"127.0.0.1:{port}", "--log-every", "4"],
+        ["--coordinator", f"localhost:{port}", "--log-every", "6", "--init-timeout", "90"],
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                *flags,
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                "--cpu-devices",
+                "2",
+                "--steps",
+                "12",
+                *TINY,
+            ],
+            cwd=REPO,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for i, flags in enumerate(per_process)
+    ]
     try:
         outs = [p.communicate(timeout=110) for p in procs]
     finally:
@@ -330,14 +499,23 @@ def test_by_hand_processes_may_name_the_coordinator_differently():
     assert len(_losses(outs[0][0])) == 4  # process 0's --log-every 4
 
 
-def _launch_bounded(argv: list[str], limit: float, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _launch_bounded(
+    argv: list[str], limit: float, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """Runs launch.sh; past `limit` seconds it gets SIGTERM (its trap stops its processes: each
     runs under timeout(1), in a process group of its own), then its process group SIGKILL. Returns
     the result (returncode None: it ran past the limit) and the seconds it took."""
     env.setdefault("LAUNCH_TIMEOUT", "90")  # the processes' own bound, should all else fail
     t0 = time.monotonic()
-    with subprocess.Popen(["bash", str(LAUNCH), *argv], cwd=REPO, env=_env(**env), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+    with subprocess.Popen(
+        ["bash", str(LAUNCH), *argv],
+        cwd=REPO,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as child:
         try:
             out, err = child.communicate(timeout=limit)
             code = child.returncode
@@ -381,15 +559,31 @@ _BAD_TP = "dp (1) * tp (3) must equal the device count (4)"
 _SEED = "process 1: seed=1 (process 0: 0)"
 
 
-@pytest.mark.parametrize("how,status,lines", [
-    # Process 1 says its own problem; process 0 says which process cannot go on, and why.
-    ("status", 2, [f"[rank 1] error: {_BAD_TP}",
-                   f"[rank 0] error: jax_ub.check_processes: 1 of 2 processes cannot go on: process 1: {_BAD_TP}"]),
-    ("seed", 2, ["[rank 0] error: jax_ub.check_processes: the 2 processes disagree; every process must "
-                 "be started with the same settings. 1 process differs from process 0:", f"[rank 0]   {_SEED}",
-                 f"[rank 1]   {_SEED}"]),
-    ("raise", 1, ["[rank 1] RuntimeError: injected failure on process 1"]),
-])
+@pytest.mark.parametrize(
+    "how,status,lines",
+    [
+        # Process 1 says its own problem; process 0 says which process cannot go on, and why.
+        (
+            "status",
+            2,
+            [
+                f"[rank 1] error: {_BAD_TP}",
+                f"[rank 0] error: jax_ub.check_processes: 1 of 2 processes cannot go on: process 1: {_BAD_TP}",
+            ],
+        ),
+        (
+            "seed",
+            2,
+            [
+                "[rank 0] error: jax_ub.check_processes: the 2 processes disagree; every process must "
+                "be started with the same settings. 1 process differs from process 0:",
+                f"[rank 0]   {_SEED}",
+                f"[rank 1]   {_SEED}",
+            ],
+        ),
+        ("raise", 1, ["[rank 1] RuntimeError: injected failure on process 1"]),
+    ],
+)
 def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, lines):
     """A failed process of the example leaves with os._exit (not through jax's atexit shutdown
     barrier), so launch.sh sees the failure and stops the other process within its grace period.
@@ -402,9 +596,13 @@ def test_launch_sh_example_failing_on_one_rank_ends_fast(tmp_path, how, status, 
         pytest.skip(reason)
     script = tmp_path / "fail_on_one.py"
     script.write_text(_FAIL_ON_ONE.format(script=str(SCRIPT), how=how))
-    proc, took = _launch_bounded(["2", str(script), "--cpu-devices", "2", "--steps", "20", *TINY],
-                                 FAIL_FAST_LIMIT, LAUNCH_FAIL_FAST="0", LAUNCH_GRACE="1",
-                                 LAUNCH_KILL_AFTER="1")
+    proc, took = _launch_bounded(
+        ["2", str(script), "--cpu-devices", "2", "--steps", "20", *TINY],
+        FAIL_FAST_LIMIT,
+        LAUNCH_FAIL_FAST="0",
+        LAUNCH_GRACE="1",
+        LAUNCH_KILL_AFTER="1",
+    )
     assert proc.returncode == status, f"{took:.1f} s\n{_describe(proc)}"
     assert took < FAIL_FAST_LIMIT
     for line in lines:
@@ -455,8 +653,10 @@ def test_launch_sh_returns_when_its_processes_have_ended():
     assert took < 15, f"{took:.1f} s: waited for the {30} s grace timer"
 
 
-@pytest.mark.parametrize("mode,status,atexit_ran", [
-    ("ok", 0, True), ("exit0", 0, True), ("exit3", 3, False), ("raise", 1, False), ("message", 1, False)])
+@pytest.mark.parametrize(
+    "mode,status,atexit_ran",
+    [("ok", 0, True), ("exit0", 0, True), ("exit3", 3, False), ("raise", 1, False), ("message", 1, False)],
+)
 def test_failfast_wrapper_exit_status_and_atexit(tmp_path, mode, status, atexit_ran):
     """examples/failfast.py runs a script as `python script.py` would (argv, sys.path[0], __main__),
     and skips the atexit handlers (jax's jax.distributed.shutdown() barrier among them) only when
@@ -470,7 +670,8 @@ def test_failfast_wrapper_exit_status_and_atexit(tmp_path, mode, status, atexit_
         "if mode == 'exit0': sys.exit(0)\n"
         "if mode == 'exit3': sys.exit(3)\n"
         "if mode == 'raise': raise ValueError('bad')\n"
-        "if mode == 'message': sys.exit('a message')\n")
+        "if mode == 'message': sys.exit('a message')\n"
+    )
     proc = _run([sys.executable, str(FAILFAST), str(script), mode, "x"], timeout=60)
     assert proc.returncode == status, _describe(proc)
     assert proc.stdout.startswith(f"__main__ ['{mode}', 'x'] True\n"), _describe(proc)
@@ -485,8 +686,8 @@ def test_readme_quick_start_runs_on_cpu(tmp_path):
     """The README's Quick start blocks as they stand (the shard_map one, then the NNX one): on CPU,
     initialize is a no-op and the reference runs."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Quick start\n"):]
-    section = section[:section.index("\n## ")]
+    section = readme[readme.index("## Quick start\n") :]
+    section = section[: section.index("\n## ")]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     want = ["xla-reference (1024, 512) xla: ", "(8, 256, 512) P(None, 'tp', None)\n"]
     assert len(blocks) == len(want), blocks
@@ -496,8 +697,15 @@ def test_readme_quick_start_runs_on_cpu(tmp_path):
         for extra in ({}, {"JAX_UB_DISABLE": "1"}):
             env = _env(**extra)  # which drops a device count from XLA_FLAGS: the README's 4 devices
             env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
-            proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True,
-                                  text=True, timeout=300, check=False)
+            proc = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert proc.stdout.startswith(out), (i, proc.stdout)
 
@@ -528,8 +736,9 @@ def test_failfast_runs_code_and_refuses_a_missing_script_as_python_does(tmp_path
     proc = _run([sys.executable, failfast, "-c", code, "a", "b"], timeout=30)
     assert proc.returncode == 3 and proc.stdout.splitlines() == ["__main__ ['-c', 'a', 'b']"], _describe(proc)
     proc = _run([sys.executable, failfast, str(tmp_path / "missing.py")], timeout=30)
-    assert proc.returncode == 2 and "can't open file" in proc.stderr and "Traceback" not in proc.stderr, \
+    assert proc.returncode == 2 and "can't open file" in proc.stderr and "Traceback" not in proc.stderr, (
         _describe(proc)
+    )
 
 
 def test_launch_sh_refuses_what_it_would_misrun():
@@ -540,10 +749,14 @@ def test_launch_sh_refuses_what_it_would_misrun():
         pytest.skip("coreutils `timeout` is not installed")
     hello = "import os; print('hi', os.environ['LAUNCH_PROCESS_ID'])"
     proc = _run(["bash", str(LAUNCH), "2", "-u", "-c", hello], timeout=60)
-    assert proc.returncode == 2 and "'-u' is an interpreter option; put it and its value in PYTHON" in proc.stderr, \
-        _describe(proc)
+    assert (
+        proc.returncode == 2
+        and "'-u' is an interpreter option; put it and its value in PYTHON" in proc.stderr
+    ), _describe(proc)
     proc = _run(["bash", str(LAUNCH), "2", "-c", hello], timeout=60, LAUNCH_TIMEOUT="abc")
-    assert proc.returncode == 2 and "LAUNCH_TIMEOUT must be seconds; got 'abc'" in proc.stderr, _describe(proc)
+    assert proc.returncode == 2 and "LAUNCH_TIMEOUT must be seconds; got 'abc'" in proc.stderr, _describe(
+        proc
+    )
     proc = _run(["bash", str(LAUNCH), "2", "-c", hello], timeout=60, PYTHON=f"{sys.executable} -u")
     assert proc.returncode == 0 and "[rank 1] hi 1" in proc.stdout, _describe(proc)
 
@@ -556,5 +769,9 @@ def test_distributed_with_no_cluster_to_detect_is_a_configuration_error():
     proc = _run([sys.executable, str(SCRIPT), "--distributed", "--steps", "3", *TINY], timeout=90)
     assert proc.returncode == 2, _describe(proc)
     assert "error: jax.distributed.initialize() refused: " in proc.stderr, _describe(proc)
-    assert "--distributed found no mpirun or srun environment: pass --coordinator, --num-processes and " \
-           "--process-id" in proc.stderr and "Traceback" not in proc.stderr, _describe(proc)
+    assert (
+        "--distributed found no mpirun or srun environment: pass --coordinator, --num-processes and "
+        "--process-id"
+        in proc.stderr
+        and "Traceback" not in proc.stderr
+    ), _describe(proc)

@@ -23,9 +23,11 @@ CALL_AG = "; global 8192x8192x8192, tp=4 (call x [2048, 8192] @ w [8192, 2048])"
 @pytest.fixture
 def cuda(monkeypatch):
     """``cuda(transport)``: the CUDA path is available and axis "tp" has a 4-GPU communicator set."""
+
     def install(transport="ipc"):
         monkeypatch.setattr(_ext, "cuda_path_available", lambda: (True, ""))
         monkeypatch.setitem(comm._sets, "tp", types.SimpleNamespace(world=4, transport=transport, axis="tp"))
+
     return install
 
 
@@ -78,26 +80,40 @@ def test_a_configured_or_requested_method_is_what_runs(cuda):
     cuda("ipc")
     auto = overlap.choose("ag", AG_X.shape, AG_W.shape, BF, "tp")
     with config.override(method="ring"):
-        assert jax_ub.explain("ag", AG_X, AG_W) == f"ring: requested (JAX_UB_METHOD=ring); auto would run {auto}{CALL_AG}"
+        assert (
+            jax_ub.explain("ag", AG_X, AG_W)
+            == f"ring: requested (JAX_UB_METHOD=ring); auto would run {auto}{CALL_AG}"
+        )
         # method= wins over JAX_UB_METHOD, as in the op
         assert jax_ub.explain("ag", AG_X, AG_W, method="auto").startswith(f"{auto}: nearest measured shape")
     with config.override(method="chain"):
         assert jax_ub.explain("ag", AG_X, AG_W).startswith(
-            "push: requested (JAX_UB_METHOD=chain) (for all_gather_matmul, chain is the push algorithm)")
+            "push: requested (JAX_UB_METHOD=chain) (for all_gather_matmul, chain is the push algorithm)"
+        )
     assert jax_ub.explain("rs", RS_X, RS_W, method="all_peer").startswith(
-        "pipeline: requested (method='all_peer') (for matmul_reduce_scatter, all_peer is the pipeline algorithm)")
+        "pipeline: requested (method='all_peer') (for matmul_reduce_scatter, all_peer is the pipeline algorithm)"
+    )
     # push_merge runs push's kernel with another schedule: named as itself for the all-gather
-    assert jax_ub.explain("ag", AG_X, AG_W, method="push_merge").startswith("push_merge: requested (method='push_merge');")
+    assert jax_ub.explain("ag", AG_X, AG_W, method="push_merge").startswith(
+        "push_merge: requested (method='push_merge');"
+    )
     assert jax_ub.explain("rs", RS_X, RS_W, method="push_merge").startswith(
-        "ring: requested (method='push_merge') (for matmul_reduce_scatter, push_merge is the ring algorithm)")
+        "ring: requested (method='push_merge') (for matmul_reduce_scatter, push_merge is the ring algorithm)"
+    )
     assert jax_ub.explain("ag", AG_X, AG_W, method="xla") == f"xla: requested (method='xla'){CALL_AG}"
     with config.override(disable=True):
         assert jax_ub.explain("ag", AG_X, AG_W, method="ring") == (
-            f"xla: JAX_UB_DISABLE=1 forces the pure-XLA reference path{CALL_AG}")
-    with pytest.raises(ValueError, match=r"explain\('ag'\): method='nccl' needs jax_ub.initialize\(mesh, "
-                                         r"axis='tp', transport='nccl'\); this axis was initialized with "
-                                         r"transport 'ipc'"), \
-            pytest.warns(DeprecationWarning, match="method='nccl' is deprecated"):
+            f"xla: JAX_UB_DISABLE=1 forces the pure-XLA reference path{CALL_AG}"
+        )
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"explain\('ag'\): method='nccl' needs jax_ub.initialize\(mesh, "
+            r"axis='tp', transport='nccl'\); this axis was initialized with "
+            r"transport 'ipc'",
+        ),
+        pytest.warns(DeprecationWarning, match="method='nccl' is deprecated"),
+    ):
         jax_ub.explain("ag", AG_X, AG_W, method="nccl")
     with pytest.raises(ValueError, match="`method` must be None or one of"):
         jax_ub.explain("ag", AG_X, AG_W, method="rign")
@@ -105,38 +121,55 @@ def test_a_configured_or_requested_method_is_what_runs(cuda):
 
 def test_explain_refuses_what_the_op_refuses(cuda):
     cuda("ipc")
-    with pytest.raises(ValueError, match=r"explain\('rs'\): x.shape\[scatter_axis=0\] must be divisible by "
-                                         r"the size of mesh axis 'tp' \(4\); got x \[3, 2048\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"explain\('rs'\): x.shape\[scatter_axis=0\] must be divisible by "
+        r"the size of mesh axis 'tp' \(4\); got x \[3, 2048\]",
+    ):
         jax_ub.explain("rs", S((3, 2048), BF), RS_W)
     with pytest.raises(ValueError, match=r"x.shape\[gather_axis=0\] is 0 .*XLA cannot all-gather"):
         jax_ub.explain("ag", S((0, 8192), BF), AG_W)
-    with pytest.raises(ValueError, match=r"explain\('ag'\): method='ring' needs a jax_ub communicator, and the "
-                                         r"call would fail: no jax_ub communicator for axis 'model'"):
+    with pytest.raises(
+        ValueError,
+        match=r"explain\('ag'\): method='ring' needs a jax_ub communicator, and the "
+        r"call would fail: no jax_ub communicator for axis 'model'",
+    ):
         jax_ub.explain("ag", AG_X, AG_W, axis_name="model", method="ring")
     assert jax_ub.explain("ag", AG_X, AG_W, axis_name="model").startswith(
-        "xla: no jax_ub communicator for axis 'model'")
+        "xla: no jax_ub communicator for axis 'model'"
+    )
 
 
 def test_a_zero_size_operand_runs_the_reference(cuda):
     cuda("ipc")
     assert jax_ub.explain("ag", S((8, 0), BF), S((0, 2048), BF)) == (
         "xla: zero-size operand [8, 0], [0, 2048] (nothing to overlap: the reference runs); "
-        "global 32x0x8192, tp=4 (call x [8, 0] @ w [0, 2048])")
+        "global 32x0x8192, tp=4 (call x [8, 0] @ w [0, 2048])"
+    )
 
 
 def test_a_cuda_method_without_the_cuda_path_raises_as_the_op_does(monkeypatch):
     monkeypatch.setattr(_ext, "cuda_path_available", lambda: (False, "jax has no CUDA GPU (stand-in)"))
-    assert jax_ub.explain("ag", AG_X, AG_W) == "xla: jax has no CUDA GPU (stand-in) (call x [2048, 8192] @ w [8192, 2048])"
-    with pytest.raises(ValueError, match=r"method='ring' needs the CUDA overlap extension, which is not "
-                                         r"available: jax has no CUDA GPU \(stand-in\)"):
+    assert (
+        jax_ub.explain("ag", AG_X, AG_W)
+        == "xla: jax has no CUDA GPU (stand-in) (call x [2048, 8192] @ w [8192, 2048])"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"method='ring' needs the CUDA overlap extension, which is not "
+        r"available: jax has no CUDA GPU \(stand-in\)",
+    ):
         jax_ub.explain("ag", AG_X, AG_W, method="ring")
 
 
-@pytest.mark.parametrize("axis_name, exc, fragment", [
-    (0, TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got 0"),
-    (["tp"], TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got ['tp']"),
-    (("tp", "tp"), ValueError, "names an axis more than once"),
-])
+@pytest.mark.parametrize(
+    "axis_name, exc, fragment",
+    [
+        (0, TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got 0"),
+        (["tp"], TypeError, "`axis_name` must be a mesh axis name (str) or a tuple of names; got ['tp']"),
+        (("tp", "tp"), ValueError, "names an axis more than once"),
+    ],
+)
 def test_explain_checks_axis_name_as_the_op_does(axis_name, exc, fragment):
     """It answered "xla: ..." for axis names the op refuses (and, with a communicator, said an int
     "names several mesh axes")."""

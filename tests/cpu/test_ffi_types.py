@@ -22,13 +22,15 @@ def test_result_type_is_varying_over_the_union_of_the_inputs():
 
     def f(x, w):
         seen["xw"] = _ffi.varying_axes(jax.ShapeDtypeStruct((1,), jnp.float32)) | _ffi.varying_axes(
-            jnp.zeros((1,)))  # invariant baseline: empty
+            jnp.zeros((1,))
+        )  # invariant baseline: empty
         seen["y"] = _ffi.result_type((3, 5), jnp.bfloat16, x, w)
         seen["ws"] = _ffi.result_type((16,), jnp.uint8, w)
         return x
 
     jax.shard_map(f, mesh=_mesh(), in_specs=(P("tp"), P("dp")), out_specs=P("tp"))(
-        jnp.ones((8, 2)), jnp.ones((4, 2)))
+        jnp.ones((8, 2)), jnp.ones((4, 2))
+    )
     assert seen["xw"] == frozenset()
     y = seen["y"]
     assert (y.shape, y.dtype) == ((3, 5), jnp.bfloat16)
@@ -60,18 +62,39 @@ def test_tf32_follows_xlas_rule_whatever_the_spelling():
     ones get f32 (at least as precise as asked)."""
     from jax import lax
 
-    allowed = [lax.Precision.DEFAULT, lax.Precision.HIGH, "default", "high", "HIGH", "tensorfloat32",
-               "fastest", "bfloat16", "bfloat16_3x", ("high", "default"), lax.DotAlgorithmPreset.DEFAULT,
-               lax.DotAlgorithmPreset.TF32_TF32_F32, "TF32_TF32_F32"]
-    forbidden = [lax.Precision.HIGHEST, "highest", "float32", ("high", "highest"),
-                 (lax.Precision.HIGHEST, lax.Precision.DEFAULT), lax.DotAlgorithmPreset.F32_F32_F32,
-                 "F32_F32_F32", lax.DotAlgorithmPreset.BF16_BF16_F32]
+    allowed = [
+        lax.Precision.DEFAULT,
+        lax.Precision.HIGH,
+        "default",
+        "high",
+        "HIGH",
+        "tensorfloat32",
+        "fastest",
+        "bfloat16",
+        "bfloat16_3x",
+        ("high", "default"),
+        lax.DotAlgorithmPreset.DEFAULT,
+        lax.DotAlgorithmPreset.TF32_TF32_F32,
+        "TF32_TF32_F32",
+    ]
+    forbidden = [
+        lax.Precision.HIGHEST,
+        "highest",
+        "float32",
+        ("high", "highest"),
+        (lax.Precision.HIGHEST, lax.Precision.DEFAULT),
+        lax.DotAlgorithmPreset.F32_F32_F32,
+        "F32_F32_F32",
+        lax.DotAlgorithmPreset.BF16_BF16_F32,
+    ]
     assert [p for p in allowed if not _ffi.tf32_allowed(p)] == []
     assert [p for p in forbidden if _ffi.tf32_allowed(p)] == []
     # Every spelling of one level agrees with the others (jax's own canonical form).
-    for level, names in ((lax.Precision.HIGH, ("high", "tensorfloat32", "bfloat16_3x")),
-                         (lax.Precision.HIGHEST, ("highest", "float32")),
-                         (lax.Precision.DEFAULT, ("default", "fastest", "bfloat16"))):
+    for level, names in (
+        (lax.Precision.HIGH, ("high", "tensorfloat32", "bfloat16_3x")),
+        (lax.Precision.HIGHEST, ("highest", "float32")),
+        (lax.Precision.DEFAULT, ("default", "fastest", "bfloat16")),
+    ):
         assert {_ffi.tf32_allowed(n) for n in names} == {_ffi.tf32_allowed(level)}, level
         assert all(lax.Precision(n) == level for n in names)
     with jax.default_matmul_precision("highest"):

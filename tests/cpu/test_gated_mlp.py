@@ -76,9 +76,16 @@ def test_pack_and_unpack():
 def test_nnx_gated_global_mode_matches_plain(cpu_mesh, tp, use_bias):
     mesh = cpu_mesh(tp)
     with jax.set_mesh(mesh):
-        mlp = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, use_bias=use_bias,
-                               bias_init=nnx.initializers.normal(1.0), precision=HIGHEST,
-                               rngs=nnx.Rngs(0))
+        mlp = ubnn.ParallelMLP(
+            H,
+            F,
+            gated=True,
+            activation=jax.nn.silu,
+            use_bias=use_bias,
+            bias_init=nnx.initializers.normal(1.0),
+            precision=HIGHEST,
+            rngs=nnx.Rngs(0),
+        )
         params = pure(mlp)
         assert params["up"]["kernel"].shape == (H, 2 * F)
         assert params["down"]["kernel"].shape == (F, H)
@@ -95,8 +102,9 @@ def test_gated_from_separate_halves(cpu_mesh):
     wg, wl, wd = data(H, F, seed=3), data(H, F, seed=4), data(F, H, seed=5)
     x = data(B, S, H)
     with jax.set_mesh(cpu_mesh(4)):
-        mlp = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, use_bias=False,
-                               precision=HIGHEST, rngs=nnx.Rngs(0))
+        mlp = ubnn.ParallelMLP(
+            H, F, gated=True, activation=jax.nn.silu, use_bias=False, precision=HIGHEST, rngs=nnx.Rngs(0)
+        )
         mlp.up.kernel[...] = ubnn.pack_gated(wg, wl)
         mlp.down.kernel[...] = wd
         got = nnx.jit(lambda m, x: m(x))(mlp, x)
@@ -116,8 +124,9 @@ def test_linen_gated_matches_nnx_and_plain(cpu_mesh):
         mlp = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.gelu, rngs=nnx.Rngs(0))
         assert jax.tree.structure(pure(mlp)) == jax.tree.structure(params)
         y_nnx = nnx_fn(mlp)(params, x)
-    want, want_g = value_and_grads(lambda p, x: plain_swiglu(p, x, act=jax.nn.gelu),
-                                   jax.device_get(params), x, ct)
+    want, want_g = value_and_grads(
+        lambda p, x: plain_swiglu(p, x, act=jax.nn.gelu), jax.device_get(params), x, ct
+    )
     assert_close(got, want)
     assert_close(got_g, want_g)
     np.testing.assert_allclose(np.asarray(y_nnx), np.asarray(got), rtol=1e-5, atol=1e-5)
@@ -125,12 +134,12 @@ def test_linen_gated_matches_nnx_and_plain(cpu_mesh):
 
 def test_nnx_gated_inside_user_shard_map(cpu_mesh):
     mesh = cpu_mesh(4)
-    mlp = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, precision=HIGHEST,
-                           rngs=nnx.Rngs(0))  # built without a mesh: whole arrays
+    mlp = ubnn.ParallelMLP(
+        H, F, gated=True, activation=jax.nn.silu, precision=HIGHEST, rngs=nnx.Rngs(0)
+    )  # built without a mesh: whole arrays
     params = pure(mlp)
     specs = param_specs(mlp)
-    fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")),
-                       out_specs=P(None, "tp"))
+    fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")), out_specs=P(None, "tp"))
     x, ct = data(B, S, H), data(B, S, H, seed=2)
     got, got_g = value_and_grads(fn, params, x, ct)
     want, want_g = value_and_grads(plain_swiglu, params, x, ct)
@@ -147,9 +156,18 @@ def test_gated_program_has_no_extra_collective(cpu_mesh):
         for gated in (False, True):
             mlp = ubnn.ParallelMLP(H, F, gated=gated, method="xla", rngs=nnx.Rngs(0))
             text = jax.jit(nnx_fn(mlp)).lower(pure(mlp), x).compile().as_text()
-            counts.append({op: text.count(f" {op}(") for op in
-                           ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
-                            "collective-permute")})
+            counts.append(
+                {
+                    op: text.count(f" {op}(")
+                    for op in (
+                        "all-gather",
+                        "reduce-scatter",
+                        "all-reduce",
+                        "all-to-all",
+                        "collective-permute",
+                    )
+                }
+            )
     assert counts[0] == counts[1], counts
     assert counts[1]["all-gather"] >= 1
 

@@ -31,7 +31,8 @@ def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -59,7 +60,7 @@ def _resolve_from(node: ast.ImportFrom, name: str, is_package: bool) -> str:
         return node.module or ""
     base = name.split(".") if is_package else name.split(".")[:-1]
     if node.level > 1:
-        base = base[:len(base) - (node.level - 1)]
+        base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -84,8 +85,9 @@ def graph(root: pathlib.Path, package: str = PACKAGE) -> dict[str, set[str]]:
     """``{module: modules it imports}`` over every ``.py`` file under ``root / package``."""
     files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
     modules = set(files)
-    return {name: edges_of(p.read_text(), name, p.name == "__init__.py", modules)
-            for name, p in files.items()}
+    return {
+        name: edges_of(p.read_text(), name, p.name == "__init__.py", modules) for name, p in files.items()
+    }
 
 
 def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
@@ -102,7 +104,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             elif not state.get(nxt):
                 state[nxt] = 1
                 path.append(nxt)
@@ -117,14 +119,17 @@ def test_jax_ub_has_no_import_cycle():
     assert cycle is None, "import cycle in jax_ub: " + " -> ".join(cycle)
 
 
-@pytest.mark.parametrize(("g", "want"), [
-    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
-    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, None),  # a diamond is no cycle
-    ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
-    ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
-    ({"a": {"a"}}, ["a", "a"]),
-    ({"x": set(), "a": {"x", "b"}, "b": {"c"}, "c": {"d"}, "d": {"a"}}, ["a", "b", "c", "d", "a"]),
-])
+@pytest.mark.parametrize(
+    ("g", "want"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+        ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, None),  # a diamond is no cycle
+        ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+        ({"a": {"a"}}, ["a", "a"]),
+        ({"x": set(), "a": {"x", "b"}, "b": {"c"}, "c": {"d"}, "d": {"a"}}, ["a", "b", "c", "d", "a"]),
+    ],
+)
 def test_find_cycle_on_small_graphs(g, want):
     assert find_cycle(g) == want
 
@@ -137,14 +142,17 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> None:
 
 
 def test_graph_reads_every_spelling_of_an_import(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "from pkg.api import f\n__version__ = '1'\n",
-        "pkg/api.py": "from pkg import low\n\ndef f():\n    from . import sub\n    import pkg.sub.deep\n",
-        "pkg/low.py": "from pkg import __version__\nimport typing\nif typing.TYPE_CHECKING:\n"
-                      "    from pkg import api\nelse:\n    pass\n",
-        "pkg/sub/__init__.py": "from .deep import g\n",
-        "pkg/sub/deep.py": "from ..low import x\nfrom .. import api as _api\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.api import f\n__version__ = '1'\n",
+            "pkg/api.py": "from pkg import low\n\ndef f():\n    from . import sub\n    import pkg.sub.deep\n",
+            "pkg/low.py": "from pkg import __version__\nimport typing\nif typing.TYPE_CHECKING:\n"
+            "    from pkg import api\nelse:\n    pass\n",
+            "pkg/sub/__init__.py": "from .deep import g\n",
+            "pkg/sub/deep.py": "from ..low import x\nfrom .. import api as _api\n",
+        },
+    )
     g = graph(tmp_path, "pkg")
     assert g == {
         "pkg": {"pkg.api"},
@@ -157,9 +165,12 @@ def test_graph_reads_every_spelling_of_an_import(tmp_path):
 
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from pkg import b\n",
-        "pkg/b.py": "def f():\n    from pkg.a import g  # no cycle at import time, one in the graph\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg import b\n",
+            "pkg/b.py": "def f():\n    from pkg.a import g  # no cycle at import time, one in the graph\n",
+        },
+    )
     assert find_cycle(graph(tmp_path, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]

@@ -27,8 +27,9 @@ T = 20.0  # jax_ub's timeout in the workers: every failure below must come long 
 def _launch(scenario: str, **env: str) -> list[dict[str, dict]]:
     """Each process's results: {step name: result}, plus "calls" (the extension calls made) and
     "logs" (jax_ub's log messages, where the worker runs with CAPTURE_LOG)."""
-    res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T), **env},
-                          timeout_s=120)
+    res = parallel_launch(
+        2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T), **env}, timeout_s=120
+    )
     assert all(r.returncode == 0 and not r.timed_out for r in res), format_failures(res)
     out = []
     for r in res:
@@ -96,7 +97,10 @@ def test_a_setting_refused_on_one_process_fails_the_other_at_once_naming_it():
     assert "JAX_UB_TIMEOUT" in p1["init"]["err"], p1["init"]
     err = p0["init"]["err"]
     assert "rank 1 (process 1) failed and will not take part" in err, err
-    assert "refused its arguments or JAX_UB_* settings on process 1: ValueError" in err and "JAX_UB_TIMEOUT" in err, err
+    assert (
+        "refused its arguments or JAX_UB_* settings on process 1: ValueError" in err
+        and "JAX_UB_TIMEOUT" in err
+    ), err
     assert p0["init"]["dt"] < T / 4, p0["init"]
     for p in (p0, p1):
         assert p["again"]["ok"] and p["again"]["set"] is not None, p
@@ -109,10 +113,8 @@ def test_process_0_exiting_at_once_after_its_error_still_lets_the_peer_read_why(
     processes disagree, and it exits right after raising, process 1 (arriving 3 s later) must still
     get jax_ub's error naming the cause, not a read from a service that is gone: process 0 waits
     (a few seconds at most) until its peers have read what they need before raising."""
-    res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T)},
-                          timeout_s=120)
-    steps = [{json.loads(line).get("step"): json.loads(line) for line in r.lines("RESULT ")}
-             for r in res]
+    res = parallel_launch(2, WORKER, [scenario], env={"JAX_PLATFORMS": "cpu", "T": str(T)}, timeout_s=120)
+    steps = [{json.loads(line).get("step"): json.loads(line) for line in r.lines("RESULT ")} for r in res]
     assert all("init" in p for p in steps), format_failures(res)
     p0, p1 = (p["init"] for p in steps)
     if scenario == "refuse_exit":
@@ -184,8 +186,19 @@ def test_every_process_runs_nccl_when_one_process_cannot_map_a_pair():
 
 def _bench(times: dict[str, float]) -> str:
     """A tuning file: gemm_rs tp2 bfloat16 4096^3 at these ms per method."""
-    recs = [{"op": "gemm_rs", "tp": 2, "dtype": "bfloat16", "M": 4096, "K": 4096, "N": 4096,
-             "impl": f"jax_ub_{m}", "ms": ms} for m, ms in times.items()]
+    recs = [
+        {
+            "op": "gemm_rs",
+            "tp": 2,
+            "dtype": "bfloat16",
+            "M": 4096,
+            "K": 4096,
+            "N": 4096,
+            "impl": f"jax_ub_{m}",
+            "ms": ms,
+        }
+        for m, ms in times.items()
+    ]
     return json.dumps({"machine": "2xTest", "date": "20260101", "records": recs})
 
 
@@ -201,8 +214,10 @@ def test_a_tuning_file_missing_on_one_process_fails_naming_both_files(tmp_path):
     err = p0["init"]["err"]
     assert err.startswith("AgreementError") and p0["init"]["dt"] < T / 4, err
     assert 'auto_tables="unreadable file"' in err, err
-    assert (f"[rank 1: JAX_UB_TUNING_FILE {str(missing)!r}: cannot read a bench JSON: [Errno 2] "
-            "No such file or directory") in err, err
+    assert (
+        f"[rank 1: JAX_UB_TUNING_FILE {str(missing)!r}: cannot read a bench JSON: [Errno 2] "
+        "No such file or directory"
+    ) in err, err
     assert f"rank 0: JAX_UB_TUNING_FILE {str(good)!r} (1 measured shapes, file sha256 " in err, err
     assert "schedule=" not in err, err  # only what differs
     for p in (p0, p1):
@@ -220,8 +235,9 @@ def test_tables_that_fail_to_agree_are_not_adopted_by_any_process(tmp_path):
     for r in range(2):
         files.append(tmp_path / f"tuning{r}.json")
         files[-1].write_text(first)
-    procs = _launch("tables_changed", TUNING_FILE_0=str(files[0]), TUNING_FILE_1=str(files[1]),
-                    TUNING_REWRITE=second)
+    procs = _launch(
+        "tables_changed", TUNING_FILE_0=str(files[0]), TUNING_FILE_1=str(files[1]), TUNING_REWRITE=second
+    )
     for p in procs:
         assert p["init"]["ok"] and p["chosen"]["method"] == "ring", p
         assert not p["again"]["ok"] and p["again"]["err"].startswith("AgreementError"), p["again"]

@@ -50,8 +50,13 @@ def test_ops_run_after_a_no_op_initialize(cpu_mesh):
     assert jax_ub.initialize(mesh, "tp") is None
     x = jax.random.normal(jax.random.key(0), (4, 3), jnp.float32)
     w = jax.random.normal(jax.random.key(1), (3, 4), jnp.float32)
-    f = jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), mesh=mesh,
-                      in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))
-    np.testing.assert_allclose(np.asarray(f(x, w)), np.asarray(x, np.float64) @ np.asarray(w, np.float64),
-                               rtol=1e-5, atol=1e-6)
+    f = jax.shard_map(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"),
+        mesh=mesh,
+        in_specs=(P("tp"), P(None, "tp")),
+        out_specs=P(None, "tp"),
+    )
+    np.testing.assert_allclose(
+        np.asarray(f(x, w)), np.asarray(x, np.float64) @ np.asarray(w, np.float64), rtol=1e-5, atol=1e-6
+    )
     jax_ub.shutdown()

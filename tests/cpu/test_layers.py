@@ -49,13 +49,17 @@ def test_nnx_param_shapes_and_partitioning(cpu_mesh):
     with jax.set_mesh(mesh):
         mlp = ubnn.ParallelMLP(H, F, rngs=nnx.Rngs(0))
     shapes = jax.tree.map(jnp.shape, pure(mlp))
-    assert shapes == {"norm": {"scale": (H,), "bias": (H,)},
-                      "up": {"kernel": (H, F), "bias": (F,)},
-                      "down": {"kernel": (F, H), "bias": (H,)}}
+    assert shapes == {
+        "norm": {"scale": (H,), "bias": (H,)},
+        "up": {"kernel": (H, F), "bias": (F,)},
+        "down": {"kernel": (F, H), "bias": (H,)},
+    }
     specs = param_specs(mlp)
-    assert specs == {"norm": {"scale": P(None), "bias": P(None)},
-                     "up": {"kernel": P(None, "tp"), "bias": P("tp")},
-                     "down": {"kernel": P("tp", None), "bias": P(None)}}
+    assert specs == {
+        "norm": {"scale": P(None), "bias": P(None)},
+        "up": {"kernel": P(None, "tp"), "bias": P("tp")},
+        "down": {"kernel": P("tp", None), "bias": P(None)},
+    }
     # Created sharded under the mesh (Flax eager sharding).
     assert mlp.up.kernel[...].sharding.spec == P(None, "tp")
     assert mlp.down.kernel[...].sharding.spec == P("tp", None)
@@ -70,8 +74,7 @@ def test_nnx_builds_without_mesh_and_keeps_metadata():
 
 def test_nnx_param_dtype_and_compute_dtype(cpu_mesh):
     with jax.set_mesh(cpu_mesh(2)):
-        layer = ubnn.ColumnParallelDense(H, F, dtype=jnp.bfloat16, param_dtype=jnp.float32,
-                                         rngs=nnx.Rngs(0))
+        layer = ubnn.ColumnParallelDense(H, F, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
         y = nnx.jit(lambda m, x: m(x))(layer, data(B, S, H))
     assert layer.kernel[...].dtype == jnp.float32
     assert y.dtype == jnp.bfloat16
@@ -81,9 +84,11 @@ def test_linen_param_shapes_and_partitioning(cpu_mesh):
     with jax.set_mesh(cpu_mesh(4)):
         variables = jax.jit(ubl.ParallelMLP(F).init)(jax.random.key(0), data(B, S, H))
     specs = nn.get_partition_spec(variables)["params"]
-    assert specs == {"norm": {"scale": P(None), "bias": P(None)},
-                     "up": {"kernel": P(None, "tp"), "bias": P("tp")},
-                     "down": {"kernel": P("tp", None), "bias": P(None)}}
+    assert specs == {
+        "norm": {"scale": P(None), "bias": P(None)},
+        "up": {"kernel": P(None, "tp"), "bias": P("tp")},
+        "down": {"kernel": P("tp", None), "bias": P(None)},
+    }
     shapes = jax.tree.map(jnp.shape, nn.unbox(variables))["params"]
     assert shapes["up"]["kernel"] == (H, F) and shapes["down"]["kernel"] == (F, H)
 
@@ -110,9 +115,11 @@ def test_nnx_global_mode_matches_plain(cpu_mesh, kind, tp):
 
 @pytest.mark.parametrize("kind", ["column", "row", "mlp"])
 def test_linen_global_mode_matches_plain(cpu_mesh, kind):
-    cls = {"column": lambda: ubl.ColumnParallelDense(F, precision=HIGHEST),
-           "row": lambda: ubl.RowParallelDense(H, precision=HIGHEST),
-           "mlp": lambda: ubl.ParallelMLP(F, precision=HIGHEST)}[kind]
+    cls = {
+        "column": lambda: ubl.ColumnParallelDense(F, precision=HIGHEST),
+        "row": lambda: ubl.RowParallelDense(H, precision=HIGHEST),
+        "mlp": lambda: ubl.ParallelMLP(F, precision=HIGHEST),
+    }[kind]
     model = cls()
     x, ct = data(B, S, IN[kind]), data(B, S, OUT[kind], seed=2)
     linen_matches(cpu_mesh(2), model, PLAIN[kind], x, ct, perturb=True)
@@ -142,8 +149,7 @@ def test_dp_tp_mesh(cpu_mesh, explicit, gated):
         params = pure(mlp)
         xs = jax.device_put(x, NamedSharding(mesh, P("dp", "tp")))
         got, got_g = value_and_grads(nnx_fn(mlp), params, xs, ct)
-    want, want_g = value_and_grads(lambda p, x: plain_mlp(p, x, gated=gated), jax.device_get(params),
-                                   x, ct)
+    want, want_g = value_and_grads(lambda p, x: plain_mlp(p, x, gated=gated), jax.device_get(params), x, ct)
     assert_close(got, want)
     assert_close(got_g, want_g)
     # batch split over dp, sequence over tp: no device holds the whole activation
@@ -171,9 +177,13 @@ def test_mesh_argument_without_context_nnx_and_linen_mlp(cpu_mesh, explicit):
     module = ubl.ParallelMLP(ffn_features=F, mesh=mesh, precision=HIGHEST)
     variables = module.init(jax.random.key(0), x)
     got_l = jax.jit(module.apply)(variables, x)
-    params = jax.device_get(jax.tree.map(  # no constraint: illegal on Explicit axes
-        lambda v: v.unbox(apply_constraint=False) if isinstance(v, nn.Partitioned) else v,
-        variables["params"], is_leaf=lambda v: isinstance(v, nn.Partitioned)))
+    params = jax.device_get(
+        jax.tree.map(  # no constraint: illegal on Explicit axes
+            lambda v: v.unbox(apply_constraint=False) if isinstance(v, nn.Partitioned) else v,
+            variables["params"],
+            is_leaf=lambda v: isinstance(v, nn.Partitioned),
+        )
+    )
     np.testing.assert_allclose(got_l, PLAIN["mlp"](params, x), **TOL)
 
 
@@ -210,8 +220,7 @@ def test_whole_params_closed_over_in_shard_map_are_sliced(cpu_mesh):
     mesh = cpu_mesh(4)
     mlp = ubnn.ParallelMLP(H, F, precision=HIGHEST, rngs=nnx.Rngs(0))
     x = data(B, S, H)
-    fn = jax.jit(jax.shard_map(lambda x: mlp(x), mesh=mesh, in_specs=P(None, "tp"),
-                               out_specs=P(None, "tp")))
+    fn = jax.jit(jax.shard_map(lambda x: mlp(x), mesh=mesh, in_specs=P(None, "tp"), out_specs=P(None, "tp")))
     np.testing.assert_allclose(fn(x), plain_mlp(pure(mlp), x), **TOL)
 
 
@@ -222,8 +231,12 @@ def test_linen_inside_user_shard_map(cpu_mesh):
     with jax.set_mesh(mesh):
         variables = jax.jit(model.init)(jax.random.key(0), x)
     params, specs = nn.unbox(variables)["params"], nn.get_partition_spec(variables)["params"]
-    fn = jax.shard_map(lambda p, x: model.apply({"params": p}, x), mesh=mesh,
-                       in_specs=(specs, P("dp", "tp")), out_specs=P("dp", "tp"))
+    fn = jax.shard_map(
+        lambda p, x: model.apply({"params": p}, x),
+        mesh=mesh,
+        in_specs=(specs, P("dp", "tp")),
+        out_specs=P("dp", "tp"),
+    )
     got, got_g = value_and_grads(fn, params, x, ct)
     want, want_g = value_and_grads(plain_mlp, jax.device_get(params), x, ct)
     assert_close(got, want)
@@ -235,13 +248,19 @@ def test_init_inside_shard_map_gives_local_shards_of_the_global_init(cpu_mesh):
     x = data(B, S, H)
     with jax.set_mesh(mesh):
         global_params = nn.unbox(jax.jit(ubl.ParallelMLP(F).init)(jax.random.key(0), x))["params"]
-    specs = {"up": {"kernel": P(None, "tp"), "bias": P("tp")},
-             "down": {"kernel": P("tp", None), "bias": P()},
-             "norm": {"scale": P(), "bias": P()}}
+    specs = {
+        "up": {"kernel": P(None, "tp"), "bias": P("tp")},
+        "down": {"kernel": P("tp", None), "bias": P()},
+        "norm": {"scale": P(), "bias": P()},
+    }
+
     def local_init(x):  # nn.unbox would constrain to the spec, which is illegal on manual axes
         variables = ubl.ParallelMLP(F).init(jax.random.key(0), x)
-        return jax.tree.map(lambda v: v.unbox(apply_constraint=False), variables["params"],
-                            is_leaf=lambda v: isinstance(v, nn.Partitioned))
+        return jax.tree.map(
+            lambda v: v.unbox(apply_constraint=False),
+            variables["params"],
+            is_leaf=lambda v: isinstance(v, nn.Partitioned),
+        )
 
     init = jax.shard_map(local_init, mesh=mesh, in_specs=P(None, "tp"), out_specs=specs)
     assert_close(jax.jit(init)(x), global_params, rtol=0, atol=0)
@@ -264,15 +283,19 @@ def test_init_inside_shard_map_gives_local_shards_of_the_global_init(cpu_mesh):
 def test_row_bias_added_once(cpu_mesh, mode):
     mesh = cpu_mesh(4)
     bias = jnp.arange(H, dtype=jnp.float32) + 1.0
-    layer = ubnn.RowParallelDense(F, H, kernel_init=nnx.initializers.zeros_init(),
-                                  bias_init=lambda *_: bias, rngs=nnx.Rngs(0))
+    layer = ubnn.RowParallelDense(
+        F, H, kernel_init=nnx.initializers.zeros_init(), bias_init=lambda *_: bias, rngs=nnx.Rngs(0)
+    )
     x = data(B, S, F)
     if mode == "global":
         with jax.set_mesh(mesh):
             y = nnx.jit(lambda m, x: m(x))(layer, x)
     else:
-        y = jax.jit(jax.shard_map(lambda x: layer(x), mesh=mesh, in_specs=P(None, None, "tp"),
-                                  out_specs=P(None, "tp")))(x)
+        y = jax.jit(
+            jax.shard_map(
+                lambda x: layer(x), mesh=mesh, in_specs=P(None, None, "tp"), out_specs=P(None, "tp")
+            )
+        )(x)
     np.testing.assert_array_equal(np.asarray(y), np.broadcast_to(bias, (B, S, H)))
 
 
@@ -296,15 +319,19 @@ def test_error_wrong_hidden_size(cpu_mesh):
         with pytest.raises(ValueError, match=r"in_features == 32; got x.shape=\[4, 8, 16\]"):
             row(data(B, S, 16))
         # [tokens, features] is fine (seq_axis=-2 is the tokens); a lone feature vector is not
-        with pytest.raises(ValueError, match=r"x must be `\[\.\.\., seq, in_features\]`: at least 2 "
-                                             r"dims, the sequence on axis seq_axis=-2"):
+        with pytest.raises(
+            ValueError,
+            match=r"x must be `\[\.\.\., seq, in_features\]`: at least 2 "
+            r"dims, the sequence on axis seq_axis=-2",
+        ):
             col(data(H))
 
 
 def test_error_wrong_local_hidden_size_in_shard_map(cpu_mesh):
     layer = ubnn.RowParallelDense(F, H, rngs=nnx.Rngs(0))
-    fn = jax.shard_map(lambda x: layer(x), mesh=cpu_mesh(2), in_specs=P(None, None, "tp"),
-                       out_specs=P(None, "tp"))
+    fn = jax.shard_map(
+        lambda x: layer(x), mesh=cpu_mesh(2), in_specs=P(None, None, "tp"), out_specs=P(None, "tp")
+    )
     with pytest.raises(ValueError, match=r"in_features/tp == 16; got x.shape=\[4, 8, 8\]"):
         fn(data(B, S, H))
 

@@ -93,8 +93,9 @@ def test_nnx_no_sequence_parallel_inside_user_shard_map(cpu_mesh, kind, check_vm
     specs = param_specs(module)
     x_spec = P(None, None, "tp") if kind == "row" else P()
     out_spec = P(None, None, "tp") if kind == "column" else P()
-    fn = jax.shard_map(nnx_fn(module), mesh=mesh, in_specs=(specs, x_spec), out_specs=out_spec,
-                       check_vma=check_vma)
+    fn = jax.shard_map(
+        nnx_fn(module), mesh=mesh, in_specs=(specs, x_spec), out_specs=out_spec, check_vma=check_vma
+    )
     x, ct = data(B, 3, IN[kind]), data(B, 3, OUT[kind], seed=2)
     got, got_g = value_and_grads(fn, params, x, ct)
     want, want_g = value_and_grads(PLAIN[kind], params, x, ct)
@@ -126,8 +127,7 @@ def test_no_sequence_parallel_runs_no_gather_or_scatter(cpu_mesh):
         for sp in (True, False):
             mlp = make_nnx("mlp", sequence_parallel=sp, method="xla")
             text = jax.jit(nnx_fn(mlp)).lower(pure(mlp), x).compile().as_text()
-            counts[sp] = {op: text.count(f" {op}(") for op in ("all-gather", "reduce-scatter",
-                                                                "all-reduce")}
+            counts[sp] = {op: text.count(f" {op}(") for op in ("all-gather", "reduce-scatter", "all-reduce")}
     assert counts[False]["all-gather"] == 0 and counts[False]["reduce-scatter"] == 0, counts
     assert counts[False]["all-reduce"] >= 1, counts
     assert counts[True]["all-gather"] >= 1 and counts[True]["reduce-scatter"] >= 1, counts
@@ -185,11 +185,16 @@ def test_sequence_parallel_path_is_the_primitives_bit_for_bit(cpu_mesh, explicit
         h = core.layer_norm(x, p["norm"]["scale"], p["norm"]["bias"])  # outside the shard_maps
         up = jax.shard_map(
             lambda h, k, b: jax_ub.all_gather_matmul(h, k, "tp", gather_axis=1, precision=HIGHEST) + b,
-            mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp")), out_specs=P(None, None, "tp"))
+            mesh=mesh,
+            in_specs=(P(None, "tp"), P(None, "tp"), P("tp")),
+            out_specs=P(None, None, "tp"),
+        )
         down = jax.shard_map(
-            lambda h, k, b: jax_ub.matmul_reduce_scatter(h, k, "tp", scatter_axis=1, precision=HIGHEST)
-            + b, mesh=mesh, in_specs=(P(None, None, "tp"), P("tp", None), P(None)),
-            out_specs=P(None, "tp"))
+            lambda h, k, b: jax_ub.matmul_reduce_scatter(h, k, "tp", scatter_axis=1, precision=HIGHEST) + b,
+            mesh=mesh,
+            in_specs=(P(None, None, "tp"), P("tp", None), P(None)),
+            out_specs=P(None, "tp"),
+        )
         h = jax.nn.gelu(up(h, p["up"]["kernel"], p["up"]["bias"]))
         return down(h, p["down"]["kernel"], p["down"]["bias"])
 
@@ -207,8 +212,11 @@ def test_error_sequence_not_divisible_suggests_sequence_parallel_false(cpu_mesh)
     hint = r"got 7\. .*build the layer with `sequence_parallel=False`"
     with jax.set_mesh(cpu_mesh(4)):
         col = make_nnx("column")
-        with pytest.raises(ValueError, match=r"ColumnParallelDense: the sequence length .*axis 1\) "
-                                             r"must be divisible .*'tp' \(4\); " + hint):
+        with pytest.raises(
+            ValueError,
+            match=r"ColumnParallelDense: the sequence length .*axis 1\) "
+            r"must be divisible .*'tp' \(4\); " + hint,
+        ):
             col(data(B, 7, H))
         row = make_nnx("row")
         with pytest.raises(ValueError, match=r"RowParallelDense: the sequence length .*" + hint):
@@ -228,8 +236,11 @@ def test_error_bad_seq_axis(cpu_mesh):
         make_nnx("column", sequence_parallel="no")
     with jax.set_mesh(cpu_mesh(2)):
         col = make_nnx("column", seq_axis=2)  # fine for 4-D x, not for 3-D: axis 2 is the features
-        with pytest.raises(ValueError, match=r"ColumnParallelDense: x must be `\[\.\.\., in_features\] "
-                                             r"with the sequence \(seq\) on axis 2`: at least 2 dims, "
-                                             r"the sequence on axis seq_axis=2 .*got x.shape=\[4, 8, 16\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"ColumnParallelDense: x must be `\[\.\.\., in_features\] "
+            r"with the sequence \(seq\) on axis 2`: at least 2 dims, "
+            r"the sequence on axis seq_axis=2 .*got x.shape=\[4, 8, 16\]",
+        ):
             col(data(B, 8, H))
         assert col(data(2, 3, 8, H)).shape == (2, 3, 8, F)

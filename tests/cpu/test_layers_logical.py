@@ -41,9 +41,11 @@ from jax_ub import nn as ubnn
 LECUN = nnx.initializers.lecun_normal()
 RULES = (("batch", None), ("embed", "fsdp"), ("mlp", "tp"))
 # What RULES make of each parameter of the MLP (the norm's, replicated, named by the layer).
-MESH_SPECS = {"norm": {"scale": P(None), "bias": P(None)},
-              "up": {"kernel": P("fsdp", "tp"), "bias": P("tp")},
-              "down": {"kernel": P("tp", "fsdp"), "bias": P("fsdp")}}
+MESH_SPECS = {
+    "norm": {"scale": P(None), "bias": P(None)},
+    "up": {"kernel": P("fsdp", "tp"), "bias": P("tp")},
+    "down": {"kernel": P("tp", "fsdp"), "bias": P("fsdp")},
+}
 
 
 def specs_of(tree):
@@ -52,16 +54,25 @@ def specs_of(tree):
 
 def linen_mlp(up=("embed", "mlp"), down=("mlp", "embed"), rules=None, **kw):
     return ubl.ParallelMLP(
-        F, precision=HIGHEST, bias_init=NORMAL,
+        F,
+        precision=HIGHEST,
+        bias_init=NORMAL,
         up_kernel_init=nn.with_logical_partitioning(LECUN, up, rules=rules),
-        down_kernel_init=nn.with_logical_partitioning(LECUN, down, rules=rules), **kw)
+        down_kernel_init=nn.with_logical_partitioning(LECUN, down, rules=rules),
+        **kw,
+    )
 
 
 def nnx_mlp(up=("embed", "mlp"), down=("mlp", "embed"), **box):
     return ubnn.ParallelMLP(
-        H, F, precision=HIGHEST, bias_init=NORMAL,
+        H,
+        F,
+        precision=HIGHEST,
+        bias_init=NORMAL,
         up_kernel_init=nnx.with_partitioning(LECUN, up, **box),
-        down_kernel_init=nnx.with_partitioning(LECUN, down, **box), rngs=nnx.Rngs(0))
+        down_kernel_init=nnx.with_partitioning(LECUN, down, **box),
+        rngs=nnx.Rngs(0),
+    )
 
 
 def check_linen(mesh, model, x, ct, rules=RULES):
@@ -136,8 +147,9 @@ def test_linen_rules_of_the_box(cpu_mesh):
 
 def test_linen_tp_dim_left_none_takes_the_rules_name(cpu_mesh):
     x, ct = data(B, S, H), data(B, S, H, seed=2)
-    logical, _ = check_linen(fsdp_mesh(cpu_mesh, tp=4), linen_mlp(up=("embed", None),
-                                                                  down=(None, "embed")), x, ct)
+    logical, _ = check_linen(
+        fsdp_mesh(cpu_mesh, tp=4), linen_mlp(up=("embed", None), down=(None, "embed")), x, ct
+    )
     assert logical["up"]["kernel"] == P("embed", "mlp")
     assert logical["down"]["kernel"] == P("mlp", "embed")
 
@@ -179,15 +191,18 @@ CONFLICTS = {
         (("embed", "tp"), ("mlp", "tp")),
         r"ColumnParallelDense: `kernel` dim 0 \(which the layer keeps whole over 'tp'.*expected a "
         r"logical name that the rules map to mesh axes other than 'tp'.*names it 'embed', which "
-        r"maps to 'tp'"),
+        r"maps to 'tp'",
+    ),
     "tp-dim-elsewhere": (
         (("embed", None), ("mlp", "fsdp")),
         r"ColumnParallelDense: `kernel` dim 1 \(which the layer splits over 'tp'.*expected a logical "
-        r"name that the rules map to 'tp'.*names it 'mlp', which maps to 'fsdp'"),
+        r"name that the rules map to 'tp'.*names it 'mlp', which maps to 'fsdp'",
+    ),
     "axis-not-in-mesh": (
         (("embed", "data"), ("mlp", "tp")),
         r"ColumnParallelDense: `kernel` dim 0 .*names it 'embed', which maps to 'data', but the mesh "
-        r"has no axis 'data'"),
+        r"has no axis 'data'",
+    ),
 }
 
 
@@ -206,39 +221,56 @@ def test_conflicting_rules_are_refused_by_both(cpu_mesh, case):
 
 def test_unknown_logical_name_is_refused_by_both(cpu_mesh):
     x = data(B, S, H)
-    msg = (r"RowParallelDense: `kernel` dim 0 \(which the layer splits over 'tp'.*kernel_init names "
-           r"it with the logical name 'mpl', which no logical axis rule maps{} \(rules: \('batch', "
-           r"None\), \('embed', 'fsdp'\), \('mlp', 'tp'\)\)\. Expected one of \['batch', 'embed', "
-           r"'mlp'\]")
+    msg = (
+        r"RowParallelDense: `kernel` dim 0 \(which the layer splits over 'tp'.*kernel_init names "
+        r"it with the logical name 'mpl', which no logical axis rule maps{} \(rules: \('batch', "
+        r"None\), \('embed', 'fsdp'\), \('mlp', 'tp'\)\)\. Expected one of \['batch', 'embed', "
+        r"'mlp'\]"
+    )
     with jax.set_mesh(fsdp_mesh(cpu_mesh, tp=4)), nn.logical_axis_rules(RULES):
         with pytest.raises(ValueError, match=msg.format(r" and which is not a mesh axis .*")):
-            ubnn.RowParallelDense(F, H, kernel_init=nnx.with_partitioning(LECUN, ("mpl", "embed")),
-                                  rngs=nnx.Rngs(0))
+            ubnn.RowParallelDense(
+                F, H, kernel_init=nnx.with_partitioning(LECUN, ("mpl", "embed")), rngs=nnx.Rngs(0)
+            )
         with pytest.raises(ValueError, match=msg.format("")):
-            ubl.RowParallelDense(H, kernel_init=nn.with_logical_partitioning(LECUN, ("mpl", "embed"))
-                                 ).init(jax.random.key(0), data(B, S, F))
+            ubl.RowParallelDense(H, kernel_init=nn.with_logical_partitioning(LECUN, ("mpl", "embed"))).init(
+                jax.random.key(0), data(B, S, F)
+            )
         # on a dim the layer keeps whole too: a typo must not silently replicate a parameter
-        with pytest.raises(ValueError, match=r"dim 1 .*the logical name 'embd', which no logical axis "
-                                             r"rule maps"):
-            ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(LECUN, (None, "embd"))
-                                    ).init(jax.random.key(0), x)
+        with pytest.raises(
+            ValueError,
+            match=r"dim 1 .*the logical name 'embd', which no logical axis "
+            r"rule maps",
+        ):
+            ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(LECUN, (None, "embd"))).init(
+                jax.random.key(0), x
+            )
 
 
 def test_linen_logical_names_need_rules(cpu_mesh):
-    msg = (r"ColumnParallelDense: kernel_init gives `kernel` the logical names \('embed', 'mlp'\), "
-           r"but there are no logical axis rules .*received none")
+    msg = (
+        r"ColumnParallelDense: kernel_init gives `kernel` the logical names \('embed', 'mlp'\), "
+        r"but there are no logical axis rules .*received none"
+    )
     with jax.set_mesh(fsdp_mesh(cpu_mesh, tp=4)), pytest.raises(ValueError, match=msg):
-        ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(
-            LECUN, ("embed", "mlp"))).init(jax.random.key(0), data(B, S, H))
+        ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(LECUN, ("embed", "mlp"))).init(
+            jax.random.key(0), data(B, S, H)
+        )
 
 
 def test_linen_tp_dim_none_without_a_rule_for_tp_is_refused(cpu_mesh):
-    msg = (r"ColumnParallelDense: `kernel` dim 1 \(which the layer splits over 'tp'.*leaves it None, "
-           r"and no logical axis rule maps a name to 'tp'")
-    with (jax.set_mesh(fsdp_mesh(cpu_mesh, tp=4)), nn.logical_axis_rules((("embed", "fsdp"),)),
-          pytest.raises(ValueError, match=msg)):
-        ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(
-            LECUN, ("embed", None))).init(jax.random.key(0), data(B, S, H))
+    msg = (
+        r"ColumnParallelDense: `kernel` dim 1 \(which the layer splits over 'tp'.*leaves it None, "
+        r"and no logical axis rule maps a name to 'tp'"
+    )
+    with (
+        jax.set_mesh(fsdp_mesh(cpu_mesh, tp=4)),
+        nn.logical_axis_rules((("embed", "fsdp"),)),
+        pytest.raises(ValueError, match=msg),
+    ):
+        ubl.ColumnParallelDense(F, kernel_init=nn.with_logical_partitioning(LECUN, ("embed", None))).init(
+            jax.random.key(0), data(B, S, H)
+        )
 
 
 def test_logical_names_to_other_axes_inside_shard_map_are_refused(cpu_mesh):
@@ -246,13 +278,17 @@ def test_logical_names_to_other_axes_inside_shard_map_are_refused(cpu_mesh):
 
     def build(x):
         with nnx.logical_axis_rules(RULES):
-            ubnn.ColumnParallelDense(H, F, kernel_init=nnx.with_partitioning(LECUN, ("embed", "mlp")),
-                                     rngs=nnx.Rngs(0))
+            ubnn.ColumnParallelDense(
+                H, F, kernel_init=nnx.with_partitioning(LECUN, ("embed", "mlp")), rngs=nnx.Rngs(0)
+            )
         return x
 
-    with pytest.raises(ValueError, match=r"ColumnParallelDense: kernel_init's logical names "
-                                         r"\('embed', 'mlp'\) map to mesh axes \('fsdp', 'tp'\), "
-                                         r"which put mesh axes other than 'tp'"):
+    with pytest.raises(
+        ValueError,
+        match=r"ColumnParallelDense: kernel_init's logical names "
+        r"\('embed', 'mlp'\) map to mesh axes \('fsdp', 'tp'\), "
+        r"which put mesh axes other than 'tp'",
+    ):
         jax.shard_map(build, mesh=mesh, in_specs=P(), out_specs=P())(data(2))
 
 

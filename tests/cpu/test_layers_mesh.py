@@ -41,8 +41,11 @@ MISSING = r"mesh axis 'model' \(the layer's `axis_name`\) is not an axis of the 
 def test_nnx_missing_axis_fails_at_construction(cpu_mesh):
     mesh = cpu_mesh(2, dp=2)
     with jax.set_mesh(mesh):
-        for cls, args in ((ubnn.ColumnParallelDense, (H, F)), (ubnn.RowParallelDense, (F, H)),
-                          (ubnn.ParallelMLP, (H, F))):
+        for cls, args in (
+            (ubnn.ColumnParallelDense, (H, F)),
+            (ubnn.RowParallelDense, (F, H)),
+            (ubnn.ParallelMLP, (H, F)),
+        ):
             with pytest.raises(ValueError, match=cls.__name__ + ": " + MISSING):
                 cls(*args, axis_name="model", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="ColumnParallelDense: " + MISSING):  # mesh= outside context
@@ -61,32 +64,47 @@ def test_linen_missing_axis_fails_at_init_with_the_layers_error(cpu_mesh):
 
 def test_missing_axis_at_call_when_built_without_a_mesh(cpu_mesh):
     layer = ubnn.ColumnParallelDense(H, F, axis_name="model", rngs=nnx.Rngs(0))
-    with jax.set_mesh(cpu_mesh(2, dp=2)), pytest.raises(
-            ValueError, match=r"ColumnParallelDense: mesh axis 'model' is unknown here \(a mesh with "
-                              r"axes \('dp', 'tp'\)\)"):
+    with (
+        jax.set_mesh(cpu_mesh(2, dp=2)),
+        pytest.raises(
+            ValueError,
+            match=r"ColumnParallelDense: mesh axis 'model' is unknown here \(a mesh with "
+            r"axes \('dp', 'tp'\)\)",
+        ),
+    ):
         layer(data(B, S, H))
 
 
-@pytest.mark.parametrize("axis_name, hint", [
-    (("tp",), r"got \('tp',\) \(tuple\)\. Pass 'tp': the layers take one axis name, not a tuple"),
-    # (linen turns a list attribute into a tuple)
-    (["tp"], r"got (\['tp'\] \(list\)|\('tp',\) \(tuple\))\. Pass 'tp'"),
-    (0, r"got 0 \(int\)\.(?! Pass)"),
-    (("dp", "tp"), r"got \('dp', 'tp'\) \(tuple\)\.(?! Pass)"),
-])
+@pytest.mark.parametrize(
+    "axis_name, hint",
+    [
+        (("tp",), r"got \('tp',\) \(tuple\)\. Pass 'tp': the layers take one axis name, not a tuple"),
+        # (linen turns a list attribute into a tuple)
+        (["tp"], r"got (\['tp'\] \(list\)|\('tp',\) \(tuple\))\. Pass 'tp'"),
+        (0, r"got 0 \(int\)\.(?! Pass)"),
+        (("dp", "tp"), r"got \('dp', 'tp'\) \(tuple\)\.(?! Pass)"),
+    ],
+)
 def test_axis_name_not_a_str_is_the_layers_own_type_error(cpu_mesh, axis_name, hint):
     """Not jax's "axis 0 is out of bounds" (an int) or "('tp',) is not an axis of the mesh (axes
     ('tp',))" (a tuple of one name): the layer says it wants one name, a str."""
     head = r"`axis_name` must be the name \(a str\) of the mesh's tensor-parallel axis, e\.g\. 'tp'; "
     mesh = cpu_mesh(2, dp=2)
-    for cls, args in ((ubnn.ColumnParallelDense, (H, F)), (ubnn.RowParallelDense, (F, H)),
-                      (ubnn.ParallelMLP, (H, F)), (ubnn.LayerNorm, (H,)), (ubnn.RMSNorm, (H,))):
+    for cls, args in (
+        (ubnn.ColumnParallelDense, (H, F)),
+        (ubnn.RowParallelDense, (F, H)),
+        (ubnn.ParallelMLP, (H, F)),
+        (ubnn.LayerNorm, (H,)),
+        (ubnn.RMSNorm, (H,)),
+    ):
         with pytest.raises(TypeError, match=cls.__name__ + ": " + head + hint):
             cls(*args, axis_name=axis_name, mesh=mesh, rngs=nnx.Rngs(0))
-    for module, x in ((ubl.ColumnParallelDense(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
-                      (ubl.RowParallelDense(H, axis_name=axis_name, mesh=mesh), data(B, S, F)),
-                      (ubl.ParallelMLP(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
-                      (ubl.LayerNorm(axis_name=axis_name, mesh=mesh), data(B, S, H))):
+    for module, x in (
+        (ubl.ColumnParallelDense(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
+        (ubl.RowParallelDense(H, axis_name=axis_name, mesh=mesh), data(B, S, F)),
+        (ubl.ParallelMLP(F, axis_name=axis_name, mesh=mesh), data(B, S, H)),
+        (ubl.LayerNorm(axis_name=axis_name, mesh=mesh), data(B, S, H)),
+    ):
         with pytest.raises(TypeError, match=type(module).__name__ + ": " + head + hint):
             module.init(jax.random.key(0), x)
 
@@ -100,8 +118,9 @@ def test_nnx_built_under_set_mesh_runs_outside_it(cpu_mesh, call):
     mesh = cpu_mesh(2, dp=2)
     x = data(B, S, H)
     with jax.set_mesh(mesh):
-        mlp = ubnn.ParallelMLP(H, F, precision=HIGHEST, bias_init=nnx.initializers.normal(1.0),
-                               rngs=nnx.Rngs(0))
+        mlp = ubnn.ParallelMLP(
+            H, F, precision=HIGHEST, bias_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(0)
+        )
         inside = nnx.jit(lambda m, x: m(x))(mlp, x)
     assert jax.sharding.get_abstract_mesh().empty
     y = mlp(x) if call == "eager" else nnx.jit(lambda m, x: m(x))(mlp, x)
@@ -113,8 +132,9 @@ def test_nnx_built_under_set_mesh_runs_outside_it(cpu_mesh, call):
 def test_nnx_params_placed_on_a_mesh_by_hand_run_eagerly(cpu_mesh):
     """Built without a mesh; its parameters then put on one: an eager call uses their mesh."""
     mesh = cpu_mesh(4)
-    layer = ubnn.RowParallelDense(F, H, precision=HIGHEST, bias_init=nnx.initializers.normal(1.0),
-                                  rngs=nnx.Rngs(0))
+    layer = ubnn.RowParallelDense(
+        F, H, precision=HIGHEST, bias_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(0)
+    )
     layer.kernel.set_value(jax.device_put(layer.kernel[...], NamedSharding(mesh, P("tp", None))))
     x = data(B, S, F)
     y = layer(x)
@@ -129,8 +149,7 @@ def test_linen_apply_outside_the_mesh_with_sharded_params(cpu_mesh):
     with jax.set_mesh(mesh):
         variables = jax.jit(model.init)(jax.random.key(0), x)
         specs = nn.get_partition_spec(variables)
-    params = jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), nn.unbox(variables),
-                          specs)
+    params = jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), nn.unbox(variables), specs)
     y = model.apply(params, x)  # no mesh in context, no jit: the kernels' mesh
     assert_close(y, plain_mlp(jax.device_get(params)["params"], x))
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), 3)
@@ -138,8 +157,11 @@ def test_linen_apply_outside_the_mesh_with_sharded_params(cpu_mesh):
 
 def test_no_mesh_anywhere_is_still_an_error():
     layer = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"ColumnParallelDense: mesh axis 'tp' is unknown here "
-                                         r"\(no mesh\)\..*jax.set_mesh"):
+    with pytest.raises(
+        ValueError,
+        match=r"ColumnParallelDense: mesh axis 'tp' is unknown here "
+        r"\(no mesh\)\..*jax.set_mesh",
+    ):
         nnx.jit(lambda m, x: m(x))(layer, data(B, S, H))
 
 
@@ -148,7 +170,10 @@ def test_legacy_with_mesh_says_to_use_set_mesh(cpu_mesh):
     mesh = cpu_mesh(2, dp=2)
     with mesh:
         layer = ubnn.ColumnParallelDense(H, F, rngs=nnx.Rngs(0))
-        with pytest.raises(ValueError, match=r"the legacy `with mesh:` context holds a mesh with axes "
-                                             r"\('dp', 'tp'\), which these layers do not read: use "
-                                             r"`with jax.set_mesh\(mesh\):` instead"):
+        with pytest.raises(
+            ValueError,
+            match=r"the legacy `with mesh:` context holds a mesh with axes "
+            r"\('dp', 'tp'\), which these layers do not read: use "
+            r"`with jax.set_mesh\(mesh\):` instead",
+        ):
             layer(data(B, S, H))

@@ -84,18 +84,25 @@ def test_default_is_the_shared_init_bit_for_bit(cpu_mesh):
     """Naming each projection's initializer as the shared one changes no bit."""
     x = data(B, S, H)
     shared = dict(kernel_init=LECUN, bias_init=NORMAL)
-    each = dict(shared, up_kernel_init=LECUN, down_kernel_init=LECUN, up_bias_init=NORMAL,
-                down_bias_init=NORMAL)
+    each = dict(
+        shared, up_kernel_init=LECUN, down_kernel_init=LECUN, up_bias_init=NORMAL, down_bias_init=NORMAL
+    )
     with jax.set_mesh(cpu_mesh(4)):
         a, b = (ubnn.ParallelMLP(H, F, rngs=nnx.Rngs(5), **kw) for kw in (shared, each))
         assert_close(pure(a), pure(b), rtol=0, atol=0)
         assert_close(nnx.jit(lambda m, x: m(x))(a, x), nnx.jit(lambda m, x: m(x))(b, x), rtol=0, atol=0)
-        assert_close(linen_params(ubl.ParallelMLP(F, **shared), x),
-                     linen_params(ubl.ParallelMLP(F, **each), x), rtol=0, atol=0)
+        assert_close(
+            linen_params(ubl.ParallelMLP(F, **shared), x),
+            linen_params(ubl.ParallelMLP(F, **each), x),
+            rtol=0,
+            atol=0,
+        )
 
 
-FSDP_SPECS = {"up": {"kernel": P("fsdp", "tp"), "bias": P("tp")},
-              "down": {"kernel": P("tp", "fsdp"), "bias": P("fsdp")}}
+FSDP_SPECS = {
+    "up": {"kernel": P("fsdp", "tp"), "bias": P("tp")},
+    "down": {"kernel": P("tp", "fsdp"), "bias": P("fsdp")},
+}
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["gelu", "swiglu"])
@@ -105,10 +112,16 @@ def test_nnx_fsdp_names_per_projection(cpu_mesh, explicit, gated):
     x, ct = data(B, S, H), data(B, S, H, seed=2)
     with jax.set_mesh(mesh):
         mlp = ubnn.ParallelMLP(
-            H, F, precision=HIGHEST, up_kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None)),
-            down_kernel_init=nnx.with_partitioning(LECUN, (None, "fsdp")), bias_init=NORMAL,
-            down_bias_init=nnx.with_partitioning(NORMAL, ("fsdp",)), rngs=nnx.Rngs(0),
-            **(SWIGLU if gated else {}))
+            H,
+            F,
+            precision=HIGHEST,
+            up_kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None)),
+            down_kernel_init=nnx.with_partitioning(LECUN, (None, "fsdp")),
+            bias_init=NORMAL,
+            down_bias_init=nnx.with_partitioning(NORMAL, ("fsdp",)),
+            rngs=nnx.Rngs(0),
+            **(SWIGLU if gated else {}),
+        )
         specs = param_specs(mlp)
         params = pure(mlp)
         got, got_g = value_and_grads(nnx_fn(mlp), params, x, ct)
@@ -124,14 +137,20 @@ def test_linen_fsdp_names_per_projection(cpu_mesh, gated):
     mesh = fsdp_mesh(cpu_mesh, tp=4)
     x, ct = data(B, S, H), data(B, S, H, seed=2)
     model = ubl.ParallelMLP(
-        F, precision=HIGHEST, up_kernel_init=nn.with_partitioning(LECUN, ("fsdp", None)),
-        down_kernel_init=nn.with_partitioning(LECUN, (None, "fsdp")), bias_init=NORMAL,
-        down_bias_init=nn.with_partitioning(NORMAL, ("fsdp",)), **(SWIGLU if gated else {}))
+        F,
+        precision=HIGHEST,
+        up_kernel_init=nn.with_partitioning(LECUN, ("fsdp", None)),
+        down_kernel_init=nn.with_partitioning(LECUN, (None, "fsdp")),
+        bias_init=NORMAL,
+        down_bias_init=nn.with_partitioning(NORMAL, ("fsdp",)),
+        **(SWIGLU if gated else {}),
+    )
     with jax.set_mesh(mesh):
         variables = jax.jit(model.init)(jax.random.key(0), x)
         specs = nn.get_partition_spec(variables)["params"]
-        shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
-                                 nn.get_partition_spec(variables))
+        shardings = jax.tree.map(
+            lambda s: jax.sharding.NamedSharding(mesh, s), nn.get_partition_spec(variables)
+        )
         params = nn.unbox(jax.jit(model.init, out_shardings=shardings)(jax.random.key(0), x))["params"]
         got, got_g = value_and_grads(lambda p, x: model.apply({"params": p}, x), params, x, ct)
     assert {k: specs[k] for k in FSDP_SPECS} == FSDP_SPECS
@@ -146,8 +165,9 @@ def test_shared_fsdp_init_cannot_serve_both_and_the_error_says_which(cpu_mesh):
     TP dim): the error names the sub-layer's parameter, and a note the MLP's initializer."""
     msg = r"RowParallelDense: kernel_init's partitioning \('fsdp', None\) names 'fsdp' on dim 0 of `kernel`"
     with jax.set_mesh(fsdp_mesh(cpu_mesh, tp=4)), pytest.raises(ValueError, match=msg) as e:
-        ubnn.ParallelMLP(H, F, kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None)),
-                         rngs=nnx.Rngs(0))
-    assert e.value.__notes__ == ["While building ParallelMLP.down: its `kernel` is from kernel_init "
-                                 "(no down_kernel_init given), its `bias` from bias_init (no "
-                                 "down_bias_init given)."]
+        ubnn.ParallelMLP(H, F, kernel_init=nnx.with_partitioning(LECUN, ("fsdp", None)), rngs=nnx.Rngs(0))
+    assert e.value.__notes__ == [
+        "While building ParallelMLP.down: its `kernel` is from kernel_init "
+        "(no down_kernel_init given), its `bias` from bias_init (no "
+        "down_bias_init given)."
+    ]

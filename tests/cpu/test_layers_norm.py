@@ -51,15 +51,21 @@ def llama_mlp(w, x):
 
 def llama_weights(seed=10):
     k = jax.random.split(jax.random.key(seed), 4)
-    return {"gate": 0.3 * jax.random.normal(k[0], (H, F)), "up": 0.3 * jax.random.normal(k[1], (H, F)),
-            "down": 0.3 * jax.random.normal(k[2], (F, H)),
-            "rms": 1.0 + 0.2 * jax.random.normal(k[3], (H,))}
+    return {
+        "gate": 0.3 * jax.random.normal(k[0], (H, F)),
+        "up": 0.3 * jax.random.normal(k[1], (H, F)),
+        "down": 0.3 * jax.random.normal(k[2], (F, H)),
+        "rms": 1.0 + 0.2 * jax.random.normal(k[3], (H,)),
+    }
 
 
 def to_layer(w):
     """The layer's parameter tree from the checkpoint's separate matrices."""
-    return {"norm": {"scale": w["rms"]}, "up": {"kernel": ubnn.pack_gated(w["gate"], w["up"])},
-            "down": {"kernel": w["down"]}}
+    return {
+        "norm": {"scale": w["rms"]},
+        "up": {"kernel": ubnn.pack_gated(w["gate"], w["up"])},
+        "down": {"kernel": w["down"]},
+    }
 
 
 def from_layer_grads(g):
@@ -68,13 +74,31 @@ def from_layer_grads(g):
 
 
 def llama_nnx(**kw):
-    return ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, use_bias=False, norm="rmsnorm",
-                            epsilon=EPS, precision=HIGHEST, rngs=nnx.Rngs(0), **kw)
+    return ubnn.ParallelMLP(
+        H,
+        F,
+        gated=True,
+        activation=jax.nn.silu,
+        use_bias=False,
+        norm="rmsnorm",
+        epsilon=EPS,
+        precision=HIGHEST,
+        rngs=nnx.Rngs(0),
+        **kw,
+    )
 
 
 def llama_linen(**kw):
-    return ubl.ParallelMLP(F, gated=True, activation=jax.nn.silu, use_bias=False, norm="rmsnorm",
-                           epsilon=EPS, precision=HIGHEST, **kw)
+    return ubl.ParallelMLP(
+        F,
+        gated=True,
+        activation=jax.nn.silu,
+        use_bias=False,
+        norm="rmsnorm",
+        epsilon=EPS,
+        precision=HIGHEST,
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,10 +118,12 @@ def test_nnx_llama_mlp_matches_hand_written_oracle(cpu_mesh, tp, mode):
     else:
         mlp = llama_nnx()  # whole parameters, split by the shard_map below
         specs = param_specs(mlp)
-        fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")),
-                           out_specs=P(None, "tp"))
-    assert jax.tree.map(jnp.shape, pure(mlp)) == {"norm": {"scale": (H,)}, "up": {"kernel": (H, 2 * F)},
-                                                  "down": {"kernel": (F, H)}}
+        fn = jax.shard_map(nnx_fn(mlp), mesh=mesh, in_specs=(specs, P(None, "tp")), out_specs=P(None, "tp"))
+    assert jax.tree.map(jnp.shape, pure(mlp)) == {
+        "norm": {"scale": (H,)},
+        "up": {"kernel": (H, 2 * F)},
+        "down": {"kernel": (F, H)},
+    }
     with jax.set_mesh(mesh):
         got, (gp, gx) = value_and_grads(fn, to_layer(w), x, ct)
     want, (wp, wx) = value_and_grads(llama_mlp, w, x, ct)
@@ -113,8 +139,11 @@ def test_linen_llama_mlp_matches_hand_written_oracle(cpu_mesh):
     model = llama_linen()
     with jax.set_mesh(cpu_mesh(4)):
         init = nn.unbox(jax.jit(model.init)(jax.random.key(0), x))["params"]
-        assert jax.tree.map(jnp.shape, init) == {"norm": {"scale": (H,)}, "up": {"kernel": (H, 2 * F)},
-                                                 "down": {"kernel": (F, H)}}
+        assert jax.tree.map(jnp.shape, init) == {
+            "norm": {"scale": (H,)},
+            "up": {"kernel": (H, 2 * F)},
+            "down": {"kernel": (F, H)},
+        }
         np.testing.assert_array_equal(init["norm"]["scale"], np.ones(H))
         got, (gp, gx) = value_and_grads(lambda p, x: model.apply({"params": p}, x), to_layer(w), x, ct)
     want, (wp, wx) = value_and_grads(llama_mlp, w, x, ct)
@@ -129,8 +158,16 @@ def test_rmsnorm_differs_from_layernorm_on_the_same_weights(cpu_mesh):
     x = data(B, S, H, mean=1.0)
     with jax.set_mesh(cpu_mesh(2)):
         rms = llama_nnx()
-        ln = ubnn.ParallelMLP(H, F, gated=True, activation=jax.nn.silu, use_bias=False, epsilon=EPS,
-                              precision=HIGHEST, rngs=nnx.Rngs(0))
+        ln = ubnn.ParallelMLP(
+            H,
+            F,
+            gated=True,
+            activation=jax.nn.silu,
+            use_bias=False,
+            epsilon=EPS,
+            precision=HIGHEST,
+            rngs=nnx.Rngs(0),
+        )
         params = to_layer(w)
         y_rms = jax.jit(nnx_fn(rms))(params, x)
         y_ln = jax.jit(nnx_fn(ln))({**params, "norm": {"scale": w["rms"], "bias": jnp.zeros(H)}}, x)
@@ -163,8 +200,7 @@ def test_no_norm_nnx_and_linen(cpu_mesh):
     x, ct = data(B, S, H, mean=1.0), data(B, S, H, seed=2)
     bias_init = nnx.initializers.normal(1.0)
     with jax.set_mesh(cpu_mesh(2)):
-        mlp = ubnn.ParallelMLP(H, F, norm=None, bias_init=bias_init, precision=HIGHEST,
-                               rngs=nnx.Rngs(0))
+        mlp = ubnn.ParallelMLP(H, F, norm=None, bias_init=bias_init, precision=HIGHEST, rngs=nnx.Rngs(0))
         assert mlp.norm is None
         params = pure(mlp)
         assert set(params) == {"up", "down"}
@@ -197,15 +233,19 @@ def test_layernorm_is_the_default_with_the_same_params(cpu_mesh):
     assert set(p["norm"]) == {"scale", "bias"} and set(lp["norm"]) == {"scale", "bias"}
     p = jax.device_get(p)
     h = layer_norm(x, p["norm"]["scale"], p["norm"]["bias"])
-    want = dot(jax.nn.gelu(dot(h, p["up"]["kernel"]) + p["up"]["bias"]), p["down"]["kernel"]) \
-        + p["down"]["bias"]
+    want = (
+        dot(jax.nn.gelu(dot(h, p["up"]["kernel"]) + p["up"]["bias"]), p["down"]["kernel"]) + p["down"]["bias"]
+    )
     assert_close(y, want)
 
 
 def test_error_unknown_norm(cpu_mesh):
     with jax.set_mesh(cpu_mesh(2)):
-        with pytest.raises(ValueError, match=r"ParallelMLP: `norm` must be 'layernorm', 'rmsnorm' or "
-                                             r"None \(no norm\); got 'RMSNorm'"):
+        with pytest.raises(
+            ValueError,
+            match=r"ParallelMLP: `norm` must be 'layernorm', 'rmsnorm' or "
+            r"None \(no norm\); got 'RMSNorm'",
+        ):
             ubnn.ParallelMLP(H, F, norm="RMSNorm", rngs=nnx.Rngs(0))
         with pytest.raises(ValueError, match=r"ParallelMLP: `norm` must be .*got 'batchnorm'"):
             ubl.ParallelMLP(F, norm="batchnorm").init(jax.random.key(0), data(B, S, H))

@@ -38,8 +38,10 @@ L = 3  # layers
 LECUN = nnx.initializers.lecun_normal()
 RULES = (("layers", None), ("embed", "fsdp"), ("mlp", "tp"))
 POLICY = jax_ub.checkpoint_policy(jax.checkpoint_policies.dots_saveable)
-STACKED_SPECS = {"up": {"kernel": P(None, "fsdp", "tp"), "bias": P(None, "tp")},
-                 "down": {"kernel": P(None, "tp", "fsdp"), "bias": P(None, "fsdp")}}
+STACKED_SPECS = {
+    "up": {"kernel": P(None, "fsdp", "tp"), "bias": P(None, "tp")},
+    "down": {"kernel": P(None, "tp", "fsdp"), "bias": P(None, "fsdp")},
+}
 
 
 def plain_stack(params, x):
@@ -60,10 +62,14 @@ def carry(mesh, explicit):
 class Block(nnx.Module):
     def __init__(self, rngs):
         self.mlp = ubnn.ParallelMLP(
-            H, F, precision=HIGHEST, bias_init=NORMAL,
+            H,
+            F,
+            precision=HIGHEST,
+            bias_init=NORMAL,
             up_kernel_init=nnx.with_partitioning(LECUN, ("embed", "mlp")),
             down_kernel_init=nnx.with_partitioning(lambda *a: 0.5 * LECUN(*a), ("mlp", "embed")),
-            rngs=rngs)
+            rngs=rngs,
+        )
 
     def __call__(self, x):
         return x + self.mlp(x)
@@ -74,6 +80,7 @@ def test_nnx_scan_remat_over_stacked_layers(cpu_mesh, explicit):
     mesh = fsdp_mesh(cpu_mesh, tp=4, explicit=explicit)
     x, ct = carry(mesh, explicit), data(B, S, H, seed=2)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
+
         @nnx.split_rngs(splits=L)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def create(rngs):
@@ -87,8 +94,9 @@ def test_nnx_scan_remat_over_stacked_layers(cpu_mesh, explicit):
         graphdef, rest = nnx.graphdef(blocks), nnx.state(blocks, nnx.Not(nnx.Param))
 
         def stack(params, x):
-            @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry,
-                      transform_metadata={nnx.PARTITION_NAME: "layers"})
+            @nnx.scan(
+                in_axes=(0, nnx.Carry), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"}
+            )
             @nnx.remat(policy=POLICY)
             def step(block, x):
                 return block(x)
@@ -99,8 +107,9 @@ def test_nnx_scan_remat_over_stacked_layers(cpu_mesh, explicit):
         got, got_g = value_and_grads(stack, params, x, ct)
     stacked = jax.device_get(params)["mlp"]
     assert stacked["up"]["kernel"].shape == (L, H, F)
-    want, want_g = value_and_grads(lambda p, x: plain_stack(p["mlp"], x), jax.device_get(params),
-                                   jax.device_get(x), ct)
+    want, want_g = value_and_grads(
+        lambda p, x: plain_stack(p["mlp"], x), jax.device_get(params), jax.device_get(x), ct
+    )
     assert_close(got, want)
     assert_close(got_g, want_g)
 
@@ -109,10 +118,13 @@ class LinenBlock(nn.Module):
     @nn.compact
     def __call__(self, x, _):
         mlp = ubl.ParallelMLP(
-            F, precision=HIGHEST, bias_init=NORMAL,
+            F,
+            precision=HIGHEST,
+            bias_init=NORMAL,
             up_kernel_init=nn.with_logical_partitioning(LECUN, ("embed", "mlp")),
             down_kernel_init=nn.with_logical_partitioning(lambda *a: 0.5 * LECUN(*a), ("mlp", "embed")),
-            name="mlp")
+            name="mlp",
+        )
         return x + mlp(x), None
 
 
@@ -120,9 +132,13 @@ class LinenBlock(nn.Module):
 def test_linen_scan_remat_over_stacked_layers(cpu_mesh, explicit):
     mesh = fsdp_mesh(cpu_mesh, tp=4, explicit=explicit)
     x, ct = carry(mesh, explicit), data(B, S, H, seed=2)
-    model = nn.scan(nn.remat(LinenBlock, policy=POLICY), variable_axes={"params": 0},
-                    split_rngs={"params": True}, length=L,
-                    metadata_params={nn.PARTITION_NAME: "layers"})()
+    model = nn.scan(
+        nn.remat(LinenBlock, policy=POLICY),
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        length=L,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )()
     apply = lambda p, x: model.apply({"params": p}, x, None)[0]  # noqa: E731
     with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
         init = lambda k, x: model.init(k, x, None)  # noqa: E731
@@ -134,8 +150,9 @@ def test_linen_scan_remat_over_stacked_layers(cpu_mesh, explicit):
         mesh_specs = jax.tree.map(lambda a: a.sharding.spec, params["mlp"])
         assert {k: mesh_specs[k] for k in STACKED_SPECS} == STACKED_SPECS
         got, got_g = value_and_grads(apply, params, x, ct)
-    want, want_g = value_and_grads(lambda p, x: plain_stack(p["mlp"], x), jax.device_get(params),
-                                   jax.device_get(x), ct)
+    want, want_g = value_and_grads(
+        lambda p, x: plain_stack(p["mlp"], x), jax.device_get(params), jax.device_get(x), ct
+    )
     assert_close(got, want)
     assert_close(got_g, want_g)
 
@@ -148,9 +165,11 @@ def test_nnx_remat_alone_matches(cpu_mesh):
         block = Block(nnx.Rngs(0))
         graphdef, params = nnx.split(block, nnx.Param)
         f = nnx.remat(lambda m, x: m(x), policy=POLICY)
-        got, got_g = value_and_grads(lambda p, x: f(nnx.merge(graphdef, p), x),
-                                     nnx.to_pure_dict(params), x, ct)
-    want, want_g = value_and_grads(lambda p, x: x + plain_mlp(p["mlp"], x),
-                                   jax.device_get(nnx.to_pure_dict(params)), x, ct)
+        got, got_g = value_and_grads(
+            lambda p, x: f(nnx.merge(graphdef, p), x), nnx.to_pure_dict(params), x, ct
+        )
+    want, want_g = value_and_grads(
+        lambda p, x: x + plain_mlp(p["mlp"], x), jax.device_get(nnx.to_pure_dict(params)), x, ct
+    )
     assert_close(got, want)
     assert_close(got_g, want_g)

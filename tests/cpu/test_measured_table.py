@@ -39,8 +39,11 @@ def _id(row: dict) -> str:
 
 def test_the_oracle_covers_every_shape_the_table_records():
     ops = {v: k for k, v in choice.BENCH_OP.items()}
-    recorded = {(ops[r["op"]], r["tp"], r["dtype"], r["M"], r["K"], r["N"])
-                for d in _measured.DOCS for r in d["records"]}
+    recorded = {
+        (ops[r["op"]], r["tp"], r["dtype"], r["M"], r["K"], r["N"])
+        for d in _measured.DOCS
+        for r in d["records"]
+    }
     oracle = {(r["op"], r["tp"], r["dtype"], r["M"], r["K"], r["N"]) for r in ORACLE}
     assert recorded == oracle
 

@@ -15,10 +15,21 @@ IMPLS = ("gemm_alone", "comm_jax_ub", "xla_plain", "jax_ub")
 
 def _doc(date: str, shapes: dict, *, op: str = "ag_gemm", chain: int | None = None, **header) -> dict:
     """A bench file: ``shapes`` maps (M, K, N) to {impl: ms} (tp 4, bf16)."""
-    records = [{"op": op, "M": M, "K": K, "N": N, "tp": 4, "dtype": "bfloat16", "impl": impl, "ms": ms}
-               for (M, K, N), impls in shapes.items() for impl, ms in impls.items()]
-    doc = {"machine": "4xGPU", "date": date, "jax": "0.1", "jax_ub": "0.1.0", "device_kind": "GPU",
-           **({"chain": chain} if chain else {}), **header, "records": records}
+    records = [
+        {"op": op, "M": M, "K": K, "N": N, "tp": 4, "dtype": "bfloat16", "impl": impl, "ms": ms}
+        for (M, K, N), impls in shapes.items()
+        for impl, ms in impls.items()
+    ]
+    doc = {
+        "machine": "4xGPU",
+        "date": date,
+        "jax": "0.1",
+        "jax_ub": "0.1.0",
+        "device_kind": "GPU",
+        **({"chain": chain} if chain else {}),
+        **header,
+        "records": records,
+    }
     return doc
 
 
@@ -28,8 +39,14 @@ def _merge(tmp_path: Path, fresh: dict | None, old: dict | None, *args: str) -> 
         if doc is not None:
             (tmp_path / name).write_text(json.dumps(doc))
             paths.append(str(tmp_path / name))
-    return subprocess.run([sys.executable, str(SCRIPT), *(args or paths)], cwd=REPO, capture_output=True,
-                          text=True, timeout=180, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *(args or paths)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def _by_case(doc: dict) -> dict:
@@ -44,16 +61,34 @@ def test_cases_are_replaced_whole_and_keep_their_runs_provenance(tmp_path):
     too; each record carries its own run's date and chain, and the header states only what holds
     for every record."""
     a, b = (8192, 8192, 8192), (2048, 8192, 28672)
-    old = _doc("20261122", {a: dict.fromkeys(IMPLS, 1.0), b: dict.fromkeys(IMPLS, 2.0)}, chain=8,
-               timelines=[{"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub",
-                           "records": []},
-                          {"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "float16", "impl": "jax_ub",
-                           "records": []}])
-    fresh = _doc("20261125", {a: {"gemm_alone": 0.5, "comm_jax_ub": 0.4, "jax_ub": 0.6}},
-                 timelines=[{"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub",
-                             "records": [1]}],
-                 failures=[{"op": "ag_gemm", "M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "bfloat16",
-                            "impl": "xla_plain", "error": "RuntimeError: out of memory"}])
+    old = _doc(
+        "20261122",
+        {a: dict.fromkeys(IMPLS, 1.0), b: dict.fromkeys(IMPLS, 2.0)},
+        chain=8,
+        timelines=[
+            {"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub", "records": []},
+            {"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "float16", "impl": "jax_ub", "records": []},
+        ],
+    )
+    fresh = _doc(
+        "20261125",
+        {a: {"gemm_alone": 0.5, "comm_jax_ub": 0.4, "jax_ub": 0.6}},
+        timelines=[
+            {"M": 8192, "K": 8192, "N": 8192, "tp": 4, "dtype": "bfloat16", "impl": "jax_ub", "records": [1]}
+        ],
+        failures=[
+            {
+                "op": "ag_gemm",
+                "M": 8192,
+                "K": 8192,
+                "N": 8192,
+                "tp": 4,
+                "dtype": "bfloat16",
+                "impl": "xla_plain",
+                "error": "RuntimeError: out of memory",
+            }
+        ],
+    )
     for r in fresh["records"]:
         r["chain"] = 1
     proc = _merge(tmp_path, fresh, old)
@@ -64,8 +99,9 @@ def test_cases_are_replaced_whole_and_keep_their_runs_provenance(tmp_path):
     assert set(cases[a]) == {"gemm_alone", "comm_jax_ub", "jax_ub"}  # no xla_plain of the old run
     assert all(r["date"] == "20261125" and r["chain"] == 1 for r in cases[a].values())
     assert all(r["date"] == "20261122" and r["chain"] == 8 for r in cases[b].values())
-    assert all(r["jax_ub"] == "0.1.0" and r["device_kind"] == "GPU"
-               for c in cases.values() for r in c.values())
+    assert all(
+        r["jax_ub"] == "0.1.0" and r["device_kind"] == "GPU" for c in cases.values() for r in c.values()
+    )
     # the header: no chain of one run over both; the date (which the record format requires) is
     # the latest run's; what every record agrees on stays
     assert "chain" not in doc and doc["date"] == "20261125"
@@ -98,13 +134,22 @@ def test_refusals_and_usage(tmp_path):
     a = (8192, 8192, 8192)
     old = _doc("20261122", {a: dict.fromkeys(IMPLS, 1.0)})
     cases = [
-        (_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}, op="gemm_rs"),
-         "is a bench rs file and", "a bench ag file"),
+        (
+            _doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}, op="gemm_rs"),
+            "is a bench rs file and",
+            "a bench ag file",
+        ),
         (_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}, op="bulk_ag"), "is a bench bulk file", ""),
-        ({**_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}), "machine": "2xGPU"},
-         "was measured on machine '2xGPU'", "merge only runs of one machine"),
-        ({**_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}), "device_kind": "Other GPU"},
-         "device_kind 'Other GPU'", ""),
+        (
+            {**_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}), "machine": "2xGPU"},
+            "was measured on machine '2xGPU'",
+            "merge only runs of one machine",
+        ),
+        (
+            {**_doc("20261125", {a: dict.fromkeys(IMPLS, 1.0)}), "device_kind": "Other GPU"},
+            "device_kind 'Other GPU'",
+            "",
+        ),
         ({**_doc("20261125", {}), "records": []}, "fresh.json: no records", ""),
         ({"records": [{"op": "mlp", "impl": "jax_ub", "ms": 1.0}]}, "records of mlp: not one bench", ""),
     ]
@@ -115,8 +160,14 @@ def test_refusals_and_usage(tmp_path):
         assert "usage: python tools/merge_results.py FRESH.json COMMITTED.json" in proc.stderr
         assert json.loads((tmp_path / "committed.json").read_text()) == old
     for args in ((), ("only-one.json",), ("-h",), ("a.json", "b.json", "c.json")):
-        proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=180, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
         assert proc.returncode == 2 and proc.stderr.startswith("usage: "), (args, proc.stderr)
     proc = _merge(tmp_path, None, None, str(tmp_path / "missing.json"), str(tmp_path / "committed.json"))
     assert proc.returncode == 2 and "missing.json: cannot read a bench JSON" in proc.stderr
@@ -131,5 +182,7 @@ def test_bulk_files_merge_both_ops(tmp_path):
     proc = _merge(tmp_path, fresh, old)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "committed.json").read_text())
-    assert {(r["op"], r["ms"], r["date"]) for r in doc["records"]} == {("bulk_ag", 1.0, "20261122"),
-                                                                       ("bulk_rs", 0.5, "20261125")}
+    assert {(r["op"], r["ms"], r["date"]) for r in doc["records"]} == {
+        ("bulk_ag", 1.0, "20261122"),
+        ("bulk_rs", 0.5, "20261125"),
+    }

@@ -67,9 +67,12 @@ def test_same_mesh_passes_and_leaves_no_op():
 def test_permuted_device_order_is_refused():
     init = _mesh([0, 1, 2, 3])
     prog = _mesh([1, 0, 2, 3])
-    with pytest.raises(ValueError, match=r"all_gather_matmul: mesh axis 'tp' of this program has the "
-                                         r"device group \[1, 0, 2, 3\].*initialize created the groups "
-                                         r"\[\[0, 1, 2, 3\]\] \(in rank order\).*same order along 'tp'"):
+    with pytest.raises(
+        ValueError,
+        match=r"all_gather_matmul: mesh axis 'tp' of this program has the "
+        r"device group \[1, 0, 2, 3\].*initialize created the groups "
+        r"\[\[0, 1, 2, 3\]\] \(in rank order\).*same order along 'tp'",
+    ):
         _prog(prog, _ids(init))(_x())
 
 
@@ -98,10 +101,12 @@ def test_under_vmap_grad_and_without_shard_map():
     g = jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(xs)
     np.testing.assert_allclose(g, jnp.cos(xs), rtol=1e-6)
     # outside shard_map there is no mesh to compare with: the value passes through
-    np.testing.assert_array_equal(jax.jit(lambda x: _mesh_check.check(x, what="op", axis="tp",
-                                                                      groups=groups))(xs), xs)
+    np.testing.assert_array_equal(
+        jax.jit(lambda x: _mesh_check.check(x, what="op", axis="tp", groups=groups))(xs), xs
+    )
     # a permuted mesh is refused under vmap and grad too
-    bad = jax.shard_map(jax.vmap(body), mesh=_mesh([3, 2, 1, 0]), in_specs=P(None, "tp"),
-                        out_specs=P(None, "tp"))
+    bad = jax.shard_map(
+        jax.vmap(body), mesh=_mesh([3, 2, 1, 0]), in_specs=P(None, "tp"), out_specs=P(None, "tp")
+    )
     with pytest.raises(ValueError, match="device group"):
         jax.jit(jax.grad(lambda x: jnp.sum(bad(x))))(xs)

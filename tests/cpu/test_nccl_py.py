@@ -113,8 +113,7 @@ def test_bootstrap_unique_id_keys_are_separate():
 
     def rank_fn(r: int) -> tuple[bytes, bytes]:
         ex = bs.KVExchange("t/two", r, world, timeout_s=10, client=store)
-        return (nccl.bootstrap_unique_id(ex, 0, make_id=make),
-                nccl.bootstrap_unique_id(ex, 1, make_id=make))
+        return (nccl.bootstrap_unique_id(ex, 0, make_id=make), nccl.bootstrap_unique_id(ex, 1, make_id=make))
 
     out = run_ranks(world, rank_fn)
     assert out[0] == out[1]
@@ -182,16 +181,18 @@ def test_create_comms_runs_local_ranks_concurrently(monkeypatch):
     fake = FakeNcclExtension(expect=3)
     monkeypatch.setattr(_ext, "extension", lambda: fake)
     nccl.create_comms(4, b"\x07" * 128, ranks=[1, 2, 3], world=4, devices=[0, 1, 2], timeout_s=2.5)
-    assert sorted(fake.created) == [(4, 1, 4, 0, 128, 2.5), (4, 2, 4, 1, 128, 2.5),
-                                    (4, 3, 4, 2, 128, 2.5)]
+    assert sorted(fake.created) == [(4, 1, 4, 0, 128, 2.5), (4, 2, 4, 1, 128, 2.5), (4, 3, 4, 2, 128, 2.5)]
     assert fake.destroyed == []
 
 
 def test_create_comms_reports_every_failure_and_cleans_up(monkeypatch):
     fake = FakeNcclExtension(expect=2, fail_rank=1)
     monkeypatch.setattr(_ext, "extension", lambda: fake)
-    with pytest.raises(RuntimeError, match=r"local ranks \[0, 1\] of communicator 6 failed:\n"
-                                           r"  rank 1: jax_ub NCCL: ncclCommInitRank failed on rank 1"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"local ranks \[0, 1\] of communicator 6 failed:\n"
+        r"  rank 1: jax_ub NCCL: ncclCommInitRank failed on rank 1",
+    ):
         nccl.create_comms(6, b"\0" * 128, ranks=[0, 1], world=2, devices=[0, 1], timeout_s=1)
     assert fake.destroyed == [6]
 

@@ -200,8 +200,10 @@ def through_custom_vjp():
     """ops run the reference forward through the custom_vjp (how the CUDA path differentiates), not
     jax_ub.reference directly as they do for method "xla": the xla impls under another name."""
     impls = {(op, "xla_vjp"): ops._IMPLS[(op, "xla")] for op in ops.DUAL}
-    with mock.patch.dict(ops._IMPLS, impls), \
-            mock.patch.object(resolve, "method_name", lambda m, fn=None, **kw: "xla_vjp"):
+    with (
+        mock.patch.dict(ops._IMPLS, impls),
+        mock.patch.object(resolve, "method_name", lambda m, fn=None, **kw: "xla_vjp"),
+    ):
         yield
 
 
@@ -489,8 +491,10 @@ def test_disable_runs_reference_for_cuda_method(cpu_mesh):
     assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
 
 
-@pytest.mark.parametrize("op,method", [("ag", "ring"), ("ag", "push"), ("rs", "chain"),
-                                       ("rs", "columns"), ("ag", "nccl"), ("rs", None)])
+@pytest.mark.parametrize(
+    "op,method",
+    [("ag", "ring"), ("ag", "push"), ("rs", "chain"), ("rs", "columns"), ("ag", "nccl"), ("rs", None)],
+)
 def test_axis_of_size_one_runs_a_plain_dot_for_every_method(cpu_mesh, op, method):
     """tp=1 (a dp-only mesh): nothing to communicate, so any method, CUDA ones included (which
     would need the extension on a larger axis), runs the reference: values and gradients."""
@@ -517,26 +521,42 @@ def test_method_nccl_is_deprecated_and_behaves_as_before(cpu_mesh, monkeypatch):
     assert "nccl" in config.METHODS and "nccl" not in methods.CUDA_METHODS
     c = Case("ag", 1, F32, (2, 6, 5), axis=1, dp=4)
     x, w = c.operands()
-    with config.override(method="auto", disable=False), \
-            pytest.warns(DeprecationWarning, match=r"method='nccl' is deprecated.*transport='nccl'"):
+    with (
+        config.override(method="auto", disable=False),
+        pytest.warns(DeprecationWarning, match=r"method='nccl' is deprecated.*transport='nccl'"),
+    ):
         y = c.fn(ops, cpu_mesh(1, dp=4), method="nccl")(x, w)
     assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
-    with config.override(method="nccl", disable=False), \
-            pytest.warns(DeprecationWarning, match=r"JAX_UB_METHOD=nccl is deprecated.*JAX_UB_TRANSPORT"):
+    with (
+        config.override(method="nccl", disable=False),
+        pytest.warns(DeprecationWarning, match=r"JAX_UB_METHOD=nccl is deprecated.*JAX_UB_TRANSPORT"),
+    ):
         y = c.fn(ops, cpu_mesh(1, dp=4))(x, w)
     assert rel_err(y, c.expected(x, w)) <= RTOL[F32]
     monkeypatch.setattr(resolve, "cuda_status", lambda: (False, "no GPU (stand-in)"))
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method='nccl' needs the CUDA"):
         resolve.for_size(resolve.requested("nccl", "all_gather_matmul"), 2, x, w, fn="all_gather_matmul")
     with pytest.warns(DeprecationWarning, match="bulk_all_gather: method='nccl' is deprecated"):
-        jax.shard_map(lambda a: bulk.bulk_all_gather(a, a, a.T, "tp", method="nccl")[1], mesh=cpu_mesh(1),
-                      in_specs=P(), out_specs=P())(jnp.ones((2, 2)))
+        jax.shard_map(
+            lambda a: bulk.bulk_all_gather(a, a, a.T, "tp", method="nccl")[1],
+            mesh=cpu_mesh(1),
+            in_specs=P(),
+            out_specs=P(),
+        )(jnp.ones((2, 2)))
     with pytest.warns(DeprecationWarning, match="all_gather: method='nccl' is deprecated"):
-        jax.shard_map(lambda a: collectives.all_gather(a, "tp", method="nccl"), mesh=cpu_mesh(1),
-                      in_specs=P(), out_specs=P())(jnp.ones((2, 2)))
+        jax.shard_map(
+            lambda a: collectives.all_gather(a, "tp", method="nccl"),
+            mesh=cpu_mesh(1),
+            in_specs=P(),
+            out_specs=P(),
+        )(jnp.ones((2, 2)))
     # the schedule code it hands the kernel is the one it always did (the NCCL schedule ignores it)
     assert [methods.runs(op, "nccl") for op in ("ag", "rs", "bulk_ag", "reduce_scatter")] == [
-        "push", "ring", "push", "ring"]
+        "push",
+        "ring",
+        "push",
+        "ring",
+    ]
 
 
 @pytest.mark.parametrize("which", ["all_gather", "reduce_scatter"])
@@ -549,12 +569,14 @@ def test_bare_collective_on_an_axis_of_size_one_returns_its_input(cpu_mesh, whic
     fn = getattr(overlap, which)
     x = jax.random.normal(jax.random.key(3), (4 * 6, 5), jnp.float32)
     mesh = cpu_mesh(1, dp=4)
-    y = jax.jit(jax.shard_map(lambda x: fn(x, "tp") * 2.0, mesh=mesh, in_specs=P("dp", "tp"),
-                              out_specs=P("dp", "tp")))(x)
+    y = jax.jit(
+        jax.shard_map(lambda x: fn(x, "tp") * 2.0, mesh=mesh, in_specs=P("dp", "tp"), out_specs=P("dp", "tp"))
+    )(x)
     np.testing.assert_array_equal(np.asarray(y), 2.0 * np.asarray(x))
     with pytest.raises(ValueError, match="no jax_ub communicator for mesh axis 'tp'"):
-        jax.jit(jax.shard_map(lambda x: fn(x, "tp"), mesh=cpu_mesh(2), in_specs=P("tp"),
-                              out_specs=P("tp")))(x)
+        jax.jit(jax.shard_map(lambda x: fn(x, "tp"), mesh=cpu_mesh(2), in_specs=P("tp"), out_specs=P("tp")))(
+            x
+        )
 
 
 def test_missing_communicator_warns_once_per_gpu_axis(monkeypatch, caplog, cpu_mesh):
@@ -563,8 +585,14 @@ def test_missing_communicator_warns_once_per_gpu_axis(monkeypatch, caplog, cpu_m
     from jax_ub import _validate, comm
 
     seen = []
-    jax.jit(jax.shard_map(lambda x: seen.append(_validate.mesh_platform()) or x, mesh=cpu_mesh(2),
-                          in_specs=P("tp"), out_specs=P("tp")))(jnp.ones(4))
+    jax.jit(
+        jax.shard_map(
+            lambda x: seen.append(_validate.mesh_platform()) or x,
+            mesh=cpu_mesh(2),
+            in_specs=P("tp"),
+            out_specs=P("tp"),
+        )
+    )(jnp.ones(4))
     assert seen == ["cpu"]  # what the check reads inside shard_map on this jax
     monkeypatch.setattr(comm, "_warned_axes", set())
     with caplog.at_level("WARNING", logger="jax_ub"):
@@ -618,8 +646,12 @@ def test_replicated_x_gradient_is_summed(check_vma, cpu_mesh):
 # ----------------------------------------------------------------------------------------------
 # Forward mode: the reference path calls jax_ub.reference directly (no custom_vjp).
 
-FWD = [Case("ag", 4, F32, (2, 5)), Case("ag", 2, F32, (2, 3, 5), axis=1, return_gathered=True),
-       Case("rs", 4, F32, (4, 5)), Case("rs", 2, F32, (2, 4, 5), axis=-2, w_sharded=False)]
+FWD = [
+    Case("ag", 4, F32, (2, 5)),
+    Case("ag", 2, F32, (2, 3, 5), axis=1, return_gathered=True),
+    Case("rs", 4, F32, (4, 5)),
+    Case("rs", 2, F32, (2, 4, 5), axis=-2, w_sharded=False),
+]
 
 
 @pytest.mark.parametrize("case", FWD, ids=case_id)
@@ -628,8 +660,11 @@ def test_forward_mode_on_the_reference_path(case, cpu_mesh):
     x, w = case.operands()
     dx, dw = case.operands(seed=1)
     f, ref = case.fn(ops, mesh), case.fn(reference, mesh)
-    for a, b in zip(jax.tree.leaves(jax.jvp(f, (x, w), (dx, dw))),
-                    jax.tree.leaves(jax.jvp(ref, (x, w), (dx, dw))), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(jax.jvp(f, (x, w), (dx, dw))),
+        jax.tree.leaves(jax.jvp(ref, (x, w), (dx, dw))),
+        strict=True,
+    ):
         assert rel_err(a, b) <= 1e-6
     loss = lambda lib: lambda x: jnp.sum(jax.tree.leaves(lib(x, w))[0] ** 2)  # noqa: E731
     assert rel_err(jax.jacfwd(loss(f))(x), jax.jacfwd(loss(ref))(x)) <= 1e-6
@@ -655,8 +690,12 @@ def test_forward_mode_needs_the_reference_path(cpu_mesh):
     """recompute_gathered (like the CUDA path) goes through the custom_vjp: reverse mode only."""
     c = Case("ag", 2, F32, (2, 5))
     x, w = c.operands()
-    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=True),
-                      mesh=cpu_mesh(2), in_specs=(c.x_spec(), c.w_spec()), out_specs=c.y_spec())
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=True),
+        mesh=cpu_mesh(2),
+        in_specs=(c.x_spec(), c.w_spec()),
+        out_specs=c.y_spec(),
+    )
     with pytest.raises(TypeError, match="forward-mode"):
         jax.jacfwd(lambda x: jnp.sum(f(x, w)))(x)
     assert jax.grad(lambda x: jnp.sum(f(x, w)))(x).shape == x.shape
@@ -664,13 +703,19 @@ def test_forward_mode_needs_the_reference_path(cpu_mesh):
 
 @pytest.mark.parametrize(
     "cfg,method,want",
-    [({"disable": True}, None, "JAX_UB_DISABLE=1"), ({}, "xla", "'xla' (the pure-XLA reference): requested"),
-     ({}, "auto", "method 'auto' -> ")],
+    [
+        ({"disable": True}, None, "JAX_UB_DISABLE=1"),
+        ({}, "xla", "'xla' (the pure-XLA reference): requested"),
+        ({}, "auto", "method 'auto' -> "),
+    ],
     ids=["disable", "xla", "auto"],
 )
 def test_resolve_method_logs_its_choice(cfg, method, want, caplog):
-    with config.override(method="auto", disable=False), config.override(**cfg), \
-            caplog.at_level("DEBUG", logger="jax_ub"):
+    with (
+        config.override(method="auto", disable=False),
+        config.override(**cfg),
+        caplog.at_level("DEBUG", logger="jax_ub"),
+    ):
         got = ops._resolve_method(method)
     msgs = [r.getMessage() for r in caplog.records if r.name == "jax_ub" and r.levelname == "DEBUG"]
     assert any(want in m and repr(got) in m for m in msgs), msgs
@@ -691,8 +736,9 @@ def test_vmap_over_microbatches(cpu_mesh, path):
         return ops.matmul_reduce_scatter(jnp.tanh(h), w2, "tp", precision=lax.Precision.HIGHEST)
 
     def wrap(body):
-        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp")),
-                             out_specs=P(None, "tp"))
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp")), out_specs=P(None, "tp")
+        )
 
     def plain(x, w1, w2):  # the same model without jax_ub, on the global arrays
         h = jnp.matmul(x, w1, precision=lax.Precision.HIGHEST)
@@ -731,12 +777,22 @@ def test_zero_width_output_on_the_reference(cpu_mesh):
     axis fails XLA's verifier, and all-empty operands fail shardy, with lax's own ops too)."""
     mesh = cpu_mesh(4)
     x, w = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8), jnp.ones((8, 0))
-    ag = jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", method="ring"),
-                               mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                               out_specs=P(None, "tp")))
-    rs = jax.jit(jax.shard_map(lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", method="ring"),
-                               mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
-                               out_specs=P("tp", None)))
+    ag = jax.jit(
+        jax.shard_map(
+            lambda x, w: ops.all_gather_matmul(x, w, "tp", method="ring"),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=P(None, "tp"),
+        )
+    )
+    rs = jax.jit(
+        jax.shard_map(
+            lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", method="ring"),
+            mesh=mesh,
+            in_specs=(P(None, "tp"), P("tp", None)),
+            out_specs=P("tp", None),
+        )
+    )
     assert ag(x, w).shape == (16, 0)
     assert rs(x, w).shape == (16, 0)
 
@@ -763,8 +819,13 @@ def test_an_empty_operand_compiles_no_dot(cpu_mesh, op, empty, check_vma):
     else:
         fn, specs, out = ops.matmul_reduce_scatter, (P(None, "tp"), P("tp", None)), P("tp", None)
     want = (16, n)
-    sm = jax.shard_map(lambda x, w: fn(x, w, "tp", method="ring"), mesh=mesh, in_specs=specs,
-                       out_specs=out, check_vma=check_vma)
+    sm = jax.shard_map(
+        lambda x, w: fn(x, w, "tp", method="ring"),
+        mesh=mesh,
+        in_specs=specs,
+        out_specs=out,
+        check_vma=check_vma,
+    )
     f = jax.jit(sm)
     y = f(x, w)
     assert y.shape == want and _dots(f, x, w) == 0
@@ -803,8 +864,15 @@ def test_axis_name_tuples(cpu_mesh):
 
     def run(op, axes, spec_x, spec_w, spec_y):
         fn = ops.all_gather_matmul if op == "ag" else ops.matmul_reduce_scatter
-        return jax.jit(jax.shard_map(lambda x, w: fn(x, w, axes), mesh=mesh, check_vma=False,
-                                     in_specs=(spec_x, spec_w), out_specs=spec_y))(x, w)
+        return jax.jit(
+            jax.shard_map(
+                lambda x, w: fn(x, w, axes),
+                mesh=mesh,
+                check_vma=False,
+                in_specs=(spec_x, spec_w),
+                out_specs=spec_y,
+            )
+        )(x, w)
 
     want = np.asarray(x) @ np.asarray(w)
     for axes in ("tp", ("tp",)):
@@ -827,8 +895,15 @@ def test_a_tuple_of_one_axis_reaches_the_implementation_as_its_name(monkeypatch,
     monkeypatch.setitem(ops._IMPLS, (ops.AG, "spy"), spy)
     monkeypatch.setattr(ops, "_resolve_for_size", lambda method, tp, *operands, fn=None: "spy")
     x, w = jnp.ones((8, 4)), jnp.ones((4, 6))
-    jax.jit(jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, ("tp",)), mesh=cpu_mesh(2),
-                          in_specs=(P("tp", None), P()), out_specs=P(), check_vma=False))(x, w)
+    jax.jit(
+        jax.shard_map(
+            lambda x, w: ops.all_gather_matmul(x, w, ("tp",)),
+            mesh=cpu_mesh(2),
+            in_specs=(P("tp", None), P()),
+            out_specs=P(),
+            check_vma=False,
+        )
+    )(x, w)
     assert seen == ["tp"], seen
 
 
@@ -842,9 +917,15 @@ def test_bulk_gather_beside_an_empty_gemm(cpu_mesh):
     mesh = cpu_mesh(2)
     a = jax.random.normal(jax.random.key(53), (16, 4), jnp.float32)
     x, w = jnp.ones((0, 6)), jnp.ones((6, 0))
-    f = jax.jit(jax.shard_map(lambda a, x, w: bulk.bulk_all_gather(a, x, w, "tp", method="ring"),
-                              mesh=mesh, in_specs=(P("tp", None), P(), P()), out_specs=(P(), P()),
-                              check_vma=False))
+    f = jax.jit(
+        jax.shard_map(
+            lambda a, x, w: bulk.bulk_all_gather(a, x, w, "tp", method="ring"),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(), P()),
+            out_specs=(P(), P()),
+            check_vma=False,
+        )
+    )
     gathered, y = f(a, x, w)
     np.testing.assert_array_equal(np.asarray(gathered), np.asarray(a))
     assert y.shape == (0, 0)
@@ -862,12 +943,14 @@ def test_gradient_over_a_vmap_axis_named_like_the_tp_axis(monkeypatch, op, recom
     xs = jax.random.normal(jax.random.key(7), (4, 8, 5), jnp.float32)
     w = jax.random.normal(jax.random.key(8), (5, 3), jnp.float32)
     if op == "ag":
+
         def f(x, w):
             return ops.all_gather_matmul(x, w, "tp", recompute_gathered=recompute)
 
         def ref(x, w):
             return lax.all_gather(x, "tp", axis=0, tiled=True) @ w
     else:
+
         def f(x, w):
             return ops.matmul_reduce_scatter(x, w, "tp")
 

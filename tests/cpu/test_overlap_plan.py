@@ -59,9 +59,9 @@ def test_chain_column_pieces_need_aligned_equal_blocks():
     ``auto`` takes columns up to RS_CHAIN_COLS_MAX_N."""
     with config.override(rs_chain_split="cols"):
         assert schedule.rs_chain_cols(2, 28672, 2)
-        assert not schedule.rs_chain_cols(1, 28672, 2)   # one piece: nothing to split
-        assert not schedule.rs_chain_cols(3, 1000, 2)    # 1000 % 3 != 0
-        assert not schedule.rs_chain_cols(4, 1000, 2)    # 250 * 2 bytes: not 16-byte blocks
+        assert not schedule.rs_chain_cols(1, 28672, 2)  # one piece: nothing to split
+        assert not schedule.rs_chain_cols(3, 1000, 2)  # 1000 % 3 != 0
+        assert not schedule.rs_chain_cols(4, 1000, 2)  # 250 * 2 bytes: not 16-byte blocks
         assert schedule.rs_chain_cols(4, 1024, 4)
     with config.override(rs_chain_split="rows"):
         assert not schedule.rs_chain_cols(2, 4096, 2)
@@ -71,7 +71,7 @@ def test_chain_column_pieces_need_aligned_equal_blocks():
         assert schedule.rs_chain_cols(2, 1024, 2)
         assert not schedule.rs_chain_cols(2, lim + 16, 2)
         assert not schedule.rs_chain_cols(2, 28672, 2)
-        assert not schedule.rs_chain_cols(4, 1000, 2)     # narrow but not 16-byte blocks: rows
+        assert not schedule.rs_chain_cols(4, 1000, 2)  # narrow but not 16-byte blocks: rows
 
 
 def test_ag_push_pieces_rule_and_override():
@@ -79,21 +79,21 @@ def test_ag_push_pieces_rule_and_override():
     sooner: comm-bound chunks (copy longer than the chunk's GEMM) of GEMMs long enough to split;
     other algorithms never; an override wins; the count divides the local rows."""
     # (rows, n, k) at tp 2, bf16: measured best on 2xH200 (scripts/piece_probe.py).
-    assert schedule.ag_push_pieces("push", 8192, 1024, 8192, 2, 2) == 4   # 16384,8192,2048
-    assert schedule.ag_push_pieces("push", 4096, 1024, 8192, 2, 2) == 2   # 8192,8192,2048
-    assert schedule.ag_push_pieces("push", 8192, 2048, 8192, 2, 2) == 1   # 16384,8192,4096: GEMM-bound
-    assert schedule.ag_push_pieces("push", 8192, 512, 4096, 2, 2) == 1    # tiny GEMMs: no gain
-    assert schedule.ag_push_pieces("push", 4096, 4096, 8192, 2, 2) == 1   # 8192,8192,8192
+    assert schedule.ag_push_pieces("push", 8192, 1024, 8192, 2, 2) == 4  # 16384,8192,2048
+    assert schedule.ag_push_pieces("push", 4096, 1024, 8192, 2, 2) == 2  # 8192,8192,2048
+    assert schedule.ag_push_pieces("push", 8192, 2048, 8192, 2, 2) == 1  # 16384,8192,4096: GEMM-bound
+    assert schedule.ag_push_pieces("push", 8192, 512, 4096, 2, 2) == 1  # tiny GEMMs: no gain
+    assert schedule.ag_push_pieces("push", 4096, 4096, 8192, 2, 2) == 1  # 8192,8192,8192
     # The tp-4 bench shapes: GEMM-bound or balanced chunks, one piece.
     for M, K, N in ((8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)):
         assert schedule.ag_push_pieces("push", M // 4, N // 4, K, 2, 4) == 1
     assert schedule.ag_push_pieces("ring", 8192, 1024, 8192, 2, 2) == 1
-    assert schedule.ag_push_pieces("push", 8194, 1024, 8192, 2, 2) == 2   # 4 and 3 do not divide 8194
+    assert schedule.ag_push_pieces("push", 8194, 1024, 8192, 2, 2) == 2  # 4 and 3 do not divide 8194
     with config.override(ag_push_pieces=4):
         assert schedule.ag_push_pieces("push", 2048, 8192, 1024, 2, 4) == 4
         assert schedule.ag_push_pieces("ring", 2048, 8192, 1024, 2, 4) == 1
     with config.override(ag_push_pieces=3):
-        assert schedule.ag_push_pieces("push", 2048, 8192, 1024, 2, 4) == 2   # 3 does not divide 2048
+        assert schedule.ag_push_pieces("push", 2048, 8192, 1024, 2, 4) == 2  # 3 does not divide 2048
         assert schedule.ag_push_pieces("chain", 2046, 8192, 1024, 2, 4) == 3
 
 
@@ -104,8 +104,8 @@ def test_ag_push_merge_is_opt_in_for_push_without_pieces():
     with config.override(ag_push_merge=True):
         assert schedule.ag_push_merge("push", 4, 1)
         assert schedule.ag_push_merge("chain", 8, 1)
-        assert not schedule.ag_push_merge("push", 4, 2)     # pieces: the last chunk goes in pieces
-        assert not schedule.ag_push_merge("push", 2, 1)     # one peer chunk: nothing to merge
+        assert not schedule.ag_push_merge("push", 4, 2)  # pieces: the last chunk goes in pieces
+        assert not schedule.ag_push_merge("push", 2, 1)  # one peer chunk: nothing to merge
         assert not schedule.ag_push_merge("ring", 4, 1)
         assert not schedule.ag_push_merge("all_peer", 4, 1)
 
@@ -122,11 +122,16 @@ def test_method_push_merge_is_push_with_merged_peer_chunks():
         assert schedule.ag_push_pieces("push_merge", 2048, 8192, 1024, 2, 4) == 1
     assert methods.runs(methods.AG, "push_merge") == "push_merge"
     assert methods.runs(methods.RS, "push_merge") == "ring"
-    assert methods.runs(methods.BULK_AG, "push_merge") == methods.runs(methods.ALL_GATHER, "push_merge") == "push"
+    assert (
+        methods.runs(methods.BULK_AG, "push_merge")
+        == methods.runs(methods.ALL_GATHER, "push_merge")
+        == "push"
+    )
 
 
-@pytest.mark.parametrize("n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1),
-                                             (1000, 4, 5)])
+@pytest.mark.parametrize(
+    "n,itemsize,want", [(28672, 2, 4), (1000, 2, 5), (784, 2, 2), (1001, 4, 1), (1000, 4, 5)]
+)
 def test_column_blocks_are_equal_whole_vectors(n, itemsize, want):
     """columns cuts n into at most RS_COLUMN_PIECES equal blocks of whole 16-byte vectors, or
     keeps it whole where no such cut exists (1001 float32 columns)."""
@@ -166,11 +171,11 @@ def test_rs_pieces_by_size_and_override():
     RS_PIECES, never more than the rows; config.rs_pieces sets the count (still <= rows)."""
     mib = 1 << 20
     with config.override(rs_pieces=0):
-        assert schedule.rs_pieces(4096, 4096 * 2) == 1                  # 32 MiB: one piece
-        assert schedule.rs_pieces(4096, 4096 * 2 - 2) == 1              # just under
-        assert schedule.rs_pieces(2 * 4096, 4096 * 2) == 2              # 64 MiB
+        assert schedule.rs_pieces(4096, 4096 * 2) == 1  # 32 MiB: one piece
+        assert schedule.rs_pieces(4096, 4096 * 2 - 2) == 1  # just under
+        assert schedule.rs_pieces(2 * 4096, 4096 * 2) == 2  # 64 MiB
         assert schedule.rs_pieces(16384, 8192 * 2) == schedule.RS_PIECES  # 256 MiB: capped
-        assert schedule.rs_pieces(3, 1024 * mib) == 3                   # huge rows, 3 of them
+        assert schedule.rs_pieces(3, 1024 * mib) == 3  # huge rows, 3 of them
         assert schedule.rs_pieces(128, 1000) == 1
     with config.override(rs_pieces=8):
         assert schedule.rs_pieces(1000, 10) == 8
@@ -179,10 +184,13 @@ def test_rs_pieces_by_size_and_override():
         assert schedule.rs_pieces(16384, 8192 * 2) == 1
 
 
-_FAKE_ENUMS = {"ag_algorithm": {"ring": 10, "all_peer": 11, "push": 12},
-               "rs_algorithm": {"ring": 20, "pipeline": 21, "chain": 22, "columns": 23},
-               "bulk_kind": {"ag": 30, "rs": 31}, "dtype": {"float32": 40, "float16": 41, "bfloat16": 42},
-               "failure": {"none": 50, "before": 51}}
+_FAKE_ENUMS = {
+    "ag_algorithm": {"ring": 10, "all_peer": 11, "push": 12},
+    "rs_algorithm": {"ring": 20, "pipeline": 21, "chain": 22, "columns": 23},
+    "bulk_kind": {"ag": 30, "rs": 31},
+    "dtype": {"float32": 40, "float16": 41, "bfloat16": 42},
+    "failure": {"none": 50, "before": 51},
+}
 
 
 def test_ffi_codes_come_from_the_extensions_enum_table(monkeypatch):
@@ -195,7 +203,9 @@ def test_ffi_codes_come_from_the_extensions_enum_table(monkeypatch):
     assert _ffi.schedule_code("rs", "columns") == 23
     assert _ffi.dtype_code(jnp.bfloat16) == 42 and _ffi.bulk_kind_code("rs") == 31
     assert _ffi.failure_codes() == {"none": 50, "before": 51}
-    with pytest.raises(ValueError, match=r"no rs schedule 'push'; have \['chain', 'columns', 'pipeline', 'ring'\]"):
+    with pytest.raises(
+        ValueError, match=r"no rs schedule 'push'; have \['chain', 'columns', 'pipeline', 'ring'\]"
+    ):
         _ffi.schedule_code("rs", "push")
     with pytest.raises(ValueError, match="no GEMM dtype code for int8"):
         _ffi.dtype_code(jnp.int8)

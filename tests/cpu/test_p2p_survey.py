@@ -47,8 +47,7 @@ def nvml_of(can):
 def one_gpu_per_process(nvml, n=4):
     """n processes, each seeing (CUDA) only its own GPU; one group of all n."""
     group = [Dev(i, i) for i in range(n)]
-    reports = [p2p.local_report(Mod([BUS[i]]), {str(i): 0}, use_nvml=True, nvml=nvml)
-               for i in range(n)]
+    reports = [p2p.local_report(Mod([BUS[i]]), {str(i): 0}, use_nvml=True, nvml=nvml) for i in range(n)]
     return [group], reports
 
 
@@ -62,8 +61,12 @@ def test_normalize_bus_id_spells_cuda_and_nvml_alike():
 def test_one_process_seeing_every_gpu_judges_with_cuda():
     can = [[1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]]
     group = [Dev(i, 0) for i in range(4)]
-    report = p2p.local_report(Mod(BUS, can), {str(i): i for i in range(4)}, use_nvml=False,
-                               nvml=lambda: (_ for _ in ()).throw(AssertionError("NVML called")))
+    report = p2p.local_report(
+        Mod(BUS, can),
+        {str(i): i for i in range(4)},
+        use_nvml=False,
+        nvml=lambda: (_ for _ in ()).throw(AssertionError("NVML called")),
+    )
     hosts, bad, unverified = p2p.judge([report], [group])
     assert bad == [(group[0], group[2])] and unverified == []
     assert hosts == [p2p.host_identity()]
@@ -92,22 +95,24 @@ def test_one_gpu_per_process_without_nvml_is_unverified_and_says_why():
 
 def test_ranks_sharing_one_gpu_need_no_check():
     group = [Dev(0, 0), Dev(1, 1)]
-    reports = [p2p.local_report(Mod([BUS[0]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
-               for p in range(2)]
+    reports = [p2p.local_report(Mod([BUS[0]]), {str(p): 0}, use_nvml=True, nvml=no_nvml) for p in range(2)]
     assert p2p.judge(reports, [group])[1:] == ([], [])
 
 
 def test_cuda_verdict_overrides_nvml_where_a_process_sees_both():
     nvml_says_no = [[1, 0], [0, 1]]
-    report = p2p.local_report(Mod(BUS[:2], [[1, 1], [1, 1]]), {"0": 0, "1": 1}, use_nvml=True,
-                               nvml=lambda: (BUS[:2], nvml_says_no, ""))
+    report = p2p.local_report(
+        Mod(BUS[:2], [[1, 1], [1, 1]]),
+        {"0": 0, "1": 1},
+        use_nvml=True,
+        nvml=lambda: (BUS[:2], nvml_says_no, ""),
+    )
     assert p2p.judge([report], [[Dev(0, 0), Dev(1, 0)]])[1:] == ([], [])
 
 
 def test_pairs_on_two_hosts_are_left_to_the_host_check():
     group = [Dev(0, 0), Dev(1, 1)]
-    reports = [p2p.local_report(Mod([BUS[p]]), {str(p): 0}, use_nvml=True, nvml=no_nvml)
-               for p in range(2)]
+    reports = [p2p.local_report(Mod([BUS[p]]), {str(p): 0}, use_nvml=True, nvml=no_nvml) for p in range(2)]
     reports[1]["host"] = "elsewhere#12345678"
     hosts, bad, unverified = p2p.judge(reports, [group])
     assert (bad, unverified) == ([], [])
@@ -162,8 +167,9 @@ class FakeNvml:
 
 
 def test_nvml_matrix_reads_bus_ids_and_both_directions_of_p2p():
-    lib = FakeNvml(["00000000:18:00.0", "00000000:2A:00.0", "00000000:3a:00.0"],
-                   [[1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    lib = FakeNvml(
+        ["00000000:18:00.0", "00000000:2A:00.0", "00000000:3a:00.0"], [[1, 1, 0], [1, 1, 1], [1, 1, 1]]
+    )
     buses, can, note = p2p.nvml_matrix(lambda: lib)
     assert note == ""
     assert buses == ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"]
@@ -176,7 +182,10 @@ def test_nvml_matrix_reports_why_it_could_not_be_used():
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     assert p2p.nvml_matrix(missing) == (
-        [], [], "NVML cannot be loaded (libnvidia-ml.so.1: cannot open shared object file)")
+        [],
+        [],
+        "NVML cannot be loaded (libnvidia-ml.so.1: cannot open shared object file)",
+    )
     lib = FakeNvml(["00000000:18:00.0"], [[1]], fail_init=True)
     assert p2p.nvml_matrix(lambda: lib)[2] == "nvmlInit_v2 failed"
 
@@ -197,7 +206,9 @@ def test_survey_in_one_process_uses_the_extension(monkeypatch):
     hosts, bad, unverified = comm._survey(None, [group])
     assert bad == [(group[0], group[1])] and unverified == [] and len(hosts) == 1
     assert comm._choose_transport("auto", [group], hosts, bad, unverified) == (
-        "nccl", "GPU 0 and GPU 1 cannot access each other")
+        "nccl",
+        "GPU 0 and GPU 1 cannot access each other",
+    )
 
 
 def test_the_process_that_sees_both_gpus_decides_over_another_process_nvml():
@@ -205,9 +216,10 @@ def test_the_process_that_sees_both_gpus_decides_over_another_process_nvml():
     1<->2 is fine; CUDA in process 1, which runs both, says no: the pair is bad."""
     nvml_ok = nvml_of([[1] * 4 for _ in range(4)])
     group = [Dev(0, 0), Dev(1, 1), Dev(2, 1)]
-    reports = [p2p.local_report(Mod([BUS[0]]), {"0": 0}, use_nvml=True, nvml=nvml_ok),
-               p2p.local_report(Mod(BUS[1:3], [[1, 0], [0, 1]]), {"1": 0, "2": 1},
-                                 use_nvml=True, nvml=nvml_ok)]
+    reports = [
+        p2p.local_report(Mod([BUS[0]]), {"0": 0}, use_nvml=True, nvml=nvml_ok),
+        p2p.local_report(Mod(BUS[1:3], [[1, 0], [0, 1]]), {"1": 0, "2": 1}, use_nvml=True, nvml=nvml_ok),
+    ]
     hosts, bad, unverified = p2p.judge(reports, [group])
     assert bad == [(group[1], group[2])] and unverified == []
     t, why = comm._choose_transport("auto", [group], hosts, bad, unverified)
@@ -228,10 +240,15 @@ def test_judge_matches_the_rule_on_random_layouts(seed):
     rng = random.Random(seed)
     n_gpu, n_proc = rng.randint(2, 4), rng.randint(1, 4)
     sees = [sorted(rng.sample(range(n_gpu), rng.randint(1, n_gpu))) for _ in range(n_proc)]
-    cuda = [[[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
-            for _ in range(n_proc)]
-    nvml = ([[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
-            if rng.random() < 0.7 else None)
+    cuda = [
+        [[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
+        for _ in range(n_proc)
+    ]
+    nvml = (
+        [[1 if i == j else rng.random() < 0.8 for j in range(n_gpu)] for i in range(n_gpu)]
+        if rng.random() < 0.7
+        else None
+    )
     nvml_fn = (lambda: (BUS[:n_gpu], nvml, "")) if nvml is not None else no_nvml
     # Every GPU a process sees is one rank of the group (the first process that sees it).
     owner = {}
@@ -243,13 +260,14 @@ def test_judge_matches_the_rule_on_random_layouts(seed):
     for p in order:
         can = [[cuda[p][i][j] for j in sees[p]] for i in sees[p]]
         members = {str(g): sees[p].index(g) for g in sees[p] if owner[g] == p}
-        reports.append(p2p.local_report(Mod([BUS[g] for g in sees[p]], can), members,
-                                         use_nvml=n_proc > 1, nvml=nvml_fn))
+        reports.append(
+            p2p.local_report(Mod([BUS[g] for g in sees[p]], can), members, use_nvml=n_proc > 1, nvml=nvml_fn)
+        )
     group = [Dev(g, owner[g]) for g in sorted(owner)]
     _, bad, unverified = p2p.judge(reports, [group])
     want_bad, want_unverified = [], []
     for i, da in enumerate(group):
-        for db in group[i + 1:]:
+        for db in group[i + 1 :]:
             v = _oracle(sees, cuda, nvml if n_proc > 1 else None, da.id, db.id)
             (want_bad if v == 0 else want_unverified if v < 0 else []).append((da, db))
     assert bad == want_bad, (sees, cuda, nvml)
@@ -258,6 +276,7 @@ def test_judge_matches_the_rule_on_random_layouts(seed):
 
 def test_one_process_without_bus_ids_judges_by_cuda_ordinal():
     """An extension that predates pci_bus_ids: with one process the ordinals name the GPUs."""
+
     class Old:
         def p2p_matrix(self):
             return [[1, 1, 0], [1, 1, 1], [0, 1, 1]]

@@ -14,16 +14,20 @@ import pytest
 from jax_ub import _ext
 
 ext = _ext.extension()
-pytestmark = pytest.mark.skipif(ext is None or not hasattr(ext, "process_gone"),
-                                reason="needs the jax_ub extension")
+pytestmark = pytest.mark.skipif(
+    ext is None or not hasattr(ext, "process_gone"), reason="needs the jax_ub extension"
+)
 
-CHILD = ("import sys; from jax_ub import _ext; print(*_ext.extension().this_process(), flush=True);"
-         " sys.stdin.readline()")
+CHILD = (
+    "import sys; from jax_ub import _ext; print(*_ext.extension().this_process(), flush=True);"
+    " sys.stdin.readline()"
+)
 
 
 def _child() -> tuple[subprocess.Popen, list[int]]:
-    p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     ident = [int(v) for v in p.stdout.readline().split()]
     assert len(ident) == 4 and ident[0] == p.pid, ident
     return p, ident

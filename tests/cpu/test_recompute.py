@@ -73,8 +73,13 @@ def grads_fn(lib, mesh, axis, w_sharded, check_vma, **kw):
         y = lib.all_gather_matmul(x, w, "tp", gather_axis=axis, **kw)
         return y if w_sharded else y[None]
 
-    f = jax.shard_map(body, mesh=mesh, in_specs=(x_spec(axis), P(None, "tp") if w_sharded else P()),
-                      out_specs=P(None, None, "tp") if w_sharded else P("tp"), check_vma=check_vma)
+    f = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(x_spec(axis), P(None, "tp") if w_sharded else P()),
+        out_specs=P(None, None, "tp") if w_sharded else P("tp"),
+        check_vma=check_vma,
+    )
 
     def run(x, w, cot):
         def loss(x, w):
@@ -121,9 +126,12 @@ def test_two_batch_dims(axis, cpu_mesh):
     x, w = operands(axis, True, F32, local=(2, 2, 3, H))
 
     def grads(lib, **kw):
-        f = jax.shard_map(lambda x, w: lib.all_gather_matmul(x, w, "tp", gather_axis=axis, **kw),
-                          mesh=mesh, in_specs=(x_spec(axis, 4), P(None, "tp")),
-                          out_specs=P(None, None, None, "tp"))
+        f = jax.shard_map(
+            lambda x, w: lib.all_gather_matmul(x, w, "tp", gather_axis=axis, **kw),
+            mesh=mesh,
+            in_specs=(x_spec(axis, 4), P(None, "tp")),
+            out_specs=P(None, None, None, "tp"),
+        )
         return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1)))(x, w)
 
     for a, b in zip(grads(ops, recompute_gathered=True), grads(reference), strict=True):
@@ -137,9 +145,13 @@ def test_replicated_x_gradient_is_summed(check_vma, cpu_mesh):
     x, w = rand(3, (3, H)), rand(4, (H, N * TP))
 
     def grads(lib, **kw):
-        f = jax.shard_map(lambda x, w: lib.all_gather_matmul(x, w, "tp", **kw), mesh=mesh,
-                          in_specs=(P(), P(None, "tp")), out_specs=P(None, "tp"),
-                          check_vma=check_vma)
+        f = jax.shard_map(
+            lambda x, w: lib.all_gather_matmul(x, w, "tp", **kw),
+            mesh=mesh,
+            in_specs=(P(), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=check_vma,
+        )
         return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1)))(x, w)
 
     for a, b in zip(grads(ops, recompute_gathered=True), grads(reference), strict=True):
@@ -153,11 +165,15 @@ def test_check_grads_finite_differences(order, cpu_mesh):
     x, w = operands(1, True, F32)
     f = jax.shard_map(
         lambda x, w: ops.all_gather_matmul(x, w, "tp", gather_axis=1, recompute_gathered=True),
-        mesh=mesh, in_specs=(x_spec(1), P(None, "tp")), out_specs=P(None, None, "tp"))
+        mesh=mesh,
+        in_specs=(x_spec(1), P(None, "tp")),
+        out_specs=P(None, None, "tp"),
+    )
     cot = rand(5, jax.eval_shape(f, x, w).shape)
     with jax.default_matmul_precision("highest"):
-        check_grads(lambda x, w: jnp.vdot(f(x, w), cot), (x, w), order=order, modes=("rev",),
-                    atol=2e-2, rtol=2e-2)
+        check_grads(
+            lambda x, w: jnp.vdot(f(x, w), cot), (x, w), order=order, modes=("rev",), atol=2e-2, rtol=2e-2
+        )
 
 
 def test_inside_scan(cpu_mesh):
@@ -175,8 +191,12 @@ def test_inside_scan(cpu_mesh):
 
             return jax.lax.scan(layer, x, (w1, w2))[0]
 
-        g = jax.shard_map(stack, mesh=mesh, out_specs=P(None, "tp"),
-                          in_specs=(P(None, "tp"), P(None, None, "tp"), P(None, "tp", None)))
+        g = jax.shard_map(
+            stack,
+            mesh=mesh,
+            out_specs=P(None, "tp"),
+            in_specs=(P(None, "tp"), P(None, None, "tp"), P(None, "tp", None)),
+        )
         return lambda *a: jnp.sum(jnp.sin(g(*a)))
 
     got = jax.jit(jax.grad(loss(ops, recompute_gathered=True), argnums=(0, 1, 2)))(x, w1, w2)
@@ -194,14 +214,12 @@ def _residual_shapes(mesh, axis, **kw):
     seen: list = []
 
     def body(x, w):
-        _, vjp = jax.vjp(lambda x, w: ops.all_gather_matmul(x, w, "tp", gather_axis=axis, **kw),
-                         x, w)
+        _, vjp = jax.vjp(lambda x, w: ops.all_gather_matmul(x, w, "tp", gather_axis=axis, **kw), x, w)
         seen.extend(tuple(r.shape) for r in jax.tree.leaves(vjp))
         return x
 
     x, w = operands(axis, True, F32)
-    jax.shard_map(body, mesh=mesh, in_specs=(x_spec(axis), P(None, "tp")),
-                  out_specs=x_spec(axis))(x, w)
+    jax.shard_map(body, mesh=mesh, in_specs=(x_spec(axis), P(None, "tp")), out_specs=x_spec(axis))(x, w)
     return seen
 
 
@@ -230,8 +248,8 @@ def test_print_saved_residuals(recompute, cpu_mesh, capsys):
 
     def body(x, w):
         print_saved_residuals(
-            lambda x, w: ops.all_gather_matmul(x, w, "tp", gather_axis=1,
-                                               recompute_gathered=recompute), x, w)
+            lambda x, w: ops.all_gather_matmul(x, w, "tp", gather_axis=1, recompute_gathered=recompute), x, w
+        )
         return x
 
     x, w = operands(1, True, F32)
@@ -257,8 +275,10 @@ def test_return_gathered_keeps_x_full_and_its_cotangent(cpu_mesh):
     def grads(lib, **kw):
         f = jax.shard_map(
             lambda x, w: lib.all_gather_matmul(x, w, "tp", gather_axis=1, return_gathered=True, **kw),
-            mesh=mesh, in_specs=(x_spec(1), P(None, "tp")),
-            out_specs=(P(None, None, "tp"), P(None, None, "tp")))
+            mesh=mesh,
+            in_specs=(x_spec(1), P(None, "tp")),
+            out_specs=(P(None, None, "tp"), P(None, None, "tp")),
+        )
 
         def loss(x, w):
             y, xg = f(x, w)
@@ -300,10 +320,13 @@ def test_backward_is_two_bulk_overlaps(axis, cpu_mesh, bulk_calls):
     run, f = grads_fn(ops, mesh, axis, True, True, recompute_gathered=True)
     run(x, w, rand(2, jax.eval_shape(f, x, w).shape))
     full, rows = _gathered(axis), B * S * TP
-    assert bulk_calls == [
-        ("bulk_all_gather", (B, S, H), (rows, N), (N, H), axis),  # x under dy @ wᵀ
-        ("bulk_reduce_scatter", (*full[:-1], H), (H, rows), (rows, N), axis),  # dgrad under wgrad
-    ]
+    assert (
+        bulk_calls
+        == [
+            ("bulk_all_gather", (B, S, H), (rows, N), (N, H), axis),  # x under dy @ wᵀ
+            ("bulk_reduce_scatter", (*full[:-1], H), (H, rows), (rows, N), axis),  # dgrad under wgrad
+        ]
+    )
 
 
 def test_default_backward_has_no_bulk_ops(cpu_mesh, bulk_calls):
@@ -314,9 +337,16 @@ def test_default_backward_has_no_bulk_ops(cpu_mesh, bulk_calls):
     assert bulk_calls == []
 
 
-@pytest.mark.parametrize("knob,arg,want", [
-    (False, None, False), (True, None, True), (True, False, False), (False, True, True),
-], ids=["knob-off", "knob-on", "arg-overrides-on", "arg-overrides-off"])
+@pytest.mark.parametrize(
+    "knob,arg,want",
+    [
+        (False, None, False),
+        (True, None, True),
+        (True, False, False),
+        (False, True, True),
+    ],
+    ids=["knob-off", "knob-on", "arg-overrides-on", "arg-overrides-off"],
+)
 def test_none_follows_the_config_knob(knob, arg, want, cpu_mesh):
     with config.override(recompute_gathered=knob):
         kw = {} if arg is None else {"recompute_gathered": arg}
@@ -327,29 +357,35 @@ def test_none_follows_the_config_knob(knob, arg, want, cpu_mesh):
 
 def test_call_is_static_and_rs_never_recomputes():
     x, w = jnp.ones((3, 5)), jnp.ones((5, 7))
-    ag = ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=False,
-                       recompute_gathered=True)
-    assert ag.recompute_gathered is True and hash(ag) == hash(ops._call_for(
-        ops.AG, "xla", "tp", 0, None, x, w, return_full=False, recompute_gathered=True))
+    ag = ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=False, recompute_gathered=True)
+    assert ag.recompute_gathered is True and hash(ag) == hash(
+        ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=False, recompute_gathered=True)
+    )
     assert ag != ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=False)
-    full = ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=True,
-                         recompute_gathered=True)
+    full = ops._call_for(ops.AG, "xla", "tp", 0, None, x, w, return_full=True, recompute_gathered=True)
     assert full.recompute_gathered is False
-    rs = ops._call_for(ops.RS, "xla", "tp", 0, None, x, w, return_full=False,
-                       recompute_gathered=True)
+    rs = ops._call_for(ops.RS, "xla", "tp", 0, None, x, w, return_full=False, recompute_gathered=True)
     assert rs.recompute_gathered is False
 
 
 def test_matmul_reduce_scatter_has_no_such_option(cpu_mesh):
-    f = jax.shard_map(lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", recompute_gathered=True),
-                      mesh=cpu_mesh(TP), in_specs=(P(None, "tp"), P("tp")), out_specs=P("tp"))
+    f = jax.shard_map(
+        lambda x, w: ops.matmul_reduce_scatter(x, w, "tp", recompute_gathered=True),
+        mesh=cpu_mesh(TP),
+        in_specs=(P(None, "tp"), P("tp")),
+        out_specs=P("tp"),
+    )
     with pytest.raises(TypeError, match="recompute_gathered"):
         f(jnp.ones((8, 8)), jnp.ones((8, 3)))
 
 
 def test_recompute_gathered_must_be_a_bool(cpu_mesh):
-    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered="yes"),
-                      mesh=cpu_mesh(TP), in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered="yes"),
+        mesh=cpu_mesh(TP),
+        in_specs=(P("tp"), P(None, "tp")),
+        out_specs=P(None, "tp"),
+    )
     with pytest.raises(TypeError, match="`recompute_gathered` must be a bool; got 'yes'"):
         f(jnp.ones((8, 5)), jnp.ones((5, 8)))
 
@@ -369,10 +405,14 @@ def test_need_full_tells_the_implementation(cpu_mesh, monkeypatch):
     monkeypatch.setitem(ops._IMPLS, ("rs", "spy"), spy("rs"))
     # The op calls resolve to the spies; the bulk ops of the backward (given "spy") to the reference.
     requested = resolve.requested
-    monkeypatch.setattr(resolve, "requested", lambda method, fn=None, **kw: (
-        method if method == "spy" else requested(method, fn, **kw)))
-    monkeypatch.setattr(resolve, "method_name",
-                        lambda method, fn=None, **kw: "xla" if method == "spy" else "spy")
+    monkeypatch.setattr(
+        resolve,
+        "requested",
+        lambda method, fn=None, **kw: method if method == "spy" else requested(method, fn, **kw),
+    )
+    monkeypatch.setattr(
+        resolve, "method_name", lambda method, fn=None, **kw: "xla" if method == "spy" else "spy"
+    )
     mesh = cpu_mesh(TP)
     x, w = operands(0, True, F32)
 
@@ -386,6 +426,7 @@ def test_need_full_tells_the_implementation(cpu_mesh, monkeypatch):
         def fn(x, w):
             out = ops.all_gather_matmul(x, w, "tp", **kw)
             return jax.lax.psum(sum(jnp.sum(o) for o in jax.tree.leaves(out)), "tp")
+
         return fn
 
     assert trace(loss(), grad=False) == [("ag", False)]
@@ -397,9 +438,12 @@ def test_need_full_tells_the_implementation(cpu_mesh, monkeypatch):
 def test_precision_reaches_every_dot(cpu_mesh):
     mesh = cpu_mesh(TP)
     x, w = operands(0, True, F32)
-    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", precision=HIGHEST,
-                                                         recompute_gathered=True),
-                      mesh=mesh, in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", precision=HIGHEST, recompute_gathered=True),
+        mesh=mesh,
+        in_specs=(x_spec(0), P(None, "tp")),
+        out_specs=P(None, None, "tp"),
+    )
     jaxpr = jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=(0, 1)))(x, w)
 
     precisions = list(dot_precisions(jaxpr.jaxpr))
@@ -411,10 +455,19 @@ def test_precision_reaches_every_dot(cpu_mesh):
 # Environment variable.
 
 
-@pytest.mark.parametrize("value,want", [
-    ("1", True), ("true", True), (" ON ", True), ("yes", True),
-    ("0", False), ("false", False), ("off", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "value,want",
+    [
+        ("1", True),
+        ("true", True),
+        (" ON ", True),
+        ("yes", True),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        ("", False),
+    ],
+)
 def test_env_var(value, want):
     c = Config.from_env({"JAX_UB_RECOMPUTE_GATHERED": value})
     assert c.recompute_gathered is want
@@ -447,8 +500,9 @@ def _loss_and_grads(fn, params, x, ct):
 
 
 def _assert_close(a, b):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v),
-                                                         rtol=2e-5, atol=2e-5), a, b)
+    jax.tree.map(
+        lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=2e-5, atol=2e-5), a, b
+    )
 
 
 def _nnx(kind, **kw):
@@ -501,10 +555,10 @@ def test_nnx_column_inside_user_shard_map(cpu_mesh, bulk_calls):
     x, ct = rand(14, (LB, LS, LH)), rand(15, (LB, LS, LF))
     out = {}
     for rc in (False, True):
-        layer = ubnn.ColumnParallelDense(LH, LF, precision=HIGHEST, recompute_gathered=rc,
-                                         rngs=nnx.Rngs(0))
-        f = jax.shard_map(lambda x, layer=layer: layer(x), mesh=mesh, in_specs=P(None, "tp"),
-                          out_specs=P(None, None, "tp"))
+        layer = ubnn.ColumnParallelDense(LH, LF, precision=HIGHEST, recompute_gathered=rc, rngs=nnx.Rngs(0))
+        f = jax.shard_map(
+            lambda x, layer=layer: layer(x), mesh=mesh, in_specs=P(None, "tp"), out_specs=P(None, None, "tp")
+        )
         bulk_calls.clear()
         out[rc] = jax.jit(jax.value_and_grad(lambda x, f=f: jnp.sum(f(x) * ct)))(x)
         assert len(bulk_calls) == (2 if rc else 0)
@@ -524,19 +578,38 @@ def test_forward_mode_through_recompute_names_the_option_and_the_way_out(how, cp
     mesh = cpu_mesh(TP)
     x, w = operands(0, True, F32)
     kw = {"recompute_gathered": True} if how == "argument" else {}
-    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", **kw), mesh=mesh,
-                      in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
-    with config.override(recompute_gathered=(how == "env")), pytest.raises(TypeError, match=re.escape(
-            "all_gather_matmul: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot go "
-            "through recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1): jax_ub gives "
-            "it a custom_vjp, which jax differentiates in reverse mode only (jax.grad, jax.vjp). "
-            "For forward mode use method='xla'")):
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", **kw),
+        mesh=mesh,
+        in_specs=(x_spec(0), P(None, "tp")),
+        out_specs=P(None, None, "tp"),
+    )
+    with (
+        config.override(recompute_gathered=(how == "env")),
+        pytest.raises(
+            TypeError,
+            match=re.escape(
+                "all_gather_matmul: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot go "
+                "through recompute_gathered=True (given, or JAX_UB_RECOMPUTE_GATHERED=1): jax_ub gives "
+                "it a custom_vjp, which jax differentiates in reverse mode only (jax.grad, jax.vjp). "
+                "For forward mode use method='xla'"
+            ),
+        ),
+    ):
         jax.jvp(f, (x, w), (rand(3, x.shape), rand(4, w.shape)))
     # The way out it names works: without recompute, jax derives the jvp of the reference.
-    plain = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=False),
-                          mesh=mesh, in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
-    ref = jax.shard_map(lambda x, w: reference.all_gather_matmul(x, w, "tp"), mesh=mesh,
-                        in_specs=(x_spec(0), P(None, "tp")), out_specs=P(None, None, "tp"))
+    plain = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=False),
+        mesh=mesh,
+        in_specs=(x_spec(0), P(None, "tp")),
+        out_specs=P(None, None, "tp"),
+    )
+    ref = jax.shard_map(
+        lambda x, w: reference.all_gather_matmul(x, w, "tp"),
+        mesh=mesh,
+        in_specs=(x_spec(0), P(None, "tp")),
+        out_specs=P(None, None, "tp"),
+    )
     tangents = (rand(3, x.shape), rand(4, w.shape))
     y, dy = jax.jvp(plain, (x, w), tangents)
     y_ref, dy_ref = jax.jvp(ref, (x, w), tangents)
@@ -552,8 +625,12 @@ def test_grad_with_an_empty_w_shard(recompute, cpu_mesh):
     from jax._src import config as jax_config  # the partitioner switch has no public context manager
 
     mesh = cpu_mesh(2)
-    f = jax.shard_map(lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=recompute),
-                      mesh=mesh, in_specs=(P("tp"), P(None, "tp")), out_specs=P(None, "tp"))
+    f = jax.shard_map(
+        lambda x, w: ops.all_gather_matmul(x, w, "tp", recompute_gathered=recompute),
+        mesh=mesh,
+        in_specs=(P("tp"), P(None, "tp")),
+        out_specs=P(None, "tp"),
+    )
     x, w = rand(0, (8, 16)), jnp.ones((16, 0))
     with jax_config.use_shardy_partitioner(False):
         dx, dw = jax.grad(lambda x, w: f(x, w).sum(), argnums=(0, 1))(x, w)

@@ -52,36 +52,41 @@ def _model(cpu_mesh, method, policy):
         return ops.matmul_reduce_scatter(jnp.tanh(h), w2, "tp", method=method)
 
     body = layer if policy is None else jax.checkpoint(layer, policy=policy)
-    f = jax.shard_map(body, mesh=cpu_mesh(TP), in_specs=(P("tp"), P(None, "tp"), P("tp")),
-                      out_specs=P("tp"))
+    f = jax.shard_map(body, mesh=cpu_mesh(TP), in_specs=(P("tp"), P(None, "tp"), P("tp")), out_specs=P("tp"))
     return jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
 
 
 def _operands():
     k = jax.random.split(jax.random.key(3), 3)
-    return (jax.random.normal(k[0], (8 * TP, 16)), jax.random.normal(k[1], (16, 8 * TP)),
-            jax.random.normal(k[2], (8 * TP, 16)))
+    return (
+        jax.random.normal(k[0], (8 * TP, 16)),
+        jax.random.normal(k[1], (16, 8 * TP)),
+        jax.random.normal(k[2], (8 * TP, 16)),
+    )
 
 
 def _gemms(fn, args) -> int:
     return str(jax.make_jaxpr(fn)(*args)).count("pure_callback[")
 
 
-@pytest.mark.parametrize("policy,recomputes", [
-    (None, False),
-    (CP.nothing_saveable, True),
-    (CP.dots_saveable, True),  # a dot inside a custom call is invisible to it
-    (jax_ub.checkpoint_policy(CP.dots_saveable), False),
-    (jax_ub.checkpoint_policy(CP.nothing_saveable), False),
-    (jax_ub.checkpoint_policy(), False),
-], ids=["no-remat", "nothing", "dots", "ub(dots)", "ub(nothing)", "ub"])
+@pytest.mark.parametrize(
+    "policy,recomputes",
+    [
+        (None, False),
+        (CP.nothing_saveable, True),
+        (CP.dots_saveable, True),  # a dot inside a custom call is invisible to it
+        (jax_ub.checkpoint_policy(CP.dots_saveable), False),
+        (jax_ub.checkpoint_policy(CP.nothing_saveable), False),
+        (jax_ub.checkpoint_policy(), False),
+    ],
+    ids=["no-remat", "nothing", "dots", "ub(dots)", "ub(nothing)", "ub"],
+)
 def test_policy_decides_whether_the_backward_recomputes_the_op(opaque_ops, cpu_mesh, policy, recomputes):
     args = _operands()
     base = _gemms(_model(cpu_mesh, "opaque", None), args)
     got = _gemms(_model(cpu_mesh, "opaque", policy), args)
     assert (got > base) == recomputes, (got, base)
-    (v, g), (v_ref, g_ref) = (_model(cpu_mesh, "opaque", policy)(*args),
-                              _model(cpu_mesh, "xla", None)(*args))
+    (v, g), (v_ref, g_ref) = (_model(cpu_mesh, "opaque", policy)(*args), _model(cpu_mesh, "xla", None)(*args))
     np.testing.assert_allclose(v, v_ref, rtol=1e-5)
     for a, b in zip(g, g_ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -92,20 +97,28 @@ def test_outputs_carry_their_names_on_every_path(opaque_ops, cpu_mesh, method):
     text = str(jax.make_jaxpr(_model(cpu_mesh, method, None))(*_operands()))
     assert "name=jax_ub_ag_out" in text and "name=jax_ub_rs_out" in text
     assert "name=jax_ub_gathered" in text
-    assert set(jax_ub.CHECKPOINT_NAMES) == {"jax_ub_ag_out", "jax_ub_rs_out", "jax_ub_gathered",
-                                            "jax_ub_matmul_out"}
+    assert set(jax_ub.CHECKPOINT_NAMES) == {
+        "jax_ub_ag_out",
+        "jax_ub_rs_out",
+        "jax_ub_gathered",
+        "jax_ub_matmul_out",
+    }
 
 
 def _gathers(fn, args) -> int:
     return str(jax.make_jaxpr(fn)(*args)).count("all_gather[")
 
 
-@pytest.mark.parametrize("policy,regathers", [
-    (CP.nothing_saveable, True),
-    (CP.dots_saveable, True),  # keeps the dot's output, not its gathered input
-    (jax_ub.checkpoint_policy(CP.dots_saveable), False),
-    (jax_ub.checkpoint_policy(), False),
-], ids=["nothing", "dots", "ub(dots)", "ub"])
+@pytest.mark.parametrize(
+    "policy,regathers",
+    [
+        (CP.nothing_saveable, True),
+        (CP.dots_saveable, True),  # keeps the dot's output, not its gathered input
+        (jax_ub.checkpoint_policy(CP.dots_saveable), False),
+        (jax_ub.checkpoint_policy(), False),
+    ],
+    ids=["nothing", "dots", "ub(dots)", "ub"],
+)
 def test_reference_path_keeps_the_gathered_x_under_the_policy(cpu_mesh, policy, regathers):
     """On the reference path (XLA's own all-gather and dot) the gathered x is named before the dot
     uses it: a policy that keeps "jax_ub_gathered" spares the backward a second all-gather of x."""
@@ -114,8 +127,7 @@ def test_reference_path_keeps_the_gathered_x_under_the_policy(cpu_mesh, policy, 
     got = _gathers(_model(cpu_mesh, "xla", policy), args)
     assert base == 2, base
     assert (got > base) == regathers, (got, base)
-    (v, g), (v_ref, g_ref) = (_model(cpu_mesh, "xla", policy)(*args),
-                              _model(cpu_mesh, "xla", None)(*args))
+    (v, g), (v_ref, g_ref) = (_model(cpu_mesh, "xla", policy)(*args), _model(cpu_mesh, "xla", None)(*args))
     np.testing.assert_allclose(v, v_ref, rtol=1e-6)
     for a, b in zip(g, g_ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)  # remat may fuse differently
@@ -142,11 +154,15 @@ def _matmul_model(policy):
     return jax.value_and_grad(lambda *a: jnp.sum(body(*a) ** 2), argnums=(0, 1, 2))
 
 
-@pytest.mark.parametrize("policy,recomputes", [
-    (CP.dots_saveable, True),
-    (jax_ub.checkpoint_policy(CP.dots_saveable), False),
-    (jax_ub.checkpoint_policy(), False),
-], ids=["dots", "ub(dots)", "ub"])
+@pytest.mark.parametrize(
+    "policy,recomputes",
+    [
+        (CP.dots_saveable, True),
+        (jax_ub.checkpoint_policy(CP.dots_saveable), False),
+        (jax_ub.checkpoint_policy(), False),
+    ],
+    ids=["dots", "ub(dots)", "ub"],
+)
 def test_matmul_output_is_kept_by_the_policy(opaque_matmul, policy, recomputes):
     args = _operands()
     base = _gemms(_matmul_model(None), args)
@@ -154,8 +170,9 @@ def test_matmul_output_is_kept_by_the_policy(opaque_matmul, policy, recomputes):
     assert (got > base) == recomputes, (got, base)
     v, g = _matmul_model(policy)(*args)
     x, w1, _ = args
-    v_ref, g_ref = jax.value_and_grad(lambda *a: jnp.sum((jnp.tanh(a[0] @ a[1]) @ a[2]) ** 2),
-                                      argnums=(0, 1, 2))(*args)
+    v_ref, g_ref = jax.value_and_grad(
+        lambda *a: jnp.sum((jnp.tanh(a[0] @ a[1]) @ a[2]) ** 2), argnums=(0, 1, 2)
+    )(*args)
     np.testing.assert_allclose(v, v_ref, rtol=1e-5)
     for a, b in zip(g, g_ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

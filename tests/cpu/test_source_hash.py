@@ -19,17 +19,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _tree(root: Path) -> Path:
     csrc = root / "csrc"
-    for rel, text in {"module.cc": "int a;\n", "b.cu": "// b\n", "comm/z.h": "#pragma once\n",
-                      "comm/A.cuh": "x\n", "comm/deep/k.cpp": "int k;\n", "x.hpp": "",
-                      "notes.txt": "not a source\n", "_jax_ub_build.py.in": "X = 1\n"}.items():
+    for rel, text in {
+        "module.cc": "int a;\n",
+        "b.cu": "// b\n",
+        "comm/z.h": "#pragma once\n",
+        "comm/A.cuh": "x\n",
+        "comm/deep/k.cpp": "int k;\n",
+        "x.hpp": "",
+        "notes.txt": "not a source\n",
+        "_jax_ub_build.py.in": "X = 1\n",
+    }.items():
         (csrc / rel).parent.mkdir(parents=True, exist_ok=True)
         (csrc / rel).write_text(text)
     return csrc
 
 
 def _cmake_hash(csrc: Path) -> str:
-    r = subprocess.run(["cmake", f"-DJAX_UB_HASH_DIR={csrc}", "-P", str(REPO / "cmake" / "source_hash.cmake")],
-                       capture_output=True, text=True, timeout=60, check=True)
+    r = subprocess.run(
+        ["cmake", f"-DJAX_UB_HASH_DIR={csrc}", "-P", str(REPO / "cmake" / "source_hash.cmake")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return r.stderr.strip()  # message() prints on stderr
 
 
@@ -102,6 +114,7 @@ class _Fake:
 @pytest.fixture
 def fake_extension(monkeypatch):
     """``install(build_info, csrc)``: _ext._load() finds a fake extension; the real one afterwards."""
+
     def install(info, csrc):
         monkeypatch.setattr(_ext, "_build_facts", lambda: {"cuda_built": True, "reason": ""})
         monkeypatch.setattr(_ext, "checkout_csrc", lambda *a: csrc)
@@ -122,10 +135,12 @@ def test_other_sources_warn_at_load(fake_extension, tmp_path, caplog):
     msgs = [r.getMessage() for r in caplog.records if r.name == "jax_ub"]
     assert len(msgs) == 1, msgs
     want = _ext.source_hash(csrc)
-    assert msgs[0] == (f"jax_ub: the CUDA extension /site/_jax_ub_cuda.so was not built from this checkout's "
-                       f"{csrc} (expected sources {want[:12]}; built from sources ffffffffffff): the Python "
-                       "side may call kernels, functions or FFI attributes it lacks. Rebuild it: `pip install "
-                       f".` in {tmp_path} (an editable install: `pip install --no-build-isolation -e .`)")
+    assert msgs[0] == (
+        f"jax_ub: the CUDA extension /site/_jax_ub_cuda.so was not built from this checkout's "
+        f"{csrc} (expected sources {want[:12]}; built from sources ffffffffffff): the Python "
+        "side may call kernels, functions or FFI attributes it lacks. Rebuild it: `pip install "
+        f".` in {tmp_path} (an editable install: `pip install --no-build-isolation -e .`)"
+    )
 
 
 def test_an_extension_without_a_hash_predates_the_check(fake_extension, tmp_path, caplog):

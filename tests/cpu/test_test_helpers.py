@@ -87,12 +87,25 @@ def test_every_device_copy_of_a_replicated_output_is_read(cpu_mesh):
 def test_a_sharded_output_is_checked_shard_by_shard(cpu_mesh):
     mesh = cpu_mesh(4)
     x, w, _ = _bf16_gemm(64, 32, 48)
-    f = jax.jit(jax.shard_map(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32)
-                              .astype(jnp.bfloat16), mesh=mesh, in_specs=(P("tp"), P()),
-                              out_specs=P("tp"), check_vma=False))
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16),
+            mesh=mesh,
+            in_specs=(P("tp"), P()),
+            out_specs=P("tp"),
+            check_vma=False,
+        )
+    )
     _checks.assert_close(f(x, w), _checks.matmul_expected(x, w))
-    wrong = jax.jit(jax.shard_map(lambda x, w: jnp.matmul(x[::-1], w).astype(jnp.bfloat16),  # rows reversed
-                                  mesh=mesh, in_specs=(P("tp"), P()), out_specs=P("tp"), check_vma=False))
+    wrong = jax.jit(
+        jax.shard_map(
+            lambda x, w: jnp.matmul(x[::-1], w).astype(jnp.bfloat16),  # rows reversed
+            mesh=mesh,
+            in_specs=(P("tp"), P()),
+            out_specs=P("tp"),
+            check_vma=False,
+        )
+    )
     with pytest.raises(AssertionError, match="beyond their bound"):
         _checks.assert_close(wrong(x, w), _checks.matmul_expected(x, w))
 

@@ -24,8 +24,10 @@ def test_tools_and_examples_set_no_jax_ub_variable_that_jax_ub_calls_unknown():
     from jax_ub import config
 
     # Set or read in code (os.environ[...], env dicts), or in a shell line or usage (NAME=value).
-    pattern = re.compile(r"""environ(?:\[|\.get\(|\.setdefault\(|\.pop\()\s*["'](JAX_UB_\w+)["']"""
-                         r"""|["'](JAX_UB_\w+)["']\s*:|\b(JAX_UB_\w+)=""")
+    pattern = re.compile(
+        r"""environ(?:\[|\.get\(|\.setdefault\(|\.pop\()\s*["'](JAX_UB_\w+)["']"""
+        r"""|["'](JAX_UB_\w+)["']\s*:|\b(JAX_UB_\w+)="""
+    )
     used: dict[str, set[str]] = {}
     for folder in ("tools", "examples"):
         for path in sorted(p for ext in ("*.py", "*.sh") for p in (ROOT / folder).rglob(ext)):

@@ -52,8 +52,10 @@ def test_unverified_pair_is_nccl_for_auto_and_a_warning_for_ipc(caplog):
     unverified = [(g[0][0], g[0][1], "NVML cannot be loaded")]
     t, why = comm._choose_transport("auto", g, ["h", "h"], [], unverified)
     assert t == "nccl"
-    assert why == ("no process could check whether GPU 0 (process 0) and GPU 1 (process 1) can "
-                   "access each other (NVML cannot be loaded)")
+    assert why == (
+        "no process could check whether GPU 0 (process 0) and GPU 1 (process 1) can "
+        "access each other (NVML cannot be loaded)"
+    )
     with caplog.at_level("WARNING", logger="jax_ub"):
         assert comm._choose_transport("ipc", g, ["h", "h"], [], unverified) == ("ipc", "requested")
     assert "transport='ipc' as requested, although no process could check" in caplog.text

@@ -38,8 +38,9 @@ def _on_cpu():
 
 
 def _shapes(rec: tuning.Recording) -> list[tuple]:
-    return [(s["op"], s["tp"], s["dtype"], s["M"], s["K"], s["N"], s["role"], s["calls"])
-            for s in rec.shapes()]
+    return [
+        (s["op"], s["tp"], s["dtype"], s["M"], s["K"], s["N"], s["role"], s["calls"]) for s in rec.shapes()
+    ]
 
 
 def _program(mesh, recompute=False):
@@ -49,8 +50,11 @@ def _program(mesh, recompute=False):
         h = jax_ub.all_gather_matmul(x, w1, "tp", gather_axis=1, recompute_gathered=recompute)
         return jax_ub.matmul_reduce_scatter(h, w2, "tp", scatter_axis=1)
 
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp", None)),
-                                 out_specs=P(None, "tp")))
+    return jax.jit(
+        jax.shard_map(
+            body, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P("tp", None)), out_specs=P(None, "tp")
+        )
+    )
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -80,9 +84,11 @@ def test_recompute_gathered_records_no_dual_and_calls_are_counted(cpu_mesh):
     with tuning.record() as rec:
         _program(mesh, recompute=True).lower(x, w1, w2)
         _program(mesh, recompute=True).lower(x, w1, w2)  # a second trace of the same program
-    assert _shapes(rec) == [("ag", 2, "float32", 8, 4, 6, "forward", 2),
-                            ("rs", 2, "float32", 8, 6, 4, "forward", 2),
-                            ("ag", 2, "float32", 8, 4, 6, "backward", 2)]
+    assert _shapes(rec) == [
+        ("ag", 2, "float32", 8, 4, 6, "forward", 2),
+        ("rs", 2, "float32", 8, 6, 4, "forward", 2),
+        ("ag", 2, "float32", 8, 4, 6, "backward", 2),
+    ]
 
 
 def test_nested_recordings_and_size_one_axis(cpu_mesh):
@@ -105,10 +111,16 @@ def test_calls_that_never_run_the_cuda_path_are_not_recorded(cpu_mesh):
     two_axes = jax.sharding.Mesh(np.array(jax.devices("cpu")[:4]).reshape(2, 2), ("dp", "tp"))
     with tuning.record() as rec:
         jax.vmap(lambda a: jax_ub.all_gather_matmul(a, w, "tp"), axis_name="tp")(
-            jnp.ones((4, 2, 16), jnp.bfloat16))
-        jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, ("dp", "tp")), mesh=two_axes,
-                              in_specs=(P(("dp", "tp")), P()), out_specs=P(None, ("dp", "tp"))))(
-            jnp.ones((8, 16), jnp.bfloat16), w)
+            jnp.ones((4, 2, 16), jnp.bfloat16)
+        )
+        jax.jit(
+            jax.shard_map(
+                lambda x, w: jax_ub.all_gather_matmul(x, w, ("dp", "tp")),
+                mesh=two_axes,
+                in_specs=(P(("dp", "tp")), P()),
+                out_specs=P(None, ("dp", "tp")),
+            )
+        )(jnp.ones((8, 16), jnp.bfloat16), w)
         _program(cpu_mesh(2)).lower(jnp.ones((1, 8, 16)), jnp.ones((16, 8)), jnp.ones((8, 16)))
     assert {s["tp"] for s in rec.shapes()} == {2} and len(rec.shapes()) == 4, rec.shapes()
 
@@ -120,8 +132,10 @@ def test_layers_record_their_ops(cpu_mesh):
         with tuning.record() as rec:
             nnx.jit(lambda m, x: m(x))(mlp, jnp.ones((B, S, H)))
     fwd = [s for s in _shapes(rec) if s[6] == "forward"]
-    assert fwd == [("ag", 4, "float32", B * S, H, F, "forward", 1),
-                   ("rs", 4, "float32", B * S, F, H, "forward", 1)]
+    assert fwd == [
+        ("ag", 4, "float32", B * S, H, F, "forward", 1),
+        ("rs", 4, "float32", B * S, F, H, "forward", 1),
+    ]
 
 
 def test_env_var_writes_the_file(tmp_path):
@@ -136,39 +150,85 @@ def test_env_var_writes_the_file(tmp_path):
         "f()(jnp.ones((16, 4)), jnp.ones((4, 6)))\n"
         "f()(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"  # a shape seen before: its count in the file grows
     )
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_UB_RECORD_SHAPES=str(path),
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, check=False)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        JAX_UB_RECORD_SHAPES=str(path),
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     entries = tuning.load(str(path))
     assert [(s.op, s.M, s.K, s.N, role, calls) for s, role, calls in entries] == [
-        ("ag", 8, 4, 6, "forward", 2), ("rs", 8, 6, 4, "backward", 2),
-        ("ag", 16, 4, 6, "forward", 1), ("rs", 16, 6, 4, "backward", 1)]
+        ("ag", 8, 4, 6, "forward", 2),
+        ("rs", 8, 6, 4, "backward", 2),
+        ("ag", 16, 4, 6, "forward", 1),
+        ("rs", 16, 6, 4, "backward", 1),
+    ]
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-@pytest.mark.parametrize("doc, match", [
-    ("not json", "cannot read it as JSON"),
-    ({"shapes": []}, "not a jax_ub shapes file"),
-    ({"jax_ub_shapes": 2, "shapes": []}, "format version 2"),
-    ({"jax_ub_shapes": 1, "shapes": {}}, "'shapes' must be a list"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4}]},
-     r"entry 0: missing 'N'"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "mm", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6}]},
-     "op must be 'ag' or 'rs'; got 'mm'"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "rs", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 5, "N": 6}]},
-     "M and K of an rs shape must be divisible by tp=2; got M=8, K=5, N=6"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6,
-                                      "role": "sideways"}]}, "role must be one of"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": -6}]},
-     "positive integers"),
-    ({"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "float99", "M": 8, "K": 4, "N": 6}]},
-     "dtype must be one of bfloat16, float16, float32 \\(the dtypes jax_ub's ops take\\); got 'float99'"),
-])
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ("not json", "cannot read it as JSON"),
+        ({"shapes": []}, "not a jax_ub shapes file"),
+        ({"jax_ub_shapes": 2, "shapes": []}, "format version 2"),
+        ({"jax_ub_shapes": 1, "shapes": {}}, "'shapes' must be a list"),
+        (
+            {"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4}]},
+            r"entry 0: missing 'N'",
+        ),
+        (
+            {
+                "jax_ub_shapes": 1,
+                "shapes": [{"op": "mm", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6}],
+            },
+            "op must be 'ag' or 'rs'; got 'mm'",
+        ),
+        (
+            {
+                "jax_ub_shapes": 1,
+                "shapes": [{"op": "rs", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 5, "N": 6}],
+            },
+            "M and K of an rs shape must be divisible by tp=2; got M=8, K=5, N=6",
+        ),
+        (
+            {
+                "jax_ub_shapes": 1,
+                "shapes": [
+                    {"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6, "role": "sideways"}
+                ],
+            },
+            "role must be one of",
+        ),
+        (
+            {
+                "jax_ub_shapes": 1,
+                "shapes": [{"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": -6}],
+            },
+            "positive integers",
+        ),
+        (
+            {
+                "jax_ub_shapes": 1,
+                "shapes": [{"op": "ag", "tp": 2, "dtype": "float99", "M": 8, "K": 4, "N": 6}],
+            },
+            "dtype must be one of bfloat16, float16, float32 \\(the dtypes jax_ub's ops take\\); got 'float99'",
+        ),
+    ],
+)
 def test_load_refuses_bad_files(tmp_path, doc, match):
     path = tmp_path / "s.json"
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
@@ -178,11 +238,13 @@ def test_load_refuses_bad_files(tmp_path, doc, match):
 
 def _shapes_file(tmp_path: Path, tp: int = 4) -> Path:
     rec = tuning.Recording()
-    for s, role in [(tuning.OpShape("ag", tp, "float32", 64, 32, 96), "forward"),
-                    (tuning.OpShape("rs", tp, "float32", 64, 96, 32), "backward"),
-                    (tuning.OpShape("rs", tp, "float32", 64, 96, 32), "forward"),
-                    (tuning.OpShape("ag", tp, "float32", 64, 32, 96), "backward"),
-                    (tuning.OpShape("ag", 16, "float32", 64, 32, 96), "forward")]:  # more than the devices
+    for s, role in [
+        (tuning.OpShape("ag", tp, "float32", 64, 32, 96), "forward"),
+        (tuning.OpShape("rs", tp, "float32", 64, 96, 32), "backward"),
+        (tuning.OpShape("rs", tp, "float32", 64, 96, 32), "forward"),
+        (tuning.OpShape("ag", tp, "float32", 64, 32, 96), "backward"),
+        (tuning.OpShape("ag", 16, "float32", 64, 32, 96), "forward"),
+    ]:  # more than the devices
         rec.note(s, role)
     path = tmp_path / "shapes.json"
     rec.save(str(path))
@@ -193,11 +255,37 @@ def test_bench_tune_on_cpu(tmp_path):
     """The CLI end to end on 4 simulated devices (reference path): no CUDA method to measure, so no
     tuning file (JAX_UB_TUNING_FILE would refuse it); exit 2 before timing, saying why."""
     path = _shapes_file(tmp_path)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    p = subprocess.run([sys.executable, "-m", "jax_ub.bench", "tune", str(path), "--warmup", "1", "--iters",
-                        "1", "--reps", "1", "--out", str(tmp_path / "out"), "--machine", "box"],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PYTHONUNBUFFERED="1",
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jax_ub.bench",
+            "tune",
+            str(path),
+            "--warmup",
+            "1",
+            "--iters",
+            "1",
+            "--reps",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+            "--machine",
+            "box",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert p.returncode == 2, p.stdout + p.stderr[-3000:]
     # The missing CUDA path is the reason given, not the device count (tp=16 on 4 devices): more
     # devices would not help.
@@ -205,8 +293,15 @@ def test_bench_tune_on_cpu(tmp_path):
     assert "only 4 devices" not in p.stderr and "can be measured on these" not in p.stderr
     assert not (tmp_path / "out").exists()
 
-    bad = subprocess.run([sys.executable, "-m", "jax_ub.bench", "tune", str(tmp_path / "missing.json")],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "jax_ub.bench", "tune", str(tmp_path / "missing.json")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert bad.returncode == 2 and "cannot read it as JSON" in bad.stderr
 
 
@@ -234,12 +329,14 @@ def test_tune_file_makes_auto_pick_the_fastest(tmp_path, monkeypatch, capsys):
 
     def fake_time(label, impls, a, **kw):
         # distinct by more than choice.TIE, so the fastest is unambiguous
-        ms = rng.sample([1.0 * 1.1 ** i for i in range(len(impls))], len(impls))
+        ms = rng.sample([1.0 * 1.1**i for i in range(len(impls))], len(impls))
         timings[label] = dict(zip(impls, ms, strict=True))
         return timings[label]
 
     monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
-    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
+    monkeypatch.setattr(
+        harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",))
+    )
     monkeypatch.setattr(harness, "time_impls", fake_time)
     monkeypatch.setattr(agrs, "auto_method", lambda op, *rest: choice.FALLBACK[op])
     a = cli._parser().parse_args(["tune", str(path), "--out", str(tmp_path / "o"), "--machine", "box"])
@@ -250,7 +347,7 @@ def test_tune_file_makes_auto_pick_the_fastest(tmp_path, monkeypatch, capsys):
     assert len(timings) == 2 and len(shapes) == 2
     for label, res in timings.items():
         assert not any(k.startswith(("gemm", "comm")) or k == "xla_windowed" for k in res)  # not --full
-        methods = {k[len("jax_ub_"):]: v for k, v in res.items() if k.startswith("jax_ub_")}
+        methods = {k[len("jax_ub_") :]: v for k, v in res.items() if k.startswith("jax_ub_")}
         assert set(methods) == set(choice.METHODS["ag" if " ag " in f" {label} " else "rs"]) - {"xla"}
         methods["xla"] = res["xla_plain"]
         fastest = min(methods, key=methods.get)
@@ -278,17 +375,35 @@ def test_env_var_with_nothing_recorded_says_so_and_writes_an_empty_file(tmp_path
         "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp'))).lower(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_UB_RECORD_SHAPES=str(path), XLA_FLAGS="")
-    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
-    assert f"JAX_UB_RECORD_SHAPES={str(path)!r}: no jax_ub op over a mesh axis of size > 1 was traced" in p.stderr
+    assert (
+        f"JAX_UB_RECORD_SHAPES={str(path)!r}: no jax_ub op over a mesh axis of size > 1 was traced"
+        in p.stderr
+    )
     assert "--xla_force_host_platform_device_count=N" in p.stderr and f"wrote {str(path)!r}" in p.stderr
     assert tuning.load(str(path)) == []
     # A file that exists (another process's shapes, an earlier run's) is left as it was.
-    path.write_text('{"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "float32", "M": 8, '
-                    '"K": 4, "N": 6}]}')
-    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, check=False)
+    path.write_text(
+        '{"jax_ub_shapes": 1, "shapes": [{"op": "ag", "tp": 2, "dtype": "float32", "M": 8, "K": 4, "N": 6}]}'
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert p.returncode == 0 and "exists and is left as it was" in p.stderr, p.stderr[-2000:]
     assert len(tuning.load(str(path))) == 1
 
@@ -308,11 +423,14 @@ def test_each_process_of_a_multi_process_run_records_its_own_file(tmp_path, monk
     assert entry == (tuning.OpShape("ag", 2, "float32", 8, 4, 6), "forward", 1)
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"tp": 1}, r"entry 0: tp must be >= 2 \(an op over one device communicates nothing"),
-    ({"dtype": "int8"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'int8'"),
-    ({"dtype": "float64"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'float64'"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"tp": 1}, r"entry 0: tp must be >= 2 \(an op over one device communicates nothing"),
+        ({"dtype": "int8"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'int8'"),
+        ({"dtype": "float64"}, r"entry 0: dtype must be one of bfloat16, float16, float32 .*; got 'float64'"),
+    ],
+)
 def test_load_refuses_what_the_ops_do_not_run(tmp_path, change, match):
     path = tmp_path / "s.json"
     entry = {"op": "ag", "tp": 2, "dtype": "bfloat16", "M": 8, "K": 4, "N": 6, **change}
@@ -337,7 +455,9 @@ def _stub_cuda(monkeypatch, timings=None):
         return {k: 1.0 + 0.1 * i for i, k in enumerate(impls)}
 
     monkeypatch.setattr(harness, "path_info", lambda: (True, "path: cuda"))
-    monkeypatch.setattr(harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",)))
+    monkeypatch.setattr(
+        harness, "make_mesh", lambda tp, cuda: jax.sharding.Mesh(jax.devices("cpu")[:tp], ("tp",))
+    )
     monkeypatch.setattr(harness, "time_impls", fake_time)
     return timed
 
@@ -382,8 +502,10 @@ def test_tune_reports_what_auto_chooses_from_the_file_as_written(tmp_path, monke
         if "tune ag" not in label:
             return {"xla_plain": 2.0, "jax_ub": 2.0, "jax_ub_ring": 1.0, "jax_ub_pipeline": 1.5}
         wanted[label] = next(fastest)
-        return {k: (0.5 if k == wanted[label] else 1.0) for k in
-                ("xla_plain", "jax_ub", "jax_ub_push", "jax_ub_ring", "jax_ub_all_peer")}
+        return {
+            k: (0.5 if k == wanted[label] else 1.0)
+            for k in ("xla_plain", "jax_ub", "jax_ub_push", "jax_ub_ring", "jax_ub_all_peer")
+        }
 
     _stub_cuda(monkeypatch, timings)
     rc, out = _tune(tmp_path, str(shapes))
@@ -434,8 +556,10 @@ def test_tune_measures_the_shapes_of_several_files_once(tmp_path, monkeypatch):
         rec.save(str(files[-1]))
     rc, out = _tune(tmp_path, *map(str, files))
     assert rc == 0
-    assert sorted(timed) == ["tune ag tp4 float32 64x32x96 (forward, 1 calls)",
-                             "tune rs tp4 float32 128x96x32 (forward, 1 calls)"]
+    assert sorted(timed) == [
+        "tune ag tp4 float32 64x32x96 (forward, 1 calls)",
+        "tune rs tp4 float32 128x96x32 (forward, 1 calls)",
+    ]
     assert json.loads(out.read_text())["shapes_files"] == [str(f) for f in files]
 
 
@@ -444,8 +568,17 @@ def test_tune_marks_where_auto_does_not_run_the_fastest_chain(tmp_path, monkeypa
     rec = tuning.Recording()
     rec.note(tuning.OpShape("rs", 4, "bfloat16", 64, 96, 32), "forward")
     rec.save(str(tmp_path / "bf16.json"))
-    _stub_cuda(monkeypatch, lambda label: {"xla_plain": 3.0, "jax_ub": 2.0, "jax_ub_ring": 1.0,
-                                           "jax_ub_pipeline": 1.5, "jax_ub_chain": 0.5, "jax_ub_columns": 2.0})
+    _stub_cuda(
+        monkeypatch,
+        lambda label: {
+            "xla_plain": 3.0,
+            "jax_ub": 2.0,
+            "jax_ub_ring": 1.0,
+            "jax_ub_pipeline": 1.5,
+            "jax_ub_chain": 0.5,
+            "jax_ub_columns": 2.0,
+        },
+    )
     rc, out = _tune(tmp_path, str(tmp_path / "bf16.json"))
     assert rc == 0
     printed = capsys.readouterr().out
@@ -468,8 +601,13 @@ def test_a_process_that_shut_jax_distributed_down_still_names_its_own_file(tmp_p
     name = f"shapes-{random.Random().randrange(1 << 30):x}.json"
     path = tmp_path / name
     worker = Path(__file__).resolve().with_name("_init_worker.py")
-    res = parallel_launch(2, worker, ["record_then_shutdown"], timeout_s=120,
-                          env={"JAX_PLATFORMS": "cpu", "JAX_UB_RECORD_SHAPES": str(path)})
+    res = parallel_launch(
+        2,
+        worker,
+        ["record_then_shutdown"],
+        timeout_s=120,
+        env={"JAX_PLATFORMS": "cpu", "JAX_UB_RECORD_SHAPES": str(path)},
+    )
     assert all(r.returncode == 0 and not r.timed_out for r in res), format_failures(res)
     stem = name.removesuffix(".json")
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.process0.json", f"{stem}.process1.json"]

@@ -23,7 +23,8 @@ def _check(nbytes: int, dst_off: int, src_off: int, blocks: int) -> None:
     wrong, outside = extension("copy_check").copy_check(0, nbytes, dst_off, src_off, blocks)
     assert (wrong, outside) == (0, 0), (
         f"{nbytes} bytes, dst +{dst_off}, src +{src_off}, {blocks} blocks: {wrong} wrong, "
-        f"{outside} changed outside")
+        f"{outside} changed outside"
+    )
 
 
 @pytest.mark.parametrize("nbytes", [1, 5, 15, 16, 33, 4099])
@@ -32,9 +33,9 @@ def test_every_misalignment_pair_copies_exactly_its_range(nbytes):
         _check(nbytes, dst_off, src_off, blocks=2)
 
 
-@pytest.mark.parametrize("dst_off,src_off", [(0, 0), (8, 0), (4, 12), (2, 0), (1, 0), (7, 7),
-                                             (3, 11)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "dst_off,src_off", [(0, 0), (8, 0), (4, 12), (2, 0), (1, 0), (7, 7), (3, 11)], ids=lambda v: str(v)
+)
 @pytest.mark.parametrize("nbytes", [(1 << 20) + 3, (24 << 20) + 10])
 @pytest.mark.parametrize("blocks", [1, 8])
 def test_large_copies_at_each_unit(nbytes, dst_off, src_off, blocks):

@@ -22,9 +22,9 @@ TOL = {jnp.bfloat16: 1e-2, jnp.float16: 5e-3, jnp.float32: 1e-5}
 SHAPES = [  # (batch dims, m, k, n)
     ((), 128, 256, 64),
     ((), 1024, 1024, 1024),
-    ((), 257, 129, 65),      # odd everything
-    ((), 3, 5, 7),           # tiny
-    ((2, 3), 40, 96, 24),    # leading batch dims fold into m
+    ((), 257, 129, 65),  # odd everything
+    ((), 3, 5, 7),  # tiny
+    ((2, 3), 40, 96, 24),  # leading batch dims fold into m
     ((), 6144 // 4, 5120, 13824 // 4),
 ]
 
@@ -130,7 +130,7 @@ def test_repeated_and_mixed_shapes_in_one_program(jax_ub):
     outs = f(xs, w)
     for i, x in enumerate(xs):
         ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32))
-        for o in outs[2 * i: 2 * i + 2]:
+        for o in outs[2 * i : 2 * i + 2]:
             assert _rel_err(o, ref) <= 1e-2
 
 
@@ -147,6 +147,7 @@ def test_matmul_output_kept_by_checkpoint_policy(jax_ub, remat):
     def model(policy, mm):
         def f(x, w1, w2):
             return jnp.sum(mm(jnp.tanh(mm(x, w1)), w2).astype(jnp.float32) ** 2)
+
         return f if policy is None else jax.checkpoint(f, policy=policy)
 
     cub = lambda a, b: jax_ub.matmul(a, b, method="cublaslt")  # noqa: E731
@@ -159,7 +160,8 @@ def test_matmul_output_kept_by_checkpoint_policy(jax_ub, remat):
     assert saved >= 2
     assert (got > saved) if remat == "dots" else (got == saved), (got, saved)
     ref = jax.value_and_grad(model(None, jnp.matmul), (0, 1, 2))(
-        *(a.astype(jnp.float32) for a in (x, w1, w2)))
+        *(a.astype(jnp.float32) for a in (x, w1, w2))
+    )
     out = jax.jit(jax.value_and_grad(model(policy, cub), (0, 1, 2)))(x, w1, w2)
     assert abs(float(out[0]) - float(ref[0])) <= 2e-2 * abs(float(ref[0]))
     for got_g, want in zip(out[1], ref[1], strict=True):
@@ -206,11 +208,20 @@ def test_gemm_tuning_off_keeps_the_heuristics_first(jax_ub):
     assert not r["tuned"] and r["candidates"] == 0, r
 
 
-@pytest.mark.parametrize("precision, tf32", [
-    (lax.Precision.HIGH, True), ("high", True), ("tensorfloat32", True), (None, True),
-    (lax.DotAlgorithmPreset.TF32_TF32_F32, True),
-    (lax.Precision.HIGHEST, False), ("float32", False), ("F32_F32_F32", False),
-], ids=str)
+@pytest.mark.parametrize(
+    "precision, tf32",
+    [
+        (lax.Precision.HIGH, True),
+        ("high", True),
+        ("tensorfloat32", True),
+        (None, True),
+        (lax.DotAlgorithmPreset.TF32_TF32_F32, True),
+        (lax.Precision.HIGHEST, False),
+        ("float32", False),
+        ("F32_F32_F32", False),
+    ],
+    ids=str,
+)
 def test_float32_precision_follows_xla(jax_ub, precision, tf32):
     """The cuBLASLt GEMM uses TF32 exactly where XLA's dot does, whatever the spelling: its error
     against float64 is TF32's (well above 1e-5) or float32's (below), as XLA's is."""
@@ -218,7 +229,9 @@ def test_float32_precision_follows_xla(jax_ub, precision, tf32):
     x = jax.random.normal(kx, (512, 1024), jnp.float32)
     w = jax.random.normal(kw, (1024, 256), jnp.float32)
     ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-    ours = _rel_err(jax.jit(lambda x, w: jax_ub.matmul(x, w, precision=precision, method="cublaslt"))(x, w), ref)
+    ours = _rel_err(
+        jax.jit(lambda x, w: jax_ub.matmul(x, w, precision=precision, method="cublaslt"))(x, w), ref
+    )
     xla = _rel_err(jax.jit(lambda x, w: jnp.matmul(x, w, precision=precision))(x, w), ref)
     print(f"precision {precision}: jax_ub {ours:.2e}, XLA {xla:.2e}")
     assert (ours > 1e-5) == tf32 and (xla > 1e-5) == tf32, (ours, xla)
@@ -229,6 +242,8 @@ def test_matmul_gradient_with_an_empty_dim(jax_ub, k, n):
     """jax.grad through the cuBLASLt matmul with k or n of 0: zeros of the operands' shapes."""
     x = jax.random.normal(jax.random.key(1), (2, 32, k), jnp.float32)
     w = jax.random.normal(jax.random.key(2), (k, n), jnp.float32)
-    dx, dw = jax.jit(jax.grad(lambda x, w: jax_ub.matmul(x, w, method="cublaslt").sum(), argnums=(0, 1)))(x, w)
+    dx, dw = jax.jit(jax.grad(lambda x, w: jax_ub.matmul(x, w, method="cublaslt").sum(), argnums=(0, 1)))(
+        x, w
+    )
     assert dx.shape == x.shape and dw.shape == w.shape
     assert not np.asarray(dx).any() and not np.asarray(dw).any()

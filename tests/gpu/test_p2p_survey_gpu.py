@@ -29,8 +29,12 @@ def test_cuda_bus_ids_name_the_gpus_nvidia_smi_lists():
     assert buses and all(b.count(":") == 2 for b in buses), buses
     assert len(set(buses)) == len(buses)
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         smi = {p2p.normalize_bus_id(line) for line in out.splitlines() if line.strip()}
         print("nvidia_smi_bus_ids", sorted(smi))
         assert set(buses) <= smi

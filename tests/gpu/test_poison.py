@@ -24,8 +24,13 @@ from tests._gpus import extension  # noqa: E402
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 # Output shapes the GPU tiers poison for (test_gemm's, test_overlap's, the worker's), small to large.
-SHAPES = [((3, 7), jnp.bfloat16), ((2, 3, 40, 24), jnp.float16), ((1536, 3456), jnp.bfloat16),
-          ((1024, 1024), jnp.float32), ((6144, 3456), jnp.bfloat16)]
+SHAPES = [
+    ((3, 7), jnp.bfloat16),
+    ((2, 3, 40, 24), jnp.float16),
+    ((1536, 3456), jnp.bfloat16),
+    ((1024, 1024), jnp.float32),
+    ((6144, 3456), jnp.bfloat16),
+]
 
 
 def _unwritten_body(shape, dtype):
@@ -64,7 +69,8 @@ def test_poison_reaches_an_unwritten_output(case):
         f"{out.size - n_nan} of {out.size} elements of an unwritten output are not the poison's NaN: "
         f"the output is at {at:#x}, {'one' if at in holes[dev] else 'none'} of the poisoned blocks "
         f"({', '.join(f'{h:#x}' for h in holes[dev])}), so the GPU tiers' NaN checks would miss "
-        "unwritten elements")
+        "unwritten elements"
+    )
     assert at in holes[dev]
 
 
@@ -83,16 +89,21 @@ def test_poison_reaches_every_device_of_a_shard_map():
     devs = jax.devices()
     mesh = Mesh(np.array(devs), ("tp",))
     shard = (1536, 1000)
-    g = jax.jit(jax.shard_map(_unwritten_body(shard, jnp.bfloat16), mesh=mesh, in_specs=(),
-                              out_specs=P("tp"), check_vma=False))
+    g = jax.jit(
+        jax.shard_map(
+            _unwritten_body(shard, jnp.bfloat16), mesh=mesh, in_specs=(), out_specs=P("tp"), check_vma=False
+        )
+    )
     holes = _checks.poison(shard, jnp.bfloat16, devs)
     out = g()
     for s in out.addressable_shards:
         data = np.asarray(s.data, np.float32)
         at = s.data.unsafe_buffer_pointer()
-        assert np.isnan(data).all(), (f"device {s.device}: {int((~np.isnan(data)).sum())} of "
-                                      f"{data.size} unwritten elements are not the poison's NaN "
-                                      f"(at {at:#x}; poisoned: {[hex(h) for h in holes[s.device]]})")
+        assert np.isnan(data).all(), (
+            f"device {s.device}: {int((~np.isnan(data)).sum())} of "
+            f"{data.size} unwritten elements are not the poison's NaN "
+            f"(at {at:#x}; poisoned: {[hex(h) for h in holes[s.device]]})"
+        )
         assert at in holes[s.device]
 
 
@@ -109,5 +120,7 @@ def test_a_previous_right_answer_is_not_what_an_unwritten_output_reads(case):
         stale.delete()
     _checks.poison(shape, dtype)
     out = np.asarray(f(), np.float32)
-    assert np.isnan(out).all(), (f"{int((out == 3.0).sum())} of {out.size} elements read an earlier "
-                                 "output's value, not the poison's NaN")
+    assert np.isnan(out).all(), (
+        f"{int((out == 3.0).sum())} of {out.size} elements read an earlier "
+        "output's value, not the poison's NaN"
+    )

@@ -58,9 +58,21 @@ def _rand(key, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("op,method", [("ag", "auto"), ("ag", "ring"), ("ag", "push"), ("ag", "all_peer"), ("ag", "push_merge"),
-                                       ("rs", "auto"), ("rs", "ring"), ("rs", "pipeline"),
-                                       ("rs", "chain"), ("rs", "columns")])
+@pytest.mark.parametrize(
+    "op,method",
+    [
+        ("ag", "auto"),
+        ("ag", "ring"),
+        ("ag", "push"),
+        ("ag", "all_peer"),
+        ("ag", "push_merge"),
+        ("rs", "auto"),
+        ("rs", "ring"),
+        ("rs", "pipeline"),
+        ("rs", "chain"),
+        ("rs", "columns"),
+    ],
+)
 def test_every_method_is_a_plain_dot(ub, op, method, dtype):
     mesh = _mesh()
     dp = mesh.shape["dp"]
@@ -99,8 +111,7 @@ def test_bulk_ops_on_an_axis_of_size_one(ub):
         return g, r, y1[None], y2[None]
 
     xs = P(("dp", "tp"), None)
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, P(), P()),
-                              out_specs=(xs, xs, xs, xs)))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(xs, P(), P()), out_specs=(xs, xs, xs, xs)))
     g, r, y1, y2 = f(x, a, b)
     assert _rel(g, x) == 0.0
     assert _rel(r, x) == 0.0  # a sum over one device is the input itself

@@ -23,8 +23,7 @@ from jax.sharding import PartitionSpec as P
 mode = sys.argv[1]
 nprocs = int(os.environ["JAX_UB_TEST_NPROCS"])
 rank = int(os.environ["JAX_UB_TEST_RANK"])
-jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank,
-                           heartbeat_timeout_seconds=120)
+jax.distributed.initialize(os.environ["JAX_UB_TEST_COORD"], nprocs, rank, heartbeat_timeout_seconds=120)
 if os.environ.get("JAX_UB_TEST_HOSTS"):
     # Pretend each process runs on the host named for its rank (a multi-host launch on one
     # machine): jax_ub tells hosts apart by socket.gethostname() and the boot id, and the
@@ -110,8 +109,11 @@ def ring_ag_case(cols_per_rank):
     reference of all_gather(x) @ w, and the ring AG->GEMM over them."""
     x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, wf = global_array(2, (512, cols_per_rank * tp), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
     return x, w, mm(xf, wf), f
 
 
@@ -120,8 +122,11 @@ def ring_op():
     failure modes run)."""
     x, _ = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, _ = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
     return x, w, f
 
 
@@ -137,6 +142,7 @@ def gpu_burner(seconds):
             for _ in range(reps):
                 a = jnp.tanh(jnp.matmul(a, a, precision=HP) * (1.0 / 128.0))
             return a
+
         return jax.jit(burn)
 
     probe = burner(8)
@@ -204,21 +210,39 @@ def unaligned_ops():
         a, af = global_array(64, (300, k), dtype, P())
         b, bf = global_array(65, (k, n), dtype, P())
         ref, ref2, gref = mm(xf, wf), mm(x2f, w2f, roundings=tp + 1), mm(af, bf)
-        ag_variants = ([("ring", {}), ("all_peer", {}), ("push", {}), ("push", dict(ag_push_pieces=2)),
-                        ("push", dict(ag_push_merge=True)), ("push_merge", {})]
-                       if cs.transport == "ipc" else [("ring", {})])
+        ag_variants = (
+            [
+                ("ring", {}),
+                ("all_peer", {}),
+                ("push", {}),
+                ("push", dict(ag_push_pieces=2)),
+                ("push", dict(ag_push_merge=True)),
+                ("push_merge", {}),
+            ]
+            if cs.transport == "ipc"
+            else [("ring", {})]
+        )
         rs_methods = ("ring", "pipeline", "chain", "columns") if cs.transport == "ipc" else ("ring", "chain")
         for i, (method, over) in enumerate(ag_variants):
             with jax_ub.config.override(**over):
-                f = smap(lambda x, w, m_=method: jax_ub.all_gather_matmul(x, w, "tp", method=m_, precision=HP),
-                         (P("tp", None), P(None, "tp")), P(None, "tp"))
+                f = smap(
+                    lambda x, w, m_=method: jax_ub.all_gather_matmul(x, w, "tp", method=m_, precision=HP),
+                    (P("tp", None), P(None, "tp")),
+                    P(None, "tp"),
+                )
                 cases.append((f"unaligned_ag_{method}{i}_{name}", f.lower(x, w).compile(), (x, w), ref, tol))
         for method in rs_methods:
-            f = smap(lambda x, w, m_=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m_, precision=HP),
-                     (P(None, "tp"), P("tp", None)), P("tp", None))
+            f = smap(
+                lambda x, w, m_=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m_, precision=HP),
+                (P(None, "tp"), P("tp", None)),
+                P("tp", None),
+            )
             cases.append((f"unaligned_rs_{method}_{name}", f.lower(x2, w2).compile(), (x2, w2), ref2, tol))
-        f = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP)[1],
-                 (P("tp", None), P(), P()), P())
+        f = smap(
+            lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP)[1],
+            (P("tp", None), P(), P()),
+            P(),
+        )
         cases.append((f"unaligned_bulk_ag_{name}", f.lower(x, a, b).compile(), (x, a, b), gref, tol))
     before = _ext.extension().gemm_plan_cache_size()
     outs = []
@@ -267,32 +291,51 @@ if mode == "exchange":
         for i, method in enumerate(ag_methods):
             xm, xmf = (x, xf) if i == 0 else global_array(100 + i, (1536, 1280), dtype, P("tp", None))
             poison((1536, 1024 // tp), dtype)
-            y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", method=m, precision=HP),
-                     (P("tp", None), P(None, "tp")), P(None, "tp"))(xm, w)
-            check(f"ag_gemm_{name}" if method == "ring" else f"ag_gemm_{method}_{name}", y,
-                  ref if i == 0 else mm(xmf, wf), tol)
+            y = smap(
+                lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", method=m, precision=HP),
+                (P("tp", None), P(None, "tp")),
+                P(None, "tp"),
+            )(xm, w)
+            check(
+                f"ag_gemm_{name}" if method == "ring" else f"ag_gemm_{method}_{name}",
+                y,
+                ref if i == 0 else mm(xmf, wf),
+                tol,
+            )
         for i, method in enumerate(rs_methods):
             # chain: partial sums hop rank to rank (peer pointers across processes), no final sum
             xm, xmf = (x2, x2f) if i == 0 else global_array(200 + i, (1536, 1280), dtype, P(None, "tp"))
             poison((1536 // tp, 1024), dtype)
-            y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m,
-                                                                          precision=HP),
-                      (P(None, "tp"), P("tp", None)), P("tp", None))(xm, w2)
-            check(f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}", y2,
-                  ref2 if i == 0 else mm(xmf, w2f, roundings=tp + 1), tol)
+            y2 = smap(
+                lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m, precision=HP),
+                (P(None, "tp"), P("tp", None)),
+                P("tp", None),
+            )(xm, w2)
+            check(
+                f"gemm_rs_{name}" if method == "ring" else f"gemm_rs_{method}_{name}",
+                y2,
+                ref2 if i == 0 else mm(xmf, w2f, roundings=tp + 1),
+                tol,
+            )
         # Bulk forms across processes: the gather exactly, the independent GEMM (big enough that
         # with ipc its first rows run beside the gather's copy kernel: two GEMMs), the RS's sum.
         a, af = global_array(10, (2048, 2048), dtype, P())
         b, bf = global_array(11, (2048, 2048), dtype, P())
         gref = mm(af, bf)
         poison((1536, 1280), dtype)
-        g, gy = smap(lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP),
-                     (P("tp", None), P(), P()), (P(), P()))(x, a, b)
+        g, gy = smap(
+            lambda x, a, b: jax_ub.bulk_all_gather(x, a, b, "tp", precision=HP),
+            (P("tp", None), P(), P()),
+            (P(), P()),
+        )(x, a, b)
         check(f"bulk_ag_{name}", g, xf, 0.0)
         check(f"bulk_ag_gemm_{name}", gy, gref, tol)
         poison((1536 // tp // tp, 1280), dtype)
-        r, ry = smap(lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp", precision=HP),
-                     (P("tp", None), P(), P()), (P("tp", None), P()))(x, a, b)
+        r, ry = smap(
+            lambda x, a, b: jax_ub.bulk_reduce_scatter(x, a, b, "tp", precision=HP),
+            (P("tp", None), P(), P()),
+            (P("tp", None), P()),
+        )(x, a, b)
         # rank q's [1536/tp, 1280] rows of x are its partial of a [1536/tp, 1280] sum.
         check(f"bulk_rs_{name}", r, _checks.sum_expected(xf.reshape(tp, -1, 1280), roundings=tp + 1), tol)
         check(f"bulk_rs_gemm_{name}", ry, gref, tol)
@@ -301,20 +344,29 @@ if mode == "exchange":
             # pieces, the chain's pieces as 2-D copies of column blocks.
             poison((1536, 1024 // tp), dtype)
             with jax_ub.config.override(ag_push_pieces=2):
-                y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
-                         (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+                y = smap(
+                    lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                    (P("tp", None), P(None, "tp")),
+                    P(None, "tp"),
+                )(x, w)
             check(f"ag_gemm_push2_{name}", y, ref, tol)
             # Push with the peers' chunks in at most two GEMMs (two at a middle rank), over
             # NaN-poisoned memory: a row range left out would show.
             poison((1536, 1024 // tp), dtype)
             with jax_ub.config.override(ag_push_merge=True):
-                y = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
-                         (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
+                y = smap(
+                    lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+                    (P("tp", None), P(None, "tp")),
+                    P(None, "tp"),
+                )(x, w)
             check(f"ag_gemm_push_merge_{name}", y, ref, tol)
             poison((1536 // tp, 1024), dtype)
             with jax_ub.config.override(rs_chain_split="cols"):
-                y2 = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
-                          (P(None, "tp"), P("tp", None)), P("tp", None))(x2, w2)
+                y2 = smap(
+                    lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp", method="chain", precision=HP),
+                    (P(None, "tp"), P("tp", None)),
+                    P("tp", None),
+                )(x2, w2)
             check(f"gemm_rs_chain_cols_{name}", y2, ref2, tol)
     unaligned_ops()
     finish()
@@ -329,11 +381,18 @@ elif mode == "lifecycle":
     w, wf = global_array(22, (768, 256 * tp), jnp.bfloat16, P(None, "tp"))
     w2, w2f = global_array(23, (256 * tp, 768), jnp.bfloat16, P("tp", None))
     ref = mm(xf, wf)
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
-    mlp = smap(lambda x, w, w2: jax_ub.matmul_reduce_scatter(
-        jnp.tanh(jax_ub.all_gather_matmul(x, w, "tp", precision=HP)), w2, "tp", precision=HP),
-        (P("tp", None), P(None, "tp"), P("tp", None)), P("tp", None))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
+    mlp = smap(
+        lambda x, w, w2: jax_ub.matmul_reduce_scatter(
+            jnp.tanh(jax_ub.all_gather_matmul(x, w, "tp", precision=HP)), w2, "tp", precision=HP
+        ),
+        (P("tp", None), P(None, "tp"), P("tp", None)),
+        P("tp", None),
+    )
     grad = jax.jit(jax.grad(lambda *a: mlp(*a).astype(jnp.float32).sum(), (0, 1, 2)))
     held = f.lower(x, w).compile()
     poison((tp * 384, 256), jnp.bfloat16)
@@ -372,18 +431,26 @@ elif mode == "dptp":
     ref = mm(xf, wf)
     for method in ("push", "ring", "all_peer"):
         poison((2, 96 * tp, 128), dtype)
-        y = smap(lambda x, w, m=method: jax_ub.all_gather_matmul(x, w, "tp", gather_axis=1, method=m,
-                                                                 precision=HP),
-                 (P("dp", "tp", None), P(None, "tp")), P("dp", None, "tp"))(x, w)
+        y = smap(
+            lambda x, w, m=method: jax_ub.all_gather_matmul(
+                x, w, "tp", gather_axis=1, method=m, precision=HP
+            ),
+            (P("dp", "tp", None), P(None, "tp")),
+            P("dp", None, "tp"),
+        )(x, w)
         check(f"dptp_ag_{method}", y, ref, tol)
     x2, x2f = global_array(8, (4, 96 * tp, 160 * tp), dtype, P("dp", None, "tp"))
     w2, w2f = global_array(9, (160 * tp, 512), dtype, P("tp", None))
     ref2 = mm(x2f, w2f, roundings=tp + 1)
     for method in ("ring", "pipeline", "chain", "columns"):
         poison((2, 96, 512), dtype)
-        y2 = smap(lambda x, w, m=method: jax_ub.matmul_reduce_scatter(x, w, "tp", scatter_axis=1,
-                                                                      method=m, precision=HP),
-                  (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))(x2, w2)
+        y2 = smap(
+            lambda x, w, m=method: jax_ub.matmul_reduce_scatter(
+                x, w, "tp", scatter_axis=1, method=m, precision=HP
+            ),
+            (P("dp", None, "tp"), P("tp", None)),
+            P("dp", "tp", None),
+        )(x2, w2)
         check(f"dptp_rs_{method}", y2, ref2, tol)
     finish()
 elif mode == "fault":
@@ -393,8 +460,11 @@ elif mode == "fault":
     x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
     ref = mm(xf, wf)
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
     check("fault_before_warm", f(x, w), ref, 1e-2)
     jax_ub.comm._inject_failure("tp", "before")
     try:
@@ -469,8 +539,13 @@ elif mode == "checks":
     x, w, ref, f = ring_ag_case(256)
     check("checks_warm", f(x, w), ref, 1e-2)
     bad_t = jax.ShapeDtypeStruct((tp * 256, 512), jnp.float32)  # x is bfloat16
-    bad = smap(lambda x: _ffi.call("jax_ub_all_gather", bad_t)(x, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring")),
-               P("tp", None), P())
+    bad = smap(
+        lambda x: _ffi.call("jax_ub_all_gather", bad_t)(
+            x, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring")
+        ),
+        P("tp", None),
+        P(),
+    )
     expect_error("checks_bad_dtype", bad, x, fragments=("gathered result is [", "float32", "bfloat16"))
     check("checks_after_refusal", f(x, w), ref, 1e-2)
 
@@ -481,12 +556,22 @@ elif mode == "checks":
         y_t = jax.ShapeDtypeStruct((tp * m, n), x.dtype)
         xg_t = jax.ShapeDtypeStruct((tp * m, 0), x.dtype)
         y, _, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x0, w0)))(
-            x0, w0, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring"), tf32=False, pieces=np.int32(1), merge=False)
+            x0,
+            w0,
+            set_id=cs.set_id,
+            algo=_ffi.schedule_code("ag", "ring"),
+            tf32=False,
+            pieces=np.int32(1),
+            merge=False,
+        )
         return y
 
     # Fill the allocator's free blocks with NaN first, so memory left unwritten would show.
-    poison = [jax.device_put(jnp.full((tp * 256, 256), jnp.nan, jnp.bfloat16), d)
-              for d in jax.local_devices() for _ in range(4)]
+    poison = [
+        jax.device_put(jnp.full((tp * 256, 256), jnp.nan, jnp.bfloat16), d)
+        for d in jax.local_devices()
+        for _ in range(4)
+    ]
     jax.block_until_ready(poison)
     del poison
     y0 = smap(empty_k, (P("tp", None), P(None, "tp")), P(None, "tp"))(x, w)
@@ -500,7 +585,14 @@ elif mode == "checks":
         y_t = jax.ShapeDtypeStruct((tp * x.shape[0], 0), x.dtype)
         xg_t = jax.ShapeDtypeStruct((tp * x.shape[0], x.shape[1]), x.dtype)
         _, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x, w0)))(
-            x, w0, set_id=cs.set_id, algo=_ffi.schedule_code("ag", "ring"), tf32=False, pieces=np.int32(1), merge=False)
+            x,
+            w0,
+            set_id=cs.set_id,
+            algo=_ffi.schedule_code("ag", "ring"),
+            tf32=False,
+            pieces=np.int32(1),
+            merge=False,
+        )
         return xg
 
     # No columns to compute: the gathered input still comes back, and the op leaves the
@@ -511,12 +603,25 @@ elif mode == "checks":
     # Forward mode through a CUDA method: its custom_vjp is reverse mode only. A jvp of an eager
     # shard_map traces through the op, which says so (naming the method and the way out) before
     # anything runs; the communicators stay usable.
-    eager = jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"), mesh=mesh,
-                          in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"),
-                          check_vma=False)
-    expect_error("checks_jvp", lambda x, w: jax.jvp(eager, (x, w), (x, w)), x, w,
-                 fragments=("all_gather_matmul: forward-mode autodiff", "method 'ring' (a CUDA overlap "
-                            "kernel)", "reverse mode only", "use method='xla'"))
+    eager = jax.shard_map(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="ring"),
+        mesh=mesh,
+        in_specs=(P("tp", None), P(None, "tp")),
+        out_specs=P(None, "tp"),
+        check_vma=False,
+    )
+    expect_error(
+        "checks_jvp",
+        lambda x, w: jax.jvp(eager, (x, w), (x, w)),
+        x,
+        w,
+        fragments=(
+            "all_gather_matmul: forward-mode autodiff",
+            "method 'ring' (a CUDA overlap kernel)",
+            "reverse mode only",
+            "use method='xla'",
+        ),
+    )
     check("checks_after_jvp", f(x, w), ref, 1e-2)
     # A jax.vmap axis named like the TP axis (no shard_map): `auto` must run XLA's collective over
     # the vmap axis on this device, not the CUDA path (one rank per mesh device: it would wait for
@@ -524,8 +629,7 @@ elif mode == "checks":
     dev = jax.local_devices()[0]
     xs = jax.device_put(jax.random.normal(jax.random.key(5), (tp, 64, 32), jnp.float32), dev)
     wv = jax.device_put(jax.random.normal(jax.random.key(6), (32, 16), jnp.float32), dev)
-    yv = jax.jit(jax.vmap(lambda x: jax_ub.all_gather_matmul(x, wv, "tp", precision=HP),
-                          axis_name="tp"))(xs)
+    yv = jax.jit(jax.vmap(lambda x: jax_ub.all_gather_matmul(x, wv, "tp", precision=HP), axis_name="tp"))(xs)
     want = np.asarray(xs, np.float64).reshape(tp * 64, 32) @ np.asarray(wv, np.float64)
     got = np.asarray(yv, np.float64)
     worst = max(np.linalg.norm(got[i] - want) / np.linalg.norm(want) for i in range(tp))
@@ -546,8 +650,11 @@ elif mode == "mismatch":
     x, w, ref, same = ring_ag_case(256)
     check("mismatch_warm", same(x, w), ref, 1e-2)
     mine = "ring" if rank == 0 else "all_peer"
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=mine, precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method=mine, precision=HP),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
     f.lower(x, w)  # every rank traces (buffers grow collectively) before any runs
     ex.barrier("mismatch-traced")
     run_expecting_failure("mismatch_", f, x, w)
@@ -568,8 +675,11 @@ elif mode == "gaveup":
     timeout = float(os.environ["JAX_UB_TIMEOUT"])
     x, xf = global_array(1, (tp * 256, 512), jnp.bfloat16, P("tp", None))
     w, wf = global_array(2, (512, 512), jnp.bfloat16, P(None, "tp"))
-    f = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
-             (P("tp", None), P(None, "tp")), P(None, "tp"))
+    f = smap(
+        lambda x, w: jax_ub.all_gather_matmul(x, w, "tp", method="push", precision=HP),
+        (P("tp", None), P(None, "tp")),
+        P(None, "tp"),
+    )
     check("gaveup_warm", f(x, w), mm(xf, wf), 1e-2)
     if late == "gpu":  # calibrated with both ranks on the GPU (maybe one shared): twice as long
         burn, a, _, _ = gpu_burner(2 * (timeout + 8))

@@ -37,7 +37,7 @@ def main() -> None:
                 raise SystemExit("no unique id from rank 0")
             time.sleep(0.05)
         both = uid_path.read_bytes()
-        uid, uid2 = both[:len(both) // 2], both[len(both) // 2:]
+        uid, uid2 = both[: len(both) // 2], both[len(both) // 2 :]
     if mode == "absent" and rank == 1:
         time.sleep(12)  # alive (rank 0's bootstrap socket stays up) but never joins
         print("RESULT absent_done", flush=True)
@@ -58,8 +58,7 @@ def main() -> None:
     except RuntimeError as e:
         print(f"RESULT gather_failed {e}", flush=True)
     else:
-        print(f"RESULT gather_ok {int(got[rank * 16:(rank + 1) * 16] == payload)} {got.hex()}",
-              flush=True)
+        print(f"RESULT gather_ok {int(got[rank * 16 : (rank + 1) * 16] == payload)} {got.hex()}", flush=True)
     nccl.destroy_comm(7)
     print("RESULT destroyed", flush=True)
 

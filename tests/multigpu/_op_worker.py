@@ -30,14 +30,13 @@ HP = lax.Precision.HIGHEST
 
 
 def smap(f, in_specs, out_specs):
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                 check_vma=False))
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
 
 
-ag = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")),
-          P(None, "tp"))
-rs = smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp"), (P(None, "tp"), P("tp", None)),
-          P("tp", None))
+ag = smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (P("tp", None), P(None, "tp")), P(None, "tp"))
+rs = smap(
+    lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp"), (P(None, "tp"), P("tp", None)), P("tp", None)
+)
 
 
 def rand(seed, shape):
@@ -62,10 +61,10 @@ if mode == "resharded":
         for j in range(3):
             seed = 100 * i + 2 * j
             if i % 2:
-                x, w = rand(seed, (m, k)), rand(seed + 1, (k, n)) / k ** 0.5
+                x, w = rand(seed, (m, k)), rand(seed + 1, (k, n)) / k**0.5
                 pending.append((ag(x, w), x, w))
             else:
-                x, w = rand(seed, (m, k)), rand(seed + 1, (k, n)) / k ** 0.5
+                x, w = rand(seed, (m, k)), rand(seed + 1, (k, n)) / k**0.5
                 pending.append((rs(x, w), x, w))
             calls += 1
         for out, x, w in pending:
@@ -99,9 +98,13 @@ elif mode == "compile_cache":
     events = count_cache_events()
     x, w1, w2 = rand(11, (512 * tp, 1024)), rand(12, (1024, 768 * tp)), rand(13, (768 * tp, 1024))
     w1, w2 = w1 / 32, w2 / (768 * tp) ** 0.5
-    mlp = smap(lambda x, w1, w2: jax_ub.matmul_reduce_scatter(
-        jax.nn.gelu(jax_ub.all_gather_matmul(x, w1, "tp")), w2, "tp"),
-        (P("tp", None), P(None, "tp"), P("tp", None)), P("tp", None))
+    mlp = smap(
+        lambda x, w1, w2: jax_ub.matmul_reduce_scatter(
+            jax.nn.gelu(jax_ub.all_gather_matmul(x, w1, "tp")), w2, "tp"
+        ),
+        (P("tp", None), P(None, "tp"), P("tp", None)),
+        P("tp", None),
+    )
     grad = jax.jit(jax.grad(lambda *a: mlp(*a).astype(jnp.float32).sum(), (0, 1, 2)))
     text = mlp.lower(x, w1, w2).as_text() + grad.lower(x, w1, w2).as_text()
     assert "jax_ub_ag_gemm" in text and "jax_ub_gemm_rs" in text, "no jax_ub custom call"

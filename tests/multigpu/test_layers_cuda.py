@@ -62,8 +62,16 @@ def test_nnx_parallel_mlp_on_the_cuda_path(ub, kind, dtype):
     gated = dict(gated=True, activation=jax.nn.silu, use_bias=False) if kind == "swiglu" else {}
 
     def make(method, compute):
-        return ubnn.ParallelMLP(H, F, dtype=compute, param_dtype=jnp.float32, method=method,
-                                precision=HP, rngs=nnx.Rngs(0), **gated)
+        return ubnn.ParallelMLP(
+            H,
+            F,
+            dtype=compute,
+            param_dtype=jnp.float32,
+            method=method,
+            precision=HP,
+            rngs=nnx.Rngs(0),
+            **gated,
+        )
 
     def fn_of(module):
         graphdef, rest = nnx.graphdef(module), nnx.state(module, nnx.Not(nnx.Param))
@@ -93,8 +101,9 @@ def test_linen_gated_mlp_on_the_cuda_path(ub):
     ct = jax.random.normal(jax.random.key(4), (B, 128 * tp, H), jnp.float32)
 
     def model(method, dtype):
-        return ubl.ParallelMLP(F, gated=True, activation=jax.nn.silu, dtype=dtype, method=method,
-                               precision=HP)
+        return ubl.ParallelMLP(
+            F, gated=True, activation=jax.nn.silu, dtype=dtype, method=method, precision=HP
+        )
 
     with jax.set_mesh(mesh):
         params = nn.unbox(jax.jit(model("xla", jnp.float32).init)(jax.random.key(0), x))["params"]

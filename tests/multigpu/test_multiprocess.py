@@ -45,23 +45,40 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
     (e.g. ``auto``) must resolve to. Returns the results."""
     env = dict(ENV, JAX_UB_BOOTSTRAP=bootstrap, JAX_UB_TRANSPORT=transport, **(extra_env or {}))
     transport = expect or transport
-    results = parallel_launch(n, WORKER, ["exchange"], env=env, timeout_s=timeout_s, fail_fast_s=30,
-                              **layout)
+    results = parallel_launch(n, WORKER, ["exchange"], env=env, timeout_s=timeout_s, fail_fast_s=30, **layout)
     with capsys.disabled():
         for r in results:
-            print(f"\n[{bootstrap}/{transport}, {n} ranks] rank {r.rank}: "
-                  + "; ".join(r.lines("RESULT ")))
+            print(f"\n[{bootstrap}/{transport}, {n} ranks] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
     assert all(r.ok for r in results), format_failures(results)
-    want = {"all_gather", "reduce_scatter", "ag_gemm_bfloat16", "gemm_rs_float32",
-            "gemm_rs_chain_bfloat16", "gemm_rs_chain_float32"}
+    want = {
+        "all_gather",
+        "reduce_scatter",
+        "ag_gemm_bfloat16",
+        "gemm_rs_float32",
+        "gemm_rs_chain_bfloat16",
+        "gemm_rs_chain_float32",
+    }
     want |= {f"bulk_{op}_{d}" for d in ("bfloat16", "float32") for op in ("ag", "ag_gemm", "rs", "rs_gemm")}
     if transport == "ipc":
-        want |= {f"{op}_{m}_{d}" for d in ("bfloat16", "float32")
-                 for op, m in (("ag_gemm", "all_peer"), ("ag_gemm", "push"), ("gemm_rs", "pipeline"),
-                               ("gemm_rs", "columns"), ("ag_gemm", "push2"), ("gemm_rs", "chain_cols"),
-                               ("ag_gemm", "push_merge"))}
-    want |= {"unaligned_plans_built_at_execute", "unaligned_rs_ring_bfloat16", "unaligned_ag_ring0_float32",
-             "unaligned_bulk_ag_bfloat16"}
+        want |= {
+            f"{op}_{m}_{d}"
+            for d in ("bfloat16", "float32")
+            for op, m in (
+                ("ag_gemm", "all_peer"),
+                ("ag_gemm", "push"),
+                ("gemm_rs", "pipeline"),
+                ("gemm_rs", "columns"),
+                ("ag_gemm", "push2"),
+                ("gemm_rs", "chain_cols"),
+                ("ag_gemm", "push_merge"),
+            )
+        }
+    want |= {
+        "unaligned_plans_built_at_execute",
+        "unaligned_rs_ring_bfloat16",
+        "unaligned_ag_ring0_float32",
+        "unaligned_bulk_ag_bfloat16",
+    }
     for r in results:
         names = {ln.split()[0] for ln in r.lines("RESULT ")}
         assert want <= names, sorted(want - names)
@@ -69,9 +86,7 @@ def _exchange(capsys, n, bootstrap, transport, extra_env=None, expect=None, time
     return results
 
 
-@pytest.mark.parametrize("bootstrap,transport", [
-    ("kv", "ipc"), ("nccl", "ipc"),
-    ("kv", "nccl")])
+@pytest.mark.parametrize("bootstrap,transport", [("kv", "ipc"), ("nccl", "ipc"), ("kv", "nccl")])
 def test_one_process_per_gpu_exchange_and_overlap_ops(capsys, bootstrap, transport):
     """One process per GPU, every GPU there is up to 8 (tp=8 over one NVLink domain); on one GPU,
     two processes sharing it."""
@@ -79,10 +94,19 @@ def test_one_process_per_gpu_exchange_and_overlap_ops(capsys, bootstrap, transpo
     _exchange(capsys, n, bootstrap, transport, **_layout(n))
 
 
-@pytest.mark.parametrize("chain_pieces", [
-    pytest.param(None, marks=pytest.mark.skipif(
-        NGPU == 4, reason="test_exchange_one_process_per_gpu runs world 4 on this machine")),
-    1, 3])
+@pytest.mark.parametrize(
+    "chain_pieces",
+    [
+        pytest.param(
+            None,
+            marks=pytest.mark.skipif(
+                NGPU == 4, reason="test_exchange_one_process_per_gpu runs world 4 on this machine"
+            ),
+        ),
+        1,
+        3,
+    ],
+)
 def test_world_four(capsys, chain_pieces):
     """Every schedule's step order at world 4 (the ring/chain neighbours, the pipeline's streams,
     the chain's per-piece flags): four processes over CUDA IPC (the KV bootstrap and the ipc
@@ -108,8 +132,14 @@ def _two_hosts(n: int) -> str:
 
 # NCCL between processes of one machine as it runs between hosts: no peer mapping (P2P) and no
 # shared memory, so every byte goes through its network transport (sockets over loopback).
-NCCL_OVER_NETWORK = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket",
-                     "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+NCCL_OVER_NETWORK = {
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_SHM_DISABLE": "1",
+    "NCCL_NET": "Socket",
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+}
 
 
 def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
@@ -119,8 +149,9 @@ def test_tp_group_across_hosts_chooses_nccl_over_the_network(capsys):
     network transport, as between real hosts."""
     n = _world(4)
     hosts = _two_hosts(n)
-    results = _exchange(capsys, n, "kv", "auto", dict(NCCL_OVER_NETWORK, JAX_UB_TEST_HOSTS=hosts),
-                        expect="nccl", **_layout(n))
+    results = _exchange(
+        capsys, n, "kv", "auto", dict(NCCL_OVER_NETWORK, JAX_UB_TEST_HOSTS=hosts), expect="nccl", **_layout(n)
+    )
     for r in results:
         assert r.lines("RESULT hosts ") == [hosts]
         # NCCL's own log says which transport its channels use: the network, never P2P or SHM.
@@ -133,14 +164,14 @@ def _dp_by_tp(capsys, n, label, transport="ipc", extra_env=None):
     """The worker's "dptp" mode on n processes (one per GPU, or several per GPU where there are
     fewer): every method of both ops right in each of the two groups. Returns the results."""
     env = dict(ENV, JAX_UB_BOOTSTRAP="kv", JAX_UB_TRANSPORT=transport, **(extra_env or {}))
-    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30,
-                              **_layout(n))
+    results = parallel_launch(n, WORKER, ["dptp"], env=env, timeout_s=300, fail_fast_s=30, **_layout(n))
     with capsys.disabled():
         for r in results:
             print(f"\n[{label}] rank {r.rank}: " + "; ".join(r.lines("RESULT ")))
     assert all(r.ok for r in results), format_failures(results)
     want = {f"dptp_ag_{m}" for m in ("push", "ring", "all_peer")} | {
-        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")}
+        f"dptp_rs_{m}" for m in ("ring", "pipeline", "chain", "columns")
+    }
     for r in results:
         assert want <= {ln.split()[0] for ln in r.lines("RESULT ")}, format_failures(results)
     return results
@@ -229,8 +260,9 @@ def test_crashed_peer_fails_the_op_at_once(capsys, transport):
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport)
     results = parallel_launch(n, WORKER, ["crash"], env=env, timeout_s=150, **_layout(n))
     _print_results(capsys, results, 900, f"[{transport}] ")
-    assert results[-1].returncode == 17 and results[-1].lines("RESULT crashing ") == ["1"], \
-        format_failures(results)
+    assert results[-1].returncode == 17 and results[-1].lines("RESULT crashing ") == ["1"], format_failures(
+        results
+    )
     for r in results[:-1]:
         assert not r.timed_out and r.returncode == 0, format_failures(results)
         failed = r.lines("RESULT failed_after ")
@@ -246,8 +278,7 @@ def test_crashed_peer_fails_the_op_at_once(capsys, transport):
         assert "timed out" not in errs, errs
 
 
-@pytest.mark.parametrize("transport,on_stall", [
-    ("ipc", "abort"), ("nccl", "abort"), ("ipc", "wait")])
+@pytest.mark.parametrize("transport,on_stall", [("ipc", "abort"), ("nccl", "abort"), ("ipc", "wait")])
 def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall):
     """Rank 0's watchdog reader is made to sit as if blocked inside a CUDA call (what a stalled
     hardware queue with a full command buffer does to any enqueue) while the last rank never runs
@@ -259,12 +290,15 @@ def test_stalled_watchdog_still_reports_then_aborts(capsys, transport, on_stall)
     grace = 10  # Communicator::kStallGraceS
     env = dict(ENV, JAX_UB_TIMEOUT=str(timeout), JAX_UB_TRANSPORT=transport, JAX_UB_ON_STALL=on_stall)
     t0 = time.time()
-    results = parallel_launch(n, WORKER, ["stall"], env=env, **_layout(n),
-                              timeout_s=180 if on_stall == "abort" else 50)
+    results = parallel_launch(
+        n, WORKER, ["stall"], env=env, **_layout(n), timeout_s=180 if on_stall == "abort" else 50
+    )
     r0 = results[0]
     with capsys.disabled():
-        print(f"\n[{transport}, {on_stall}] rank 0 rc={r0.returncode} timed_out={r0.timed_out} after "
-              f"{time.time() - t0:.1f} s; " + "; ".join(r0.lines("RESULT ")))
+        print(
+            f"\n[{transport}, {on_stall}] rank 0 rc={r0.returncode} timed_out={r0.timed_out} after "
+            f"{time.time() - t0:.1f} s; " + "; ".join(r0.lines("RESULT "))
+        )
         for ln in r0.stderr.splitlines():
             if "timed out" in ln or "could not be released" in ln:
                 print("rank 0 stderr: " + ln[:700])
@@ -384,8 +418,9 @@ def test_a_rank_that_gave_up_fails_its_late_peers_op(capsys, late):
         assert "CUDA" in error1, error1  # failed on the GPU
 
 
-@pytest.mark.skipif(NGPU >= 4, reason="test_missing_peer_times_out_with_a_clear_error runs world 4 "
-                                        "on this machine")
+@pytest.mark.skipif(
+    NGPU >= 4, reason="test_missing_peer_times_out_with_a_clear_error runs world 4 on this machine"
+)
 def test_missing_peer_at_world_four_on_fewer_gpus(capsys):
     _missing_peer(capsys, 4, "ipc", share_gpus=NGPU)
 
@@ -429,11 +464,17 @@ def test_reinitialize_and_persistent_compilation_cache(capsys, tmp_path):
     JAX_COMPILATION_CACHE_DIR, the second launch loads the jax_ub programs (forward and gradient)
     from the persistent cache and computes the same bits."""
     n = _world(4)
-    env = dict(ENV, JAX_UB_TIMEOUT="30", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
-    runs = [parallel_launch(n, WORKER, ["lifecycle"], env=env, timeout_s=240, fail_fast_s=30,
-                            **_layout(n)) for _ in range(2)]
+    env = dict(
+        ENV,
+        JAX_UB_TIMEOUT="30",
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
+    runs = [
+        parallel_launch(n, WORKER, ["lifecycle"], env=env, timeout_s=240, fail_fast_s=30, **_layout(n))
+        for _ in range(2)
+    ]
     with capsys.disabled():
         for i, results in enumerate(runs):
             for r in results:
@@ -444,8 +485,9 @@ def test_reinitialize_and_persistent_compilation_cache(capsys, tmp_path):
             for name in ("after_shutdown", "new_set", "held"):
                 assert r.lines(f"RESULT lifecycle_{name} ") == ["True"], (name, format_failures(results))
             assert r.lines("RESULT lifecycle_comm_errors ") == ["0"], format_failures(results)
+
     def cache(r):  # (hits, misses) of one rank's launch
-        (hits, _, misses), = (ln.split() for ln in r.lines("RESULT lifecycle_cache hits "))
+        ((hits, _, misses),) = (ln.split() for ln in r.lines("RESULT lifecycle_cache hits "))
         return int(hits), int(misses)
 
     # jax counts a miss where it writes an entry, and writes from process 0 only: the first

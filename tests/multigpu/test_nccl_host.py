@@ -24,8 +24,9 @@ pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 
 def _run(tmp_path, mode, timeout_s=60):
     nccl()  # a GPU machine without a loadable NCCL fails here
-    results = parallel_launch(2, WORKER, [mode], env={"JAX_UB_TEST_DIR": str(tmp_path)},
-                              timeout_s=timeout_s, **_layout(2))
+    results = parallel_launch(
+        2, WORKER, [mode], env={"JAX_UB_TEST_DIR": str(tmp_path)}, timeout_s=timeout_s, **_layout(2)
+    )
     assert all(r.ok for r in results), format_failures(results)
     return results
 
@@ -68,15 +69,16 @@ def test_attach_refusals_name_why_and_leave_the_communicator_where_destroy_frees
     destroying the member's set frees it."""
     results = _run(tmp_path, "attach")
     for r in results:
+
         def said(name: str, r=r) -> str:
             (line,) = r.lines(f"RESULT {name} ")
             return line
 
-        assert "987654" in said("no_member") and said("no_member").startswith("failed"), said(
-            "no_member")
+        assert "987654" in said("no_member") and said("no_member").startswith("failed"), said("no_member")
         assert "was created for transport ipc" in said("ipc_member"), said("ipc_member")
-        assert (f"does not match (rank {r.rank} of 2 on device 0)" in said("other_rank")
-                and f"rank {1 - r.rank} of 2" in said("other_rank")), said("other_rank")
+        assert f"does not match (rank {r.rank} of 2 on device 0)" in said(
+            "other_rank"
+        ) and f"rank {1 - r.rank} of 2" in said("other_rank"), said("other_rank")
         assert said("matching") == "attached", said("matching")
         assert "an NCCL communicator is attached already" in said("second"), said("second")
         assert r.lines("RESULT listed_before ") == ["[(7, 0), (8, 0)]"], format_failures(results)

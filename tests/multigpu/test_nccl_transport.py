@@ -61,8 +61,9 @@ def test_random_pattern_through_nccl(ub, tp):
 @pytest.mark.parametrize("return_gathered", [True, False])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
-@pytest.mark.parametrize("shape", [(6144, 5120, 13824), (512, 1024, 2048)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(6144, 5120, 13824), (512, 1024, 2048)], ids=lambda s: "x".join(map(str, s))
+)
 def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
     _need(tp)
     M, K, N = shape
@@ -71,13 +72,18 @@ def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
     w = _rand(N, (K, N), dtype)
 
     def f(x, w):
-        out = ub.all_gather_matmul(x, w, "tp", return_gathered=return_gathered, method="nccl",
-                                   precision=HP)
+        out = ub.all_gather_matmul(x, w, "tp", return_gathered=return_gathered, method="nccl", precision=HP)
         return out if return_gathered else (out, x)
 
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                              out_specs=(P(None, "tp"), P() if return_gathered else P("tp", None)),
-                              check_vma=False))
+    g = jax.jit(
+        jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=(P(None, "tp"), P() if return_gathered else P("tp", None)),
+            check_vma=False,
+        )
+    )
     _checks.poison((M, N // tp), dtype, mesh.devices.flat)
     _checks.poison(x.shape, dtype, mesh.devices.flat)
     y, xg = g(x, w)
@@ -89,9 +95,15 @@ def test_ag_and_rs_over_nccl(ub, tp, dtype, shape, return_gathered):
 
     x2 = _rand(M * 3 + K, (M, K), dtype)
     w2 = _rand(N * 5, (K, N), dtype)
-    h = jax.jit(jax.shard_map(
-        lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="nccl", precision=HP), mesh=mesh,
-        in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None), check_vma=False))
+    h = jax.jit(
+        jax.shard_map(
+            lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="nccl", precision=HP),
+            mesh=mesh,
+            in_specs=(P(None, "tp"), P("tp", None)),
+            out_specs=P("tp", None),
+            check_vma=False,
+        )
+    )
     _checks.poison((M // tp, N), dtype, mesh.devices.flat)
     y2, want2 = h(x2, w2), _checks.matmul_expected(x2, w2, roundings=tp + 1)
     assert _rel(y2, want2.value) <= TOL[dtype]
@@ -111,12 +123,20 @@ def test_bulk_scan_gradients_and_dp_over_nccl(ub):
         def f(x, w1, w2):
             def step(h, _):
                 a = ub.all_gather_matmul(h, w1, "tp", gather_axis=1, method=method)
-                return ub.matmul_reduce_scatter(jnp.tanh(a), w2, "tp", scatter_axis=1,
-                                                method=method) * 0.5, None
+                return ub.matmul_reduce_scatter(
+                    jnp.tanh(a), w2, "tp", scatter_axis=1, method=method
+                ) * 0.5, None
+
             h, _ = lax.scan(step, x, None, length=2)
             return jnp.sum(h.astype(jnp.float32) ** 2)
-        return jax.shard_map(f, mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp"),
-                                                     P("tp", None)), out_specs=P(), check_vma=False)
+
+        return jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(P(None, "tp", None), P(None, "tp"), P("tp", None)),
+            out_specs=P(),
+            check_vma=False,
+        )
 
     got = jax.jit(jax.grad(lambda *a: block("auto")(*a).sum(), (0, 1, 2)))
     ref = jax.jit(jax.grad(lambda *a: block("xla")(*a).sum(), (0, 1, 2)))
@@ -136,8 +156,15 @@ def test_bulk_scan_gradients_and_dp_over_nccl(ub):
         return g, y1, rr, y2
 
     x2 = _rand(31, (tp * 640, 1000), jnp.bfloat16)
-    gb = jax.jit(jax.shard_map(fb, mesh=mesh, in_specs=(P("tp", None), P("tp", None), P(), P()),
-                               out_specs=(P(), P(), P("tp", None), P()), check_vma=False))
+    gb = jax.jit(
+        jax.shard_map(
+            fb,
+            mesh=mesh,
+            in_specs=(P("tp", None), P("tp", None), P(), P()),
+            out_specs=(P(), P(), P("tp", None), P()),
+            check_vma=False,
+        )
+    )
     _checks.poison((tp * 640, 1000), jnp.bfloat16, mesh.devices.flat)
     g, y1, rr, y2 = gb(x2, z, a, b)
     _checks.assert_equal(g, x2, "nccl bulk all-gather")  # every device's copy
@@ -154,10 +181,15 @@ def test_bulk_scan_gradients_and_dp_over_nccl(ub):
         mesh = _init(ub, 2, dp=2)
         xd = _rand(11, (4, 256, 512), jnp.bfloat16)
         wd = _rand(12, (512, 384), jnp.bfloat16)
-        y = jax.jit(jax.shard_map(
-            lambda x, w: ub.all_gather_matmul(x, w, "tp", gather_axis=1, method="nccl"), mesh=mesh,
-            in_specs=(P("dp", "tp", None), P(None, "tp")), out_specs=P("dp", None, "tp"),
-            check_vma=False))(xd, wd)
+        y = jax.jit(
+            jax.shard_map(
+                lambda x, w: ub.all_gather_matmul(x, w, "tp", gather_axis=1, method="nccl"),
+                mesh=mesh,
+                in_specs=(P("dp", "tp", None), P(None, "tp")),
+                out_specs=P("dp", None, "tp"),
+                check_vma=False,
+            )
+        )(xd, wd)
         want = _checks.matmul_expected(xd, wd)
         assert _rel(y, want.value) < 1e-2
         _checks.assert_close(y, want, "nccl dp x tp y")
@@ -169,9 +201,13 @@ def test_nccl_method_needs_nccl_transport(ub):
     ub.initialize(mesh, "tp", transport="ipc")
     x = _rand(1, (256, 64), jnp.bfloat16)
     w = _rand(2, (64, 64), jnp.bfloat16)
-    f = jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="nccl"), mesh=mesh,
-                      in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"),
-                      check_vma=False)
+    f = jax.shard_map(
+        lambda x, w: ub.all_gather_matmul(x, w, "tp", method="nccl"),
+        mesh=mesh,
+        in_specs=(P("tp", None), P(None, "tp")),
+        out_specs=P(None, "tp"),
+        check_vma=False,
+    )
     with pytest.raises(ValueError, match="transport='nccl'"):
         jax.jit(f)(x, w)
     ub.shutdown()

@@ -23,8 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(mode: str, env: dict, timeout_s: float) -> list[str]:
     full = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", **env)
     try:
-        p = subprocess.run([sys.executable, str(WORKER), mode], env=full, cwd=ROOT,
-                           capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(
+            [sys.executable, str(WORKER), mode],
+            env=full,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired as e:  # run() has killed the child
         out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
         pytest.fail(f"{mode}: no result after {timeout_s} s (a hang); output tail:\n{out[-3000:]}")
@@ -62,9 +68,12 @@ def test_rank_that_never_starts_an_op_fails_on_the_host(capsys):
 def test_programs_load_from_the_persistent_compilation_cache(tmp_path, capsys):
     """A second process with the same JAX_COMPILATION_CACHE_DIR loads the jax_ub programs (forward
     and gradient) from the persistent cache instead of compiling them, and computes the same bits."""
-    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1", "JAX_UB_TIMEOUT": "30"}
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+        "JAX_UB_TIMEOUT": "30",
+    }
     runs = [_run("compile_cache", env, 240) for _ in range(2)]
     with capsys.disabled():
         print("\n" + "\n".join(ln for lines in runs for ln in lines))

@@ -79,8 +79,8 @@ def _rand(key, shape, dtype):
 
 AG_SHAPES = [  # global (M, K, N)
     (1024, 512, 768),
-    (6144, 5120, 13824),   # non-powers-of-two
-    (512, 1024, 2048),     # small M: M/tp = 128 at tp=4
+    (6144, 5120, 13824),  # non-powers-of-two
+    (512, 1024, 2048),  # small M: M/tp = 128 at tp=4
 ]
 
 
@@ -93,13 +93,21 @@ def _ag_case(ub, tp, dtype, M, K, N, method, batch=None):
     xspec = P("tp", None) if batch is None else P(None, "tp", None)
 
     def f(x, w):
-        y, xg = ub.all_gather_matmul(x, w, "tp", gather_axis=gax, return_gathered=True,
-                                     method=method, precision=HP)
+        y, xg = ub.all_gather_matmul(
+            x, w, "tp", gather_axis=gax, return_gathered=True, method=method, precision=HP
+        )
         return y, xg
 
     y_spec = P(None, "tp") if batch is None else P(None, None, "tp")
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(xspec, P(None, "tp")),
-                              out_specs=(y_spec, P(*([None] * x.ndim))), check_vma=False))
+    g = jax.jit(
+        jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(xspec, P(None, "tp")),
+            out_specs=(y_spec, P(*([None] * x.ndim))),
+            check_vma=False,
+        )
+    )
     _checks.poison((M, N // tp) if batch is None else (batch, M, N // tp), dtype, mesh.devices.flat)
     _checks.poison(x.shape, dtype, mesh.devices.flat)  # the gathered input's buffers too
     y, xg = g(x, w)
@@ -124,9 +132,15 @@ def _push_without_gathered(ub, tp, seed, method="push"):
     M, K, N = 2048, 1024, 1536
     mesh = _mesh(tp)
     x, w = _rand(seed, (M, K), jnp.bfloat16), _rand(seed + 1, (K, N), jnp.bfloat16)
-    g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
-                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                              out_specs=P(None, "tp"), check_vma=False))
+    g = jax.jit(
+        jax.shard_map(
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=False,
+        )
+    )
     _checks.poison((M, N // tp), jnp.bfloat16, mesh.devices.flat)
     y, want = g(x, w), _checks.matmul_expected(x, w)
     assert _rel(y, want.value) <= TOL[jnp.bfloat16]
@@ -239,8 +253,9 @@ def check_bare_collectives(ub, mesh, tp) -> None:
     def f(x):
         return ub.collectives.all_gather(x, "tp"), ub.collectives.reduce_scatter(x, "tp")
 
-    ag, rs = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("tp", None),
-                                   out_specs=(P(), P("tp", None)), check_vma=False))(x)
+    ag, rs = jax.jit(
+        jax.shard_map(f, mesh=mesh, in_specs=P("tp", None), out_specs=(P(), P("tp", None)), check_vma=False)
+    )(x)
     _checks.assert_equal(ag, x, "all-gather")  # every device's copy
     # Each rank reduce-scatters its own [384, 1000] shard: the global result is the sum of the
     # tp shards, rows split across ranks.
@@ -272,8 +287,9 @@ def test_reduce_scatter_pieces(ub, tp, method, pieces):
     for dtype, rows, cols in ((jnp.bfloat16, 383, 1001), (jnp.float32, 383, 1001), (jnp.bfloat16, 5, 1000)):
         z = _rand(43 + rows, (tp * tp * rows, cols), dtype)  # each rank's [tp * rows, cols] shard
         with ub.config.override(rs_pieces=pieces):
-            got = jax.jit(jax.shard_map(lambda z: ub.collectives.reduce_scatter(z, "tp", method=method),
-                                        **spec))
+            got = jax.jit(
+                jax.shard_map(lambda z: ub.collectives.reduce_scatter(z, "tp", method=method), **spec)
+            )
             assert f"splits = {min(pieces, rows)} : i32" in got.lower(z).as_text()
             _checks.poison((rows, cols), dtype, mesh.devices.flat)
             r = got(z)
@@ -294,9 +310,10 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     if copy_sms:  # the GEMM runs in two parts
-        assert _bulk_side_at(copy_sms, 640 * 1000 * jnp.dtype(dtype).itemsize, 4096, 1024, 2048,
-                                 dtype)[1] in range(128, 4096, 128)
-    x = _rand(31, (tp * 640, 1000), dtype)       # AG: gathered exactly
+        assert _bulk_side_at(copy_sms, 640 * 1000 * jnp.dtype(dtype).itemsize, 4096, 1024, 2048, dtype)[
+            1
+        ] in range(128, 4096, 128)
+    x = _rand(31, (tp * 640, 1000), dtype)  # AG: gathered exactly
     z = _rand(34, (tp * tp * 640, 1000), dtype)  # RS: each rank's [tp*640, 1000] partial sums
     a = _rand(32, (4096, 1024), dtype)
     b = _rand(33, (1024, 2048), dtype)
@@ -328,8 +345,9 @@ def test_bulk_overlap(ub, tp, dtype, method, copy_sms):
     gemm = _checks.matmul_expected(a, b)
     _checks.assert_close(y1, gemm, "GEMM beside the all-gather")
     _checks.assert_close(y2, gemm, "GEMM beside the reduce-scatter")
-    _checks.assert_close(r, _checks.sum_expected(z.reshape(tp, tp * 640, 1000), roundings=2),
-                         "bulk reduce-scatter")
+    _checks.assert_close(
+        r, _checks.sum_expected(z.reshape(tp, tp * 640, 1000), roundings=2), "bulk reduce-scatter"
+    )
     assert "jax_ub_bulk" in got.lower(x, z, a, b).as_text()
 
 
@@ -356,9 +374,15 @@ def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
         got = jax.jit(jax.shard_map(lambda x, a, b: ub.bulk_all_gather(x, a, b, "tp", precision=HP), **spec))
         _checks.poison((tp * rows, cols), jnp.bfloat16, mesh.devices.flat)
         g, y = got(x, a, b)
-    rg, ry = jax.jit(jax.shard_map(
-        lambda x, a, b: (lax.all_gather(x, "tp", axis=0, tiled=True),
-                         jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=HP)), **spec))(x, a, b)
+    rg, ry = jax.jit(
+        jax.shard_map(
+            lambda x, a, b: (
+                lax.all_gather(x, "tp", axis=0, tiled=True),
+                jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=HP),
+            ),
+            **spec,
+        )
+    )(x, a, b)
     assert _rel(g, rg) == 0.0
     assert _rel(y, ry) <= TOL[jnp.bfloat16]
     _checks.assert_equal(g, x, "bulk all-gather")  # every device's copy
@@ -377,8 +401,8 @@ def test_execute_builds_no_gemm_plan(ub, tp):
     mesh = _mesh(tp)
     ub.initialize(mesh, "tp")
     M, K, N = 1056, 520, 784
-    x = _rand(41, (M, K), jnp.bfloat16)   # AG: rows over tp
-    w = _rand(42, (K, N), jnp.bfloat16)   # AG: columns over tp
+    x = _rand(41, (M, K), jnp.bfloat16)  # AG: rows over tp
+    w = _rand(42, (K, N), jnp.bfloat16)  # AG: columns over tp
     x2 = _rand(43, (M, K), jnp.bfloat16)  # RS: columns over tp
     w2 = _rand(44, (K, N), jnp.bfloat16)  # RS: rows over tp
     a = _rand(45, (264, K), jnp.bfloat16)
@@ -386,8 +410,10 @@ def test_execute_builds_no_gemm_plan(ub, tp):
 
     def f(x, w, x2, w2, a, b):
         outs = [ub.all_gather_matmul(x, w, "tp", method=m, precision=HP) for m in ("ring", "push")]
-        outs += [ub.matmul_reduce_scatter(x2, w2, "tp", method=m, precision=HP)
-                 for m in ("ring", "pipeline", "chain", "columns")]
+        outs += [
+            ub.matmul_reduce_scatter(x2, w2, "tp", method=m, precision=HP)
+            for m in ("ring", "pipeline", "chain", "columns")
+        ]
         for split in ("rows", "cols"):  # the chain's row and column pieces
             with ub.config.override(rs_chain_split=split):
                 outs.append(ub.matmul_reduce_scatter(x2, w2, "tp", method="chain", precision=HP))
@@ -410,8 +436,13 @@ def test_execute_builds_no_gemm_plan(ub, tp):
     # The host time of every op is counted once per device: as many as the compiled program has
     # overlap custom calls (XLA merges identical ones: here the chain's rows and cols when both
     # splits give the same call).
-    n_ops = len(re.findall(r'custom_call_target="jax_ub_(?:ag_gemm|gemm_rs|bulk|all_gather|'
-                           r'reduce_scatter)"', compiled.as_text()))
+    n_ops = len(
+        re.findall(
+            r'custom_call_target="jax_ub_(?:ag_gemm|gemm_rs|bulk|all_gather|'
+            r'reduce_scatter)"',
+            compiled.as_text(),
+        )
+    )
     assert 9 <= n_ops <= 10, n_ops
     host1 = ub.comm.host_stats()
     assert sorted(host1) == sorted(host0) and len(host1) == tp, host1
@@ -429,9 +460,15 @@ def test_timeline_trace_records_overlap(ub):
     ub.initialize(mesh, "tp")
     x = _rand(41, (tp * 512, 1024), jnp.bfloat16)
     w = _rand(42, (1024, 1024 * tp), jnp.bfloat16)
-    g = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
-                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                              out_specs=P(None, "tp"), check_vma=False))
+    g = jax.jit(
+        jax.shard_map(
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=False,
+        )
+    )
     jax.block_until_ready(g(x, w))
     ub.trace.trace_enable(True)
     try:
@@ -473,7 +510,10 @@ def test_scan_batch_dims_repeated_and_mixed_shapes(ub):
     def block(x, w1, w2):
         def step(h, _):
             a = ub.all_gather_matmul(h, w1, "tp", gather_axis=1, method="ring")
-            return ub.matmul_reduce_scatter(jax.nn.gelu(a), w2, "tp", scatter_axis=1, method="ring") * 0.05, None
+            return ub.matmul_reduce_scatter(
+                jax.nn.gelu(a), w2, "tp", scatter_axis=1, method="ring"
+            ) * 0.05, None
+
         h, _ = lax.scan(step, x, None, length=3)
         return h
 
@@ -481,11 +521,16 @@ def test_scan_batch_dims_repeated_and_mixed_shapes(ub):
         def step(h, _):
             a = lax.all_gather(h, "tp", axis=1, tiled=True) @ w1
             return lax.psum_scatter(jax.nn.gelu(a) @ w2, "tp", scatter_dimension=1, tiled=True) * 0.05, None
+
         h, _ = lax.scan(step, x, None, length=3)
         return h
 
-    spec = dict(mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp"), P("tp", None)),
-                out_specs=P(None, "tp", None), check_vma=False)
+    spec = dict(
+        mesh=mesh,
+        in_specs=(P(None, "tp", None), P(None, "tp"), P("tp", None)),
+        out_specs=P(None, "tp", None),
+        check_vma=False,
+    )
     got = jax.jit(jax.shard_map(block, **spec))
     xla = jax.jit(jax.shard_map(block_ref, **spec))
     exact = xla(*(a.astype(jnp.float32) for a in (x, w1, w2)))
@@ -504,15 +549,23 @@ def test_dp_by_tp_mesh(ub):
     def f(x, w):
         return ub.all_gather_matmul(x, w, "tp", gather_axis=1, method="ring")
 
-    y = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("dp", "tp", None), P(None, "tp")),
-                              out_specs=P("dp", None, "tp"), check_vma=False))(x, w)
+    y = jax.jit(
+        jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(P("dp", "tp", None), P(None, "tp")),
+            out_specs=P("dp", None, "tp"),
+            check_vma=False,
+        )
+    )(x, w)
     want = _checks.matmul_expected(x, w)
     assert _rel(y, want.value) < 1e-2
     _checks.assert_close(y, want, "dp x tp y")
 
 
-@pytest.mark.parametrize("remat", [None, "nothing", "dots", "ub_dots"],
-                         ids=["saved", "remat", "remat_dots", "remat_ub_dots"])
+@pytest.mark.parametrize(
+    "remat", [None, "nothing", "dots", "ub_dots"], ids=["saved", "remat", "remat_dots", "remat_ub_dots"]
+)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 def test_gradients_through_cuda_path(ub, dtype, remat):
     """Reverse mode through both CUDA ops, also under jax.checkpoint: saving nothing, the backward
@@ -526,21 +579,32 @@ def test_gradients_through_cuda_path(ub, dtype, remat):
     w1 = _rand(22, (256, 64 * tp), dtype)
     w2 = _rand(23, (64 * tp, 256), dtype)
     cp = jax.checkpoint_policies
-    policy = {"nothing": cp.nothing_saveable, "dots": cp.dots_saveable,
-              "ub_dots": ub.checkpoint_policy(cp.dots_saveable)}.get(remat)
+    policy = {
+        "nothing": cp.nothing_saveable,
+        "dots": cp.dots_saveable,
+        "ub_dots": ub.checkpoint_policy(cp.dots_saveable),
+    }.get(remat)
 
     def model(ag, rs, policy=policy):
         def f(x, w1, w2):
             h = ag(x, w1)
             return jnp.sum(rs(jnp.tanh(h), w2).astype(jnp.float32) ** 2)
+
         if policy is not None:
             f = jax.checkpoint(f, policy=policy)
-        return jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
-                             out_specs=P(), check_vma=False)
+        return jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
+            out_specs=P(),
+            check_vma=False,
+        )
 
     def ops_of(method):
-        return (lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
-                lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method=method, precision=HP))
+        return (
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method=method, precision=HP),
+            lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method=method, precision=HP),
+        )
 
     cuda = model(*ops_of("ring"))
     ref = model(*ops_of("xla"))
@@ -548,7 +612,8 @@ def test_gradients_through_cuda_path(ub, dtype, remat):
     g1 = jax.jit(jax.grad(lambda *a: cuda(*a).sum(), (0, 1, 2)))(x, w1, w2)
     g2 = jax.jit(jax.grad(lambda *a: ref(*a).sum(), (0, 1, 2)))(x, w1, w2)
     exact = jax.jit(jax.grad(lambda *a: ref(*a).sum(), (0, 1, 2)))(
-        *(a.astype(jnp.float32) for a in (x, w1, w2)))
+        *(a.astype(jnp.float32) for a in (x, w1, w2))
+    )
     if dtype == jnp.float32:
         for a, b in zip(g1, exact, strict=True):
             assert _rel(a, b) <= 1e-4
@@ -566,7 +631,10 @@ def test_gradients_through_cuda_path(ub, dtype, remat):
     # program with both passes holds twice the forward's calls of each (a backward that fell back
     # to XLA would hold only the forward's).
     fwd = jax.jit(lambda *a: model(*ops_of("ring"), policy=None)(*a).sum()).lower(x, w1, w2).as_text()
-    assert saved == (2 * fwd.count("jax_ub_ag_gemm"), 2 * fwd.count("jax_ub_gemm_rs")), (saved, fwd.count("jax_ub_"))
+    assert saved == (2 * fwd.count("jax_ub_ag_gemm"), 2 * fwd.count("jax_ub_gemm_rs")), (
+        saved,
+        fwd.count("jax_ub_"),
+    )
     if remat == "nothing":  # the backward runs the forward's AG and RS again
         assert got[0] > saved[0] and got[1] > saved[1], (got, saved)
     elif remat == "dots":  # AG's output and gathered input are needed, and not kept
@@ -607,9 +675,15 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
     x = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("tp", None)))
     w = jax.device_put(w, jax.sharding.NamedSharding(mesh, P(None, "tp")))
-    f = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
-                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                              out_specs=P(None, "tp"), check_vma=False))
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=False,
+        )
+    )
     first = ub.initialize(mesh, "tp")
     held = f.lower(x, w).compile()
     assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]
@@ -620,8 +694,11 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
     assert second.set_id != first.set_id
     _checks.poison((256 * n, 128), jnp.bfloat16, mesh.devices.flat)
     assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]
-    with pytest.raises(Exception, match=rf"no communicator for device \d+ in set {first.set_id} "
-                                        r"\(was jax_ub.shutdown\(\) called"):
+    with pytest.raises(
+        Exception,
+        match=rf"no communicator for device \d+ in set {first.set_id} "
+        r"\(was jax_ub.shutdown\(\) called",
+    ):
         jax.block_until_ready(held(x, w))
     assert _rel(f(x, w), ref) <= TOL[jnp.bfloat16]  # the failed call left the set usable
     assert ub.comm.errors() == {}
@@ -669,8 +746,13 @@ def test_uninitialized_axis_gives_clear_error(ub):
     mesh = _mesh(2)
     x = _rand(1, (256, 64), jnp.bfloat16)
     w = _rand(2, (64, 64), jnp.bfloat16)
-    f = jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"), mesh=mesh,
-                      in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"), check_vma=False)
+    f = jax.shard_map(
+        lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring"),
+        mesh=mesh,
+        in_specs=(P("tp", None), P(None, "tp")),
+        out_specs=P(None, "tp"),
+        check_vma=False,
+    )
     with pytest.raises(ValueError, match="initialize"):
         jax.jit(f)(x, w)
 
@@ -687,14 +769,26 @@ def test_mesh_device_order_must_match_initialize(ub):
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
 
     def ag(mesh):
-        return jax.jit(jax.shard_map(
-            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP), mesh=mesh,
-            in_specs=(P("tp", None), P(None, "tp")), out_specs=P(None, "tp"), check_vma=False))
+        return jax.jit(
+            jax.shard_map(
+                lambda x, w: ub.all_gather_matmul(x, w, "tp", method="ring", precision=HP),
+                mesh=mesh,
+                in_specs=(P("tp", None), P(None, "tp")),
+                out_specs=P(None, "tp"),
+                check_vma=False,
+            )
+        )
 
     def rs(mesh):
-        return jax.jit(jax.shard_map(
-            lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP), mesh=mesh,
-            in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None), check_vma=False))
+        return jax.jit(
+            jax.shard_map(
+                lambda x, w: ub.matmul_reduce_scatter(x, w, "tp", method="ring", precision=HP),
+                mesh=mesh,
+                in_specs=(P(None, "tp"), P("tp", None)),
+                out_specs=P("tp", None),
+                check_vma=False,
+            )
+        )
 
     for init, other in ((fwd, rev), (rev, fwd)):
         ub.initialize(init, "tp")
@@ -712,9 +806,15 @@ def test_uninitialized_axis_auto_warns_and_runs_xla(ub, caplog, monkeypatch):
     mesh = _mesh(2)
     x = _rand(1, (256, 64), jnp.bfloat16)
     w = _rand(2, (64, 96), jnp.bfloat16)
-    f = jax.jit(jax.shard_map(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="auto", precision=HP),
-                              mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                              out_specs=P(None, "tp"), check_vma=False))
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="auto", precision=HP),
+            mesh=mesh,
+            in_specs=(P("tp", None), P(None, "tp")),
+            out_specs=P(None, "tp"),
+            check_vma=False,
+        )
+    )
     with caplog.at_level("WARNING", logger="jax_ub"):
         y = f(x, w)
         f.lower(x, w)  # traced again: no second warning
@@ -745,9 +845,13 @@ def test_vmap_over_microbatches(ub, w_batched):
             return ub.matmul_reduce_scatter(jnp.tanh(h), w2, "tp", method=method, precision=HP)
 
         body = jax.vmap(one, in_axes=(0, wax, wax))
-        return jax.shard_map(body, mesh=mesh,
-                             in_specs=(P(None, "tp", None), P(*lead, None, "tp"), P(*lead, "tp", None)),
-                             out_specs=P(None, "tp", None), check_vma=False)
+        return jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(P(None, "tp", None), P(*lead, None, "tp"), P(*lead, "tp", None)),
+            out_specs=P(None, "tp", None),
+            check_vma=False,
+        )
 
     cuda, ref = model("ring"), model("xla")
     f32 = [a.astype(jnp.float32) for a in (x, w1, w2)]

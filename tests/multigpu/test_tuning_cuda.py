@@ -37,8 +37,13 @@ def _step(mesh, method):
         h = jax.nn.gelu(jax_ub.all_gather_matmul(x, w1, "tp", method=method))
         return jax_ub.matmul_reduce_scatter(h, w2, "tp", method=method)
 
-    f = jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
-                      out_specs=P("tp", None), check_vma=False)
+    f = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P("tp", None), P(None, "tp"), P("tp", None)),
+        out_specs=P("tp", None),
+        check_vma=False,
+    )
     loss = lambda x, w1, w2: jnp.sum(f(x, w1, w2).astype(jnp.float32) ** 2)  # noqa: E731
     return jax.jit(f), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
@@ -51,20 +56,43 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     tp = min(_n_gpus(), MAX_TP)
     M, H, F = 512 * tp, 1024, 4096
     mesh = _mesh(tp)
-    x, w1, w2 = (_rand(1, (M, H), jnp.bfloat16), _rand(2, (H, F), jnp.bfloat16) * 0.05,
-                 _rand(3, (F, H), jnp.bfloat16) * 0.05)
+    x, w1, w2 = (
+        _rand(1, (M, H), jnp.bfloat16),
+        _rand(2, (H, F), jnp.bfloat16) * 0.05,
+        _rand(3, (F, H), jnp.bfloat16) * 0.05,
+    )
     ub.initialize(mesh, "tp")
     with tuning.record() as rec:
         _step(mesh, None)[1].lower(x, w1, w2)
     got = {(s["op"], s["M"], s["K"], s["N"], s["role"]) for s in rec.shapes()}
-    assert got == {("ag", M, H, F, "forward"), ("rs", M, F, H, "backward"),
-                   ("rs", M, F, H, "forward"), ("ag", M, H, F, "backward")}
+    assert got == {
+        ("ag", M, H, F, "forward"),
+        ("rs", M, F, H, "backward"),
+        ("rs", M, F, H, "forward"),
+        ("ag", M, H, F, "backward"),
+    }
     shapes = tmp_path / "shapes.json"
     rec.save(str(shapes))
     ub.shutdown()
 
-    a = cli._parser().parse_args(["tune", str(shapes), "--out", str(tmp_path / "o"), "--machine", "t",
-                                      "--warmup", "2", "--iters", "5", "--reps", "3", "--settle-ms", "0"])
+    a = cli._parser().parse_args(
+        [
+            "tune",
+            str(shapes),
+            "--out",
+            str(tmp_path / "o"),
+            "--machine",
+            "t",
+            "--warmup",
+            "2",
+            "--iters",
+            "5",
+            "--reps",
+            "3",
+            "--settle-ms",
+            "0",
+        ]
+    )
     a.date = "d"
     assert tune.run(a) == 0
     out = tmp_path / "o" / "t-d-tune.json"
@@ -72,14 +100,21 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     assert doc["path"] == "cuda"
     picks = {}
     for op, (m, k, n) in (("ag", (M, H, F)), ("rs", (M, F, H))):
-        res = {r["impl"]: r["ms"] for r in doc["records"]
-               if r["op"] == choice.BENCH_OP[op] and (r["M"], r["K"], r["N"]) == (m, k, n)}
+        res = {
+            r["impl"]: r["ms"]
+            for r in doc["records"]
+            if r["op"] == choice.BENCH_OP[op] and (r["M"], r["K"], r["N"]) == (m, k, n)
+        }
         cuda_methods = set(methods.SCHEDULES[op])
         assert {f"jax_ub_{x}" for x in cuda_methods} <= set(res), res  # every method ran
         # auto leaves out what sums in bf16 at tp >= 3 (chain) unless JAX_UB_AUTO_CHAIN=1
-        fastest = tune.best({k: v for k, v in res.items()
-                             if not choice.sums_in_dtype(op, choice.method_of(k) or "", tp,
-                                                         "bfloat16")})
+        fastest = tune.best(
+            {
+                k: v
+                for k, v in res.items()
+                if not choice.sums_in_dtype(op, choice.method_of(k) or "", tp, "bfloat16")
+            }
+        )
         picked = choice.choose(op, tp, "bfloat16", m, k, n, str(out)).method
         ms = res["xla_plain" if picked == "xla" else f"jax_ub_{picked}"]
         assert ms <= fastest[1] * choice.TIE, (op, picked, ms, fastest)
@@ -89,7 +124,9 @@ def test_record_tune_then_auto_runs_from_the_file(ub, tmp_path):
     with config.override(tuning_file=str(out)):
         xs, w1s = x[: M // tp], w1[:, : F // tp]
         assert "your tuning file" in resolve.explain("ag", xs, w1s)
-        assert "your tuning file" in resolve.explain("rs", jnp.zeros((M, F // tp), jnp.bfloat16), w2[: F // tp])
+        assert "your tuning file" in resolve.explain(
+            "rs", jnp.zeros((M, F // tp), jnp.bfloat16), w2[: F // tp]
+        )
         fwd, grad = _step(mesh, None)
         hlo = fwd.lower(x, w1, w2).as_text()
         for op, target in (("ag", "jax_ub_ag_gemm"), ("rs", "jax_ub_gemm_rs")):
@@ -115,8 +152,15 @@ def test_chained_bench_program_keeps_every_op(ub):
     x, w = _rand(4, (256 * tp, 512), jnp.bfloat16), _rand(5, (512, 256 * tp), jnp.bfloat16)
 
     def smap(f):
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
-                                     out_specs=P(None, "tp"), check_vma=False))
+        return jax.jit(
+            jax.shard_map(
+                f,
+                mesh=mesh,
+                in_specs=(P("tp", None), P(None, "tp")),
+                out_specs=P(None, "tp"),
+                check_vma=False,
+            )
+        )
 
     ours = harness.chain_fn(smap(lambda x, w: ub.all_gather_matmul(x, w, "tp", method="push")), n)
     xla = harness.chain_fn(smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w), n)
