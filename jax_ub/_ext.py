@@ -159,6 +159,13 @@ def extension() -> Any | None:
     return _load()[0]
 
 
+def loaded_extension() -> Any:
+    """:func:`extension`, typed for calls into it, where the caller already relies on it being
+    there (a comm set exists, or :func:`ensure_registered` ran). Not checked: without it, this is
+    None, and the call fails as it would on :func:`extension`'s None."""
+    return extension()
+
+
 def _gpu_backend() -> str | None:
     """'cuda' when jax has a CUDA backend with devices, else None."""
     try:

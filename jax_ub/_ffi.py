@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ def varying_axes(x: Any) -> frozenset:
 
 def varying_axes_of_type(aval: Any) -> frozenset:
     """:func:`varying_axes` of an abstract value (a jax aval or a ShapeDtypeStruct)."""
-    vma = getattr(aval, "vma", None)  # jax 0.7-0.9
+    vma: Any = getattr(aval, "vma", None)  # jax 0.7-0.9
     if vma is None:  # jax >= 0.10: ShapedArray.manual_axis_type.varying
         vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
     return frozenset(vma)
@@ -30,7 +30,7 @@ def vary(x: Any, axes: Any) -> Any:
     missing = tuple(sorted(frozenset(axes) - varying_axes(x), key=str))
     if not missing:
         return x
-    return lax.pcast(x, missing, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, missing)
+    return lax.pcast(x, missing, to="varying") if hasattr(lax, "pcast") else cast(Any, lax).pvary(x, missing)
 
 
 def result_type(shape: Sequence[int], dtype: Any, *inputs: Any) -> Any:
@@ -100,7 +100,7 @@ def tf32_allowed(precision: Any) -> bool:
     honour and which is at least as precise as asked. A pair needs both entries to allow it.
     """
     if precision is None:
-        precision = jax.config.jax_default_matmul_precision
+        precision = cast(Any, jax.config).jax_default_matmul_precision
     if precision is None:
         return True
     if isinstance(precision, (tuple, list)):

@@ -225,7 +225,7 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
         )
     machine, date = str(doc.get("machine", "?")), str(doc.get("date", "?"))
     ops = {v: k for k, v in BENCH_OP.items()}
-    groups: dict[tuple, dict[str, float]] = {}
+    groups: dict[tuple[str, int, str, int, int, int], dict[str, float]] = {}
     unknown: set[str] = set()
     for i, r in enumerate(records):
         if not isinstance(r, dict):
@@ -241,13 +241,14 @@ def _parse(doc: Any, origin: str = "") -> tuple[list[Shape], list[str]]:
             raise ValueError(
                 f"{rec} has no {', '.join(map(repr, missing))}; a bench record needs {RECORD_KEYS}"
             )
-        dims = {}
+        dims: dict[str, int] = {}
         for k in ("tp", "M", "K", "N"):
-            dims[k] = _positive_int(r[k])
-            if dims[k] is None:
+            dim = _positive_int(r[k])
+            if dim is None:
                 raise ValueError(f"{rec}: {k} must be a positive integer; got {r[k]!r}")
-            if dims[k] > MAX_DIM:
+            if dim > MAX_DIM:
                 raise ValueError(f"{rec}: {k} must be at most 2**63 - 1; got {_brief(r[k])}")
+            dims[k] = dim
         dtype = dtype_name(r["dtype"])
         if dtype is None:
             raise ValueError(f"{rec}: dtype must be one of {', '.join(DTYPES)}; got {r['dtype']!r}")

@@ -87,7 +87,7 @@ def warm(
     es = jnp.dtype(dtype).itemsize
     unaligned_a = bool(row_offsets and (k * es) % 16)
     unaligned_c = bool(row_offsets and (max(ld, n) * es) % 16)
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     out = []
     for dev in devices:
         key = (
@@ -162,7 +162,7 @@ def gemm_ffi(
     """
     _ext.ensure_registered()
     if trans_a:
-        shape = (a.shape[1], b.shape[0] if trans_b else b.shape[1])
+        shape: tuple[int, ...] = (a.shape[1], b.shape[0] if trans_b else b.shape[1])
     else:
         shape = (*a.shape[:-1], b.shape[0] if trans_b else b.shape[1])
     out_type = _ffi.result_type(shape, a.dtype, a, b)

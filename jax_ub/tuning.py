@@ -255,38 +255,48 @@ def load(path: str) -> list[tuple[OpShape, str, int]]:
     if not isinstance(shapes, list):
         raise ValueError(f"shapes file {path!r}: 'shapes' must be a list; got {type(shapes).__name__}")
     out = []
-    for i, e in enumerate(shapes):
+    for i, entry in enumerate(shapes):
         where = f"shapes file {path!r}, entry {i}"
-        if not isinstance(e, dict):
-            raise ValueError(f"{where}: must be an object; got {e!r}")
-        missing = [k for k in ("op", "tp", "dtype", "M", "K", "N") if k not in e]
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: must be an object; got {entry!r}")
+        missing = [k for k in ("op", "tp", "dtype", "M", "K", "N") if k not in entry]
         if missing:
             raise ValueError(f"{where}: missing {', '.join(map(repr, missing))}")
-        if e["op"] not in (choice.AG, choice.RS):
-            raise ValueError(f"{where}: op must be {choice.AG!r} or {choice.RS!r}; got {e['op']!r}")
-        role = e.get("role", "forward")
+        if entry["op"] not in (choice.AG, choice.RS):
+            raise ValueError(f"{where}: op must be {choice.AG!r} or {choice.RS!r}; got {entry['op']!r}")
+        role = entry.get("role", "forward")
         if role not in ROLES:
             raise ValueError(f"{where}: role must be one of {ROLES}; got {role!r}")
-        dims = {k: e[k] for k in ("tp", "M", "K", "N", *(("calls",) if "calls" in e else ()))}
+        dims = {k: entry[k] for k in ("tp", "M", "K", "N", *(("calls",) if "calls" in entry else ()))}
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in dims.values()):
             raise ValueError(f"{where}: tp, M, K, N (and calls) must be positive integers; got {dims}")
-        tp = e["tp"]
+        tp = entry["tp"]
         if tp < 2:
             raise ValueError(
                 f"{where}: tp must be >= 2 (an op over one device communicates nothing: "
                 f"there is nothing to tune); got {tp}"
             )
-        if e["M"] % tp or (e["op"] == choice.AG and e["N"] % tp) or (e["op"] == choice.RS and e["K"] % tp):
-            split = "M and N" if e["op"] == choice.AG else "M and K"
+        if (
+            entry["M"] % tp
+            or (entry["op"] == choice.AG and entry["N"] % tp)
+            or (entry["op"] == choice.RS and entry["K"] % tp)
+        ):
+            split = "M and N" if entry["op"] == choice.AG else "M and K"
             raise ValueError(
-                f"{where}: {split} of an {e['op']} shape must be divisible by tp={tp}; "
-                f"got M={e['M']}, K={e['K']}, N={e['N']}"
+                f"{where}: {split} of an {entry['op']} shape must be divisible by tp={tp}; "
+                f"got M={entry['M']}, K={entry['K']}, N={entry['N']}"
             )
-        dtype = choice.dtype_name(e["dtype"])
+        dtype = choice.dtype_name(entry["dtype"])
         if dtype is None:
             raise ValueError(
                 f"{where}: dtype must be one of {', '.join(choice.DTYPES)} (the dtypes "
-                f"jax_ub's ops take); got {e['dtype']!r}"
+                f"jax_ub's ops take); got {entry['dtype']!r}"
             )
-        out.append((OpShape(e["op"], tp, dtype, e["M"], e["K"], e["N"]), role, int(e.get("calls", 1))))
+        out.append(
+            (
+                OpShape(entry["op"], tp, dtype, entry["M"], entry["K"], entry["N"]),
+                role,
+                int(entry.get("calls", 1)),
+            )
+        )
     return out

@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 DEFAULT_SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
 BULK_SHAPES = DEFAULT_SHAPES[:3]
@@ -266,7 +266,7 @@ def rel_err(out: Any, ref: Any) -> float:
 
     outs, tree = jax.tree.flatten(out)
     refs, ref_tree = jax.tree.flatten(ref)
-    if tree != ref_tree or [o.shape for o in outs] != [r.shape for r in refs]:
+    if cast(Any, tree) != ref_tree or [o.shape for o in outs] != [r.shape for r in refs]:
         raise WrongOutput(
             f"output {tree} of shapes {[o.shape for o in outs]} is not the reference's "
             f"{ref_tree} of shapes {[r.shape for r in refs]}"
@@ -565,11 +565,8 @@ def _shapes(a: argparse.Namespace, default: list[tuple[int, int, int]]) -> list[
     """``--shapes`` (M,K,N triples, parsed and checked by the command line; each once), or ``default``."""
     if not a.shapes:
         return default
-    return list(
-        dict.fromkeys(
-            tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(",")) for s in a.shapes
-        )
-    )
+    triples = (tuple(s) if not isinstance(s, str) else tuple(int(v) for v in s.split(",")) for s in a.shapes)
+    return cast("list[tuple[int, int, int]]", list(dict.fromkeys(triples)))
 
 
 def cases(a: argparse.Namespace, default: list[tuple[int, int, int]]):

@@ -40,7 +40,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -118,19 +118,32 @@ def _spmd_dense(x: jax.Array, layer: Any, out_spec: P, mesh: Any, dtype: Any) ->
     return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, out_spec))
 
 
+def _mlp(m: nnx.Module) -> ubnn.ParallelMLP:
+    """``m`` as the :class:`jax_ub.nn.ParallelMLP` that :func:`make_model` builds for ``mlp`` and
+    ``swiglu`` (its norm: the default LayerNorm)."""
+    return cast(ubnn.ParallelMLP, m)
+
+
+def _norm(m: nnx.Module) -> ubnn.LayerNorm:
+    return cast(ubnn.LayerNorm, _mlp(m).norm)
+
+
 def _activate(model: str, m: nnx.Module, h: jax.Array) -> jax.Array:
-    return _layers.glu(h, m.activation) if model in GATED else m.activation(h)
+    activation = _mlp(m).activation
+    return _layers.glu(h, activation) if model in GATED else activation(h)
 
 
 def spmd_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any) -> jax.Array:
     """``m(x)`` computed on global arrays with sharding constraints instead of shard_map."""
     x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SP))
     if model != "attn_proj":
-        h = _layers.layer_norm(x, m.norm.scale[...], m.norm.bias[...], epsilon=m.norm.epsilon, dtype=dtype)
-        h = _activate(model, m, _spmd_dense(h, m.up, TP, mesh, dtype))
-        return _spmd_dense(h, m.down, SP, mesh, dtype)
-    ctx = _mix(_spmd_dense(x, m.qkv, TP, mesh, dtype), mesh)
-    return _spmd_dense(ctx, m.out, SP, mesh, dtype)
+        norm = _norm(m)
+        h = _layers.layer_norm(x, norm.scale[...], norm.bias[...], epsilon=norm.epsilon, dtype=dtype)
+        h = _activate(model, m, _spmd_dense(h, _mlp(m).up, TP, mesh, dtype))
+        return _spmd_dense(h, _mlp(m).down, SP, mesh, dtype)
+    proj = cast(AttnProj, m)
+    ctx = _mix(_spmd_dense(x, proj.qkv, TP, mesh, dtype), mesh)
+    return _spmd_dense(ctx, proj.out, SP, mesh, dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,7 +170,7 @@ def nocomm_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: An
     """``m(x)`` with the layers' collectives replaced by local stand-ins (see the module doc)."""
     tp = mesh.shape["tp"]
     mlp = model != "attn_proj"
-    col, row = (m.up, m.down) if mlp else (m.qkv, m.out)
+    col, row = (_mlp(m).up, _mlp(m).down) if mlp else (cast(AttnProj, m).qkv, cast(AttnProj, m).out)
     arrays = {"w1": col.kernel[...], "w2": row.kernel[...]}
     specs = {"w1": P(None, "tp"), "w2": P("tp", None)}
     if col.bias is not None:
@@ -165,12 +178,12 @@ def nocomm_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: An
     if row.bias is not None:
         arrays["b2"], specs["b2"] = row.bias[...], P()
     if mlp:
-        arrays["scale"], arrays["shift"] = m.norm.scale[...], m.norm.bias[...]
+        arrays["scale"], arrays["shift"] = _norm(m).scale[...], _norm(m).bias[...]
         specs["scale"] = specs["shift"] = P()
 
     def local(a: dict, x: jax.Array) -> jax.Array:
         if mlp:
-            x = _layers.layer_norm(x, a["scale"], a["shift"], epsilon=m.norm.epsilon, dtype=dtype)
+            x = _layers.layer_norm(x, a["scale"], a["shift"], epsilon=_norm(m).epsilon, dtype=dtype)
         h = _local_dense(_gather_standin(x, tp), a["w1"], a.get("b1"), dtype)
         if mlp:
             h = _activate(model, m, h)

@@ -78,7 +78,7 @@ def keep_impl(name: str, full: bool) -> bool:
 
 def best(res: dict[str, float]) -> tuple[str, float] | None:
     """The fastest of the methods ``auto`` may run (``jax_ub_<method>``, ``xla_plain`` as "xla")."""
-    cands = {choice.method_of(k): v for k, v in res.items() if choice.method_of(k) is not None}
+    cands = {m: v for k, v in res.items() if (m := choice.method_of(k)) is not None}
     return min(cands.items(), key=lambda kv: kv[1]) if cands else None
 
 

@@ -167,6 +167,7 @@ def _announce_refused_call(err: BaseException) -> None:
         return
     try:
         exchange = _process_exchange(_bootstrap.next_init_id(), config.Config.timeout_s)
+        assert exchange is not None  # several processes
         exchange.announce_failure(
             f"jax_ub.initialize() refused its arguments or JAX_UB_* "
             f"settings on process "
@@ -397,11 +398,11 @@ def _agree_to_keep(
                 axis,
                 devices_key,
                 "communicators",
-                f"keeps set {existing.set_id}"
+                "none"
+                if existing is None  # keep implies an existing set
+                else f"keeps set {existing.set_id}"
                 if keep
-                else f"replaces set {existing.set_id} (other arguments)"
-                if existing is not None
-                else "none",
+                else f"replaces set {existing.set_id} (other arguments)",
             ),
             "auto_tables": tables.value,
         },
@@ -478,6 +479,7 @@ def _agree_without_communicators(
         return
     if exchange is None:
         exchange = _process_exchange(_bootstrap.next_init_id(), timeout_s)
+        assert exchange is not None  # several processes
     existing = _sets.get(axis)
     _bootstrap.agree(
         exchange,
@@ -528,7 +530,7 @@ def _schedule(cfg: config.Config) -> dict[str, Any]:
 def _destroy_quietly(s: CommSet) -> None:
     """Frees whatever :func:`initialize` created for ``s``; a failure here is logged, so the error
     that made initialize() give up is the one raised."""
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     for what, free in (
         ("the communicators", lambda: mod.comm_destroy_set(s.set_id)),
         ("the NCCL bootstrap communicators", lambda: nccl.destroy_comm(_BOOTSTRAP_KEY + s.set_id)),
@@ -575,7 +577,7 @@ def _create_nccl(s: CommSet, *, bootstrap_only: bool) -> None:
         detail = "; ".join(f"group {gi} rank {r}: {e}" for (gi, r), e in sorted(errors.items()))
         raise RuntimeError(f"jax_ub.initialize: creating the NCCL communicators failed: {detail}")
     if not bootstrap_only:
-        mod = _ext.extension()
+        mod = _ext.loaded_extension()
         for dev, _, _ in s.local:
             mod.comm_attach_nccl(s.set_id, dev, key)
 
@@ -589,7 +591,7 @@ def _version() -> str:
 def _nccl_blobs(s: CommSet) -> dict[str, bytes]:
     """Bootstrap nccl: every member's IPC handle blob, all-gathered over its group's NCCL
     communicator (one thread per local member: the ranks of one group progress together)."""
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     key = _BOOTSTRAP_KEY + s.set_id
     out: dict[str, bytes] = {}
     errors: list[str] = []
@@ -621,18 +623,21 @@ def _connect(s: CommSet, tag: str) -> None:
     transport nccl)."""
     if s.transport == "nccl":
         return
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     host = p2p.host_identity()
+    remote: dict[str, tuple[str, bytes]]
     if s.exchange is not None and s.bootstrap == "nccl":
         by_member = _nccl_blobs(s)
-        proc_of = {(gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)}
+        proc_of: dict[tuple[int, ...], int] = {
+            (gi, r): d.process_index for gi, g in enumerate(s.groups) for r, d in enumerate(g)
+        }
         remote = {k: (s.hosts[proc_of[tuple(map(int, k.split("/")))]], v) for k, v in by_member.items()}
     elif s.exchange is not None:
         mine = {f"{gi}/{r}": mod.comm_export_ipc(s.set_id, dev).hex() for dev, gi, r in s.local}
         import json
 
         blobs = s.exchange.all_gather(tag, json.dumps({"host": host, "members": mine}).encode())
-        remote: dict[str, tuple[str, bytes]] = {}
+        remote = {}
         for p, blob in enumerate(blobs):
             info = json.loads(blob.decode())
             if p == jax.process_index():
@@ -679,7 +684,7 @@ def ensure_capacity(s: CommSet, nbytes: int) -> None:
     """Grows every member's buffer to ``nbytes`` (collective; called when an op is traced)."""
     if nbytes <= s.capacity:
         return
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     with s.lock:
         if nbytes <= s.capacity:
             return
@@ -808,7 +813,7 @@ _abandoned: list[CommSet] = []
 
 def errors() -> dict[tuple[str, int], str]:
     """Sticky errors of local members (after a peer timeout), keyed by (axis, device)."""
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     out = {}
     for a, s in _sets.items():
         for dev, _, _ in s.local:
@@ -824,7 +829,7 @@ def host_stats() -> dict[tuple[str, int], dict[str, float]]:
     for same-process peers to enter the same op). Totals since ``initialize``; take differences
     around a step. Where ``host_s / ops`` nears the GPU time per op, the GPUs wait for the host.
     A large ``meet_s`` means the wait is for another device's handler thread."""
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     out = {}
     for a, s in _sets.items():
         for dev, _, _ in s.local:
@@ -847,7 +852,7 @@ def _inject_failure(axis: str, when: str, devices: Iterable[int] | None = None) 
     if axis not in _sets:
         raise ValueError(f"_inject_failure: no communicators for axis {axis!r}; have {sorted(_sets)}")
     s = _sets[axis]
-    mod = _ext.extension()
+    mod = _ext.loaded_extension()
     wanted = None if devices is None else {int(d) for d in devices}
     for dev, _, _ in s.local:
         if wanted is None or dev in wanted:

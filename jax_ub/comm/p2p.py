@@ -161,7 +161,12 @@ def local_report(
     member_buses = {dev: cuda_buses[o] if 0 <= o < len(cuda_buses) else "" for dev, o in members.items()}
     buses = sorted({b for pairs in found.values() for pair in pairs for b in pair})
     index = {b: k for k, b in enumerate(buses)}
-    report = {"host": host_identity(), "members": member_buses, "buses": buses, "notes": notes}
+    report: dict[str, Any] = {
+        "host": host_identity(),
+        "members": member_buses,
+        "buses": buses,
+        "notes": notes,
+    }
     for source, verdicts in found.items():
         matrix = [[-1] * len(buses) for _ in buses]
         for (a, b), v in verdicts.items():

@@ -33,7 +33,7 @@ import json
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from jax_ub import config
 from jax_ub.comm import bootstrap
@@ -217,9 +217,11 @@ def check_processes(
                     missing=missing,
                 ) from err
             raise bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
-        blobs = [
-            payload if p == me else _peek(exchange, exchange._key("answers", p)) for p in range(count)
-        ]  # every answer came in the end
+        # Every answer came in the end. (A probe that fails now gives None, and _decode raises on it.)
+        blobs = cast(
+            "list[bytes]",
+            [payload if p == me else _peek(exchange, exchange._key("answers", p)) for p in range(count)],
+        )
     else:
         gave_up = _peers_with(exchange, _GAVE_UP)
         if gave_up:
@@ -293,7 +295,8 @@ def _grouped(texts: Mapping[int, str]) -> list[tuple[str, str]]:
         by_text.setdefault(said, []).append(p)
     out = []
     for said, procs in by_text.items():
-        runs, start = [], procs[0]
+        runs: list[str] = []
+        start: int | None = procs[0]
         for a, b in zip(procs, [*procs[1:], None], strict=True):
             if b is None or b != a + 1:  # a run of consecutive processes ends at a
                 runs.append(str(start) if start == a else f"{start}-{a}")

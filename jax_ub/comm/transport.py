@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -53,7 +54,7 @@ def choose_transport(
     groups: list[list[Any]],
     hosts: list[str],
     bad_pairs: list[tuple[Any, Any]],
-    unverified: list[tuple[Any, Any, str]] = (),
+    unverified: Sequence[tuple[Any, Any, str]] = (),
 ) -> tuple[str, str]:
     """(transport, one-line reason) for ``requested`` (``auto``, ``ipc`` or ``nccl``). ``hosts``:
     the host id of every process; ``bad_pairs``/``unverified``: from :func:`survey`."""

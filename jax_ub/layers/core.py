@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -110,10 +110,14 @@ def _fmt(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _promote(dtype: Any, *arrays: Array | None) -> tuple[Array | None, ...]:
-    present = [a for a in arrays if a is not None]
+def _promote(dtype: Any, x: Array, kernel: Array, bias: Array | None) -> tuple[Array, Array, Array | None]:
+    present = [a for a in (x, kernel, bias) if a is not None]
     dtype = jnp.result_type(*present) if dtype is None else dtype
-    return tuple(None if a is None else jnp.asarray(a, dtype) for a in arrays)
+    return (
+        jnp.asarray(x, dtype),
+        jnp.asarray(kernel, dtype),
+        None if bias is None else jnp.asarray(bias, dtype),
+    )
 
 
 def _local_slice(where: str, name: str, value: Array, dim: int, full: int, tp: int, axis_name: str) -> Array:
@@ -167,11 +171,12 @@ def _to_spec(value: Array, spec: P, explicit: set[str], mesh: Any) -> Array:
         return None if not names else names[0] if len(names) == 1 else names
 
     target = P(*(keep(e) for e in spec))
+    sharding: P | jax.sharding.NamedSharding = target
     if jax.sharding.get_abstract_mesh().empty and isinstance(mesh, jax.sharding.Mesh):
         # A layer given `mesh=` outside any mesh context (e.g. a `jax.make_mesh` mesh, whose axes
         # are Explicit): a bare PartitionSpec would name no mesh.
-        target = jax.sharding.NamedSharding(mesh, target)
-    return jax.sharding.reshard(value, target)
+        sharding = jax.sharding.NamedSharding(mesh, target)
+    return jax.sharding.reshard(value, sharding)
 
 
 def place(value: Array, names: Sequence[Any], mesh: Any) -> Array:
@@ -203,7 +208,7 @@ def _shard_map(
     mapped = jax.shard_map(
         inner, mesh=mesh, in_specs=tuple(in_specs[i] for i in present), out_specs=out_spec, **kw
     )
-    return mapped(*(_to_spec(args[i], in_specs[i], explicit, mesh) for i in present))
+    return mapped(*(_to_spec(a, in_specs[i], explicit, mesh) for i, a in enumerate(args) if a is not None))
 
 
 def _layout(features: str, seq_axis: int, sequence_parallel: bool, seq: str = "seq") -> str:
@@ -400,14 +405,18 @@ def column_parallel_dense(
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         if sequence_parallel:
-            y = ops.all_gather_matmul(
-                x,
-                kernel,
-                axis_name,
-                gather_axis=seq,
-                method=method,
-                precision=precision,
-                recompute_gathered=recompute_gathered,
+            assert seq is not None  # check_x returns the sequence axis under sequence parallelism
+            y = cast(  # without return_gathered: one array
+                Array,
+                ops.all_gather_matmul(
+                    x,
+                    kernel,
+                    axis_name,
+                    gather_axis=seq,
+                    method=method,
+                    precision=precision,
+                    recompute_gathered=recompute_gathered,
+                ),
             )
         else:
             y = _local_dot(x, kernel, precision)
@@ -420,6 +429,7 @@ def column_parallel_dense(
         return body(x, kernel, bias)
 
     if sequence_parallel:
+        assert seq is not None  # check_x returns the sequence axis under sequence parallelism
         _check_seq_divisible(where, x, seq, tp, axis_name)
     bdim = _batch_dim(x.ndim, seq)
     b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
@@ -494,11 +504,13 @@ def row_parallel_dense(
             where, x, in_features, "in_features", seq_axis=seq_axis, sequence_parallel=sequence_parallel
         )
     if sequence_parallel:
+        assert seq is not None  # check_x returns the sequence axis under sequence parallelism
         _check_seq_divisible(where, x, seq, tp, axis_name)
     x, kernel, bias = _promote(dtype, x, kernel, bias)
 
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         if sequence_parallel:
+            assert seq is not None  # check_x returns the sequence axis under sequence parallelism
             y = ops.matmul_reduce_scatter(
                 x, kernel, axis_name, scatter_axis=seq, method=method, precision=precision
             )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 Rules = tuple[tuple[str, Any], ...]
 
@@ -53,7 +53,7 @@ def context_rules() -> Rules:
     """The rules of ``nn.logical_axis_rules`` / ``nnx.logical_axis_rules`` (one context in Flax)."""
     from flax.core import spmd  # here: the ops do not need flax, only its layers do
 
-    return tuple(tuple(r) for r in spmd.get_logical_axis_rules() or ())
+    return cast(Rules, tuple(tuple(r) for r in spmd.get_logical_axis_rules() or ()))
 
 
 def axes_of(entry: Any) -> tuple[str, ...]:
@@ -243,7 +243,8 @@ def resolve_linen(
                 )
             names[dim] = pick
     try:
-        mesh_names = tuple(nn.logical_to_mesh_axes(tuple(names), rules))
+        spec = nn.logical_to_mesh_axes(tuple(names), rules)  # a PartitionSpec: names are given
+        mesh_names = tuple(cast(Any, spec))
     except ValueError as e:
         raise ValueError(f"{where}: {param}_init's logical names {tuple(names)}: {e}") from e
     for dim, (name, got) in enumerate(zip(names, mesh_names, strict=True)):

@@ -197,7 +197,7 @@ def merge_partitioning(
 class Boxed:
     """What an initializer returned: the array, and the box's names, rules and kind, if boxed."""
 
-    value: Array
+    value: Any  # the initializer's output (an array); None in inherited_names' box of names only
     names: Any = None  # the user's partitioning names (mesh axes or logical names), or None
     rules: Rules | None = None  # the box's own logical axis rules
     logical: bool = False  # a linen `LogicallyPartitioned` or NNX metadata with `sharding_rules`
