@@ -33,7 +33,10 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-USAGE = "usage: failfast.py SCRIPT.py [ARGS...]  |  failfast.py -m MODULE [ARGS...]  |  failfast.py -c CODE [ARGS...]"
+USAGE = (
+    "usage: failfast.py SCRIPT.py [ARGS...]  |  failfast.py -m MODULE [ARGS...]  |  "
+    "failfast.py -c CODE [ARGS...]"
+)
 
 
 def leave_now(status: int) -> NoReturn:

@@ -79,7 +79,8 @@ def normalize_axis(fn: str, kw: str, axis: Any, x_shape: tuple[int, ...], *, las
         what = "an axis of x other than the last (contracting) one"
     if axis not in valid:
         raise ValueError(
-            f"{fn}: `{kw}` must be {what}, i.e. one of {valid} for x of shape {shape_str(x_shape)}; got {axis}"
+            f"{fn}: `{kw}` must be {what}, i.e. one of {valid} for x of shape {shape_str(x_shape)}; "
+            f"got {axis}"
         )
     return int(axis) % ndim
 

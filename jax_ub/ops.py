@@ -283,10 +283,11 @@ def _no_forward_mode(call: _Call) -> str:
 
 def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
     """The reference path (method ``"xla"``, no recompute) is :mod:`jax_ub.reference`'s expressions
-    (AG's gathered x and each output carry their checkpoint names), with no custom_vjp: JAX derives both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work),
-    and its reverse mode is the computation of :func:`_overlap_bwd` with the reference dual op (the
-    same numbers; with leading batch dims the wgrad contraction may round differently in the last
-    bit). Everything else goes through the custom_vjp (reverse mode only)."""
+    (AG's gathered x and each output carry their checkpoint names), with no custom_vjp: JAX derives
+    both autodiff modes (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian`` work), and its reverse mode is
+    the computation of :func:`_overlap_bwd` with the reference dual op (the same numbers; with
+    leading batch dims the wgrad contraction may round differently in the last bit). Everything else
+    goes through the custom_vjp (reverse mode only)."""
     if call.method in (methods.XLA, methods.AUTO) and not _validate.bound_by_shard_map(call.axis_name):
         # A jax.vmap (or pmap) axis named like the TP axis: XLA's collectives over it, which JAX
         # differentiates itself. The custom_vjp's backward (auto's, or recompute's re-gather) needs

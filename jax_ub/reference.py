@@ -39,10 +39,10 @@ def _product(dot: Callable[[Any, Any], jax.Array], x: jax.Array, w: jax.Array) -
 
     XLA of jax 0.11.2 dies (SIGSEGV) compiling a dot whose result has no elements inside a
     ``shard_map`` over 2 devices that also takes an operand split over the axis (as every jax_ub
-    op does): on CPU, and beside an all-gather on two H200s (``scripts/zero_size_probe.py``). jax_ub's ops send every zero-size operand to this path, and
-    would have taken the process down. Zeros also differentiate to
-    the right (zero) gradients, with no dot in the backward either. The zeros vary over the mesh
-    axes the operands vary over, as the dot's result would."""
+    op does): on CPU, and beside an all-gather on two H200s (``lab-2026-11:scripts/zero_size_probe.py``).
+    jax_ub's ops send every zero-size operand to this path, and would have taken the process down.
+    Zeros also differentiate to the right (zero) gradients, with no dot in the backward either. The
+    zeros vary over the mesh axes the operands vary over, as the dot's result would."""
     if x.size and w.size:
         return dot(x, w)
     out = jax.eval_shape(dot, x, w)

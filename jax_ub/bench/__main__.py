@@ -77,9 +77,10 @@ case's keys>, "impl" ("*": the case outside its impls), "error"}, ...], "records
 the fastest and the slowest of them; ``host_us``: for an impl that ran jax_ub ops, the slowest
 device's FFI handler time per op, of it ``host_meet_us`` waiting for same-process peers). The file
 is rewritten after every case (``"complete": false`` until the last; replaced whole, so a reader
-never sees part of it), so a crash or a killed run keeps what it timed; a case that fails outside its impls (mesh,
-data) is a failure and the run goes on. Then a PNG bar chart beside it (a missing impl: "n/a"), and a table
-last (``ag``/``rs``: one geometric mean speedup per tp, over the shapes that have both times).
+never sees part of it), so a crash or a killed run keeps what it timed; a case that fails outside
+its impls (mesh, data) is a failure and the run goes on. Then a PNG bar chart beside it (a missing
+impl: "n/a"), and a table last (``ag``/``rs``: one geometric mean speedup per tp, over the shapes
+that have both times).
 ``tune`` writes its file once, at the end (no ``complete`` or ``failures``).
 
 This module is the command line only. Each subcommand's workload and runner is a module of its own
@@ -207,7 +208,7 @@ def _options(*, out: str, dtype: bool, chain: int | None) -> argparse.ArgumentPa
 
 
 def _parser() -> argparse.ArgumentParser:
-    results = "benchmarks/results"
+    results = "bench_out"  # fresh runs; tools/merge_results.py takes them into benchmarks/records
     ap = argparse.ArgumentParser(
         prog="python -m jax_ub.bench",
         description=__doc__.split("\n\n")[0],

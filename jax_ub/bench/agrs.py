@@ -229,7 +229,8 @@ def same_program_spread(rows: list) -> list[float]:
 def _table(op: str, rows: list, path: str) -> None:
     alts = "ring/all_peer" if op == "ag" else "ring/pipeline/chain"
     print(
-        f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  (nccl)  jax_ub  (auto runs)  "
+        f"{path}\ntp  M,K,N               gemm   nccl  ub_comm  xla_plain  windowed  (nccl)  "
+        "jax_ub  (auto runs)  "
         f"({alts})  speedup  T/T_ideal  (gemm on all GPUs, T/max(it, ub_comm); in tp row "
         f"chunks, T/max(them, ub_comm))"
     )
@@ -242,7 +243,8 @@ def _table(op: str, rows: list, path: str) -> None:
         )
         print(
             f"{tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_nccl'):6.3f} {g('comm_jax_ub'):7.3f} "
-            f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('xla_windowed_nccl'):7.3f} {g('jax_ub'):7.3f}  ({auto:<8})  "
+            f"{g('xla_plain'):9.3f} {g('xla_windowed'):9.3f} {g('xla_windowed_nccl'):7.3f} "
+            f"{g('jax_ub'):7.3f}  ({auto:<8})  "
             f"{g('jax_ub_ring'):.3f}/{alt}  {h.ratio(r, 'xla_plain', 'jax_ub'):6.2f}x  "
             f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):8.2f}"
             f"  ({g('gemm_all_gpus'):.3f}, {h.ratio(r, 'jax_ub', 'gemm_all_gpus', 'comm_jax_ub'):.2f}; "

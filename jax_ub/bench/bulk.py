@@ -175,8 +175,9 @@ def run(a: argparse.Namespace) -> int:
     for op, tp, M, K, N, r in rows:
         g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
         print(
-            f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} {g('comm_nccl'):7.3f} "
-            f"{g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  {h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):6.2f}"
+            f"{op:<8} {tp:<3} {M},{K},{N:<10} {g('gemm_alone'):6.3f} {g('comm_jax_ub'):7.3f} "
+            f"{g('comm_nccl'):7.3f} {g('xla_plain'):9.3f} {g('jax_ub'):7.3f}  "
+            f"{h.ratio(r, 'jax_ub', 'gemm_alone', 'comm_jax_ub'):6.2f}"
         )
     return 0
 

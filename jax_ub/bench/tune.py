@@ -8,9 +8,9 @@ algorithm of the op (``--full``: also the GEMM and collectives alone and XLA's w
 each op 8 times in a row per dispatch (``--chain``, default 8: a lone dispatch of a small op is
 bound by the host, a model's step is not, and a host-bound time would choose wrongly). A method
 whose output is not ``xla_plain``'s (:class:`jax_ub.bench.harness.Check`) gets no time, so ``auto``
-never chooses it from this file. Each shape runs in the dtype it was recorded with. Several shapes files (one per process of a
-multi-process run) are measured together: a shape in several files is measured once, at the most
-calls any one file counted.
+never chooses it from this file. Each shape runs in the dtype it was recorded with. Several shapes
+files (one per process of a multi-process run) are measured together: a shape in several files is
+measured once, at the most calls any one file counted.
 
 Writes ``<out>/<machine>-<yyyymmdd>-tune.json`` in the bench record format, both ops in one file,
 with the GPU model and jax_ub version it was measured with; an existing file of that name (an

@@ -22,10 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
-        "method": "auto", "auto_chain": False, "disable": False, "timeout_s": 120.0, "on_stall": "abort", "bootstrap": "auto", "transport": "auto",
+        "method": "auto", "auto_chain": False, "disable": False, "timeout_s": 120.0, "on_stall": "abort",
+        "bootstrap": "auto", "transport": "auto",
         "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
-        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0, "ag_push_merge": False, "tuning_file": "", "record_shapes": "",
+        "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0,
+        "ag_push_merge": False, "tuning_file": "", "record_shapes": "",
         "log_level": "WARNING",
     }  # fmt: skip
 

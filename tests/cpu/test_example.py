@@ -65,7 +65,10 @@ def _losses(stdout: str) -> list[float]:
 
 
 def _describe(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    return (
+        f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+        f"--- stderr ---\n{proc.stderr[-3000:]}"
+    )
 
 
 def test_one_process_trains_and_compares():
@@ -222,7 +225,8 @@ _BY_HAND = "a multi-process run by hand needs all of --coordinator, --num-proces
         (
             ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
             {},
-            "error: --coordinator must be HOST:PORT (process 0's host, and a free port there); got 'localhost'",
+            "error: --coordinator must be HOST:PORT (process 0's host, and a free port there); "
+            "got 'localhost'",
         ),
     ],
     ids=[
@@ -568,7 +572,8 @@ _SEED = "process 1: seed=1 (process 0: 0)"
             2,
             [
                 f"[rank 1] error: {_BAD_TP}",
-                f"[rank 0] error: jax_ub.check_processes: 1 of 2 processes cannot go on: process 1: {_BAD_TP}",
+                "[rank 0] error: jax_ub.check_processes: 1 of 2 processes cannot go on: "
+                f"process 1: {_BAD_TP}",
             ],
         ),
         (
@@ -732,7 +737,10 @@ def test_failfast_runs_code_and_refuses_a_missing_script_as_python_does(tmp_path
     """-c CODE as `python -c` (so launch.sh can run it through failfast.py too); a script that does
     not exist exits 2 with python's own words, not 1 with a traceback."""
     failfast = str(FAILFAST)
-    code = "import atexit, sys\natexit.register(lambda: print('atexit ran'))\nprint(__name__, sys.argv)\nsys.exit(3)"
+    code = (
+        "import atexit, sys\natexit.register(lambda: print('atexit ran'))\n"
+        "print(__name__, sys.argv)\nsys.exit(3)"
+    )
     proc = _run([sys.executable, failfast, "-c", code, "a", "b"], timeout=30)
     assert proc.returncode == 3 and proc.stdout.splitlines() == ["__main__ ['-c', 'a', 'b']"], _describe(proc)
     proc = _run([sys.executable, failfast, str(tmp_path / "missing.py")], timeout=30)

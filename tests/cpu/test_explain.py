@@ -91,7 +91,8 @@ def test_a_configured_or_requested_method_is_what_runs(cuda):
             "push: requested (JAX_UB_METHOD=chain) (for all_gather_matmul, chain is the push algorithm)"
         )
     assert jax_ub.explain("rs", RS_X, RS_W, method="all_peer").startswith(
-        "pipeline: requested (method='all_peer') (for matmul_reduce_scatter, all_peer is the pipeline algorithm)"
+        "pipeline: requested (method='all_peer') "
+        "(for matmul_reduce_scatter, all_peer is the pipeline algorithm)"
     )
     # push_merge runs push's kernel with another schedule: named as itself for the all-gather
     assert jax_ub.explain("ag", AG_X, AG_W, method="push_merge").startswith(

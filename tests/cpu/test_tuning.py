@@ -225,7 +225,8 @@ def test_env_var_writes_the_file(tmp_path):
                 "jax_ub_shapes": 1,
                 "shapes": [{"op": "ag", "tp": 2, "dtype": "float99", "M": 8, "K": 4, "N": 6}],
             },
-            "dtype must be one of bfloat16, float16, float32 \\(the dtypes jax_ub's ops take\\); got 'float99'",
+            "dtype must be one of bfloat16, float16, float32 \\(the dtypes jax_ub's ops take\\); "
+            "got 'float99'",
         ),
     ],
 )
@@ -372,7 +373,8 @@ def test_env_var_with_nothing_recorded_says_so_and_writes_an_empty_file(tmp_path
         "from jax.sharding import Mesh, PartitionSpec as P\n"
         "mesh = Mesh(np.array(jax.devices()[:1]), ('tp',))\n"
         "jax.jit(jax.shard_map(lambda x, w: jax_ub.all_gather_matmul(x, w, 'tp'), mesh=mesh,\n"
-        "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp'))).lower(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
+        "    in_specs=(P('tp', None), P(None, 'tp')), out_specs=P(None, 'tp')))"
+        ".lower(jnp.ones((8, 4)), jnp.ones((4, 6)))\n"
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_UB_RECORD_SHAPES=str(path), XLA_FLAGS="")
     p = subprocess.run(

@@ -1,8 +1,8 @@
 """Single-GPU tier: jax_ub.matmul (cuBLASLt custom call) against a float32 reference.
 
-Skipped without a GPU; fails where the GPU is there but jax or jax_ub cannot use it. Inputs are random (never zeros); before each call the
-device allocator is filled with NaN-poisoned buffers of the output's size and released, so an
-output element the kernel fails to write shows up as NaN.
+Skipped without a GPU; fails where the GPU is there but jax or jax_ub cannot use it. Inputs are
+random (never zeros); before each call the device allocator is filled with NaN-poisoned buffers of
+the output's size and released, so an output element the kernel fails to write shows up as NaN.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Worker of the multi-process GPU tests: one process per GPU under jax.distributed.
 
-    python _mp_worker.py exchange|dptp|timeout|nopoison|crash|fault|stall|lifecycle|busy|checks|mismatch|gaveup
-                  (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the
-                  transport and the bootstrap)
+    python _mp_worker.py CASE
+        CASE: exchange|dptp|timeout|nopoison|crash|fault|stall|lifecycle|busy|checks|mismatch|gaveup
+        (env from tests/launcher.py; JAX_UB_TRANSPORT and JAX_UB_BOOTSTRAP pick the transport and
+        the bootstrap)
 
 Prints ``RESULT <name> <value>`` lines the test reads; exits non-zero on any mismatch.
 """

@@ -5,8 +5,8 @@ Where there are fewer GPUs than ranks, several processes share a GPU (CUDA IPC w
 processes on one GPU), so the ipc cases run even on a single GPU: correctness only, shared GPUs
 say nothing of speed. So do the NCCL cases: NCCL refuses two ranks of one host on one GPU, so the
 launcher makes each rank that shares its GPU a host of its own for NCCL (NCCL_HOSTID), and NCCL
-moves the bytes through its socket transport over loopback. Skips without a CUDA GPU. Uses tests/launcher.py: every child is killed
-and reaped.
+moves the bytes through its socket transport over loopback. Skips without a CUDA GPU. Uses
+tests/launcher.py: every child is killed and reaped.
 """
 
 from __future__ import annotations
@@ -353,8 +353,9 @@ def test_refused_custom_call_empty_inner_dim_and_failed_growth(capsys):
     shapes and dtypes, and leave the communicators usable; x[m, 0] @ w[0, n] gives zeros over
     NaN-poisoned memory; x @ w[k, 0] still returns the gathered x and leaves them usable; a jvp
     through method="ring" is refused naming the method (its custom_vjp is reverse mode only); a
-    jax.vmap axis named like the TP axis runs XLA's collective (not the CUDA path); a buffer growth that cannot be allocated fails, and so does the next op, naming the
-    allocation (not a vague "not connected")."""
+    jax.vmap axis named like the TP axis runs XLA's collective (not the CUDA path); a buffer growth
+    that cannot be allocated fails, and so does the next op, naming the allocation (not a vague "not
+    connected")."""
     results = _launch_two(capsys, "checks", ENV, 180, fail_fast_s=30)
     assert all(r.ok for r in results), format_failures(results)
     for r in results:

@@ -3,7 +3,8 @@
 Random inputs (never zeros); the device allocator is filled with NaN buffers of the output size and
 released right before each call, so an unwritten element shows up as NaN. Every device's buffer of
 an output is checked (tests/_checks.py: a replicated output has one copy per device), every element
-against its own rounding bound around a float32 reference, plus the relative Frobenius error. Skipped where the machine has fewer than 2 GPUs.
+against its own rounding bound around a float32 reference, plus the relative Frobenius error.
+Skipped where the machine has fewer than 2 GPUs.
 """
 
 from __future__ import annotations
@@ -392,8 +393,8 @@ def test_bulk_all_gather_copy_kernel_odd_sizes(ub, tp, rows, cols):
 @pytest.mark.parametrize("tp", TPS, ids=lambda t: f"tp{t}")
 def test_execute_builds_no_gemm_plan(ub, tp):
     """Every chunk GEMM's cuBLASLt plan is built (and its kernel loaded) by the trace-time warm-up,
-    none inside an op whose peers wait (README: one process driving several GPUs): after compiling, running every
-    schedule adds no plan. The shape puts chunk pointers at 16-byte but not 256-byte offsets
+    none inside an op whose peers wait (README: one process driving several GPUs): after compiling,
+    running every schedule adds no plan. The shape puts chunk pointers at 16-byte but not 256-byte offsets
     (e.g. AG's y rows at 264 * 196 * 2 bytes), where the plan key once differed from the warm-up's."""
     from jax_ub import _ext
 
@@ -707,8 +708,8 @@ def test_jitted_function_is_traced_again_after_shutdown(ub):
 # XLA of jax 0.11.2 died with SIGSEGV compiling the bulk_ag case's program on two H200s (2026-11-24,
 # twice, taking the rest of the test run with it): an all-gather beside an empty dot. On that
 # jax a dot with an empty result crashes XLA's compiler in a shard_map with an operand split over
-# the axis, on CPU too (scripts/zero_size_probe.py, 2026-11-25); jax_ub's ops no longer emit one (reference._product:
-# the zeros, without a dot), and the lowered text is checked for that below.
+# the axis, on CPU too (lab-2026-11:scripts/zero_size_probe.py, 2026-11-25); jax_ub's ops no longer emit one
+# (reference._product: the zeros, without a dot), and the lowered text is checked for that below.
 @pytest.mark.parametrize("op", ["ag", "rs", "bulk_ag"])
 def test_zero_size_operands_give_xla_results(ub, op):
     """An operand with a zero-size dimension leaves nothing to overlap: a CUDA method runs the
