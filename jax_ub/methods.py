@@ -11,7 +11,7 @@ validates ``JAX_UB_METHOD`` against :data:`METHODS`). The layers above, one way:
 * :mod:`jax_ub.overlap`, :mod:`jax_ub.bulk`, :mod:`jax_ub.collectives` — the CUDA implementations,
   with :mod:`jax_ub.schedule`'s models of the schedules.
 
-Schedules (``csrc/overlap/schedules.h``):
+Schedules (``csrc/overlap/ag_gemm.h``, ``csrc/overlap/gemm_rs.h``):
 
 * all-gather: ``ring`` pulls peers' shards one after another (r+1, r+2, ...) by copy engine;
   ``all_peer`` pulls all at once; ``push`` has every rank push its shard straight from its input

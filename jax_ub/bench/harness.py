@@ -766,7 +766,7 @@ def capture_timeline(
     """Runs ``fn(*args)`` ``calls`` times back to back with jax_ub's tracing on and returns the last
     call's records: (records, "") or (None, why not). One call right after a host sync starts
     cold: on 2xH200 its first GEMM piece took 0.21-0.30 ms against 0.18 ms in every later call
-    (scripts/rs_piece_probe.py), so a picture of it misstates where the time goes."""
+    (lab-2026-11:scripts/rs_piece_probe.py), so a picture of it misstates where the time goes."""
     import jax
 
     from jax_ub import trace

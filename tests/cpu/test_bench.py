@@ -887,13 +887,13 @@ def test_a_record_file_says_which_gpus_and_jax_ub_measured_it(tmp_path):
 
 def test_each_subcommand_has_its_own_defaults():
     """tune's --out and --chain defaults are its own: ag/rs/bulk time one op per dispatch into
-    benchmarks/results unless told otherwise (argparse shares a parent's actions between subparsers)."""
+    bench_out unless told otherwise (argparse shares a parent's actions between subparsers)."""
     p = cli._parser()
     for op in ("ag", "rs", "bulk"):
         a = p.parse_args([op])
-        assert (a.out, a.chain) == ("benchmarks/results", 1), op
+        assert (a.out, a.chain) == ("bench_out", 1), op
     a = p.parse_args(["mlp"])
-    assert a.out == "benchmarks/results" and not hasattr(a, "chain")
+    assert a.out == "bench_out" and not hasattr(a, "chain")
     a = p.parse_args(["tune", "x.json"])
     assert (a.out, a.chain) == ("jax_ub_tuning", 8)
     a = p.parse_args(["ag", "--chain", "4", "--out", "o"])  # and given values still win

@@ -1,7 +1,7 @@
 """FFI result types inside shard_map carry the inputs' varying mesh axes (check_vma=True).
 
 A result typed invariant made autodiff psum the cotangents over the TP axis: on GPUs every gradient
-through the CUDA path was off by the axis size (found by scripts/grad_probe.py on 4xH200).
+through the CUDA path was off by the axis size (found by lab-2026-11:scripts/grad_probe.py on 4xH200).
 """
 
 import jax

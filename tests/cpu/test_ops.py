@@ -806,7 +806,7 @@ def _dots(f, *args) -> int:
 @pytest.mark.parametrize("check_vma", [False, True], ids=["no_vma", "vma"])
 def test_an_empty_operand_compiles_no_dot(cpu_mesh, op, empty, check_vma):
     """XLA of jax 0.11.2 dies with SIGSEGV compiling a dot with an empty result in a shard_map
-    with a split operand (scripts/zero_size_probe.py), which every zero-size operand of these ops
+    with a split operand (lab-2026-11:scripts/zero_size_probe.py), which every zero-size operand of these ops
     used to emit. Now the
     program has no dot, forward or backward, and the results and gradients are the zeros the
     product equals: an empty output (n = 0), or a sum over nothing (k = 0, a full-size output)."""
@@ -911,7 +911,7 @@ def test_bulk_gather_beside_an_empty_gemm(cpu_mesh):
     """The bulk all-gather whose independent GEMM is empty (x[0, K] @ w[K, 0]): the gather is whole
     and the GEMM's result has its zero size (with a dot, the program XLA of jax 0.11.2 crashed
     compiling, on two GPUs and on CPU: tests/multigpu/test_overlap.py::
-    test_zero_size_operands_give_xla_results, scripts/zero_size_probe.py)."""
+    test_zero_size_operands_give_xla_results, lab-2026-11:scripts/zero_size_probe.py)."""
     from jax_ub import bulk
 
     mesh = cpu_mesh(2)

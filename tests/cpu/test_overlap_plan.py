@@ -78,7 +78,7 @@ def test_ag_push_pieces_rule_and_override():
     """The push's last chunk goes in pieces where the schedule model says the op ends >= 5%
     sooner: comm-bound chunks (copy longer than the chunk's GEMM) of GEMMs long enough to split;
     other algorithms never; an override wins; the count divides the local rows."""
-    # (rows, n, k) at tp 2, bf16: measured best on 2xH200 (scripts/piece_probe.py).
+    # (rows, n, k) at tp 2, bf16: measured best on 2xH200 (lab-2026-11:scripts/piece_probe.py).
     assert schedule.ag_push_pieces("push", 8192, 1024, 8192, 2, 2) == 4  # 16384,8192,2048
     assert schedule.ag_push_pieces("push", 4096, 1024, 8192, 2, 2) == 2  # 8192,8192,2048
     assert schedule.ag_push_pieces("push", 8192, 2048, 8192, 2, 2) == 1  # 16384,8192,4096: GEMM-bound
