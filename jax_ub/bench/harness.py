@@ -26,7 +26,7 @@ from typing import Any, cast
 
 DEFAULT_SHAPES = [(8192, 8192, 28672), (8192, 8192, 8192), (16384, 12288, 12288), (2048, 8192, 28672)]
 BULK_SHAPES = DEFAULT_SHAPES[:3]
-WINDOWED_FLAGS = {  # xla_windowed: XLA's windowed einsum with the flags the issues name
+WINDOWED_FLAGS = {  # xla_windowed: XLA's windowed einsum with the collective-matmul flags
     "xla_gpu_threshold_for_windowed_einsum_mib": 0,
     "xla_gpu_multi_streamed_windowed_einsum": True,
     "xla_gpu_use_memcpy_local_p2p": True,

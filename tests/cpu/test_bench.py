@@ -882,7 +882,7 @@ def test_a_record_file_says_which_gpus_and_jax_ub_measured_it(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# review 36: defaults per subcommand, checked outputs, chain per record, per-case files
+# Defaults per subcommand, checked outputs, chain per record, per-case files
 
 
 def test_each_subcommand_has_its_own_defaults():

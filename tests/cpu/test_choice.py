@@ -201,7 +201,7 @@ def test_tuning_file_record_with_a_non_integer_shape(tuning):
 
 # ------------------------------------------------------------------------------------------------
 # Your tuning file counts where it measured the call's tp and dtype; elsewhere the shipped table's
-# exact match, then the nearest of both (review finding 1).
+# exact match, then the nearest of both.
 
 
 def test_a_file_of_another_tp_or_dtype_does_not_override_the_shipped_exact_match(tuning):
@@ -239,7 +239,7 @@ def test_without_an_exact_measurement_the_nearest_of_both_tables_and_why_says_so
 
 
 def test_one_shape_measured_twice_goes_to_the_newest_measurement(tmp_path):
-    """Not to the machine name that sorts first (review finding 14)."""
+    """Not to the machine name that sorts first."""
     old = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.0, "pipeline": 1.1})], machine="0xOld")
     new = _doc([("gemm_rs", 2, 4096, 4096, 4096, {"ring": 1.1, "pipeline": 1.0})], machine="9xNew")
     new["date"] = "20270101"

@@ -641,7 +641,7 @@ def test_the_live_test_is_called_as_the_docs_call_it(machine, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
-# review findings: stale sources, forced ipc without P2P, jax without its CUDA backend, the bounded
+# Stale sources, forced ipc without P2P, jax without its CUDA backend, the bounded
 # live test, unknown JAX_UB_* variables
 
 

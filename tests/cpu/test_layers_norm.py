@@ -153,7 +153,7 @@ def test_linen_llama_mlp_matches_hand_written_oracle(cpu_mesh):
 
 
 def test_rmsnorm_differs_from_layernorm_on_the_same_weights(cpu_mesh):
-    """The option changes the numbers (the review's failure: a LayerNorm in place of RMSNorm)."""
+    """The option changes the numbers (a LayerNorm in place of RMSNorm would pass otherwise)."""
     w = llama_weights()
     x = data(B, S, H, mean=1.0)
     with jax.set_mesh(cpu_mesh(2)):
