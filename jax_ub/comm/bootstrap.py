@@ -28,8 +28,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import inspect
 import itertools
 import json
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -569,7 +571,17 @@ def _jsonable(value: Any) -> Any:
             pass
     if isinstance(value, (set, frozenset)):
         return sorted(value, key=repr)
-    return str(value)
+    if inspect.isroutine(value) or inspect.isclass(value):
+        # A function (argparse's set_defaults(func=...)) or class is the same one on every process
+        # when its module and qualified name are: its text holds a memory address, which is not.
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+        return f"<{type(value).__name__} {getattr(value, '__module__', None) or '?'}.{name}>"
+    # Any other value compares by its text, without the memory address a default repr carries
+    # (" at 0x7f89...": it differs from process to process for equal values).
+    return _ADDRESS.sub("", str(value))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _canonical(value: Any) -> str:

@@ -82,6 +82,14 @@ def _distributed() -> tuple[Any, int, int] | None:
     state = distributed.global_state
     client = getattr(state, "client", None)
     count = int(getattr(state, "num_processes", 1) or 1)
+    if client is None and count > 1:
+        # jax.distributed.shutdown() keeps the process count and drops the client: a run of several
+        # processes whose key-value service is gone, not a run of one.
+        raise RuntimeError(
+            f"{_WHO}: jax.distributed was shut down in this run of {count} processes (this is process "
+            f"{int(getattr(state, 'process_id', 0) or 0)}), so the processes cannot be compared any "
+            f"more: call {_WHO}() before jax.distributed.shutdown()"
+        )
     if client is None or count == 1:
         return None
     return client, int(getattr(state, "process_id", 0) or 0), count

@@ -231,3 +231,45 @@ def test_bad_arguments_say_what_was_expected(kwargs, exc, fragment):
     with pytest.raises(exc, match="check_processes") as info:
         jax_ub.check_processes(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_functions_and_default_reprs_compare_without_their_memory_address():
+    """vars(args) with argparse's set_defaults(func=train): the same function on every process has a
+    different address in each, so fields compare functions by module and qualified name and strip
+    the address from other default reprs; different functions still differ."""
+    from jax_ub.comm import bootstrap
+
+    def make():
+        def train():
+            pass
+
+        return train
+
+    class Opaque:
+        pass
+
+    one, other = make(), make()  # equal functions at different addresses, as in two processes
+    assert one is not other and str(one) != str(other)
+    assert bootstrap._canonical({"func": one}) == bootstrap._canonical({"func": other})
+    assert "0x" not in bootstrap._canonical({"func": one, "obj": Opaque(), "cls": Opaque})
+    assert bootstrap._canonical({"obj": Opaque()}) == bootstrap._canonical({"obj": Opaque()})
+    assert bootstrap._canonical({"func": one}) != bootstrap._canonical({"func": make})
+    assert "test_check_processes" in bootstrap._canonical({"func": one})
+
+
+def test_after_jax_distributed_shutdown_it_raises_instead_of_acting_as_one_process(monkeypatch):
+    """After jax.distributed.shutdown() in a run of several processes the client is gone but the
+    process count stays: check_processes raises the documented RuntimeError (it returned None, and a
+    problem was reported as process 0's)."""
+    from jax._src import distributed
+
+    monkeypatch.setattr(distributed.global_state, "client", None)
+    monkeypatch.setattr(distributed.global_state, "num_processes", 2)
+    monkeypatch.setattr(distributed.global_state, "process_id", 1)
+    for kwargs in ({}, {"problem": "no GPU"}, {"fields": {"steps": 10}}):
+        with pytest.raises(
+            RuntimeError,
+            match=r"jax.distributed was shut down in this run of 2 processes "
+            r"\(this is process 1\).*before jax.distributed.shutdown\(\)",
+        ):
+            jax_ub.check_processes(**kwargs)
