@@ -249,6 +249,17 @@ class Config:
         """
         `1` runs the pure-XLA reference path for every op, on every device.""",
     )
+    allow_reference: bool = _setting(
+        False,
+        "JAX_UB_ALLOW_REFERENCE",
+        _Bool(),
+        """
+        `1` lets `method="auto"` run the pure-XLA reference path on a mesh of CUDA GPUs where jax_ub's
+        CUDA path cannot run (the extension is not built or does not load, the driver is too old, no
+        `jax_ub.initialize` for the mesh axis). With `0` the first such op raises, naming the reason
+        and the fix, rather than running at XLA's speed unnoticed. On CPU and TPU meshes the reference
+        is the normal path either way.""",
+    )
     timeout_s: float = _setting(
         120.0,
         "JAX_UB_TIMEOUT",

@@ -23,7 +23,7 @@ def test_defaults_from_empty_environment():
     assert Config.from_env({}) == Config()
     assert dataclasses.asdict(Config()) == {
         "method": "auto", "auto_chain": False, "disable": False, "timeout_s": 120.0, "on_stall": "abort",
-        "bootstrap": "auto", "transport": "auto",
+        "allow_reference": False, "bootstrap": "auto", "transport": "auto",
         "buffer_mib": 0, "gemm_workspace_mib": 32, "gemm_tune": 8,
         "recompute_gathered": False, "bulk_reduce_sms": 0, "bulk_copy_sms": 8, "rs_chain_pieces": 0,
         "rs_chain_split": "auto", "rs_column_pieces": 0, "rs_pieces": 0, "ag_push_pieces": 0,
@@ -50,6 +50,7 @@ VARIABLES = [
     ("JAX_UB_RECORD_SHAPES", " shapes.json ", "record_shapes", "shapes.json"),
     ("JAX_UB_DISABLE", "1", "disable", True),
     ("JAX_UB_DISABLE", "True", "disable", True),
+    ("JAX_UB_ALLOW_REFERENCE", "1", "allow_reference", True),
     ("JAX_UB_DISABLE", "off", "disable", False),
     ("JAX_UB_DISABLE", "", "disable", False),
     ("JAX_UB_TIMEOUT", "5.5", "timeout_s", 5.5),
