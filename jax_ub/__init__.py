@@ -6,6 +6,8 @@ Public API:
   differentiable, with a pure-XLA reference path (:mod:`jax_ub.reference`).
 * :func:`bulk_all_gather` / :func:`bulk_reduce_scatter` — a collective under an independent GEMM
   (backward-pass bulk overlap).
+* :class:`FP8Recipe` — FP8 with current scaling in those ops (``fp8=``; float8 operands take
+  ``scales=``), see :mod:`jax_ub.fp8`.
 * :func:`matmul` — the cuBLASLt GEMM custom call (reference ``jnp.matmul`` off-GPU).
 * :func:`initialize` / :func:`shutdown` — the Userbuffers communicators of a mesh axis.
 * :func:`check_processes` — every process of a ``jax.distributed`` run stops together naming
@@ -31,6 +33,7 @@ from jax_ub.bulk import bulk_all_gather, bulk_reduce_scatter
 from jax_ub.comm import initialize, shutdown
 from jax_ub.comm.bootstrap import AgreementError, PeerFailedError, PeerTimeoutError
 from jax_ub.comm.processes import ProcessCheckError, check_processes
+from jax_ub.fp8 import FP8Recipe
 from jax_ub.gemm import matmul
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 from jax_ub.overlap import explain
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CHECKPOINT_NAMES",
     "AgreementError",
+    "FP8Recipe",
     "PeerFailedError",
     "PeerTimeoutError",
     "ProcessCheckError",

@@ -16,6 +16,11 @@
    mode only; the reference path (method ``"xla"`` without ``recompute_gathered``) calls
    :mod:`jax_ub.reference` directly instead (:func:`_dispatch`), so forward mode works there too.
 
+FP8 calls (``scales=`` or ``fp8=``, semantics in :mod:`jax_ub.fp8`) take the same steps through
+their own functions (:func:`_fp8_dispatch`): float8 operands with scales run the forward (the
+reference's gradients where they are differentiated), and an :class:`jax_ub.fp8.FP8Recipe`
+quantizes and runs the hybrid-recipe backward of :func:`_recipe_bwd`.
+
 The method is resolved when the call is traced: a ``jax.jit`` cache keeps the path it traced with.
 """
 
@@ -28,10 +33,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_ub import _ffi, _validate, bulk, config, gemm, methods, overlap, reference, resolve, tuning
+from jax_ub import fp8 as fp8_lib
 
 __all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
 
@@ -314,6 +322,304 @@ def _dispatch(call: _Call, x: jax.Array, w: jax.Array) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
+# FP8 (jax_ub.fp8 says what the results are). Two kinds of call: float8 operands with their
+# scales (``scales=``), and higher-precision operands with an FP8Recipe (``fp8=``), quantized here
+# with current scaling before the op communicates, so an all-gather moves FP8 bytes.
+
+
+@dataclasses.dataclass(frozen=True)
+class _FP8Call:
+    """Static description of one FP8 call (the custom_vjps' non-differentiable argument)."""
+
+    op: str
+    method: str  # as _Call.method
+    axis_name: Any
+    axis: int
+    precision: Any  # the GEMMs of a backward in the operands' precision (bwd_dtype=None)
+    out_dtype: Any  # the output's dtype (np.dtype)
+    return_full: bool
+    recipe: fp8_lib.FP8Recipe | None = None  # None: float8 operands with scales
+    x_dtype: Any = None  # recipe only: the operands' own dtypes (the gradients')
+    w_dtype: Any = None
+    x_vma: frozenset = frozenset()
+    w_vma: frozenset = frozenset()
+    recompute_gathered: bool = False  # recipe AG only: save the local x8, re-gather it in the backward
+
+
+def _ag_fp8_xla(x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full=True):
+    del need_full
+    return fp8_lib.all_gather_matmul(x8, w8, xs, ws, axis_name, gather_axis=axis, out_dtype=out_dtype)
+
+
+def _rs_fp8_xla(x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full=True):
+    del need_full
+    return fp8_lib.matmul_reduce_scatter(
+        x8, w8, xs, ws, axis_name, scatter_axis=axis, out_dtype=out_dtype
+    ), x8
+
+
+# The FP8 forwards by (op, method) beside the CUDA methods' (``_CUDA`` with the scale keywords).
+_FP8_IMPLS: dict[tuple[str, str], Impl] = {(AG, methods.XLA): _ag_fp8_xla, (RS, methods.XLA): _rs_fp8_xla}
+
+
+def _fp8_forward(op, method, x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full):
+    """``(y, x8_full, method run)`` of the FP8 op: y in ``out_dtype`` (the GEMM writes bfloat16 or
+    float32, :func:`jax_ub.fp8_lib.kernel_out`, then a cast)."""
+    if method == methods.AUTO:
+        method = resolve.auto_method(op, x8, w8, axis_name)
+    kout = fp8_lib.kernel_out(out_dtype)
+    if (op, method) in _FP8_IMPLS:
+        y, x_full = _FP8_IMPLS[(op, method)](
+            x8, w8, xs, ws, axis_name=axis_name, axis=axis, out_dtype=kout, need_full=need_full
+        )
+    elif method in methods.CUDA_METHODS or method == methods.NCCL:
+        y, x_full = _CUDA[op](
+            x8,
+            w8,
+            axis_name=axis_name,
+            axis=axis,
+            precision=None,
+            method=method,
+            need_full=need_full,
+            x_scale=xs,
+            w_scale=ws,
+            out_dtype=kout,
+        )
+    else:
+        raise ValueError(f"{_PUBLIC_NAME[op]}: no FP8 implementation of method {method!r}")
+    return y.astype(out_dtype), x_full, method
+
+
+def _fp8_matmul(a8, b8, a_scale, b_scale, out_dtype, method):
+    """The FP8 GEMM of a backward (wgrad), ``a8[m, k] @ b8[k, n]`` dequantized: cuBLASLt's
+    (:func:`jax_ub.gemm.fp8_matmul`) where the op ran a CUDA method, else the reference."""
+    kout = fp8_lib.kernel_out(out_dtype)
+    if method == methods.XLA:
+        return fp8_lib.scaled_matmul(a8, b8, a_scale, b_scale, kout).astype(out_dtype)
+    return gemm.fp8_matmul(a8, b8, a_scale, b_scale, out_dtype=kout).astype(out_dtype)
+
+
+# float8 operands with scales: the forward, differentiated (where asked) as the reference is.
+
+
+def _scaled_reference(call: _FP8Call, x8, w8, xs, ws):
+    y, x_full, _ = _fp8_forward(
+        call.op,
+        methods.XLA,
+        x8,
+        w8,
+        xs,
+        ws,
+        axis_name=call.axis_name,
+        axis=call.axis,
+        out_dtype=call.out_dtype,
+        need_full=call.return_full,
+    )
+    return (y, x_full) if call.return_full else y
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scaled(call: _FP8Call, x8, w8, xs, ws):
+    return _scaled_fwd(call, x8, w8, xs, ws)[0]
+
+
+def _scaled_fwd(call, x8, w8, xs, ws):
+    y, x_full, _ = _fp8_forward(
+        call.op,
+        call.method,
+        x8,
+        w8,
+        xs,
+        ws,
+        axis_name=call.axis_name,
+        axis=call.axis,
+        out_dtype=call.out_dtype,
+        need_full=call.return_full,
+    )
+    y, x_full = _named(call.op, y, x_full if call.return_full else None)
+    return ((y, x_full) if call.return_full else y), (x8, w8, xs, ws)
+
+
+def _scaled_bwd(call, residuals, cotangents):
+    _, vjp = jax.vjp(functools.partial(_scaled_reference, call), *residuals)
+    return vjp(cotangents)
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+# An FP8Recipe: quantize (current scaling), the FP8 op, and the hybrid-recipe backward.
+
+
+def _recipe_quantize(call: _FP8Call, x, w):
+    """``(x8, x_scale, w8, w_scale)``. AG's x scale is the pmax over the axis (one scale for the
+    gathered rows); RS's scales, and every w scale, are the rank's own."""
+    f = call.recipe.fwd_dtype
+    x8, xs = fp8_lib.quantize(x, f, call.axis_name if call.op == AG else None)
+    w8, ws = fp8_lib.quantize(w, f)
+    return x8, xs, w8, ws
+
+
+def _recipe_forward(call: _FP8Call, x, w):
+    x8, xs, w8, ws = _recipe_quantize(call, x, w)
+    need = call.op == RS or call.return_full or not call.recompute_gathered
+    y, x8_full, _ = _fp8_forward(
+        call.op,
+        call.method,
+        x8,
+        w8,
+        xs,
+        ws,
+        axis_name=call.axis_name,
+        axis=call.axis,
+        out_dtype=call.out_dtype,
+        need_full=need,
+    )
+    y, x8_full = _named(call.op, y, x8_full if need else None)
+    out = (y, fp8_lib.dequantize(x8_full, xs, call.x_dtype)) if call.return_full else y
+    return out, ((x8 if not need else x8_full), xs, w8, ws)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _recipe(call: _FP8Call, x, w):
+    return _recipe_forward(call, x, w)[0]
+
+
+def _recipe_bwd(call: _FP8Call, residuals, cotangents):
+    """Straight-through for the quantization (the gradients of the master x and w are those of
+    the quantized forward ``y = op(Q(x), Q(w))``). With ``bwd_dtype`` (the hybrid recipe): dy is
+    quantized with current scaling (pmax-ed over the axis where the dual op all-gathers it),
+    dgrad is the dual op in FP8 on ``(dy8, w8ᵀ)`` and wgrad ``x8_fullᵀ @ dy8_full`` an FP8 GEMM.
+    With ``bwd_dtype=None``: both in the operands' dtype on the dequantized x8 and w8, dgrad
+    through the dual op of :func:`_overlap`."""
+    x8_full, xs, w8, ws = residuals
+    dy, dx_full = cotangents if call.return_full else (cotangents, None)
+    if call.op == AG and call.recompute_gathered and not call.return_full:
+        x8_full = lax.all_gather(x8_full, call.axis_name, axis=call.axis, tiled=True)
+    dual = DUAL[call.op]
+    lead = tuple(range(x8_full.ndim - 1))
+    xdt, wdt = call.x_dtype, call.w_dtype
+    if call.recipe.bwd_dtype is None:
+        wq_t = fp8_lib.dequantize(w8, ws, xdt).T
+        dyc = dy.astype(xdt)
+        d = _call_for(
+            dual, call.method, call.axis_name, call.axis, call.precision, dyc, wq_t, return_full=True
+        )
+        dx, dy_full = _overlap(d, dyc, wq_t)
+        x_full = fp8_lib.dequantize(x8_full, xs, xdt)
+        dw = reference.dot_general(x_full, dy_full, ((lead, lead), ((), ())), precision=call.precision)
+        dw = dw.astype(wdt)
+    else:
+        dy8, dys = fp8_lib.quantize(dy, call.recipe.bwd_dtype, call.axis_name if dual == AG else None)
+        dx, dy8_full, ran = _fp8_forward(
+            dual,
+            call.method,
+            dy8,
+            w8.T,
+            dys,
+            ws,
+            axis_name=call.axis_name,
+            axis=call.axis,
+            out_dtype=xdt,
+            need_full=True,
+        )
+        k, n = x8_full.shape[-1], dy8_full.shape[-1]
+        rows = math.prod(x8_full.shape[:-1])
+        dw = _fp8_matmul(x8_full.reshape(rows, k).T, dy8_full.reshape(rows, n), xs, dys, wdt, ran)
+    if dx_full is not None:  # the gathered x was an output: its cotangent goes back through the AG
+        if call.op == AG:
+            dx_full = lax.psum_scatter(dx_full, call.axis_name, scatter_dimension=call.axis, tiled=True)
+        dx = dx + dx_full.astype(xdt)
+    return _match_vma(dx.astype(xdt), call.x_vma), _match_vma(dw, call.w_vma)
+
+
+_recipe.defvjp(_recipe_forward, _recipe_bwd)
+
+
+def _fp8_mode(
+    fn: str, x: Any, w: Any, scales: Any, recipe: Any, preferred_element_type: Any
+) -> tuple[str, Any, Any] | None:
+    """Checks the FP8 arguments of a call: None for a higher-precision call (no FP8 argument), else
+    ``("scaled", (x_scale, w_scale), out_dtype)`` or ``("recipe", recipe, out_dtype)``."""
+    _validate.check_array(fn, "x", x)
+    _validate.check_array(fn, "w", w)
+    x_fp8, w_fp8 = fp8_lib.is_fp8(x.dtype), fp8_lib.is_fp8(w.dtype)
+    if recipe is not None and not isinstance(recipe, fp8_lib.FP8Recipe):
+        raise TypeError(f"{fn}: `fp8` must be a jax_ub.FP8Recipe or None; got {type(recipe).__name__}")
+    if scales is not None and recipe is not None:
+        raise TypeError(
+            f"{fn}: pass either `scales` (float8 operands with their scales) or `fp8` (a recipe "
+            f"that quantizes higher-precision operands), not both; got both"
+        )
+    if scales is None and recipe is None:
+        if x_fp8 or w_fp8:
+            raise TypeError(
+                f"{fn}: float8 operands need their dequantization scales: scales=(x_scale, w_scale), "
+                f"float32 of shape (); got x {np.dtype(x.dtype).name}, w {np.dtype(w.dtype).name} "
+                f"and no scales"
+            )
+        if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(x.dtype):
+            raise TypeError(
+                f"{fn}: `preferred_element_type` applies to FP8 calls (scales= or fp8=); a "
+                f"{np.dtype(x.dtype).name} call outputs {np.dtype(x.dtype).name}; got "
+                f"{np.dtype(preferred_element_type).name}"
+            )
+        return None
+    if recipe is not None:
+        if x_fp8 or w_fp8:
+            raise TypeError(
+                f"{fn}: `fp8=FP8Recipe(...)` quantizes {_validate.DTYPE_NAMES} operands; got x "
+                f"{np.dtype(x.dtype).name}, w {np.dtype(w.dtype).name} (float8 operands: pass "
+                f"scales=(x_scale, w_scale) instead)"
+            )
+        default = recipe.out_dtype if recipe.out_dtype is not None else x.dtype
+        if (
+            preferred_element_type is not None
+            and recipe.out_dtype is not None
+            and np.dtype(preferred_element_type) != recipe.out_dtype
+        ):
+            raise TypeError(
+                f"{fn}: `preferred_element_type` and the recipe's out_dtype differ; got "
+                f"{np.dtype(preferred_element_type).name} and {recipe.out_dtype.name}"
+            )
+        return "recipe", recipe, fp8_lib.out_dtype(fn, preferred_element_type, default)
+    fp8_lib.check_pair(fn, x.dtype, w.dtype)
+    pair = fp8_lib.check_scales(fn, scales)
+    return "scaled", pair, fp8_lib.out_dtype(fn, preferred_element_type, np.dtype(jnp.bfloat16))
+
+
+def _check_fp8_shapes(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> None:
+    """:func:`jax_ub._validate.check_operands`' shape checks for float8 operands."""
+    as_f32 = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x, w)]
+    _validate.check_operands(fn, *as_f32, x_layout, w_layout, abstract_ok=True)
+
+
+def _fp8_dispatch(mode, op, method, axis_name, axis, precision, x, w, *, return_full, recompute) -> Any:
+    kind, arg, out_dtype = mode
+    if kind == "scaled":
+        call = _FP8Call(op, method, axis_name, axis, precision, out_dtype, return_full)
+        if method == methods.XLA:  # the reference: jax differentiates it (either mode)
+            return _scaled_reference(call, x, w, *arg)
+        return _scaled(call, x, w, *arg)
+    call = _FP8Call(
+        op,
+        method,
+        axis_name,
+        axis,
+        precision,
+        out_dtype,
+        return_full,
+        recipe=arg,
+        x_dtype=np.dtype(x.dtype),
+        w_dtype=np.dtype(w.dtype),
+        x_vma=_vma(x),
+        w_vma=_vma(w),
+        recompute_gathered=bool(recompute) and op == AG and not return_full,
+    )
+    return _recipe(call, x, w)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API.
 
 
@@ -327,6 +633,9 @@ def all_gather_matmul(
     precision: Any = None,
     method: str | None = None,
     recompute_gathered: bool | None = None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
+    fp8: fp8_lib.FP8Recipe | None = None,
+    preferred_element_type: Any = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``all_gather(x, axis_name, gather_axis) @ w`` with the gather overlapped with the GEMM.
 
@@ -390,7 +699,11 @@ def all_gather_matmul(
     """
     fn = "all_gather_matmul"
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
-    _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
+    mode = _fp8_mode(fn, x, w, scales, fp8, preferred_element_type)
+    if mode is not None and mode[0] == "scaled":
+        _check_fp8_shapes(fn, x, w, "[..., m, k]", "[k, n_local]")
+    else:
+        _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
     _validate.check_nonempty_axis(fn, "gather_axis", axis, x.shape, "all-gather")
     method = None if method is None else _requested(method, fn)
@@ -399,6 +712,19 @@ def all_gather_matmul(
     if recompute_gathered is None:
         recompute_gathered = config.get().recompute_gathered
     _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
+    if mode is not None:
+        return _fp8_dispatch(
+            mode,
+            AG,
+            _resolve_for_size(method, tp, x, w, fn=fn),
+            axis_name,
+            axis,
+            _static(precision, fn),
+            x,
+            w,
+            return_full=bool(return_gathered),
+            recompute=recompute_gathered,
+        )
     call = _call_for(
         AG,
         _resolve_for_size(method, tp, x, w, fn=fn),
@@ -422,6 +748,9 @@ def matmul_reduce_scatter(
     scatter_axis: int = 0,
     precision: Any = None,
     method: str | None = None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
+    fp8: fp8_lib.FP8Recipe | None = None,
+    preferred_element_type: Any = None,
 ) -> jax.Array:
     """``reduce_scatter(x @ w, axis_name, scatter_axis)`` with the reduce-scatter overlapped.
 
@@ -463,12 +792,29 @@ def matmul_reduce_scatter(
     """
     fn = "matmul_reduce_scatter"
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
-    _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
+    mode = _fp8_mode(fn, x, w, scales, fp8, preferred_element_type)
+    if mode is not None and mode[0] == "scaled":
+        _check_fp8_shapes(fn, x, w, "[..., M, k_local]", "[k_local, n]")
+    else:
+        _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
     axis = _validate.normalize_axis(fn, "scatter_axis", scatter_axis, x.shape)
     _validate.check_nonempty_axis(fn, "scatter_axis", axis, x.shape, "reduce-scatter")
     method = None if method is None else _requested(method, fn)
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
+    if mode is not None:
+        return _fp8_dispatch(
+            mode,
+            RS,
+            _resolve_for_size(method, tp, x, w, fn=fn),
+            axis_name,
+            axis,
+            _static(precision, fn),
+            x,
+            w,
+            return_full=False,
+            recompute=False,
+        )
     call = _call_for(
         RS,
         _resolve_for_size(method, tp, x, w, fn=fn),

@@ -1,0 +1,272 @@
+"""FP8 in the jax_ub primitives: the recipe, current-scaling quantization, the checks of FP8
+arguments, and the reference semantics (the CPU path and the oracle of every FP8 result).
+
+Conventions (the scaled-matmul / cuBLASLt ``A_SCALE``/``B_SCALE`` ones):
+
+* A scale is a float32 *dequantization* scale of shape ``()``, one per tensor: a float8 tensor
+  ``q`` with scale ``s`` stands for ``q.astype(float32) * s``.
+* Current scaling (:func:`quantize`): ``s = max(amax(|t|), tiny) / finfo(fp8).max`` from the tensor
+  just computed, and ``q = clip(t / s, -max, max)`` cast to the FP8 dtype (saturating). Over a mesh
+  axis (``axis_name``) the amax is the ``pmax`` of the local ones, so every rank gets the same
+  scale: what an all-gathered operand needs, since the GEMM applies one scale to all its rows.
+* Operand pairs: ``e4m3 × e4m3``, ``e4m3 × e5m2``, ``e5m2 × e4m3``. ``e5m2 × e5m2`` is refused
+  (cuBLASLt has no such kernel).
+* The reference (:func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`scaled_matmul`):
+  dequantize both operands to float32, a float32 dot at ``HIGHEST`` precision, then the collective
+  (the reduce-scatter sums float32 partials), then a cast to the output dtype (bfloat16 by
+  default, float32 on request). The all-gather gathers the FP8 operand (one byte per element).
+
+:class:`FP8Recipe` is the option of :func:`jax_ub.all_gather_matmul` and friends that quantizes
+higher-precision operands with current scaling before the communication; its backward is the
+hybrid recipe (gradients in e5m2, documented in ``docs/fp8.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_ub import _ffi, reference
+
+__all__ = [
+    "FP8Recipe",
+    "all_gather_matmul",
+    "dequantize",
+    "matmul_reduce_scatter",
+    "quantize",
+    "scale_from_amax",
+    "scaled_matmul",
+]
+
+E4M3 = np.dtype(jnp.float8_e4m3fn)
+E5M2 = np.dtype(jnp.float8_e5m2)
+FP8_DTYPES = (E4M3, E5M2)
+FP8_NAMES = ", ".join(d.name for d in FP8_DTYPES)
+# The output dtypes of an FP8 GEMM (cuBLASLt's D with FP8 inputs and fp32 compute).
+OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float32))
+OUT_NAMES = ", ".join(d.name for d in OUT_DTYPES)
+# The dtypes the recipe quantizes from (those of jax_ub's higher-precision path).
+HIGH_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def is_fp8(dtype: Any) -> bool:
+    try:
+        return np.dtype(dtype) in FP8_DTYPES
+    except TypeError:
+        return False
+
+
+def _name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return repr(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Recipe:
+    """Quantize the operands of an op to FP8 with current scaling (per tensor), and run its
+    backward in FP8 too.
+
+    Attributes:
+      fwd_dtype: the dtype of x and w in the forward: ``float8_e4m3fn`` (both operands share it,
+        and ``e5m2 × e5m2`` has no kernel).
+      bwd_dtype: the dtype of the output gradient ``dy`` in the backward (``float8_e5m2``, the
+        hybrid recipe, or ``float8_e4m3fn``); ``None``: the backward runs in the operands' own
+        precision (e.g. bfloat16) on the dequantized forward operands.
+      out_dtype: the output dtype; ``None``: x's dtype. The FP8 GEMMs write bfloat16 or float32
+        (a float16 output is computed in float32 and cast).
+    """
+
+    fwd_dtype: Any = E4M3
+    bwd_dtype: Any = E5M2
+    out_dtype: Any = None
+
+    def __post_init__(self) -> None:
+        fwd = _dtype_or_none(self.fwd_dtype)
+        if fwd != E4M3:
+            raise ValueError(
+                f"FP8Recipe: `fwd_dtype` must be float8_e4m3fn (x and w are both quantized to it, "
+                f"and float8_e5m2 x float8_e5m2 has no FP8 GEMM); got {_name(self.fwd_dtype)}"
+            )
+        bwd = _dtype_or_none(self.bwd_dtype)
+        if bwd is not None and bwd not in FP8_DTYPES:
+            raise ValueError(
+                f"FP8Recipe: `bwd_dtype` must be one of {FP8_NAMES}, or None (backward in the "
+                f"operands' precision); got {_name(self.bwd_dtype)}"
+            )
+        out = _dtype_or_none(self.out_dtype)
+        if out is not None and out not in HIGH_DTYPES:
+            raise ValueError(
+                f"FP8Recipe: `out_dtype` must be one of "
+                f"{', '.join(d.name for d in HIGH_DTYPES)}, or None (x's dtype); got {_name(self.out_dtype)}"
+            )
+        object.__setattr__(self, "fwd_dtype", fwd)
+        object.__setattr__(self, "bwd_dtype", bwd)
+        object.__setattr__(self, "out_dtype", out)
+
+
+def _dtype_or_none(d: Any) -> np.dtype | None:
+    if d is None:
+        return None
+    try:
+        return np.dtype(d)
+    except TypeError as e:
+        raise TypeError(f"FP8Recipe: a dtype was expected; got {d!r}") from e
+
+
+# ----------------------------------------------------------------------------------------------
+# Current scaling.
+
+
+def scale_from_amax(amax: jax.Array, dtype: Any) -> jax.Array:
+    """The float32 dequantization scale ``max(amax, tiny) / finfo(dtype).max``."""
+    fmax = float(jnp.finfo(dtype).max)
+    return jnp.maximum(jnp.asarray(amax, jnp.float32), _TINY) / fmax
+
+
+def quantize(t: jax.Array, dtype: Any, axis_name: Any = None) -> tuple[jax.Array, jax.Array]:
+    """``(q, scale)``: ``t`` in FP8 ``dtype`` with current scaling (see the module docstring).
+
+    ``axis_name``: the mesh axis (bound by an enclosing ``shard_map``) whose ranks share one scale,
+    the ``pmax`` of their amax; ``None``: this tensor's own."""
+    t32 = t.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(t32)) if t.size else jnp.zeros((), jnp.float32)
+    if axis_name is not None:
+        amax = lax.pmax(amax, axis_name)
+    scale = scale_from_amax(amax, dtype)
+    fmax = float(jnp.finfo(dtype).max)
+    q = jnp.clip(t32 / scale, -fmax, fmax).astype(dtype)
+    return q, scale
+
+
+def dequantize(q: jax.Array, scale: jax.Array, dtype: Any = jnp.float32) -> jax.Array:
+    """``q.astype(float32) * scale``, cast to ``dtype``."""
+    return (q.astype(jnp.float32) * scale).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks (trace time), each error naming the public function, what was expected and what was got.
+
+
+def check_pair(fn: str, x_dtype: Any, w_dtype: Any, names: tuple[str, str] = ("x", "w")) -> None:
+    """Both FP8, and not ``e5m2 × e5m2``."""
+    a, b = np.dtype(x_dtype), np.dtype(w_dtype)
+    if a not in FP8_DTYPES or b not in FP8_DTYPES:
+        raise TypeError(
+            f"{fn}: with `scales`, `{names[0]}` and `{names[1]}` must both be FP8 ({FP8_NAMES}); got "
+            f"{names[0]} {a.name}, {names[1]} {b.name} (for higher-precision operands pass "
+            f"fp8=jax_ub.FP8Recipe() instead of scales)"
+        )
+    if a == E5M2 and b == E5M2:
+        raise TypeError(
+            f"{fn}: FP8 operand dtypes must be float8_e4m3fn x float8_e4m3fn, float8_e4m3fn x "
+            f"float8_e5m2 or float8_e5m2 x float8_e4m3fn (there is no float8_e5m2 x float8_e5m2 "
+            f"GEMM); got {names[0]} {a.name}, {names[1]} {b.name}"
+        )
+
+
+def check_scales(fn: str, scales: Any) -> tuple[jax.Array, jax.Array]:
+    """``scales`` is ``(x_scale, w_scale)``, each a float32 array of shape ``()``."""
+    if not isinstance(scales, (tuple, list)) or len(scales) != 2:
+        raise TypeError(
+            f"{fn}: `scales` must be a pair (x_scale, w_scale) of float32 arrays of shape (); "
+            f"got {type(scales).__name__}"
+            + (f" of length {len(scales)}" if isinstance(scales, (tuple, list)) else "")
+        )
+    for name, s in zip(("x_scale", "w_scale"), scales, strict=True):
+        if not (hasattr(s, "shape") and hasattr(s, "dtype")):
+            raise TypeError(
+                f"{fn}: `scales`' {name} must be a float32 array of shape (); got {type(s).__name__} "
+                f"(e.g. jnp.float32({s!r}))"
+            )
+        if tuple(s.shape) != () or np.dtype(s.dtype) != np.float32:
+            raise TypeError(
+                f"{fn}: `scales`' {name} must be a float32 array of shape () (one dequantization "
+                f"scale per tensor); got {np.dtype(s.dtype).name} of shape {tuple(s.shape)}"
+            )
+    return scales[0], scales[1]
+
+
+def out_dtype(fn: str, preferred_element_type: Any, default: Any) -> np.dtype:
+    """The output dtype of an FP8 call: ``preferred_element_type`` (bfloat16 or float32), or
+    ``default``."""
+    if preferred_element_type is None:
+        return np.dtype(default)
+    try:
+        d = np.dtype(preferred_element_type)
+    except TypeError:
+        d = None
+    if d not in OUT_DTYPES:
+        raise TypeError(
+            f"{fn}: `preferred_element_type` of an FP8 call must be one of {OUT_NAMES} (the output "
+            f"dtypes of an FP8 GEMM), or None; got {_name(preferred_element_type)}"
+        )
+    return d
+
+
+def kernel_out(dtype: Any) -> np.dtype:
+    """The dtype an FP8 GEMM writes for a result wanted in ``dtype``: itself where the GEMM can
+    write it (bfloat16, float32), else float32 (then cast)."""
+    d = np.dtype(dtype)
+    return d if d in OUT_DTYPES else np.dtype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference (the oracle): dequantize, float32 dot at HIGHEST precision, collective, cast.
+
+
+def scaled_matmul(
+    a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array, out_dtype: Any = jnp.bfloat16
+) -> jax.Array:
+    """``(dequantize(a) @ dequantize(b))`` in float32, cast to ``out_dtype``: ``a[..., m, k]``,
+    ``b[k, n]``."""
+    y = reference.matmul(dequantize(a, a_scale), dequantize(b, b_scale), precision=lax.Precision.HIGHEST)
+    return y.astype(out_dtype)
+
+
+def all_gather_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    x_scale: jax.Array,
+    w_scale: jax.Array,
+    axis_name: Any,
+    *,
+    gather_axis: int = 0,
+    out_dtype: Any = jnp.bfloat16,
+) -> tuple[jax.Array, jax.Array]:
+    """``(y, x_gathered)``: the FP8 x gathered (FP8 bytes) along ``gather_axis``, then
+    :func:`scaled_matmul`. ``x_scale`` must be the same on every rank of the axis."""
+    x_full = lax.all_gather(x, axis_name, axis=gather_axis % x.ndim, tiled=True)
+    return scaled_matmul(x_full, w, x_scale, w_scale, out_dtype), x_full
+
+
+def matmul_reduce_scatter(
+    x: jax.Array,
+    w: jax.Array,
+    x_scale: jax.Array,
+    w_scale: jax.Array,
+    axis_name: Any,
+    *,
+    scatter_axis: int = 0,
+    out_dtype: Any = jnp.bfloat16,
+) -> jax.Array:
+    """Each rank's float32 partial product (its own scales), reduce-scattered in float32 along
+    ``scatter_axis``, cast to ``out_dtype``."""
+    partial = scaled_matmul(x, w, x_scale, w_scale, jnp.float32)
+    y = lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis % x.ndim, tiled=True)
+    return y.astype(out_dtype)
+
+
+def varying(a: jax.Array, like: tuple[jax.Array, ...]) -> jax.Array:
+    """``a`` marked as varying over the mesh axes any of ``like`` varies over (check_vma)."""
+    axes: frozenset = frozenset()
+    for t in like:
+        axes |= _ffi.varying_axes(t)
+    return _ffi.vary(a, axes)
