@@ -201,3 +201,69 @@ def check_axis_names(fn: str, axis_name: Any) -> None:
     """A tuple of axis names names each axis once."""
     if isinstance(axis_name, tuple) and len(set(axis_name)) != len(axis_name):
         raise ValueError(f"{fn}: `axis_name` {axis_name!r} names an axis more than once")
+
+
+# ------------------------------------------------------------------------------------------------
+# The layers' constructor arguments: each names the layer (``fn``), the argument, what it takes
+# and what it got, before any parameter is drawn (jax's own errors there name neither).
+
+
+def check_size(fn: str, name: str, value: Any, *, minimum: int = 1) -> int:
+    """A dimension such as ``in_features``: an int (not a bool) >= ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{fn}: `{name}` must be an int >= {minimum}; got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{fn}: `{name}` must be an int >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_epsilon(fn: str, value: Any, name: str = "epsilon") -> float:
+    """A norm's ``epsilon``: a finite real number >= 0 (a negative one or NaN gives NaN outputs)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"{fn}: `{name}` must be a finite number >= 0; got {value!r} ({type(value).__name__})"
+        )
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"{fn}: `{name}` must be a finite number >= 0; got {value!r}")
+    return float(value)
+
+
+def check_callable(fn: str, name: str, value: Any, *, optional: bool = False) -> None:
+    """An initializer or activation: a callable (or None where ``optional``)."""
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise TypeError(
+            f"{fn}: `{name}` must be a callable{' or None' if optional else ''}; "
+            f"got {value!r} ({type(value).__name__})"
+        )
+
+
+def check_optional_bool(fn: str, kw: str, value: Any) -> None:
+    """A bool, or None for the configured default (``recompute_gathered``)."""
+    if value is not None:
+        check_bool(fn, kw, value)
+
+
+def check_float_dtype(fn: str, name: str, value: Any, *, optional: bool = False) -> None:
+    """A floating dtype (``param_dtype``; ``dtype`` with ``optional``: None follows the inputs)."""
+    if value is None and optional:
+        return
+    try:
+        dtype = None if value is None else np.dtype(jnp.dtype(value))
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"{fn}: `{name}` must be a floating dtype (e.g. jnp.float32, jnp.bfloat16)"
+            f"{' or None' if optional else ''}; got {value!r}"
+        )
+
+
+def check_mesh_arg(fn: str, mesh: Any) -> None:
+    """A layer's ``mesh=``: None (the context's), a ``jax.sharding.Mesh`` or an ``AbstractMesh``."""
+    if mesh is not None and not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+        raise TypeError(
+            f"{fn}: `mesh` must be None, a jax.sharding.Mesh or a jax.sharding.AbstractMesh; "
+            f"got {type(mesh).__name__}"
+        )

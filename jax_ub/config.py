@@ -81,6 +81,9 @@ _NUMBER_NAMES = {int: "an integer", float: "a number"}
 
 # The shortest bound on a wait for a peer, in seconds (JAX_UB_TIMEOUT, Config and initialize).
 MIN_TIMEOUT_S = 1e-3
+# The longest (one week): a longer one is a typo, and overflows the waits that count in integer
+# milliseconds (jax.distributed's key-value store: a 32-bit count, 24.8 days) or nanoseconds.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # buffer_mib / gemm_workspace_mib above this (1 TiB) are typos, not memory a GPU has: refused by
 # name here, not left to overflow a size in the extension.
 MAX_MIB = 1 << 20
@@ -171,15 +174,20 @@ class _Int(_Kind):
 
 class _Seconds(_Kind):
     def parse(self, var: str, text: str) -> float:
-        return float(_parse_number(var, text, float, MIN_TIMEOUT_S))
+        out = float(_parse_number(var, text, float, MIN_TIMEOUT_S))
+        if out > MAX_TIMEOUT_S:
+            raise ValueError(f"{var} must be <= {MAX_TIMEOUT_S:g} (seconds: one week); got {text!r}")
+        return out
 
     def check(self, name: str, value: float) -> float:
         if not (math.isfinite(value) and value >= MIN_TIMEOUT_S):
             raise ValueError(f"{name} must be a finite number >= {MIN_TIMEOUT_S} (seconds); got {value!r}")
+        if value > MAX_TIMEOUT_S:
+            raise ValueError(f"{name} must be <= {MAX_TIMEOUT_S:g} (seconds: one week); got {value!r}")
         return value
 
     def values(self) -> str:
-        return f"seconds, a number >= {MIN_TIMEOUT_S}"
+        return f"seconds, a number from {MIN_TIMEOUT_S} to {MAX_TIMEOUT_S:g} (one week)"
 
 
 class _Level(_Kind):
@@ -198,7 +206,12 @@ class _Level(_Kind):
 
 class _Path(_Kind):
     def parse(self, var: str, text: str) -> str:
-        return text.strip()
+        return self.check(var, text.strip())
+
+    def check(self, name: str, value: str) -> str:
+        if "\0" in value:  # no file system takes it: open() would fail later, naming no setting
+            raise ValueError(f"{name} must be a path (without NUL characters); got {value!r}")
+        return value
 
     def values(self) -> str:
         return "a path"
@@ -742,8 +755,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif a.markdown == "-":
         sys.stdout.write(markdown())
     else:
-        with open(a.markdown, "w", encoding="utf-8", newline="\n") as f:
-            f.write(markdown())
+        try:
+            with open(a.markdown, "w", encoding="utf-8", newline="\n") as f:
+                f.write(markdown())
+        except OSError as e:  # argparse's `error:` and exit 2, as for a wrong option
+            p.error(
+                f"--markdown: expected a file path that can be written; got {a.markdown!r} ({e.strerror})"
+            )
     return 0
 
 
