@@ -107,9 +107,14 @@ DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops 
 CUDA_METHODS = methods.SCHEDULES
 
 
+# The largest count or dimension the command line takes: a larger one is a typo (a count of
+# 2**31 calls never ends; a dimension that large does not fit a GPU).
+MAX_COUNT = 2**31 - 1
+
+
 def at_least(low: float, kind: type = int) -> Any:
-    """An argparse ``type``: a number (``kind``) >= ``low``, else argparse's ``error:`` (exit 2)
-    saying what was expected and what was given."""
+    """An argparse ``type``: a number (``kind``) >= ``low`` and <= :data:`MAX_COUNT` (so finite),
+    else argparse's ``error:`` (exit 2) saying what was expected and what was given."""
 
     def parse(text: str) -> Any:
         try:
@@ -120,6 +125,8 @@ def at_least(low: float, kind: type = int) -> Any:
             ) from None
         if not value >= low:  # NaN too
             raise argparse.ArgumentTypeError(f"must be >= {low:g}; got {text}")
+        if not value <= MAX_COUNT:  # inf too
+            raise argparse.ArgumentTypeError(f"must be <= {MAX_COUNT}; got {text}")
         return value
 
     parse.__name__ = f"{kind.__name__} >= {low:g}"
@@ -143,6 +150,10 @@ def shape(text: str) -> tuple[int, int, int]:
         if v < 1:
             raise argparse.ArgumentTypeError(
                 f"expected {want}; got {text!r} ({part.strip()!r} is not a positive integer)"
+            )
+        if v > MAX_COUNT:
+            raise argparse.ArgumentTypeError(
+                f"expected {want}; got {text!r} ({part.strip()!r} is above {MAX_COUNT})"
             )
         values.append(v)
     return values[0], values[1], values[2]
