@@ -166,13 +166,21 @@ def loaded_extension() -> Any:
     return extension()
 
 
-def _gpu_backend() -> str | None:
+def cuda_backend() -> str | None:
     """'cuda' when jax has a CUDA backend with devices, else None."""
     try:
         devices = jax.devices("cuda")
     except RuntimeError:
         return None
     return "cuda" if devices else None
+
+
+_gpu_backend = cuda_backend
+
+
+def default_backend() -> str:
+    """jax's default backend (``"cpu"``, ``"gpu"``, ``"tpu"``)."""
+    return jax.default_backend()
 
 
 def cuda_path_available() -> tuple[bool, str]:

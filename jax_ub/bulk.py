@@ -147,6 +147,7 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method):
     m = resolve.for_size(method, tp, x, a, b, fn=what)
     if m == methods.AUTO:
         m = resolve.bulk_auto(what, axis_name)
+    resolve.record_use(f"bulk_{kind}", m)  # jax_ub.summary(): every traced call, by method
     if m == methods.XLA:
         return _reference(kind, x, a, b, axis_name, axis, precision)
     if m == methods.NCCL:

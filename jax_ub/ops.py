@@ -836,6 +836,7 @@ def _note(call: _Call, tp: int, x: jax.Array, w: jax.Array) -> None:
     there is nothing to tune (and ``bench tune`` refuses zero sizes). Nor is there over several
     mesh axes, or over an axis that a ``jax.vmap``/``pmap`` binds: those calls never run the CUDA
     path."""
+    resolve.record_use(call.op, call.method)  # jax_ub.summary(): every traced call, by method
     if (
         tp > 1
         and 0 not in (*x.shape, *w.shape)

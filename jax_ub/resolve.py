@@ -4,6 +4,13 @@ against ``JAX_UB_DISABLE``, the CUDA path's availability, the mesh axis and its 
 
 The names and the rules come from :mod:`jax_ub.methods`; :mod:`jax_ub.ops` and :mod:`jax_ub.bulk`
 call this module at trace time, before any kernel.
+
+Never silently slow: on a mesh of CUDA GPUs, ``"auto"`` does not fall back to the pure-XLA
+reference where the CUDA path cannot run (the extension is not built or does not load, the driver
+is too old, the mesh axis has no communicator): the op raises :class:`CudaPathUnavailableError`
+naming the reason and the fix (:func:`refuse_reference`), unless the user asked for the reference
+(``method="xla"``, ``JAX_UB_DISABLE=1``) or allowed it (``JAX_UB_ALLOW_REFERENCE=1``). On CPU and
+TPU meshes the reference is the normal path.
 """
 
 from __future__ import annotations
@@ -11,9 +18,73 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jax_ub import _ext, _validate, choice, comm, config, methods
+from jax_ub import _ext, _usage, _validate, choice, comm, config, methods
 
 _log = logging.getLogger("jax_ub")
+
+
+class CudaPathUnavailableError(RuntimeError):
+    """A jax_ub op on a mesh of CUDA GPUs whose CUDA path cannot run, where the reference path was
+    neither asked for nor allowed (see :func:`refuse_reference`)."""
+
+
+def on_cuda_mesh() -> bool:
+    """Whether the op being traced runs on CUDA GPUs: the enclosing mesh's devices (inside
+    ``shard_map``), else jax's default backend; and jax has a CUDA backend (not ROCm)."""
+    platform = _validate.mesh_platform() or _ext.default_backend()
+    return str(platform).lower() in ("gpu", "cuda") and _ext.cuda_backend() is not None
+
+
+_REBUILD_FIX = (
+    "run `python -m jax_ub.doctor`, which says what this machine lacks, then reinstall jax_ub with "
+    "`JAX_UB_REQUIRE_CUDA=1 pip install --no-cache-dir --force-reinstall --no-deps .` in its "
+    "checkout (the build then fails naming the cause instead of installing without the extension)"
+)
+
+
+def _fix_for(why: str) -> str:
+    """The fix for an unavailable CUDA path, where its reason does not say one already."""
+    low = why.lower()
+    return "" if ("rebuild" in low or "pip install" in low) else f"Fix: {_REBUILD_FIX}. "
+
+
+def refuse_reference(fn: str | None, why: str, fix: str) -> None:
+    """On a mesh of CUDA GPUs, raises :class:`CudaPathUnavailableError` (``why``, then ``fix``)
+    instead of letting ``"auto"`` run the reference path, unless ``JAX_UB_ALLOW_REFERENCE=1``
+    (then the op is counted in :func:`jax_ub.summary`). Elsewhere it does nothing."""
+    if not on_cuda_mesh():
+        return
+    if config.get().allow_reference:
+        _log.debug("jax_ub: %s runs the reference on a CUDA GPU mesh (JAX_UB_ALLOW_REFERENCE=1): %s", fn, why)
+        _usage.record_gpu_reference()
+        return
+    msg = (
+        (f"{fn}: " if fn else "")
+        + f"this mesh's devices are CUDA GPUs, but jax_ub's CUDA path cannot run here: {why}. {fix}"
+        + "jax_ub does not fall back to the pure-XLA reference path on GPUs unasked (it runs at "
+        "XLA's speed, without overlap). To run it on purpose, pass method='xla' to the op, or set "
+        "JAX_UB_ALLOW_REFERENCE=1 (jax_ub.config.override(allow_reference=True))."
+    )
+    _usage.record_failure(msg)
+    raise CudaPathUnavailableError(msg)
+
+
+def _no_communicator_why(axis_name: Any) -> tuple[str, str]:
+    """(why the axis has no communicator, the fix)."""
+    if _validate.one_axis(axis_name) is None:
+        return (
+            f"axis_name {axis_name!r} names several mesh axes, and a jax_ub communicator spans one",
+            "Fix: build the mesh with one axis for the TP group and pass that axis. ",
+        )
+    return (
+        f"mesh axis {axis_name!r} has no jax_ub communicator",
+        f"Fix: call jax_ub.initialize(mesh, axis={axis_name!r}) before the function is traced. ",
+    )
+
+
+def record_use(op: str, method: str) -> None:
+    """Counts one traced call of ``op`` that resolved to ``method`` for :func:`jax_ub.summary`."""
+    _usage.record(op, method)
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -47,8 +118,9 @@ def method_name(method: str | None, fn: str | None = None, *, warn: bool = True)
     ``JAX_UB_DISABLE=1`` (``config.disable``) and ``"xla"`` give ``"xla"``; ``"auto"`` gives
     ``"auto"`` (which picks a CUDA algorithm per shape, or the reference when the mesh axis has no
     communicator: :func:`auto`) when the CUDA path can run, else ``"xla"``; the CUDA algorithms
-    need it. ``warn``: warn of a deprecated configured name (an explicit one was checked, and
-    warned of, by the caller's :func:`requested`).
+    need it (on a mesh of CUDA GPUs, ``"auto"`` without the CUDA path raises instead:
+    :func:`refuse_reference`). ``warn``: warn of a deprecated configured name (an explicit one
+    was checked, and warned of, by the caller's :func:`requested`).
     """
     cfg = config.get()
     name = requested(method, fn, warn=warn and method is None, stacklevel=6)
@@ -68,6 +140,8 @@ def method_name(method: str | None, fn: str | None = None, *, warn: bool = True)
             if ok
             else f"'xla' (the pure-XLA reference): {why}",
         )
+        if not ok:
+            refuse_reference(fn, why, _fix_for(why))
         return methods.AUTO if ok else methods.XLA
     if not ok:
         if method is None:  # the configured method: JAX_UB_METHOD (or config.override)
@@ -150,9 +224,11 @@ def auto_method(op: str, x: Any, w: Any, axis_name: Any) -> str:
     if not _validate.bound_by_shard_map(axis_name):
         # A jax.vmap (or pmap) axis of that name: XLA's collective over it, no CUDA path.
         _log.debug("auto %s: axis_name %r is a vmap/pmap axis here: xla", op, axis_name)
+        _usage.record_auto(op, methods.XLA)
         return methods.XLA
     c = auto(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
     if c is None:
+        refuse_reference(methods.PUBLIC_NAME[op], *_no_communicator_why(axis_name))
         comm.warn_no_communicator(methods.PUBLIC_NAME[op], axis_name)
     _log.debug(
         "auto %s %s @ %s: %s",
@@ -161,18 +237,20 @@ def auto_method(op: str, x: Any, w: Any, axis_name: Any) -> str:
         tuple(w.shape),
         "xla (no communicator)" if c is None else f"{c.method}: {c.why}",
     )
-    if c is None:
-        return methods.XLA
-    # the NCCL schedule: the axis's transport runs it for any CUDA method
-    return methods.DEFAULT[op] if c.method == NCCL_SCHEDULE else c.method
+    chosen = methods.XLA if c is None else methods.DEFAULT[op] if c.method == NCCL_SCHEDULE else c.method
+    _usage.record_auto(op, chosen)  # the NCCL schedule: the axis's transport runs it for any CUDA method
+    return chosen
 
 
 def bulk_auto(what: str, axis_name: Any) -> str:
     """What ``"auto"`` runs for a bulk op: the ring schedule where the axis has a communicator
     and is bound by ``shard_map``, else XLA's collective (with a warning)."""
-    ok = comm.get(axis_name) is not None and _validate.bound_by_shard_map(axis_name)
+    bound = _validate.bound_by_shard_map(axis_name)
+    ok = comm.get(axis_name) is not None and bound
     m = methods.BULK_DEFAULT if ok else methods.XLA
     if not ok:
+        if bound:  # a vmap/pmap axis has no CUDA path to miss
+            refuse_reference(what, *_no_communicator_why(axis_name))
         comm.warn_no_communicator(what, axis_name)
     _log.debug(
         "jax_ub: %s method 'auto' -> %r (%s)",
@@ -251,6 +329,7 @@ def explain(
                 f"axis={axis_name!r}); an axis of size 1 gets none: nothing to communicate)"
             )
         if runs == methods.AUTO:
+            refuse_reference(fn, *_no_communicator_why(axis_name))  # as the op would, on a GPU mesh
             return f"xla: {why}{call}"
         raise ValueError(f"{fn}: {asked} needs a jax_ub communicator, and the call would fail: {why}")
     c = auto(op, tuple(x.shape), tuple(w.shape), x.dtype, axis_name)
