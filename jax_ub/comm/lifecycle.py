@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_ub import _ext, _ffi, _validate, choice, config
+from jax_ub import _ext, _ffi, _usage, _validate, choice, config
 from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
 from jax_ub.comm import nccl, p2p
 from jax_ub.comm.transport import choose_transport, device_ordinal, survey
@@ -765,6 +765,7 @@ def shutdown(axis: str | None = None) -> None:
             axis,
             ", ".join(map(repr, sorted(_named_axes))) or "none",
         )
+    _usage.at_shutdown(host_stats, errors)  # jax_ub.summary()'s line, before any set is freed
     freed = False
     try:
         with _lock:
