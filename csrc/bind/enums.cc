@@ -34,7 +34,7 @@ nb::dict Enums() {
   {
     nb::dict d;
     JAX_UB_DTYPES(JAX_UB_ENUM_ITEM)
-    out["dtype"] = d;  // gemm_warmup's `dtype` (DType)
+    out["dtype"] = d;  // gemm_warmup's `dtype` (DType; FP8 pairs: GemmTypes::Code)
   }
   {
     nb::dict d;

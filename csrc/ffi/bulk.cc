@@ -45,9 +45,10 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
           Check(op, *c,
                 ad.size() == 2 && bd.size() == 2 && yd.size() == 2 && ad[1] == bd[0] &&
                     yd[0] == ad[0] && yd[1] == bd[1] && ga.element_type() == gb.element_type() &&
-                    gy->element_type() == ga.element_type() && ToDType(ga.element_type(), &gt),
+                    gy->element_type() == ga.element_type() && ToDType(ga.element_type(), &gt) &&
+                    !IsFp8(gt),
                 StrCat() << "the GEMM operands must be a[m, k] @ b[k, n] -> [m, n] of one "
-                            "float dtype; got a "
+                            "of float32, float16, bfloat16; got a "
                          << Describe(ga) << ", b " << Describe(gb) << ", result " << Describe(*gy));
       e.failure()) {
     return e;
@@ -59,10 +60,10 @@ ffi::Error BulkExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
       return Check(op, *c, false, "cudaMemsetAsync of the GEMM result failed");
     }
   }
-  a.gemm = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
-                         ws->size_bytes());
-  a.gemm_side = RowGemm::Make(gt, tf32, ad[1], bd[1], gb.untyped_data(), ws->untyped_data(),
-                              ws->size_bytes(), sms > 0 ? c->sms() - sms : 0);
+  a.gemm = RowGemm::Make(GemmTypes::Same(gt), tf32, ad[1], bd[1], gb.untyped_data(),
+                         ws->untyped_data(), ws->size_bytes());
+  a.gemm_side = RowGemm::Make(GemmTypes::Same(gt), tf32, ad[1], bd[1], gb.untyped_data(),
+                              ws->untyped_data(), ws->size_bytes(), sms > 0 ? c->sms() - sms : 0);
   a.ga = ga.untyped_data();
   a.gm = ad[0] > 0 && ad[1] > 0 && bd[1] > 0 ? ad[0] : 0;
   a.side_rows = sms > 0 ? side_rows : 0;

@@ -1,8 +1,12 @@
-// FFI handler of jax_ub.matmul: a row-major cuBLASLt GEMM on XLA's stream.
-// Decodes and validates, then calls gemm/cublaslt. Python: jax_ub/gemm.py.
+// FFI handler of jax_ub.matmul and jax_ub.gemm.fp8_matmul: a row-major cuBLASLt GEMM on XLA's
+// stream. Decodes and validates, then calls gemm/cublaslt. Python: jax_ub/gemm.py.
+// The FP8 form: a [m, k] and b [n, k] float8 (trans_b), two float32 scale operands, a bfloat16
+// or float32 result = a_scale * b_scale * (a @ b^T).
 #include "ffi/gemm.h"
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "ffi/common.h"
 
@@ -10,13 +14,30 @@ namespace jax_ub {
 namespace {
 
 ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                       std::optional<ffi::AnyBuffer> a_scale, std::optional<ffi::AnyBuffer> b_scale,
                        ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> workspace,
                        bool trans_a, bool trans_b, bool tf32) {
-  DType dtype;
-  if (!ToDType(a.element_type(), &dtype) || b.element_type() != a.element_type() ||
-      c->element_type() != a.element_type()) {
-    return InvalidArgument(
-        "jax_ub_gemm: a, b and the result must share one of float32, float16, bfloat16");
+  GemmTypes types;
+  if (!ToDType(a.element_type(), &types.a) || !ToDType(b.element_type(), &types.b) ||
+      !ToDType(c->element_type(), &types.out)) {
+    return InvalidArgument(StrCat()
+                           << "jax_ub_gemm: a, b and the result must share one of "
+                              "float32, float16, bfloat16, or be float8 operands with a "
+                              "bfloat16 or float32 result; got a "
+                           << Describe(a) << ", b " << Describe(b) << ", result " << Describe(*c));
+  }
+  if (const std::string bad = types.Problem(); !bad.empty()) {
+    return InvalidArgument("jax_ub_gemm: " + bad);
+  }
+  if (types.fp8() && (trans_a || !trans_b)) {
+    return InvalidArgument(StrCat() << "jax_ub_gemm: float8 operands must be a [m, k] and b "
+                                       "[n, k] (both K-contiguous: expected trans_a=0, "
+                                       "trans_b=1); received trans_a="
+                                    << trans_a << ", trans_b=" << trans_b);
+  }
+  const float *sa = nullptr, *sb = nullptr;
+  if (auto e = DecodeScales("jax_ub_gemm", types.fp8(), a_scale, b_scale, &sa, &sb); e.failure()) {
+    return e;
   }
   auto ad = a.dimensions();
   auto bd = b.dimensions();
@@ -56,8 +77,10 @@ ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ff
   g.lda = a_cols;
   g.ldb = bd[1];
   g.ldc = n;
-  g.dtype = dtype;
+  g.types = types;
   g.tf32 = tf32;
+  g.a_scale = sa;
+  g.b_scale = sb;
   g.a = a.untyped_data();
   g.b = b.untyped_data();
   g.c = c->untyped_data();
@@ -77,6 +100,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
                                   .Ctx<ffi::DeviceOrdinal>()        // process-local device
                                   .Arg<ffi::AnyBuffer>()            // a: [..., m, k] or [k, m]
                                   .Arg<ffi::AnyBuffer>()            // b: [k, n] or [n, k]
+                                  .OptionalArg<ffi::AnyBuffer>()    // float8: a's f32 scale
+                                  .OptionalArg<ffi::AnyBuffer>()    // float8: b's f32 scale
                                   .Ret<ffi::AnyBuffer>()            // c: [..., m, n]
                                   .Ret<ffi::AnyBuffer>()            // cuBLASLt workspace (u8)
                                   .Attr<bool>("trans_a")            // a is stored [k, m]

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ffi/overlap_decode.h"
 
@@ -17,12 +18,12 @@ namespace {
 ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32, int32_t pieces = 1,
-                  bool merge = false) {
+                  bool merge = false, const Scales& scales = Scales()) {
   std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   AgGemmArgs a;
-  if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a); e.failure()) return e;
+  if (auto e = DecodeAg(op, c, x, w, y, xg, ws, algo, tf32, &a, scales); e.failure()) return e;
   if (pieces < 1 || pieces > kMaxChainPieces || a.m % pieces != 0) {
     return Check(op, *c, false,
                  StrCat() << "pieces must be in [1, " << kMaxChainPieces
@@ -53,11 +54,12 @@ ffi::Error AgImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 }
 
 ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> xg,
-                         ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
-                         int32_t pieces, bool merge) {
+                         std::optional<ffi::AnyBuffer> x_scale,
+                         std::optional<ffi::AnyBuffer> w_scale, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> xg, ffi::Result<ffi::AnyBuffer> ws,
+                         int64_t set_id, int32_t algo, bool tf32, int32_t pieces, bool merge) {
   return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
-                pieces, merge);
+                pieces, merge, Scales{x_scale, w_scale});
 }
 
 ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -69,13 +71,14 @@ ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                   const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                   ffi::AnyBuffer* ws, int64_t set_id, int32_t algo, bool tf32,
-                  int32_t reduce_blocks, int32_t splits = 1, bool split_cols = false) {
+                  int32_t reduce_blocks, int32_t splits = 1, bool split_cols = false,
+                  const Scales& scales = Scales()) {
   std::shared_ptr<Communicator> hold;
   Communicator* c = nullptr;
   if (auto e = Lookup(op, set_id, device, &hold, &c); e.failure()) return e;
   GemmRsArgs a;
-  if (auto e =
-          DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits, split_cols);
+  if (auto e = DecodeRs(op, c, x, w, y, staging, ws, algo, tf32, reduce_blocks, &a, splits,
+                        split_cols, scales);
       e.failure()) {
     return e;
   }
@@ -92,11 +95,13 @@ ffi::Error RsImpl(const char* op, cudaStream_t stream, int32_t device, ffi::AnyB
 }
 
 ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> staging,
-                         ffi::Result<ffi::AnyBuffer> ws, int64_t set_id, int32_t algo, bool tf32,
-                         int32_t reduce_blocks, int32_t splits, bool split_cols) {
+                         std::optional<ffi::AnyBuffer> x_scale,
+                         std::optional<ffi::AnyBuffer> w_scale, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> staging, ffi::Result<ffi::AnyBuffer> ws,
+                         int64_t set_id, int32_t algo, bool tf32, int32_t reduce_blocks,
+                         int32_t splits, bool split_cols) {
   return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id, algo,
-                tf32, reduce_blocks, splits, split_cols);
+                tf32, reduce_blocks, splits, split_cols, Scales{x_scale, w_scale});
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -114,7 +119,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()     // selects the communicator
                                   .Arg<ffi::AnyBuffer>()         // x: [m, k] local shard
-                                  .Arg<ffi::AnyBuffer>()         // w: [k, n]
+                                  .Arg<ffi::AnyBuffer>()         // w: [k, n] (float8: [n, k])
+                                  .OptionalArg<ffi::AnyBuffer>()  // float8: x's f32 scale
+                                  .OptionalArg<ffi::AnyBuffer>()  // float8: w's f32 scale
                                   .Ret<ffi::AnyBuffer>()         // y: [world*m, n]
                                   .Ret<ffi::AnyBuffer>()         // xg: [world*m, k] gathered x
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)
@@ -142,7 +149,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
                                   .Ctx<ffi::DeviceOrdinal>()     // selects the communicator
                                   .Arg<ffi::AnyBuffer>()         // x: [M, k] local
-                                  .Arg<ffi::AnyBuffer>()         // w: [k, n]
+                                  .Arg<ffi::AnyBuffer>()         // w: [k, n] (float8: [n, k])
+                                  .OptionalArg<ffi::AnyBuffer>()  // float8: x's f32 scale
+                                  .OptionalArg<ffi::AnyBuffer>()  // float8: w's f32 scale
                                   .Ret<ffi::AnyBuffer>()         // y: [M/world, n]
                                   .Ret<ffi::AnyBuffer>()         // staging for peers' partials
                                   .Ret<ffi::AnyBuffer>()         // cuBLASLt workspace (u8)

@@ -1,6 +1,8 @@
 // Decoding shared by the overlap family's FFI handlers (see overlap_decode.h).
 #include "ffi/overlap_decode.h"
 
+#include <string>
+
 namespace jax_ub {
 
 ffi::Error Lookup(const char* op, int64_t set_id, int32_t device,
@@ -26,12 +28,39 @@ ffi::Error Check(const char* op, const Communicator& c, bool ok, const std::stri
   return InvalidArgument(Where(c, op) + ": " + what);
 }
 
+namespace {
+
+// w's and y's types for x of type `t` (an FP8 GEMM, or one type for all), and the scales.
+ffi::Error DecodeGemmTypes(const char* op, const Communicator& c, DType t, const ffi::AnyBuffer& w,
+                           const ffi::AnyBuffer& y, const Scales& scales, GemmTypes* types,
+                           const float** x_scale, const float** w_scale) {
+  types->a = t;
+  if (!ToDType(w.element_type(), &types->b) || !ToDType(y.element_type(), &types->out)) {
+    return Check(op, c, false,
+                 StrCat() << "w and the result must be float32, float16, bfloat16 or (w) float8; "
+                             "got w "
+                          << Describe(w) << ", result " << Describe(y));
+  }
+  if (const std::string bad = types->Problem(); !bad.empty()) return Check(op, c, false, bad);
+  if (auto e =
+          DecodeScales(Where(c, op).c_str(), types->fp8(), scales.x, scales.w, x_scale, w_scale);
+      e.failure()) {
+    return e;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out) {
+                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out,
+                    const Scales& scales) {
   DType t;
   if (!ToDType(x.element_type(), &t)) {
-    return Check(op, *c, false, "x must be float32, float16 or bfloat16; got " + Describe(x));
+    return Check(
+        op, *c, false,
+        "x must be float32, float16, bfloat16 or float8 (e4m3fn, e5m2); got " + Describe(x));
   }
   const Rows xr = Fold(x.dimensions());
   const Rows gr = Fold(xg->dimensions());
@@ -48,11 +77,14 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
+  if (w == nullptr && (scales.x.has_value() || scales.w.has_value())) {
+    return Check(op, *c, false, "a bare all-gather takes no scales");
+  }
   if (algo < 0 || algo > static_cast<int>(AgAlgo::kPush)) {
     return Check(op, *c, false, StrCat() << "unknown all-gather algorithm " << algo);
   }
   AgGemmArgs& a = *out;
-  a.dtype = t;
+  a.dtype = a.w_dtype = a.out_dtype = t;
   a.tf32 = tf32;
   a.algo = static_cast<AgAlgo>(algo);
   a.x = x.untyped_data();
@@ -60,20 +92,29 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.k = xr.cols;
   a.xg = skip_xg ? nullptr : xg->untyped_data();
   if (w != nullptr) {
+    GemmTypes types;
+    if (auto e = DecodeGemmTypes(op, *c, t, *w, *y, scales, &types, &a.x_scale, &a.w_scale);
+        e.failure()) {
+      return e;
+    }
+    a.w_dtype = types.b;
+    a.out_dtype = types.out;
     const auto wd = w->dimensions();
     const Rows yr = Fold(y->dimensions());
-    if (auto e = Check(op, *c,
-                       wd.size() == 2 && wd[0] == xr.cols &&
-                           w->element_type() == x.element_type() && yr.rows == xr.rows * world &&
-                           yr.cols == wd[1] && y->element_type() == x.element_type(),
-                       StrCat() << "w must be [" << xr.cols << ", n] and y [" << xr.rows * world
-                                << " rows, n], both " << DTypeName(t) << " like x; got x "
-                                << Describe(x) << ", w " << Describe(*w) << ", y " << Describe(*y));
+    // FP8: w stored [n, k] (GemmTypes).
+    const bool fp8 = types.fp8();
+    const int64_t wk = wd.size() == 2 ? wd[fp8 ? 1 : 0] : -1;
+    const int64_t wn = wd.size() == 2 ? wd[fp8 ? 0 : 1] : -1;
+    if (auto e = Check(op, *c, wk == xr.cols && yr.rows == xr.rows * world && yr.cols == wn,
+                       StrCat() << "w must be " << (fp8 ? "[n, " : "[") << xr.cols
+                                << (fp8 ? "] (float8: stored transposed)" : ", n]") << " and y ["
+                                << xr.rows * world << " rows, n]; got x " << Describe(x) << ", w "
+                                << Describe(*w) << ", y " << Describe(*y));
         e.failure()) {
       return e;
     }
     a.w = w->untyped_data();
-    a.n = wd[1];
+    a.n = wn;
     a.y = y->untyped_data();
     a.workspace = ws->untyped_data();
     a.workspace_bytes = ws->size_bytes();
@@ -90,23 +131,37 @@ ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s)
 ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
-                    GemmRsArgs* out, int32_t splits, bool split_cols) {
+                    GemmRsArgs* out, int32_t splits, bool split_cols, const Scales& scales) {
   DType t;
-  if (!ToDType(x.element_type(), &t)) {
-    return Check(op, *c, false, "x must be float32, float16 or bfloat16; got " + Describe(x));
+  if (!ToDType(x.element_type(), &t) || (w == nullptr && IsFp8(t))) {
+    return Check(op, *c, false,
+                 StrCat() << "x must be float32, float16, bfloat16"
+                          << (w != nullptr ? " or float8 (e4m3fn, e5m2)" : " (a sum)") << "; got "
+                          << Describe(x));
   }
+  GemmTypes types = GemmTypes::Same(t);
+  const float *x_scale = nullptr, *w_scale = nullptr;
+  if (w != nullptr) {
+    if (auto e = DecodeGemmTypes(op, *c, t, *w, *y, scales, &types, &x_scale, &w_scale);
+        e.failure()) {
+      return e;
+    }
+  } else if (scales.x.has_value() || scales.w.has_value()) {
+    return Check(op, *c, false, "a bare reduce-scatter takes no scales");
+  }
+  const bool fp8 = types.fp8();  // w stored [n, k]
   const Rows xr = Fold(x.dimensions());
   const Rows yr = Fold(y->dimensions());
   const int world = c->world();
   const int64_t n =
-      w != nullptr ? (w->dimensions().size() == 2 ? w->dimensions()[1] : -1) : xr.cols;
+      w != nullptr ? (w->dimensions().size() == 2 ? w->dimensions()[fp8 ? 0 : 1] : -1) : xr.cols;
   if (auto e = Check(op, *c,
                      xr.rows % world == 0 && yr.rows * world == xr.rows && yr.cols == n &&
-                         y->element_type() == x.element_type(),
+                         (w != nullptr || y->element_type() == x.element_type()),
                      StrCat() << "x has " << xr.rows << " rows (must be divisible by " << world
                               << ") and the result must be " << xr.rows / world << " rows of " << n
-                              << " " << DTypeName(t) << "; got x " << Describe(x) << ", result "
-                              << Describe(*y));
+                              << " " << DTypeName(types.out) << "; got x " << Describe(x)
+                              << ", result " << Describe(*y));
       e.failure()) {
     return e;
   }
@@ -115,6 +170,10 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   }
   GemmRsArgs& a = *out;
   a.dtype = t;
+  a.w_dtype = types.b;
+  a.out_dtype = types.out;
+  a.x_scale = x_scale;
+  a.w_scale = w_scale;
   a.tf32 = tf32;
   a.algo = static_cast<RsAlgo>(algo);
   a.x = x.untyped_data();
@@ -136,16 +195,16 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.split_cols = split_cols;
   if (w != nullptr) {
     const auto wd = w->dimensions();
-    if (auto e = Check(op, *c,
-                       wd.size() == 2 && wd[0] == xr.cols && w->element_type() == x.element_type(),
-                       StrCat() << "w must be [" << xr.cols << ", n] of x's dtype; got x "
+    if (auto e = Check(op, *c, wd.size() == 2 && wd[fp8 ? 1 : 0] == xr.cols,
+                       StrCat() << "w must be " << (fp8 ? "[n, " : "[") << xr.cols
+                                << (fp8 ? "] (float8: stored transposed)" : ", n]") << "; got x "
                                 << Describe(x) << ", w " << Describe(*w));
         e.failure()) {
       return e;
     }
-    // kColumns stages the whole GEMM output, the others the peers' partials.
+    // kColumns stages the whole GEMM output, the others the peers' partials (result type).
     const int staged = a.algo == RsAlgo::kColumns ? world : world - 1;
-    const size_t need = static_cast<size_t>(staged) * (xr.rows / world) * n * DTypeSize(t);
+    const size_t need = static_cast<size_t>(staged) * (xr.rows / world) * n * DTypeSize(types.out);
     if (auto e =
             Check(op, *c, staging->size_bytes() >= need,
                   StrCat() << "staging has " << staging->size_bytes() << " bytes, needs " << need);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -36,16 +37,26 @@ ffi::Error Lookup(const char* op, int64_t set_id, int32_t device,
 // kInvalidArgument naming the member and op where !ok.
 ffi::Error Check(const char* op, const Communicator& c, bool ok, const std::string& what);
 
-// Decodes and validates an AG op's buffers into `out` (w, y, ws null: all-gather only).
+// The FP8 form's scale operands (absent for the other types).
+struct Scales {
+  std::optional<ffi::AnyBuffer> x, w;
+};
+
+// Decodes and validates an AG op's buffers into `out` (w, y, ws null: all-gather only). FP8:
+// x float8 (the all-gather moves its bytes; xg has x's type), w float8 stored [n, k], y bfloat16
+// or float32, both scales given.
 ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* xg,
-                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out);
+                    ffi::AnyBuffer* ws, int32_t algo, bool tf32, AgGemmArgs* out,
+                    const Scales& scales = Scales());
 
 // Decodes and validates an RS op's buffers into `out` (w, staging, ws null: reduce-scatter only).
+// FP8: x float8, w float8 stored [n, k], y (and the partials) bfloat16 or float32, both scales.
 ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
                     const ffi::AnyBuffer* w, ffi::AnyBuffer* y, ffi::AnyBuffer* staging,
                     ffi::AnyBuffer* ws, int32_t algo, bool tf32, int32_t reduce_blocks,
-                    GemmRsArgs* out, int32_t splits = 1, bool split_cols = false);
+                    GemmRsArgs* out, int32_t splits = 1, bool split_cols = false,
+                    const Scales& scales = Scales());
 
 // A schedule's Status as the handler's result (kInternal naming the member and op).
 ffi::Error Run(const char* op, int32_t device, Communicator* c, const Status& s);

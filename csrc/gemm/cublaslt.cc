@@ -13,16 +13,54 @@
 
 namespace jax_ub {
 
+#define JAX_UB_DTYPE_NAME(name, text, value) \
+  case DType::name: return text;
 const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
-  }
+  switch (t) { JAX_UB_DTYPES(JAX_UB_DTYPE_NAME) }
   return "unknown";
 }
+#undef JAX_UB_DTYPE_NAME
 
-size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : IsFp8(t) ? 1 : 2; }
+
+std::string GemmTypes::Problem() const {
+  const bool same = a == b && b == out;
+  if (!IsFp8(a) && !IsFp8(b)) {
+    return same ? std::string()
+                : StrCat() << "a, b and the result must share one of float32, float16, bfloat16; "
+                              "got "
+                           << Describe(*this);
+  }
+  if (!IsFp8(a) || !IsFp8(b)) {
+    return StrCat() << "an FP8 GEMM takes two FP8 operands (float8_e4m3fn or float8_e5m2); got "
+                    << Describe(*this);
+  }
+  if (a == DType::kE5M2 && b == DType::kE5M2) {
+    return StrCat() << "FP8 operands must be e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3 (cuBLASLt "
+                       "has no e5m2 x e5m2 kernel); got "
+                    << Describe(*this);
+  }
+  if (out != DType::kBF16 && out != DType::kF32) {
+    return StrCat() << "an FP8 GEMM writes bfloat16 or float32; got " << Describe(*this);
+  }
+  return std::string();
+}
+
+int GemmTypes::Code() const {
+  if (a == b && b == out) return static_cast<int>(a);
+  return static_cast<int>(a) | (static_cast<int>(b) + 1) << 8 | (static_cast<int>(out) + 1) << 16;
+}
+
+GemmTypes GemmTypes::FromCode(int code) {
+  const DType a = static_cast<DType>(code & 0xff);
+  const int b = (code >> 8) & 0xff, out = (code >> 16) & 0xff;
+  return GemmTypes{a, b ? static_cast<DType>(b - 1) : a, out ? static_cast<DType>(out - 1) : a};
+}
+
+std::string Describe(const GemmTypes& t) {
+  if (t.a == t.b && t.b == t.out) return DTypeName(t.a);
+  return StrCat() << DTypeName(t.a) << " x " << DTypeName(t.b) << " -> " << DTypeName(t.out);
+}
 
 namespace {
 
@@ -31,6 +69,8 @@ cudaDataType CudaType(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
+    case DType::kE4M3: return CUDA_R_8F_E4M3;
+    case DType::kE5M2: return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
 }
@@ -98,6 +138,9 @@ struct Plan {
   lt::MatmulAlgo algo{};
   std::vector<lt::MatmulAlgo> candidates;  // the heuristic's top results, best-ranked first
   bool tuned = false;                      // algo was picked by timing the candidates
+  // FP8: the scale pointers are descriptor attributes, set at every run; a run holds this from
+  // setting them until cublasLtMatmul has read the descriptor (it enqueues with the values).
+  mutable std::mutex run_mu;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -113,7 +156,7 @@ struct Plan {
 
 // One GEMM configuration in words, for every cuBLASLt failure (the heuristic's, a run's).
 std::string Describe(const GemmArgs& g, int align_a, int align_b, int align_c) {
-  return StrCat() << DTypeName(g.dtype) << (g.dtype == DType::kF32 && g.tf32 ? " (tf32)" : "")
+  return StrCat() << Describe(g.types) << (g.types.a == DType::kF32 && g.tf32 ? " (tf32)" : "")
                   << " GEMM m=" << g.m << " n=" << g.n << " k=" << g.k << " trans_a=" << g.trans_a
                   << " trans_b=" << g.trans_b << " lda=" << g.lda << " ldb=" << g.ldb
                   << " ldc=" << g.ldc << " alignments a/b/c=" << align_a << "/" << align_b << "/"
@@ -123,6 +166,8 @@ std::string Describe(const GemmArgs& g, int align_a, int align_b, int align_c) {
 
 // The last bool is `accumulate`: the heuristic does not see beta, but a GEMM with an addend reads C
 // in its epilogue, so the fastest candidate may differ and is tuned (JAX_UB_GEMM_TUNE) apart.
+// The types enter as GemmTypes::Code() (A, B and the result). The FP8 scale pointers do not: they
+// are set at every run.
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
                            int, bool, size_t, int, int, int, int, bool>;
 
@@ -172,12 +217,33 @@ int AlignClass(const void* p, size_t elem) {
     }                                                                                    \
   } while (0)
 
+// FP8: the scale pointers of this run. cuBLASLt's A is our B (see BuildPlan), so its A scale is
+// b_scale; the product a_scale * b_scale is the same either way.
+Status SetScales(Api& api, lt::MatmulDesc desc, const GemmArgs& g) {
+  const void* sa = g.b_scale;
+  const void* sb = g.a_scale;
+  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(desc, lt::kDescAScalePointer, &sa, sizeof(sa)));
+  JAX_UB_LT_RETURN(api, api.MatmulDescSetAttribute(desc, lt::kDescBScalePointer, &sb, sizeof(sb)));
+  return Status::Ok();
+}
+
 Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, int align_b,
                  int align_c, Plan* plan) {
-  const cudaDataType t = CudaType(g.dtype);
   const int compute =
-      (g.dtype == DType::kF32 && g.tf32) ? lt::kCompute32FFastTF32 : lt::kCompute32F;
+      (g.types.a == DType::kF32 && g.tf32) ? lt::kCompute32FFastTF32 : lt::kCompute32F;
   JAX_UB_LT_RETURN(api, api.MatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  if (g.types.fp8()) {
+    // Fast accumulation off: Hopper's FP8 tensor cores accumulate in reduced precision, and with
+    // it off cuBLASLt promotes the partial sums to fp32 at intervals along k. Off is the fp32
+    // accumulation the FP8 reference (a float32 dot of the dequantized operands) describes; on,
+    // the error grows with k (the 14336- and 28672-long contractions of MLP layers), and the
+    // backward GEMMs of e5m2 gradients need the full accumulation anyway.
+    const int8_t fast = 0;
+    JAX_UB_LT_RETURN(
+        api, api.MatmulDescSetAttribute(plan->desc, lt::kDescFastAccum, &fast, sizeof(fast)));
+    // The heuristic sees scaled operands (its pointers are replaced at every run).
+    JAX_UB_RETURN_IF_ERROR(SetScales(api, plan->desc, g));
+  }
   // Column-major view of the row-major product: C^T[n, m] = op(B)^T @ op(A)^T, so cuBLASLt's
   // "A" is our B and its "B" is our A.
   const int op_a = g.trans_b ? lt::kOpT : lt::kOpN;
@@ -194,9 +260,11 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
   // Stored (pre-op) shapes of the column-major matrices.
   const uint64_t a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
   const uint64_t b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
-  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->a, t, a_rows, a_cols, g.ldb));
-  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->b, t, b_rows, b_cols, g.lda));
-  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->c, t, g.n, g.m, g.ldc));
+  JAX_UB_LT_RETURN(api,
+                   api.MatrixLayoutCreate(&plan->a, CudaType(g.types.b), a_rows, a_cols, g.ldb));
+  JAX_UB_LT_RETURN(api,
+                   api.MatrixLayoutCreate(&plan->b, CudaType(g.types.a), b_rows, b_cols, g.lda));
+  JAX_UB_LT_RETURN(api, api.MatrixLayoutCreate(&plan->c, CudaType(g.types.out), g.n, g.m, g.ldc));
 
   lt::MatmulPreference pref = nullptr;
   JAX_UB_LT_RETURN(api, api.MatmulPreferenceCreate(&pref));
@@ -262,16 +330,29 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
     return Status::Error(StrCat() << "GEMM sizes must be positive; got m=" << g.m << " n=" << g.n
                                   << " k=" << g.k);
   }
-  const size_t es = DTypeSize(g.dtype);
-  const int align_a = AlignClass(g.a, es), align_b = AlignClass(g.b, es);
+  const std::string bad = g.types.Problem();
+  if (!bad.empty()) return Status::Error(bad);
+  if (g.types.fp8()) {
+    if (g.trans_a || !g.trans_b) {
+      return Status::Error(StrCat() << "an FP8 GEMM needs a stored [m, k] and b stored [n, k] "
+                                       "(trans_a=0, trans_b=1); got trans_a="
+                                    << g.trans_a << " trans_b=" << g.trans_b);
+    }
+    if (g.a_scale == nullptr || g.b_scale == nullptr) {
+      return Status::Error("an FP8 GEMM needs the device pointers of both scales");
+    }
+  }
+  const size_t es_a = DTypeSize(g.types.a), es_b = DTypeSize(g.types.b);
+  const size_t es_c = DTypeSize(g.types.out);
+  const int align_a = AlignClass(g.a, es_a), align_b = AlignClass(g.b, es_b);
   const int align_c = g.accumulate && g.c_in != nullptr
-                          ? std::min(AlignClass(g.c, es), AlignClass(g.c_in, es))
-                          : AlignClass(g.c, es);
+                          ? std::min(AlignClass(g.c, es_c), AlignClass(g.c_in, es_c))
+                          : AlignClass(g.c, es_c);
   const PlanKey key{device,      g.m,
                     g.n,         g.k,
                     g.trans_a,   g.trans_b,
                     g.lda,       g.ldb,
-                    g.ldc,       static_cast<int>(g.dtype),
+                    g.ldc,       g.types.Code(),
                     g.tf32,      g.workspace_bytes,
                     align_a,     align_b,
                     align_c,     g.sm_count,
@@ -305,15 +386,24 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   // Our B is cuBLASLt's A and vice versa (see BuildPlan).
   const void* addend = g.accumulate && g.c_in != nullptr ? g.c_in : g.c;
-  const lt::Status s =
-      api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta, addend, plan->c,
-                  g.c, plan->c, &algo, g.workspace, g.workspace_bytes, stream);
+  auto matmul = [&] {
+    return api->Matmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta, addend,
+                       plan->c, g.c, plan->c, &algo, g.workspace, g.workspace_bytes, stream);
+  };
+  lt::Status s;
+  if (g.types.fp8()) {
+    std::lock_guard<std::mutex> lock(plan->run_mu);
+    JAX_UB_RETURN_IF_ERROR(SetScales(*api, plan->desc, g));
+    s = matmul();
+  } else {
+    s = matmul();
+  }
   if (s != lt::kSuccess) {
-    const size_t es = DTypeSize(g.dtype);
-    return Status::Error(
-        StrCat() << "cublasLtMatmul failed for "
-                 << Describe(g, AlignClass(g.a, es), AlignClass(g.b, es), AlignClass(g.c, es))
-                 << ": " << api->Err(s));
+    return Status::Error(StrCat() << "cublasLtMatmul failed for "
+                                  << Describe(g, AlignClass(g.a, DTypeSize(g.types.a)),
+                                              AlignClass(g.b, DTypeSize(g.types.b)),
+                                              AlignClass(g.c, DTypeSize(g.types.out)))
+                                  << ": " << api->Err(s));
   }
   return Status::Ok();
 }

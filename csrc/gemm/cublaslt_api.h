@@ -40,6 +40,9 @@ constexpr int kOpT = 1;
 constexpr int kDescTransA = 3;
 constexpr int kDescTransB = 4;
 constexpr int kDescSmCountTarget = 15;
+constexpr int kDescAScalePointer = 17;  // const void* (device float32 for fp32 compute)
+constexpr int kDescBScalePointer = 18;
+constexpr int kDescFastAccum = 25;  // int8_t: FP8 accumulation without periodic fp32 promotion
 // cublasLtMatmulPreferenceAttributes_t
 constexpr int kPrefMaxWorkspaceBytes = 1;
 constexpr int kPrefMinAlignmentABytes = 5;

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
 #include <vector>
 
 #include "kernels/fill.h"
@@ -16,8 +17,12 @@ Status GemmWarmup(const GemmWarmupArgs& args, GemmTuneResult* tune) {
   const int64_t m = args.m, n = args.n, k = args.k;
   const size_t workspace_bytes = args.workspace_bytes;
   JAX_UB_CUDA_RETURN(cudaSetDevice(device));
-  const DType t = args.dtype;
-  const size_t es = DTypeSize(t);
+  const GemmTypes types = GemmTypes::FromCode(static_cast<int>(args.dtype));
+  const std::string bad = types.Problem();
+  if (!bad.empty()) return Status::Error("gemm_warmup: " + bad);
+  const bool fp8 = types.fp8();
+  if (fp8 && args.trans_a) return Status::Error("gemm_warmup: an FP8 GEMM has a stored [m, k]");
+  const size_t es = DTypeSize(types.a), es_b = DTypeSize(types.b), es_c = DTypeSize(types.out);
   // A private non-blocking stream: never ordered behind XLA's or the communicators' streams.
   cudaStream_t s = nullptr;
   JAX_UB_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -34,22 +39,32 @@ Status GemmWarmup(const GemmWarmupArgs& args, GemmTuneResult* tune) {
   };
   Status st = [&]() -> Status {
     void *a = nullptr, *b = nullptr, *c = nullptr, *c_in = nullptr, *ws = nullptr;
+    void* scales = nullptr;
     // ld > n: w, y and the addend are column blocks of wider matrices (the chain GEMM->RS's
     // column pieces): the plan key holds the row stride.
     const int64_t row = args.ld > n ? args.ld : n;
     // 16 bytes more than the operands: room to offset a pointer by one element (unaligned_*).
     JAX_UB_CUDA_RETURN(alloc(&a, m * k * es + 16));
-    JAX_UB_CUDA_RETURN(alloc(&b, k * row * es));
-    JAX_UB_CUDA_RETURN(alloc(&c, m * row * es + 16));
-    if (args.accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * row * es + 16));
+    JAX_UB_CUDA_RETURN(alloc(&b, k * row * es_b));
+    JAX_UB_CUDA_RETURN(alloc(&c, m * row * es_c + 16));
+    if (args.accumulate) JAX_UB_CUDA_RETURN(alloc(&c_in, m * row * es_c + 16));
     if (workspace_bytes) JAX_UB_CUDA_RETURN(alloc(&ws, workspace_bytes));
-    GemmArgs g = RowMajorGemm(m, n, k, t, args.tf32, a, b, c, ws, workspace_bytes);
-    g.ldb = g.ldc = row;
+    GemmArgs g = RowMajorGemm(m, n, k, types, args.tf32, a, b, c, ws, workspace_bytes);
+    g.ldc = row;
+    // FP8: B stored [n, k] (RowMajorGemm), column blocks of it are row blocks (ldb stays k).
+    if (!fp8) g.ldb = row;
     // jax_ub.matmul's backward GEMMs (dy @ w^T, x^T @ dy): A stored [k, m], B stored [n, k].
     g.trans_a = args.trans_a;
-    g.trans_b = args.trans_b;
+    g.trans_b = fp8 || args.trans_b;
     if (args.trans_a) g.lda = m;
-    if (args.trans_b) g.ldb = k;
+    if (g.trans_b) g.ldb = k;
+    if (fp8) {
+      // Both dequantization scales (any value: the speed does not depend on it).
+      JAX_UB_CUDA_RETURN(alloc(&scales, 2 * sizeof(float)));
+      JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(DType::kF32, scales, 2, 4u, s));
+      g.a_scale = static_cast<const float*>(scales);
+      g.b_scale = static_cast<const float*>(scales) + 1;
+    }
     // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for
     // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
     g.accumulate = args.accumulate;
@@ -62,10 +77,11 @@ Status GemmWarmup(const GemmWarmupArgs& args, GemmTuneResult* tune) {
     }
     // Random values in [-1, 1): a GEMM's speed depends on its data (zeros or a constant
     // pattern run at higher clocks than real activations and rank the candidates otherwise).
-    const int64_t pad = static_cast<int64_t>(16 / es);  // the extra elements
-    JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(t, a, m * k + pad, 1u, s));
-    JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(t, b, k * row, 2u, s));
-    if (c_in) JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(t, c_in, m * row + pad, 3u, s));
+    JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(types.a, a, m * k + 16 / es, 1u, s));
+    JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(types.b, b, k * row, 2u, s));
+    if (c_in) {
+      JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(types.out, c_in, m * row + 16 / es_c, 3u, s));
+    }
     // Row offsets into operands whose rows are not a multiple of 16 bytes (the op's chunks,
     // pieces and runs) give pointers of the element-size alignment class (cublaslt.cc): every
     // class pair the op can meet gets its plan and kernel here. The result reported is the
@@ -74,8 +90,8 @@ Status GemmWarmup(const GemmWarmupArgs& args, GemmTuneResult* tune) {
       for (int uc = 0; uc <= (args.unaligned_c ? 1 : 0); ++uc) {
         GemmArgs v = g;
         v.a = static_cast<char*>(a) + (ua ? es : 0);
-        v.c = static_cast<char*>(c) + (uc ? es : 0);
-        if (c_in) v.c_in = static_cast<char*>(c_in) + (uc ? es : 0);
+        v.c = static_cast<char*>(c) + (uc ? es_c : 0);
+        if (c_in) v.c_in = static_cast<char*>(c_in) + (uc ? es_c : 0);
         JAX_UB_RETURN_IF_ERROR(Gemm(device, v, s));
         if (args.tune_candidates > 1) {
           GemmTuneResult r;

@@ -15,6 +15,8 @@ namespace jax_ub {
 struct GemmWarmupArgs {
   int device = 0;
   int64_t m = 0, n = 0, k = 0;
+  // The GEMM's types: a DType (one for A, B and the result), or a GemmTypes::Code() stored as one
+  // (the FP8 GEMMs: A and B FP8, B stored [n, k], bfloat16 or float32 results).
   DType dtype = DType::kBF16;
   bool tf32 = false;
   size_t workspace_bytes = 0;

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace jax_ub {
 
@@ -36,6 +37,15 @@ __device__ __forceinline__ __half FromF32<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+// FP8 (saturating, as jax_ub's quantization clips): GEMM operands only, never summed.
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 FromF32<__nv_fp8_e4m3>(float v) {
+  return __nv_fp8_e4m3(v);
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 FromF32<__nv_fp8_e5m2>(float v) {
+  return __nv_fp8_e5m2(v);
 }
 
 }  // namespace jax_ub

@@ -38,6 +38,8 @@ Status LaunchFillUniform(DType dtype, void* p, size_t count, uint32_t seed, cuda
     case DType::kF32: return Launch<float>(p, count, seed, stream);
     case DType::kF16: return Launch<__half>(p, count, seed, stream);
     case DType::kBF16: return Launch<__nv_bfloat16>(p, count, seed, stream);
+    case DType::kE4M3: return Launch<__nv_fp8_e4m3>(p, count, seed, stream);
+    case DType::kE5M2: return Launch<__nv_fp8_e5m2>(p, count, seed, stream);
   }
   return Status::Error("fill: unknown dtype");
 }

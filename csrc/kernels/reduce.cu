@@ -170,8 +170,10 @@ Status LaunchSumReduceBlock(DType dtype, void* out, const void* const* inputs, i
       return Launch<__half>(out, inputs, num_inputs, rows, cols, ld, max_blocks, stream);
     case DType::kBF16:
       return Launch<__nv_bfloat16>(out, inputs, num_inputs, rows, cols, ld, max_blocks, stream);
+    case DType::kE4M3:
+    case DType::kE5M2: break;  // partials are GEMM results: bfloat16 or float32
   }
-  return Status::Error("sum-reduce: unknown dtype");
+  return Status::Error(StrCat() << "sum-reduce: no " << DTypeName(dtype) << " sum");
 }
 
 }  // namespace jax_ub

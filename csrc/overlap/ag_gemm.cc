@@ -29,9 +29,10 @@ Status AgCheck(const Communicator& c, const AgGemmArgs& a) {
 }
 
 std::string AgText(const AgGemmArgs& a) {
-  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " " << DTypeName(a.dtype) << " x ["
-                  << a.m << ", " << a.k << "] n " << a.n << " gathered " << (a.xg != nullptr)
-                  << " pieces " << a.pieces << " merge " << a.merge;
+  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " "
+                  << (a.w != nullptr ? Describe(a.types()) : DTypeName(a.dtype)) << " x [" << a.m
+                  << ", " << a.k << "] n " << a.n << " gathered " << (a.xg != nullptr) << " pieces "
+                  << a.pieces << " merge " << a.merge;
 }
 
 namespace {
@@ -48,6 +49,7 @@ class AgSchedule {
         r_(c->rank()),
         world_(c->world()),
         es_(DTypeSize(a.dtype)),
+        out_es_(DTypeSize(a.out_dtype)),
         chunk_(static_cast<size_t>(a.m) * a.k * es_),
         xg_(static_cast<char*>(a.xg)),
         buf_(static_cast<char*>(c->buffer())),
@@ -188,7 +190,7 @@ class AgSchedule {
     const int span = t_.Start("gemm", src_rank, ComputeLabel(si), c_->compute(si));
     JAX_UB_RETURN_IF_ERROR(gemm_.Run(
         c_->device(), static_cast<const char*>(src) + row0 * a_.k * es_, rows,
-        static_cast<char*>(a_.y) + (src_rank * a_.m + row0) * a_.n * es_, c_->compute(si)));
+        static_cast<char*>(a_.y) + (src_rank * a_.m + row0) * a_.n * out_es_, c_->compute(si)));
     t_.Stop(span, c_->compute(si));
     return Status::Ok();
   }
@@ -220,7 +222,7 @@ class AgSchedule {
   const uint64_t e_;
   OpTrace& t_;
   const int r_, world_;
-  const size_t es_, chunk_;
+  const size_t es_, out_es_, chunk_;
   char* const xg_;
   char* const buf_;
   const RowGemm gemm_;

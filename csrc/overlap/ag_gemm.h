@@ -25,8 +25,14 @@ enum class AgAlgo : int { JAX_UB_AG_ALGORITHMS(JAX_UB_ENUMERATOR) };
 // y[world*m, n] = all_gather(x[m, k]) @ w[k, n], xg[world*m, k] = all_gather(x).
 // Chunks land in xg at their global row offsets; chunk GEMMs start as chunks land (local chunk
 // first). w == nullptr: all-gather only.
+// FP8 (dtype kE4M3/kE5M2): the all-gather moves the FP8 bytes, w is stored [n, k] (w_dtype FP8),
+// y is out_dtype (bfloat16 or float32) = (*x_scale) * (*w_scale) * (x @ w) per chunk.
 struct AgGemmArgs {
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // x's (and xg's)
+  DType w_dtype = DType::kBF16, out_dtype = DType::kBF16;
+  const float* x_scale = nullptr;  // FP8 only: device pointers to the dequantization scales
+  const float* w_scale = nullptr;
+  GemmTypes types() const { return GemmTypes{dtype, w_dtype, out_dtype}; }
   bool tf32 = false;
   AgAlgo algo = AgAlgo::kRing;
   const void* x = nullptr;

@@ -14,7 +14,7 @@ Status BulkBody(Communicator* c, const BulkArgs& a, const char* op, uint64_t e, 
   auto gemm = [&]() -> Status {
     if (a.gm <= 0) return Status::Ok();
     const int64_t side = a.side_rows < 0 ? 0 : a.side_rows < a.gm ? a.side_rows : a.gm;
-    const size_t es = DTypeSize(a.gemm.dtype);
+    const size_t es = a.gemm.x_size();  // one type: the bulk GEMM is not FP8
     const int span = t.Start("gemm", -1, ComputeLabel(1), gs);
     if (side > 0) JAX_UB_RETURN_IF_ERROR(a.gemm_side.Run(c->device(), a.ga, side, a.gy, gs));
     if (side < a.gm) {

@@ -26,18 +26,18 @@ int ReduceBlocks(const Communicator& c, const GemmRsArgs& a) {
 Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
   const int next = (r + 1) % world, prev = (r + world - 1) % world;
-  const size_t es = DTypeSize(a.dtype);
+  const size_t es = DTypeSize(a.dtype), oes = DTypeSize(a.out_dtype);  // x's, a partial's
   const int64_t mo = a.M / world;
-  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const size_t part = static_cast<size_t>(mo) * a.n * oes;
   const int pieces =
       (a.splits >= 1 && a.splits <= kMaxChainPieces && mo % a.splits == 0) ? a.splits : 1;
   // Piece p of a step's [mo, n] block: rows [p * prow, +prow) of every column, or (cols) every row
   // of columns [p * pcol, +pcol); `off` is its first element's byte offset in the block.
   const int64_t pcol = a.n / pieces;
-  const bool cols = pieces > 1 && a.split_cols && a.n % pieces == 0 && (pcol * es) % 16 == 0;
+  const bool cols = pieces > 1 && a.split_cols && a.n % pieces == 0 && (pcol * oes) % 16 == 0;
   const int64_t prow = cols ? mo : mo / pieces;
   auto off = [&](int p) -> size_t {
-    return cols ? static_cast<size_t>(p) * pcol * es : static_cast<size_t>(p) * prow * a.n * es;
+    return cols ? static_cast<size_t>(p) * pcol * oes : static_cast<size_t>(p) * prow * a.n * oes;
   };
   static_assert((kMaxWorld - 1) * kMaxChainPieces < kPieceScale, "kPiece values overlap epochs");
   char* mine = static_cast<char*>(c->buffer());
@@ -62,7 +62,7 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
       }
       void* out = last ? static_cast<char*>(a.y) + off(p) : stage + step * part + off(p);
       RowGemm g = gemm;
-      if (cols) g.w = static_cast<const char*>(a.w) + p * pcol * es;
+      if (cols) g.w = gemm.WFrom(p * pcol);
       const int span = t.Start("gemm", chunk, ComputeLabel(0), cs);
       JAX_UB_RETURN_IF_ERROR(
           g.Run(c->device(),
@@ -74,8 +74,8 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
       JAX_UB_CUDA_RETURN(cudaStreamWaitEvent(s, ready, 0));
       if (step == 0 && p == 0) JAX_UB_RETURN_IF_ERROR(c->Wait(s, kReady, next, e, op));
       const int copy = t.Start("copy", chunk, CommLabel(1), s);
-      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(theirs + (step + 1) * part + off(p), out, gemm.n * es,
-                                              prow, a.n * es, s));
+      JAX_UB_CUDA_RETURN(CopyBlockToPeerAsync(theirs + (step + 1) * part + off(p), out,
+                                              gemm.n * oes, prow, a.n * oes, s));
       t.Stop(copy, s);
       JAX_UB_RETURN_IF_ERROR(c->Signal(s, kPiece, next, base + step * pieces + p));
     }
@@ -93,11 +93,11 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
 // rows at d * mo); my buffer's slot q receives q's rows for me, block by block.
 Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, OpTrace& t) {
   const int r = c->rank(), world = c->world();
-  const size_t es = DTypeSize(a.dtype);
+  const size_t oes = DTypeSize(a.out_dtype);  // the GEMM output's element
   const int64_t mo = a.M / world;
-  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const size_t part = static_cast<size_t>(mo) * a.n * oes;
   const bool even = a.splits >= 1 && a.splits <= kMaxColumnPieces && a.n % a.splits == 0 &&
-                    (a.n / a.splits * es) % 16 == 0;
+                    (a.n / a.splits * oes) % 16 == 0;
   const int pieces = even ? a.splits : 1;
   const int64_t pcol = a.n / pieces;
   static_assert(kMaxColumnPieces < kPieceScale, "kPiece values overlap epochs");
@@ -110,9 +110,9 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
   const uint64_t base = e * kPieceScale + 1;
   std::vector<const void*> inputs(world);
   for (int p = 0; p < pieces; ++p) {
-    const size_t col = static_cast<size_t>(p) * pcol * es;  // block p's byte offset in a row
+    const size_t col = static_cast<size_t>(p) * pcol * oes;  // block p's byte offset in a row
     RowGemm g = gemm;
-    g.w = static_cast<const char*>(a.w) + col;
+    g.w = gemm.WFrom(p * pcol);
     const int span = t.Start("gemm", -1, ComputeLabel(0), cs);
     JAX_UB_RETURN_IF_ERROR(g.Run(c->device(), a.x, a.M, stage + col, cs));
     t.Stop(span, cs);
@@ -126,7 +126,7 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
       const int copy = t.Start("copy", d, CommLabel(i), s);
       JAX_UB_CUDA_RETURN(
           CopyBlockToPeerAsync(static_cast<char*>(c->peer_buffer(d)) + r * part + col,
-                               stage + d * part + col, pcol * es, mo, a.n * es, s));
+                               stage + d * part + col, pcol * oes, mo, a.n * oes, s));
       t.Stop(copy, s);
       MemOps landed;
       c->Signal(&landed, kPiece, d, base + p);
@@ -140,7 +140,7 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
       inputs[q] = (q == r ? stage : mine) + q * part + col;
     }
     const int sum = t.Start("reduce", -1, CommLabel(0), red);
-    JAX_UB_RETURN_IF_ERROR(LaunchSumReduceBlock(a.dtype, static_cast<char*>(a.y) + col,
+    JAX_UB_RETURN_IF_ERROR(LaunchSumReduceBlock(a.out_dtype, static_cast<char*>(a.y) + col,
                                                 inputs.data(), world, mo, pcol, a.n,
                                                 ReduceBlocks(*c, a), red));
     t.Stop(sum, red);
@@ -205,7 +205,7 @@ Status RsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_t e, 
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;  // output rows per rank
-  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const size_t part = static_cast<size_t>(mo) * a.n * DTypeSize(a.out_dtype);  // a partial
   if (a.algo == RsAlgo::kChain && a.w != nullptr && world > 1) return RsChainBody(c, a, op, e, t);
   if (a.algo == RsAlgo::kColumns && a.w != nullptr && world > 1) {
     return RsColumnsBody(c, a, op, e, t);
@@ -286,7 +286,7 @@ Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inpu
                    cudaStream_t red) {
   const int world = c->world();
   const int span = t.Start("reduce", -1, CommLabel(0), red);
-  JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.dtype, a.y, inputs, world,
+  JAX_UB_RETURN_IF_ERROR(LaunchSumReduce(a.out_dtype, a.y, inputs, world,
                                          static_cast<size_t>(a.M / world) * a.n,
                                          ReduceBlocks(*c, a), red));
   t.Stop(span, red);
@@ -295,13 +295,15 @@ Status SumPartials(Communicator* c, const GemmRsArgs& a, const void* const* inpu
 
 Status RsCheck(const Communicator& c, const GemmRsArgs& a) {
   // Every rank's partial for me lands in my buffer (both transports).
-  const size_t need = static_cast<size_t>(a.M / c.world()) * a.n * DTypeSize(a.dtype) * c.world();
+  const size_t need =
+      static_cast<size_t>(a.M / c.world()) * a.n * DTypeSize(a.out_dtype) * c.world();
   return need > c.capacity() ? CapacityError(c, need) : Status::Ok();
 }
 
 std::string RsText(const GemmRsArgs& a) {
-  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " " << DTypeName(a.dtype) << " x ["
-                  << a.M << ", " << a.k << "] n " << a.n << " splits " << a.splits << " split_cols "
+  return StrCat() << "algorithm " << static_cast<int>(a.algo) << " "
+                  << (a.w != nullptr ? Describe(a.types()) : DTypeName(a.dtype)) << " x [" << a.M
+                  << ", " << a.k << "] n " << a.n << " splits " << a.splits << " split_cols "
                   << a.split_cols;
 }
 

@@ -37,8 +37,15 @@ enum class RsAlgo : int { JAX_UB_RS_ALGORITHMS(JAX_UB_ENUMERATOR) };
 // pushed by copy engine into the owner's registered buffer while the next one is computed; the
 // owner's partial is computed last, into its own slot; then one sum over the world partials.
 // w == nullptr: reduce-scatter of x[M, n] itself.
+// FP8 (dtype kE4M3/kE5M2): w is stored [n, k] (w_dtype FP8) and each partial is out_dtype
+// (bfloat16 or float32), dequantized in the GEMM's epilogue by this rank's (*x_scale) *
+// (*w_scale); the partials travel and are summed (fp32) in out_dtype. Without w, out_dtype = dtype.
 struct GemmRsArgs {
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;  // x's
+  DType w_dtype = DType::kBF16, out_dtype = DType::kBF16;
+  const float* x_scale = nullptr;  // FP8 only: device pointers to the dequantization scales
+  const float* w_scale = nullptr;
+  GemmTypes types() const { return GemmTypes{dtype, w_dtype, out_dtype}; }
   bool tf32 = false;
   RsAlgo algo = RsAlgo::kRing;
   const void* x = nullptr;

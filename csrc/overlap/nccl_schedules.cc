@@ -39,8 +39,8 @@ Status AgBodyNccl(Communicator* c, const AgGemmArgs& a, const char* op, OpTrace&
   auto chunk_gemm = [&](int q, const void* src) -> Status {
     if (a.w == nullptr) return Status::Ok();
     const int span = t.Start("gemm", q, ComputeLabel(0), cs);
-    JAX_UB_RETURN_IF_ERROR(
-        gemm.Run(c->device(), src, a.m, static_cast<char*>(a.y) + q * a.m * a.n * es, cs));
+    JAX_UB_RETURN_IF_ERROR(gemm.Run(c->device(), src, a.m,
+                                    static_cast<char*>(a.y) + q * a.m * a.n * gemm.y_size(), cs));
     t.Stop(span, cs);
     return Status::Ok();
   };
@@ -69,7 +69,7 @@ Status RsBodyNccl(Communicator* c, const GemmRsArgs& a, const char* op, OpTrace&
   const int r = c->rank(), world = c->world();
   const size_t es = DTypeSize(a.dtype);
   const int64_t mo = a.M / world;
-  const size_t part = static_cast<size_t>(mo) * a.n * es;
+  const size_t part = static_cast<size_t>(mo) * a.n * DTypeSize(a.out_dtype);  // a partial
   char* mine = static_cast<char*>(c->buffer());  // slot q: q's partial for me (RsCheck: fits)
   const RowGemm gemm = RowGemm::Of(a);
   cudaStream_t cs = c->compute(0);

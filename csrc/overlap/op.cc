@@ -8,8 +8,13 @@ namespace jax_ub {
 
 Status RowGemm::Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
                     const void* addend) const {
-  GemmArgs g = RowMajorGemm(m, n, k, dtype, tf32, x, w, y, workspace, workspace_bytes, sm_count);
-  if (ld > 0) g.ldb = g.ldc = ld;
+  GemmArgs g = RowMajorGemm(m, n, k, types, tf32, x, w, y, workspace, workspace_bytes, sm_count);
+  if (ld > 0) {
+    g.ldc = ld;
+    if (!types.fp8()) g.ldb = ld;
+  }
+  g.a_scale = x_scale;
+  g.b_scale = w_scale;
   g.accumulate = addend != nullptr;
   g.c_in = addend;
   return Gemm(device, g, s);

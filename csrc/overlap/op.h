@@ -18,26 +18,38 @@
 
 namespace jax_ub {
 
-// Row-major y[m, n] = x[m, k] @ w[k, n] on `s` (one chunk of a schedule).
+// Row-major y[m, n] = x[m, k] @ w[k, n] on `s` (one chunk of a schedule). FP8 types: w is stored
+// [n, k] (GemmTypes), and the product is dequantized by *x_scale * *w_scale.
 struct RowGemm {
-  DType dtype = DType::kBF16;
+  GemmTypes types;
   bool tf32 = false;
   int64_t k = 0, n = 0;
   const void* w = nullptr;
+  const float* x_scale = nullptr;  // FP8 only: device pointers
+  const float* w_scale = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;  // one GEMM of an op runs at a time: each gets all of it
   int sm_count = 0;
-  int64_t ld = 0;  // row stride (elements) of w, y and the addend; 0: n (a column block when > n)
+  // Row stride (elements) of y and the addend, and of w unless FP8 (stored [n, k]: its row
+  // stride stays k); 0: n (a column block when > n).
+  int64_t ld = 0;
   // addend != nullptr: y = x @ w + addend (same layout as y).
   Status Run(int device, const void* x, int64_t m, void* y, cudaStream_t s,
              const void* addend = nullptr) const;
+  // w's columns from `col` on (a column block's w, with ld = the full width).
+  const void* WFrom(int64_t col) const {
+    const size_t es = DTypeSize(types.b);
+    return static_cast<const char*>(w) + (types.fp8() ? col * k : col) * es;
+  }
+  size_t x_size() const { return DTypeSize(types.a); }  // element sizes
+  size_t y_size() const { return DTypeSize(types.out); }
 
   // The chunk GEMM of an op: x rows of any chunk @ w, with the op's workspace (256-byte
   // multiple). `sm_count` > 0 leaves the rest of the GPU to concurrent kernels.
-  static RowGemm Make(DType dtype, bool tf32, int64_t k, int64_t n, const void* w, void* workspace,
-                      size_t workspace_bytes, int sm_count = 0) {
+  static RowGemm Make(GemmTypes types, bool tf32, int64_t k, int64_t n, const void* w,
+                      void* workspace, size_t workspace_bytes, int sm_count = 0) {
     RowGemm g;
-    g.dtype = dtype;
+    g.types = types;
     g.tf32 = tf32;
     g.k = k;
     g.n = n;
@@ -50,7 +62,10 @@ struct RowGemm {
   // Of an AgGemmArgs or GemmRsArgs (same field names).
   template <class OpArgs>
   static RowGemm Of(const OpArgs& a) {
-    return Make(a.dtype, a.tf32, a.k, a.n, a.w, a.workspace, a.workspace_bytes);
+    RowGemm g = Make(a.types(), a.tf32, a.k, a.n, a.w, a.workspace, a.workspace_bytes);
+    g.x_scale = a.x_scale;
+    g.w_scale = a.w_scale;
+    return g;
   }
 };
 
