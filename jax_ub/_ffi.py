@@ -144,12 +144,24 @@ def schedule_code(collective: str, schedule: str) -> np.int32:
 
 
 def dtype_code(dtype: Any) -> int:
-    """The ``DType`` code of a GEMM operand dtype (float32, float16 or bfloat16)."""
+    """The ``DType`` code of a GEMM operand dtype (float32, float16, bfloat16, or a float8)."""
     name = jnp.dtype(dtype).name
     table = _enum("dtype")
     if name not in table:
         raise ValueError(f"no GEMM dtype code for {name}; have {sorted(table)}")
     return table[name]
+
+
+def gemm_types_code(a: Any, b: Any = None, out: Any = None) -> int:
+    """``gemm_warmup``'s ``dtype`` for a GEMM of ``a @ b -> out`` (``b``, ``out`` default to ``a``):
+    ``a``'s code where all three are one dtype, else ``a | (b + 1) << 8 | (out + 1) << 16`` (the
+    FP8 GEMMs; ``GemmTypes::Code`` in ``csrc/gemm/cublaslt.h``)."""
+    ca = dtype_code(a)
+    cb = ca if b is None else dtype_code(b)
+    co = ca if out is None else dtype_code(out)
+    if ca == cb == co:
+        return ca
+    return ca | (cb + 1) << 8 | (co + 1) << 16
 
 
 def bulk_kind_code(collective: str) -> np.int32:

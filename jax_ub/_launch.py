@@ -87,10 +87,13 @@ def warm(
     accumulate: bool = False,
     reserve_sms: int = 0,
     ld: int = 0,
+    w_dtype: Any = None,
+    out_dtype: Any = None,
 ) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
     a kernel loaded lazily inside an op can stall the whole process (the
-    context-wide module load waits for a peer GPU that waits in this op)."""
+    context-wide module load waits for a peer GPU that waits in this op). ``w_dtype`` /
+    ``out_dtype``: the FP8 chunk GEMMs' (``dtype`` is x's)."""
     ws = _ffi.workspace_bytes()  # one GEMM at a time
     gemm.warm(
         [dev for dev, _, _ in s.local],
@@ -103,4 +106,6 @@ def warm(
         accumulate=accumulate,
         reserve_sms=reserve_sms,
         ld=ld,
+        b_dtype=w_dtype,
+        out_dtype=out_dtype,
     )

@@ -1,5 +1,6 @@
 """``jax_ub.matmul``: the cuBLASLt GEMM custom call (``csrc/ffi/gemm.cc``), building block of the
-overlap kernels, with ``jnp.matmul`` as the reference path off-GPU."""
+overlap kernels, with ``jnp.matmul`` as the reference path off-GPU; and its FP8 form
+:func:`fp8_matmul` (float8 operands, per-tensor scales, :mod:`jax_ub.fp8`'s reference off-GPU)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jax_ub import _ext, _ffi, _validate, reference
+from jax_ub import fp8 as fp8_lib
 
 _log = logging.getLogger("jax_ub")
 
@@ -60,6 +62,8 @@ def warm(
     row_offsets: bool = True,
     trans_a: bool = False,
     trans_b: bool = False,
+    b_dtype: Any = None,
+    out_dtype: Any = None,
 ) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
@@ -75,6 +79,8 @@ def warm(
     meets pointers short of 16-byte alignment, whose plans (another kernel) are prepared too.
     ``trans_a`` / ``trans_b``: ``x`` stored ``[k, m]`` / ``w`` stored ``[n, k]`` (the backward GEMMs
     of :func:`jax_ub.matmul`; whole buffers, so with ``row_offsets=False``).
+    ``b_dtype`` / ``out_dtype``: ``w``'s and ``y``'s dtypes where they are not ``dtype``'s (the FP8
+    GEMMs: float8 ``dtype`` and ``b_dtype``, ``w`` stored ``[n, k]``, a bfloat16 or float32 result).
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
@@ -84,9 +90,13 @@ def warm(
     tf32 = bool(_ffi.tf32_allowed(precision))
     ws = workspace_bytes if workspace_bytes is not None else _ffi.workspace_bytes()
     name = jnp.dtype(dtype).name
+    b_name = jnp.dtype(dtype if b_dtype is None else b_dtype).name
+    out_name = jnp.dtype(dtype if out_dtype is None else out_dtype).name
+    if fp8_lib.is_fp8(name):
+        trans_b = True  # an FP8 GEMM's w is stored [n, k]
     es = jnp.dtype(dtype).itemsize
     unaligned_a = bool(row_offsets and (k * es) % 16)
-    unaligned_c = bool(row_offsets and (max(ld, n) * es) % 16)
+    unaligned_c = bool(row_offsets and (max(ld, n) * jnp.dtype(out_name).itemsize) % 16)
     mod = _ext.loaded_extension()
     out = []
     for dev in devices:
@@ -105,6 +115,8 @@ def warm(
             row_offsets,
             bool(trans_a),
             bool(trans_b),
+            b_name,
+            out_name,
         )
         if key not in _warmed:
             r = _warmed[key] = dict(
@@ -113,7 +125,7 @@ def warm(
                     int(m),
                     int(n),
                     int(k),
-                    _ffi.dtype_code(name),
+                    _ffi.gemm_types_code(name, b_name, out_name),
                     tf32,
                     int(ws),
                     tune_candidates=int(cfg.gemm_tune),
@@ -206,17 +218,17 @@ def _gemm(a, b, trans_a, trans_b, precision, use_cuda):
     )
 
 
-def _use_cuda(method: str | None) -> bool:
+def _use_cuda(method: str | None, fn: str = "matmul") -> bool:
     method = "auto" if method is None else method
     if isinstance(method, str):  # any case, as the ops take theirs
         method = method.strip().lower()
     if method not in ("auto", "xla", "cublaslt"):
-        raise ValueError(f"matmul: method must be 'auto', 'xla' or 'cublaslt'; got {method!r}")
+        raise ValueError(f"{fn}: method must be 'auto', 'xla' or 'cublaslt'; got {method!r}")
     if method == "xla":
         return False
     ok, reason = _ext.cuda_path_available()
     if method == "cublaslt" and not ok:
-        raise ValueError(f"matmul: method='cublaslt' is unavailable: {reason}")
+        raise ValueError(f"{fn}: method='cublaslt' is unavailable: {reason}")
     return ok
 
 
@@ -266,3 +278,133 @@ def _primal(x, w, precision, use_cuda):
 
 _matmul_vjp = jax.custom_vjp(_primal, nondiff_argnums=(2, 3))
 _matmul_vjp.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8: float8 operands with per-tensor float32 dequantization scales (jax_ub.fp8's conventions).
+
+# cuBLASLt's FP8 kernels take rows of 16-byte multiples (a: k, b stored [n, k]: k, the result: n):
+# other k and n are zero-padded to a multiple of this (zeros add nothing to the product).
+_FP8_PAD = 16
+
+
+def _check_fp8(a8: jax.Array, b8: jax.Array, a_scale: Any, b_scale: Any, out_dtype: Any) -> tuple:
+    fn = "fp8_matmul"
+    _validate.check_array(fn, "a8", a8)
+    _validate.check_array(fn, "b8", b8)
+    if a8.ndim < 2 or b8.ndim != 2:
+        raise ValueError(
+            f"{fn}: a8 must be `[..., m, k]` (>= 2-D) and b8 `[k, n]` (2-D); got a8 "
+            f"{_validate.shape_str(a8.shape)}, b8 {_validate.shape_str(b8.shape)}"
+        )
+    da, db = jnp.dtype(a8.dtype), jnp.dtype(b8.dtype)
+    pairs = "float8_e4m3fn x float8_e4m3fn, float8_e4m3fn x float8_e5m2 or float8_e5m2 x float8_e4m3fn"
+    if not (fp8_lib.is_fp8(da) and fp8_lib.is_fp8(db)) or da == db == fp8_lib.E5M2:
+        raise TypeError(
+            f"{fn}: a8 and b8 must be {pairs} (no float8_e5m2 x float8_e5m2 GEMM exists; for "
+            f"other dtypes use jax_ub.matmul); got a8 {da.name}, b8 {db.name}"
+        )
+    if a8.shape[-1] != b8.shape[0]:
+        raise ValueError(
+            f"{fn}: contracting dims differ: a8 is {_validate.shape_str(a8.shape)} "
+            f"(k={a8.shape[-1]}), b8 is {_validate.shape_str(b8.shape)} (k={b8.shape[0]})"
+        )
+    for name, sc in (("a_scale", a_scale), ("b_scale", b_scale)):
+        shape = getattr(sc, "shape", None)
+        dtype = getattr(sc, "dtype", None)
+        if shape is None or dtype is None or tuple(shape) != () or jnp.dtype(dtype) != jnp.float32:
+            got = (
+                f"{jnp.dtype(dtype).name} of shape {tuple(shape)}" if shape is not None else type(sc).__name__
+            )
+            raise TypeError(
+                f"{fn}: {name} must be a float32 array of shape () (a per-tensor dequantization "
+                f"scale); got {got}"
+            )
+    try:
+        out = jnp.dtype(out_dtype)
+    except TypeError:
+        out = None
+    if out not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+        raise TypeError(f"{fn}: out_dtype must be bfloat16 or float32; got {out_dtype!r}")
+    return a_scale, b_scale, out
+
+
+def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
+    extra = -x.shape[axis] % multiple
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def fp8_gemm_ffi(a8: jax.Array, b8_t: jax.Array, a_scale: jax.Array, b_scale: jax.Array, out_dtype: Any):
+    """``a_scale * b_scale * (a8 @ b8_tᵀ)`` through cuBLASLt's FP8 GEMM (CUDA only; callers check
+    availability): ``a8[..., m, k]`` and ``b8_t[n, k]`` (both K-contiguous, the layout FP8 needs),
+    k and n multiples of 16 (:func:`fp8_matmul` pads), result ``[..., m, n]`` in ``out_dtype``."""
+    _ext.ensure_registered()
+    n, k = b8_t.shape
+    m = math.prod(int(d) for d in a8.shape[:-1])
+    if m > 0 and n > 0 and k > 0:
+        warm(
+            _local_cuda_ordinals(),
+            m,
+            n,
+            k,
+            a8.dtype,
+            None,
+            row_offsets=False,  # whole buffers
+            b_dtype=b8_t.dtype,
+            out_dtype=out_dtype,
+        )
+    out_type = _ffi.result_type((*a8.shape[:-1], n), out_dtype, a8, b8_t)
+    call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a8, b8_t)))
+    out, _ = call(a8, b8_t, a_scale, b_scale, trans_a=False, trans_b=True, tf32=False)
+    return out
+
+
+def _fp8_cuda(a8, b8, a_scale, b_scale, out_dtype):
+    n = b8.shape[1]
+    a8p = _pad_to(a8, a8.ndim - 1, _FP8_PAD)
+    b8_t = _pad_to(_pad_to(b8.T, 1, _FP8_PAD), 0, _FP8_PAD)  # [n', k']
+    y = fp8_gemm_ffi(a8p, b8_t, a_scale, b_scale, out_dtype)
+    return y if b8_t.shape[0] == n else y[..., :n]
+
+
+def fp8_matmul(
+    a8: jax.Array,
+    b8: jax.Array,
+    a_scale: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype: Any = jnp.bfloat16,
+    method: str | None = None,
+) -> jax.Array:
+    """Row-major ``a8 @ b8`` of float8 operands, dequantized: ``a_scale * b_scale * (a8 @ b8)``
+    accumulated in float32 (:func:`jax_ub.fp8.scaled_matmul` defines the result).
+
+    Args:
+      a8: `[..., m, k]` float8 (e4m3fn or e5m2); leading dims fold into m.
+      b8: `[k, n]` float8; not e5m2 together with an e5m2 ``a8`` (no such GEMM).
+      a_scale, b_scale: float32 dequantization scales of shape ``()``.
+      out_dtype: ``bfloat16`` (default) or ``float32``.
+      method: ``"auto"`` (cuBLASLt's FP8 GEMM where the CUDA path is available), ``"xla"`` (the
+        reference) or ``"cublaslt"``.
+
+    On the CUDA path ``b8`` is passed to cuBLASLt as ``[n, k]`` (a transpose here: the layout its
+    FP8 kernels need), and a k or n that is not a multiple of 16 is zero-padded. Not
+    differentiable (the FP8 recipes of :mod:`jax_ub.ops` define their own backward).
+    """
+    sa, sb, out = _check_fp8(a8, b8, a_scale, b_scale, out_dtype)
+    use_cuda = _use_cuda(method, "fp8_matmul")
+    if not use_cuda:
+        return fp8_lib.scaled_matmul(a8, b8, sa, sb, out)
+    # Chosen per platform at lowering time: the same jitted function also runs on CPU.
+    return lax.platform_dependent(
+        a8,
+        b8,
+        sa,
+        sb,
+        cuda=lambda a, b, x, y: _fp8_cuda(a, b, x, y, out),
+        default=lambda a, b, x, y: fp8_lib.scaled_matmul(a, b, x, y, out),
+    )

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ub import _ext, _ffi, _launch, comm, methods, schedule
+from jax_ub import fp8 as fp8_lib
 from jax_ub.collectives import all_gather, reduce_scatter  # noqa: F401  (re-exported)
 from jax_ub.resolve import choose, explain  # noqa: F401  (re-exported)
 from jax_ub.trace import trace_collect, trace_enable  # noqa: F401  (re-exported)
@@ -30,11 +31,59 @@ _set_for = _launch.comm_set  # the name older callers use
 _SKIP_GATHERED = (methods.PUSH, methods.PUSH_MERGE)
 
 
-def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
+def _fp8_operands(what, x, w, x_scale, w_scale, out_dtype):
+    """``(w as the kernel takes it, (x_scale, w_scale), y's dtype)``: for float8 operands w stored
+    ``[n, k]`` (cuBLASLt's FP8 layout), both scales (float32, shape ``()``), y bfloat16 (default) or
+    float32; for the other dtypes w itself, no scales, x's dtype. Errors name expected and got."""
+    fp8 = fp8_lib.is_fp8(x.dtype) or fp8_lib.is_fp8(w.dtype)
+    if not fp8:
+        if x_scale is not None or w_scale is not None or out_dtype is not None:
+            raise TypeError(
+                f"{what}: x_scale, w_scale and out_dtype are for float8 operands; got x "
+                f"{jnp.dtype(x.dtype).name}, w {jnp.dtype(w.dtype).name} with "
+                f"x_scale={'given' if x_scale is not None else None}, "
+                f"w_scale={'given' if w_scale is not None else None}, out_dtype={out_dtype!r}"
+            )
+        return w, (), jnp.dtype(x.dtype)
+    fp8_lib.check_pair(what, x.dtype, w.dtype)
+    if x_scale is None or w_scale is None:
+        raise TypeError(f"{what}: float8 operands need x_scale and w_scale (float32, shape ()); got None")
+    xs, ws = fp8_lib.check_scales(what, (x_scale, w_scale))
+    out = fp8_lib.out_dtype(what, out_dtype, jnp.bfloat16)
+    k, n = w.shape
+    if k % 16 or n % 16:
+        raise ValueError(
+            f"{what}: the FP8 CUDA path needs w's k and n to be multiples of 16 (rows of 16-byte "
+            f"multiples, cuBLASLt's FP8 layout); got w of shape {tuple(w.shape)}"
+        )
+    return w.T, (xs, ws), out
+
+
+def ag_gemm(
+    x,
+    w,
+    *,
+    axis_name,
+    axis,
+    precision,
+    method="ring",
+    need_full: bool = True,
+    x_scale=None,
+    w_scale=None,
+    out_dtype=None,
+):
     """(y, x_gathered) of ``all_gather(x, axis) @ w`` through the CUDA overlap kernel running
     ``method``'s all-gather schedule (on transport nccl: the NCCL schedule). ``need_full``: the
-    caller uses x_gathered; else it may be None."""
-    s = _launch.comm_set(axis_name, "all_gather_matmul", method)
+    caller uses x_gathered; else it may be None.
+
+    FP8: x and w float8 (:mod:`jax_ub.fp8`'s pairs), ``x_scale`` / ``w_scale`` their float32
+    dequantization scales (x's the same on every rank), ``out_dtype`` y's (bfloat16 default, or
+    float32): the all-gather moves the float8 bytes, every chunk GEMM is cuBLASLt's FP8 GEMM
+    (fp32 accumulation), x_gathered is float8. w is given ``[k, n]`` (k, n multiples of 16)."""
+    what = "all_gather_matmul"
+    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype)
+    fp8 = bool(scales)
+    s = _launch.comm_set(axis_name, what, method)
     _ext.ensure_registered()
     ipc = s.transport != "nccl"
     sched = methods.runs(methods.AG, method)
@@ -43,23 +92,25 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * es)  # push lands every shard
     rows_local = math.prod(x2.shape[:-1])
     n, k = w.shape[1], x2.shape[-1]
-    _launch.warm(s, rows_local, n, k, x.dtype, precision)
+    types = dict(w_dtype=w.dtype, out_dtype=y_dtype) if fp8 else {}
+    _launch.warm(s, rows_local, n, k, x.dtype, precision, **types)
     rows = (s.world * x2.shape[0], *x2.shape[1:-1])
-    y_t = _ffi.result_type((*rows, n), x.dtype, x2, w)
+    y_t = _ffi.result_type((*rows, n), y_dtype, x2, w)
     # The gathered x is an output only when someone uses it: push and nccl land peers' chunks in
     # the registered buffer, and a zero-row result tells the kernel to skip the copies into it.
     keep = need_full or (method not in _SKIP_GATHERED and ipc)
     xg_t = _ffi.result_type((*rows, k) if keep else (0, k), x.dtype, x2, w)
     pieces = schedule.ag_push_pieces(method, rows_local, n, k, es, s.world) if ipc else 1
     if pieces > 1:  # the last chunk's pieces are shorter GEMMs: prepare that shape too
-        _launch.warm(s, rows_local // pieces, n, k, x.dtype, precision)
+        _launch.warm(s, rows_local // pieces, n, k, x.dtype, precision, **types)
     merge = ipc and schedule.ag_push_merge(method, s.world, pieces)
     if merge:  # the peers' rows of every rank: 1 to world-1 chunks in one GEMM
         for c in range(2, s.world):
-            _launch.warm(s, c * rows_local, n, k, x.dtype, precision)
+            _launch.warm(s, c * rows_local, n, k, x.dtype, precision, **types)
     y, xg, _ = _ffi.call("jax_ub_ag_gemm", (y_t, xg_t, _ffi.workspace_type(x2, w)))(
-        _launch.checked(x2, s, "all_gather_matmul"),
-        w,
+        _launch.checked(x2, s, what),
+        w_k,
+        *scales,
         set_id=s.set_id,
         algo=_ffi.schedule_code(methods.AG, sched),
         tf32=_ffi.tf32_allowed(precision),
@@ -69,23 +120,42 @@ def ag_gemm(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     return _launch.back(y, axis), (_launch.back(xg, axis) if keep else None)
 
 
-def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool = True):
+def gemm_rs(
+    x,
+    w,
+    *,
+    axis_name,
+    axis,
+    precision,
+    method="ring",
+    need_full: bool = True,
+    x_scale=None,
+    w_scale=None,
+    out_dtype=None,
+):
     """(y, x) of ``reduce_scatter(x @ w, axis)`` through the CUDA overlap kernel running
-    ``method``'s reduce-scatter schedule (on transport nccl: the NCCL schedule)."""
+    ``method``'s reduce-scatter schedule (on transport nccl: the NCCL schedule).
+
+    FP8: x and w float8, ``x_scale`` / ``w_scale`` this rank's float32 dequantization scales,
+    ``out_dtype`` y's (bfloat16 default, or float32): each partial is an FP8 GEMM dequantized in its
+    epilogue, written (and pushed) in ``out_dtype`` and summed in fp32. w is given ``[k, n]``."""
     del need_full  # x is the caller's
-    s = _launch.comm_set(axis_name, "matmul_reduce_scatter", method)
+    what = "matmul_reduce_scatter"
+    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype)
+    types = dict(w_dtype=w.dtype, out_dtype=y_dtype) if scales else {}
+    s = _launch.comm_set(axis_name, what, method)
     _ext.ensure_registered()
     if s.transport == "nccl":  # the NCCL schedule runs whatever is named: no staging or pieces of ipc's
         method = methods.NCCL
     sched = methods.runs(methods.RS, method)
     x2 = _launch.front(x, axis)
-    es = jnp.dtype(x.dtype).itemsize
+    es = jnp.dtype(y_dtype).itemsize  # the partials' (the GEMM output's) element
     M, n = x2.shape[0], w.shape[1]
     inner = math.prod(x2.shape[1:-1])
     comm.ensure_capacity(s, M * inner * n * es)
-    _launch.warm(s, (M // s.world) * inner, n, x2.shape[-1], x.dtype, precision)
+    _launch.warm(s, (M // s.world) * inner, n, x2.shape[-1], x.dtype, precision, **types)
     out_shape = (M // s.world, *x2.shape[1:-1], n)
-    y_t = _ffi.result_type(out_shape, x.dtype, x2, w)
+    y_t = _ffi.result_type(out_shape, y_dtype, x2, w)
     columns = method != methods.NCCL and sched == methods.COLUMNS
     chain = method != methods.NCCL and sched == methods.CHAIN
     staged = s.world if columns else s.world - 1  # columns stages all M rows
@@ -99,12 +169,13 @@ def gemm_rs(x, w, *, axis_name, axis, precision, method="ring", need_full: bool 
     if columns:  # one GEMM per column block over all M rows
         pm, pn, ld = M * inner, n // splits, n
     if splits > 1 or columns:  # columns: a GEMM over all M rows, even in one block
-        _launch.warm(s, pm, pn, x2.shape[-1], x.dtype, precision, ld=ld)
+        _launch.warm(s, pm, pn, x2.shape[-1], x.dtype, precision, ld=ld, **types)
     if chain:  # every step after the first adds an addend
-        _launch.warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld)
+        _launch.warm(s, pm, pn, x2.shape[-1], x.dtype, precision, accumulate=True, ld=ld, **types)
     y, _, _ = _ffi.call("jax_ub_gemm_rs", (y_t, st_t, _ffi.workspace_type(x2, w)))(
-        _launch.checked(x2, s, "matmul_reduce_scatter"),
-        w,
+        _launch.checked(x2, s, what),
+        w_k,
+        *scales,
         set_id=s.set_id,
         algo=_ffi.schedule_code(methods.RS, sched),
         tf32=_ffi.tf32_allowed(precision),
