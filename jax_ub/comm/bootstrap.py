@@ -37,6 +37,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from jax_ub.comm import liveness
+
 __all__ = [
     "AgreementError",
     "KVExchange",
@@ -221,6 +223,7 @@ def _default_client() -> Any:
 _FAILED_TAG = "failed"  # announce_failure's key: {namespace}/failed/{rank}
 _SEEN_TAG = "failed-seen-"  # + the failed rank: {namespace}/failed-seen-{failed}/{reader}
 _FAILURE_POLL_S = 0.25  # how often a wait looks for an announced failure
+_LIVENESS_S = 0.5  # how often a wait looks whether a pending peer's process has exited
 # How long a rank that ends a step with an error (it failed, or the ranks disagree) waits for its
 # peers to have read what tells them: it may exit at once after raising, and if it hosts
 # jax.distributed's service (process 0), its exit takes the service, and their reads, with it.
@@ -255,6 +258,9 @@ class KVExchange:
         (only when ``world == 1``) a private :class:`LocalStore`.
       peer_names: optional description of who holds each rank, used in error messages, e.g.
         ``["process 0", "process 0", "process 1", "process 1"]``.
+      processes: the ``jax.distributed`` process index of each rank, where each rank is one
+        process: then a wait for a rank whose process has exited ends at once with
+        :class:`PeerFailedError` naming it (:mod:`jax_ub.comm.liveness`), not at the timeout.
     """
 
     def __init__(
@@ -266,6 +272,7 @@ class KVExchange:
         client: Any = None,
         *,
         peer_names: Sequence[str] | None = None,
+        processes: Sequence[int] | None = None,
     ) -> None:
         if not namespace or namespace.endswith("/"):
             raise ValueError(f"namespace must be non-empty without a trailing '/'; got {namespace!r}")
@@ -292,6 +299,14 @@ class KVExchange:
         self.peer_names = list(peer_names) if peer_names is not None else None
         self._store: _Store = client if isinstance(client, LocalStore) else _JaxClientStore(client)
         self._used_tags: set[str] = set()
+        self.processes = (
+            list(processes) if processes is not None and not isinstance(client, LocalStore) else None
+        )
+        if self.processes is not None:
+            if len(self.processes) != world:
+                raise ValueError(f"processes must have world={world} entries; got {len(self.processes)}")
+            liveness.publish_identity(self._store, self.processes[rank])
+        self._next_liveness_check = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -442,6 +457,22 @@ class KVExchange:
                 )
         return None
 
+    def _exited_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerFailedError | None:
+        """A PeerFailedError for the first of ``ranks`` whose process is known to have exited
+        (checked at most every ``_LIVENESS_S``), else None."""
+        if self.processes is None or time.monotonic() < self._next_liveness_check:
+            return None
+        self._next_liveness_check = time.monotonic() + _LIVENESS_S
+        for r in ranks:
+            why = liveness.exited(self._store, self.processes[r])
+            if why is not None:
+                return PeerFailedError(
+                    f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} waited for "
+                    f"{self._who(r)}, whose {why}: it can never publish its part, so this wait ends "
+                    "now instead of at JAX_UB_TIMEOUT"
+                )
+        return None
+
     def _read(
         self,
         op: str,
@@ -473,7 +504,7 @@ class KVExchange:
                     )
                 ) from err
             if value is None:
-                failed = self._failed_peer(op, tag, pending)
+                failed = self._failed_peer(op, tag, pending) or self._exited_peer(op, tag, pending)
                 if failed is not None:
                     raise failed
                 if left <= _FAILURE_POLL_S:

@@ -31,7 +31,7 @@ import numpy as np
 
 from jax_ub import _ext, _ffi, _usage, _validate, choice, config
 from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
-from jax_ub.comm import nccl, p2p
+from jax_ub.comm import failures, nccl, p2p
 from jax_ub.comm.transport import choose_transport, device_ordinal, survey
 
 log = logging.getLogger("jax_ub")
@@ -110,6 +110,7 @@ def _process_exchange(init_id: int, timeout_s: float) -> _bootstrap.KVExchange |
         jax.process_count(),
         timeout_s,
         peer_names=names,
+        processes=range(jax.process_count()),
     )
 
 
@@ -351,6 +352,7 @@ def _create_or_keep(
     if exchange is not None:
         _confirm_outcome(exchange, s)
     _sets[axis] = s
+    failures.install_excepthook()  # an uncaught XLA error after a failed op shows jax_ub's reason
     log.info(
         "jax_ub: initialized axis %r: %d group(s) of %d, %d local member(s), %d MiB buffers, "
         "transport %s (%s), bootstrap %s",
@@ -810,6 +812,27 @@ def shutdown(axis: str | None = None) -> None:
 
 # Sets whose shutdown() could not confirm that every peer was done with them: never freed.
 _abandoned: list[CommSet] = []
+
+
+def _failure_reasons() -> dict[tuple[str, int], str]:
+    """Sticky errors of the local members of every set, the abandoned ones included (for
+    :mod:`jax_ub.comm.failures`); a member that cannot be read is skipped."""
+    mod = _ext.extension()
+    if mod is None:
+        return {}
+    out = {}
+    for s in [*_sets.values(), *_abandoned]:
+        for dev, _, _ in s.local:
+            try:
+                msg = mod.comm_error(s.set_id, dev)
+            except Exception:  # freed meanwhile
+                continue
+            if msg:
+                out[(s.axis, dev)] = str(msg)
+    return out
+
+
+failures.set_source(_failure_reasons)
 
 
 def errors() -> dict[tuple[str, int], str]:

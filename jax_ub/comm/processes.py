@@ -204,7 +204,13 @@ def check_processes(
     with _lock:
         call = next(_calls)
     exchange = bootstrap.KVExchange(
-        _namespace(call), me, count, timeout, client=client, peer_names=[f"process {p}" for p in range(count)]
+        _namespace(call),
+        me,
+        count,
+        timeout,
+        client=client,
+        peer_names=[f"process {p}" for p in range(count)],
+        processes=range(count),
     )
     text = bootstrap._canonical(dict(fields or {}))
     payload = json.dumps({"problem": problem, "fields": text}).encode()
@@ -225,11 +231,21 @@ def check_processes(
                     missing=missing,
                 ) from err
             raise bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
-        # Every answer came in the end. (A probe that fails now gives None, and _decode raises on it.)
-        blobs = cast(
-            "list[bytes]",
-            [payload if p == me else _peek(exchange, exchange._key("answers", p)) for p in range(count)],
-        )
+        # Every answer came in the end; read them once more. A probe that fails now (the
+        # service went away with a process that exited) leaves that process unread: it counts as
+        # missing, with the timeout's message, not as an unreadable answer.
+        peeked = [payload if p == me else _peek(exchange, exchange._key("answers", p)) for p in range(count)]
+        unread = [p for p, blob in enumerate(peeked) if blob is None]
+        if unread:
+            message = _timeout_message(exchange, call, timeout_s is None, unread)
+            if problem is not None:
+                raise ProcessCheckError(
+                    f"{_WHO}: process {me} cannot go on: {problem}; and {message}",
+                    {me: problem},
+                    missing=unread,
+                ) from err
+            raise bootstrap.PeerTimeoutError(f"{_WHO}: {message}") from err
+        blobs = cast("list[bytes]", peeked)
     else:
         gave_up = _peers_with(exchange, _GAVE_UP)
         if gave_up:

@@ -1,0 +1,113 @@
+"""CPU tier: jax_ub.comm.liveness (an exited peer seen at once by the bootstrap's waits) and
+jax_ub.comm.failures (jax_ub's reason where XLA raised its own error)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jax_ub.comm import bootstrap, failures, liveness
+
+
+class _ClientLike:
+    """jax.distributed's client's key-value methods over a LocalStore (KVExchange treats a
+    LocalStore itself as ranks in threads of one process, without liveness checks)."""
+
+    def __init__(self) -> None:
+        self._s = bootstrap.LocalStore()
+        self.set, self.try_get = self._s.set, self._s.try_get
+
+    def key_value_set_bytes(self, key, value):
+        self._s.set(key, value)
+
+    def blocking_key_value_get_bytes(self, key, timeout_ms):
+        value = self._s.wait(key, timeout_ms / 1000)
+        if value is None:
+            raise TimeoutError("DEADLINE_EXCEEDED")
+        return value
+
+    def key_value_try_get_bytes(self, key):
+        value = self._s.try_get(key)
+        if value is None:
+            raise KeyError("NOT_FOUND")
+        return value
+
+
+def _identity_of(pid: int) -> bytes:
+    ident = liveness.identity()
+    stat = liveness._proc_stat(pid)
+    assert stat is not None
+    return json.dumps({**ident, "pid": pid, "start": stat[1]}).encode()
+
+
+def test_a_wait_for_a_process_that_exited_ends_at_once_naming_it():
+    store = _ClientLike()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    store.set("jax_ub/process/1/identity", _identity_of(child.pid))
+    child.wait()
+    ex = bootstrap.KVExchange("t/gone", 0, 2, 20.0, client=store, processes=[0, 1])
+    t0 = time.monotonic()
+    with pytest.raises(bootstrap.PeerFailedError, match=r"rank 1, whose process 1 \(pid \d+\) has exited"):
+        ex.barrier("b")
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_live_peer_is_waited_for_and_a_missing_one_times_out():
+    store = _ClientLike()
+    store.set("jax_ub/process/1/identity", _identity_of(os.getpid()))  # alive: this very process
+    ex = bootstrap.KVExchange("t/alive", 0, 2, 1.0, client=store, processes=[0, 1])
+    t0 = time.monotonic()
+    with pytest.raises(bootstrap.PeerTimeoutError, match="rank 1"):
+        ex.barrier("b")
+    assert 0.9 < time.monotonic() - t0 < 3
+    late = bootstrap.KVExchange("t/late", 0, 2, 10.0, client=store, processes=[0, 1])
+    peer = bootstrap.KVExchange("t/late", 1, 2, 10.0, client=store, processes=[0, 1])
+    threading.Timer(1.0, lambda: peer.barrier("b")).start()
+    late.barrier("b")  # the peer comes after a second: no false "exited"
+
+
+def test_the_exit_mark_names_a_process_on_any_machine():
+    store = _ClientLike()
+    store.set("jax_ub/process/1/identity", json.dumps({"boot": "another-machine", "pid": 1}).encode())
+    assert liveness.exited(store, 1) is None  # another machine: /proc says nothing
+    liveness._mark_exiting(store, 1)
+    assert "process 1 exited" in (liveness.exited(store, 1) or "")
+
+
+def test_a_pid_reused_by_another_process_is_an_exited_peer():
+    store = _ClientLike()
+    ident = json.loads(_identity_of(os.getpid()))
+    store.set("jax_ub/process/2/identity", json.dumps({**ident, "start": "1"}).encode())
+    assert "another process" in (liveness.exited(store, 2) or "")
+
+
+def test_raise_if_failed_carries_the_reason_and_chains_the_xla_error(monkeypatch):
+    failures.raise_if_failed(RuntimeError("not jax_ub's"))  # nothing failed: returns
+    why = "jax_ub all_gather_matmul (set 1, group 0, rank 0 of 4, device 0): timed out waiting for rank 3"
+    monkeypatch.setattr(failures, "_source", lambda: {("tp", 0): why})
+    xla = RuntimeError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
+    with pytest.raises(failures.CommFailedError, match="waiting for rank 3") as info:
+        failures.raise_if_failed(xla)
+    assert info.value.__cause__ is xla and info.value.reasons == {("tp", 0): why}
+
+
+def test_an_uncaught_error_after_a_failed_op_shows_the_reason_first():
+    """The excepthook initialize() installs: jax_ub's reason first on stderr, and as a note."""
+    code = (
+        "from jax_ub.comm import failures\n"
+        "failures.set_source(lambda: {('tp', 0): 'rank 3 (pid 42) has exited'})\n"
+        "failures.install_excepthook()\n"
+        "raise RuntimeError('CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("jax_ub: a communication op failed on this process"), out.stderr
+    assert out.stderr.count("rank 3 (pid 42) has exited") == 2, out.stderr  # first, and as the note
+    assert "unspecified launch failure" in out.stderr
