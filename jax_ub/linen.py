@@ -6,6 +6,11 @@
   `[batch, seq/tp, features]` per device; bias added once after the reduce-scatter.
 * :class:`ParallelMLP` — norm (``"layernorm"``, ``"rmsnorm"`` or ``None``) → column → activation
   → row (``gated=True``: the GLU family).
+* :class:`QKVParallelDense` — the fused QKV projection of grouped-query attention (heads split over
+  ``axis_name``), returning q, k, v `[batch, seq, heads, head_dim]`.
+* :func:`pack_qkv` / :func:`unpack_qkv`, :func:`pack_mlp` / :func:`unpack_mlp`,
+  :func:`pack_out` / :func:`unpack_out` — separate Hugging Face Llama (``layout="hf"``) or MaxText
+  (``"maxtext"``) matrices ↔ the layers' kernels (:mod:`jax_ub.layers.convert`).
 
 Layouts (``seq_axis``, ``sequence_parallel=False``) and modes are those of :mod:`jax_ub.nn`
 (global arrays under ``jax.set_mesh`` / ``mesh=``, or local shards inside the user's
@@ -35,10 +40,19 @@ Example (4 host devices)::
 """
 
 # Every public name of the implementation (LayerNorm, RMSNorm, the default initializers too).
+from jax_ub.layers.convert import (
+    pack_mlp,
+    pack_out,
+    pack_qkv,
+    unpack_mlp,
+    unpack_out,
+    unpack_qkv,
+)
 from jax_ub.layers.linen import (  # noqa: F401
     ColumnParallelDense,
     LayerNorm,
     ParallelMLP,
+    QKVParallelDense,
     RMSNorm,
     RowParallelDense,
     default_bias_init,
@@ -47,4 +61,17 @@ from jax_ub.layers.linen import (  # noqa: F401
     unpack_gated,
 )
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
+__all__ = [
+    "ColumnParallelDense",
+    "ParallelMLP",
+    "QKVParallelDense",
+    "RowParallelDense",
+    "pack_gated",
+    "pack_mlp",
+    "pack_out",
+    "pack_qkv",
+    "unpack_gated",
+    "unpack_mlp",
+    "unpack_out",
+    "unpack_qkv",
+]

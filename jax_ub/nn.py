@@ -8,6 +8,12 @@
   out; ``norm="layernorm"`` (default), ``"rmsnorm"`` (Llama, Mistral) or ``None``;
   ``gated=True`` for the GLU family (SwiGLU with ``activation=jax.nn.silu``), whose ``up``
   parameters :func:`pack_gated` builds from separate gate and linear halves.
+* :class:`QKVParallelDense` — the fused QKV projection of grouped-query attention, column-parallel:
+  `[batch, seq/tp, hidden]` → q `[batch, seq, heads/tp, head_dim]`, k, v `[batch, seq,
+  kv_heads/tp, head_dim]` (shaped for :func:`jax.nn.dot_product_attention`).
+* :func:`pack_qkv` / :func:`unpack_qkv`, :func:`pack_mlp` / :func:`unpack_mlp`,
+  :func:`pack_out` / :func:`unpack_out` — separate Hugging Face Llama (``layout="hf"``) or MaxText
+  (``"maxtext"``) matrices ↔ the layers' kernels (:mod:`jax_ub.layers.convert`).
 
 Shapes above are per device, for the default layout. Activations may have any number (>= 1) of
 leading dims; ``seq_axis`` (default ``-2``) is the sequence, the axis all-gathered and
@@ -40,10 +46,19 @@ Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)
 """
 
 # Every public name of the implementation (LayerNorm, RMSNorm, the default initializers too).
+from jax_ub.layers.convert import (
+    pack_mlp,
+    pack_out,
+    pack_qkv,
+    unpack_mlp,
+    unpack_out,
+    unpack_qkv,
+)
 from jax_ub.layers.nnx import (  # noqa: F401
     ColumnParallelDense,
     LayerNorm,
     ParallelMLP,
+    QKVParallelDense,
     RMSNorm,
     RowParallelDense,
     default_bias_init,
@@ -52,4 +67,17 @@ from jax_ub.layers.nnx import (  # noqa: F401
     unpack_gated,
 )
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
+__all__ = [
+    "ColumnParallelDense",
+    "ParallelMLP",
+    "QKVParallelDense",
+    "RowParallelDense",
+    "pack_gated",
+    "pack_mlp",
+    "pack_out",
+    "pack_qkv",
+    "unpack_gated",
+    "unpack_mlp",
+    "unpack_out",
+    "unpack_qkv",
+]

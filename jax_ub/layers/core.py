@@ -45,8 +45,11 @@ initialization are :mod:`jax_ub.layers.params`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import jax
@@ -332,6 +335,69 @@ def _check_bias(where: str, bias: Array | None, out_features: int, tp: int, spli
 
 
 # --------------------------------------------------------------------------------------------------
+# The collectives of the layers, and their local stand-ins
+# --------------------------------------------------------------------------------------------------
+#
+# Under :func:`comm_stand_ins` the layers run with every collective replaced by a local stand-in of
+# the same shapes and the same GEMM kernels as jax_ub's (:func:`jax_ub.gemm.matmul`: cuBLASLt on
+# GPUs): the all-gather by ``tp`` local copies of the shard, the reduce-scatter by this device's
+# rows of the local GEMM, the all-reduce by nothing. The results are wrong on purpose; the time is
+# the floor a benchmark compares the overlap against (no communication at all).
+
+_STAND_INS: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_ub_comm_stand_ins", default=False)
+
+
+@contextlib.contextmanager
+def comm_stand_ins() -> Iterator[None]:
+    """Within this context (at trace time), the layers' collectives are local stand-ins (see above)."""
+    token = _STAND_INS.set(True)
+    try:
+        yield
+    finally:
+        _STAND_INS.reset(token)
+
+
+def stand_ins_active() -> bool:
+    return _STAND_INS.get()
+
+
+def _fp8_kw(fp8: Any, fn: str) -> dict[str, Any]:
+    """``fp8=`` for an op, where given: refused clearly by an ops module that has no such option."""
+    if fp8 is None:
+        return {}
+    if "fp8" not in inspect.signature(getattr(ops, fn)).parameters:
+        raise TypeError(f"{fn}: this build of jax_ub has no FP8 path (`fp8=` is not an option of the op).")
+    return {"fp8": fp8}
+
+
+def _all_gather_matmul(x: Array, w: Array, axis_name: str, *, gather_axis: int, fp8: Any, **kw: Any) -> Array:
+    if _STAND_INS.get():
+        tp = int(lax.axis_size(axis_name))
+        return gemm.matmul(jnp.concatenate([x] * tp, axis=gather_axis), w)
+    return cast(
+        Array,
+        ops.all_gather_matmul(
+            x, w, axis_name, gather_axis=gather_axis, **kw, **_fp8_kw(fp8, "all_gather_matmul")
+        ),
+    )
+
+
+def _matmul_reduce_scatter(
+    x: Array, w: Array, axis_name: str, *, scatter_axis: int, fp8: Any, **kw: Any
+) -> Array:
+    if _STAND_INS.get():
+        tp = int(lax.axis_size(axis_name))
+        return lax.slice_in_dim(gemm.matmul(x, w), 0, x.shape[scatter_axis] // tp, axis=scatter_axis)
+    return ops.matmul_reduce_scatter(
+        x, w, axis_name, scatter_axis=scatter_axis, **kw, **_fp8_kw(fp8, "matmul_reduce_scatter")
+    )
+
+
+def _psum(y: Array, axis_name: str) -> Array:
+    return y if _STAND_INS.get() else lax.psum(y, axis_name)
+
+
+# --------------------------------------------------------------------------------------------------
 # The layers
 # --------------------------------------------------------------------------------------------------
 
@@ -359,8 +425,11 @@ def column_parallel_dense(
     seq_axis: int = -2,
     sequence_parallel: bool = True,
     default_mesh: Any = None,
+    fp8: Any = None,
     where: str = "ColumnParallelDense",
-) -> Array:
+    epilogue: Callable[[Array], Any] | None = None,
+    epilogue_specs: Callable[[int | None, Any], Any] | None = None,
+) -> Any:
     """Column-parallel dense (SP→TP): all-gather the sequence, multiply by this shard's columns.
 
     ``recompute_gathered`` goes to :func:`jax_ub.all_gather_matmul` (``None``: the configured
@@ -376,7 +445,13 @@ def column_parallel_dense(
 
     ``in_features`` (global) is checked against the kernel when given (default
     ``kernel.shape[0]``). ``default_mesh``: the mesh of global mode when neither ``mesh``, a
-    context mesh nor the kernel's own sharding names one.
+    context mesh nor the kernel's own sharding names one. ``fp8``: a :class:`jax_ub.FP8Recipe`
+    for :func:`jax_ub.all_gather_matmul` (``None``: the compute dtype).
+
+    ``epilogue``: applied to each device's `[..., seq, ..., out/tp]` output (bias added) inside
+    the layer (local mode: to the result; global mode: inside its ``shard_map``), e.g. the QKV
+    layer's split into heads; ``epilogue_specs(batch_dim, batch_axes)`` then gives the global
+    mode's ``out_specs`` of what it returns.
     """
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
@@ -408,7 +483,7 @@ def column_parallel_dense(
             assert seq is not None  # check_x returns the sequence axis under sequence parallelism
             y = cast(  # without return_gathered: one array
                 Array,
-                ops.all_gather_matmul(
+                _all_gather_matmul(
                     x,
                     kernel,
                     axis_name,
@@ -416,11 +491,13 @@ def column_parallel_dense(
                     method=method,
                     precision=precision,
                     recompute_gathered=recompute_gathered,
+                    fp8=fp8,
                 ),
             )
         else:
             y = _local_dot(x, kernel, precision)
-        return y if bias is None else y + bias
+        y = y if bias is None else y + bias
+        return y if epilogue is None else epilogue(y)
 
     if p.local:
         kernel = _local_slice(where, "kernel", kernel, 1, out_features, tp, axis_name)
@@ -434,12 +511,15 @@ def column_parallel_dense(
     bdim = _batch_dim(x.ndim, seq)
     b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
     x_spec = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
+    out_spec = (
+        _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}) if epilogue_specs is None else epilogue_specs(bdim, b)
+    )
     return _shard_map(
         body,
         p.mesh,
         (x, kernel, bias),
         (_spec(x.ndim, x_spec), P(None, axis_name), P(axis_name)),
-        _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}),
+        out_spec,
     )
 
 
@@ -458,6 +538,7 @@ def row_parallel_dense(
     seq_axis: int = -2,
     sequence_parallel: bool = True,
     default_mesh: Any = None,
+    fp8: Any = None,
     where: str = "RowParallelDense",
 ) -> Array:
     """Row-parallel dense (TP→SP): multiply by this shard's rows, reduce-scatter over the sequence.
@@ -475,6 +556,8 @@ def row_parallel_dense(
 
     ``in_features`` and ``out_features`` (global) are checked when given; they default to the
     kernel's in global mode, and to ``x.shape[-1] * tp`` and ``kernel.shape[1]`` in local mode.
+    ``fp8``: a :class:`jax_ub.FP8Recipe` for :func:`jax_ub.matmul_reduce_scatter` (``None``: the
+    compute dtype).
     """
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
@@ -511,11 +594,11 @@ def row_parallel_dense(
     def body(x: Array, kernel: Array, bias: Array | None) -> Array:
         if sequence_parallel:
             assert seq is not None  # check_x returns the sequence axis under sequence parallelism
-            y = ops.matmul_reduce_scatter(
-                x, kernel, axis_name, scatter_axis=seq, method=method, precision=precision
+            y = _matmul_reduce_scatter(
+                x, kernel, axis_name, scatter_axis=seq, method=method, precision=precision, fp8=fp8
             )
         else:
-            y = lax.psum(_local_dot(x, kernel, precision), axis_name)
+            y = _psum(_local_dot(x, kernel, precision), axis_name)
         return y if bias is None else y + bias
 
     if p.local:

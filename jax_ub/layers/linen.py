@@ -13,11 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ub.layers import core, logical, params
+from jax_ub.layers import core, logical, params, qkv
 from jax_ub.layers import mesh as _mesh
 from jax_ub.layers.core import pack_gated, unpack_gated
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
+__all__ = [
+    "ColumnParallelDense",
+    "ParallelMLP",
+    "QKVParallelDense",
+    "RowParallelDense",
+    "pack_gated",
+    "unpack_gated",
+]
 
 default_kernel_init = nn.initializers.lecun_normal()
 default_bias_init = nn.initializers.zeros_init()
@@ -101,19 +108,22 @@ def _param(
 
 
 def _dense_params(
-    module: ColumnParallelDense | RowParallelDense, in_features: int
+    module: ColumnParallelDense | RowParallelDense | QKVParallelDense,
+    in_features: int,
+    features: int | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """``(kernel [in_features, features], bias [features] or None)`` of a dense layer; a bias
     whose initializer names nothing takes the kernel's logical output name, if it has one."""
     partitioning = (
-        params.column_partitioning if isinstance(module, ColumnParallelDense) else params.row_partitioning
+        params.row_partitioning if isinstance(module, RowParallelDense) else params.column_partitioning
     )
+    features = module.features if features is None else features
     kernel_names, bias_names = partitioning(module.axis_name)
     kernel, res = _param(
         module,
         "kernel",
         module.kernel_init,
-        (in_features, module.features),
+        (in_features, features),
         module.param_dtype,
         kernel_names,
         module.axis_name,
@@ -126,7 +136,7 @@ def _dense_params(
         module,
         "bias",
         module.bias_init,
-        (module.features,),
+        (features,),
         module.param_dtype,
         bias_names,
         module.axis_name,
@@ -150,8 +160,9 @@ class ColumnParallelDense(nn.Module):
     Global mode: x `[..., seq, in]` → `[..., seq, features]` (features split over
     ``axis_name``); local mode: x `[..., seq/tp, in]` → `[..., seq, features/tp]`. The sequence is
     ``seq_axis`` (default ``-2``). ``recompute_gathered``: keep only the local x for the backward
-    (``None``: configured default). ``sequence_parallel=False``: x replicated over ``axis_name``,
-    a local GEMM, any sequence length. ``kernel_init``/``bias_init`` may be wrapped in
+    (``None``: configured default). ``fp8``: a :class:`jax_ub.FP8Recipe` (FP8 GEMMs with current
+    scaling, parameters kept in ``param_dtype``). ``sequence_parallel=False``: x replicated over
+    ``axis_name``, a local GEMM, any sequence length. ``kernel_init``/``bias_init`` may be wrapped in
     ``nn.with_partitioning`` naming mesh axes on the dims the layer keeps whole (e.g.
     ``("fsdp", None)``): merged with the layer's own names.
     """
@@ -165,6 +176,7 @@ class ColumnParallelDense(nn.Module):
     bias_init: Callable[..., Any] = default_bias_init
     precision: Any = None
     method: str | None = None
+    fp8: Any = None
     recompute_gathered: bool | None = None
     seq_axis: int = -2
     sequence_parallel: bool = True
@@ -187,6 +199,7 @@ class ColumnParallelDense(nn.Module):
             dtype=self.dtype,
             precision=self.precision,
             method=self.method,
+            fp8=self.fp8,
             recompute_gathered=self.recompute_gathered,
             seq_axis=self.seq_axis,
             sequence_parallel=self.sequence_parallel,
@@ -212,6 +225,7 @@ class RowParallelDense(nn.Module):
     bias_init: Callable[..., Any] = default_bias_init
     precision: Any = None
     method: str | None = None
+    fp8: Any = None
     seq_axis: int = -2
     sequence_parallel: bool = True
     axis_name: str = "tp"
@@ -236,6 +250,63 @@ class RowParallelDense(nn.Module):
             dtype=self.dtype,
             precision=self.precision,
             method=self.method,
+            fp8=self.fp8,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            where=where,
+        )
+
+
+class QKVParallelDense(nn.Module):
+    """Fused QKV projection of grouped-query attention, column-parallel (see
+    :class:`jax_ub.nn.QKVParallelDense`): x `[..., seq, hidden]` → ``(q, k, v)``, `[..., seq,
+    num_heads, head_dim]` and `[..., seq, num_kv_heads, head_dim]` twice, heads split over
+    ``axis_name`` (local mode: x `[..., seq/tp, hidden]`, ``/tp`` heads). One ``kernel``
+    `[hidden, (num_heads + 2 * num_kv_heads) * head_dim]` in the per-device layout of
+    :mod:`jax_ub.layers.qkv` (:func:`jax_ub.linen.pack_qkv` builds it); no bias by default.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    _: dataclasses.KW_ONLY
+    use_bias: bool = False
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable[..., Any] = default_kernel_init
+    bias_init: Callable[..., Any] = default_bias_init
+    precision: Any = None
+    method: str | None = None
+    fp8: Any = None
+    recompute_gathered: bool | None = None
+    seq_axis: int = -2
+    sequence_parallel: bool = True
+    axis_name: str = "tp"
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        where = type(self).__name__
+        core.check_seq_axis(where, self.seq_axis)
+        out = qkv.qkv_features(where, self.num_heads, self.num_kv_heads, self.head_dim)
+        p = _mesh.placement(where, self.axis_name, self.mesh)
+        qkv.check_heads(where, self.num_heads, self.num_kv_heads, p.tp, self.axis_name)
+        in_features = x.shape[-1] if x.ndim else 0
+        kernel, bias = _dense_params(self, in_features, out)
+        return qkv.qkv_parallel_dense(
+            x,
+            kernel,
+            bias,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+            dtype=self.dtype,
+            precision=self.precision,
+            method=self.method,
+            fp8=self.fp8,
+            recompute_gathered=self.recompute_gathered,
             seq_axis=self.seq_axis,
             sequence_parallel=self.sequence_parallel,
             where=where,
@@ -318,6 +389,7 @@ class ParallelMLP(nn.Module):
     down_bias_init: Callable[..., Any] | None = None
     precision: Any = None
     method: str | None = None
+    fp8: Any = None
     epsilon: float = 1e-6
     recompute_gathered: bool | None = None
     gated: bool = False
@@ -344,6 +416,7 @@ class ParallelMLP(nn.Module):
             param_dtype=self.param_dtype,
             precision=self.precision,
             method=self.method,
+            fp8=self.fp8,
             seq_axis=self.seq_axis,
             sequence_parallel=self.sequence_parallel,
             axis_name=self.axis_name,

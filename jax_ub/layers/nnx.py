@@ -14,11 +14,18 @@ from flax import nnx
 from flax.nnx import variablelib
 
 from jax_ub import _validate
-from jax_ub.layers import core, logical, params
+from jax_ub.layers import core, logical, params, qkv
 from jax_ub.layers import mesh as _mesh
 from jax_ub.layers.core import pack_gated, unpack_gated
 
-__all__ = ["ColumnParallelDense", "ParallelMLP", "RowParallelDense", "pack_gated", "unpack_gated"]
+__all__ = [
+    "ColumnParallelDense",
+    "ParallelMLP",
+    "QKVParallelDense",
+    "RowParallelDense",
+    "pack_gated",
+    "unpack_gated",
+]
 
 default_kernel_init = nnx.initializers.lecun_normal()
 default_bias_init = nnx.initializers.zeros_init()
@@ -94,6 +101,7 @@ class _ParallelDense(nnx.Module):
         bias_init: Callable[..., Any] = default_bias_init,
         precision: Any = None,
         method: str | None = None,
+        fp8: Any = None,
         seq_axis: int = -2,
         sequence_parallel: bool = True,
         axis_name: str = "tp",
@@ -110,6 +118,7 @@ class _ParallelDense(nnx.Module):
         self.param_dtype = param_dtype
         self.precision = precision
         self.method = method
+        self.fp8 = fp8
         self.seq_axis = seq_axis
         self.sequence_parallel = sequence_parallel
         self.axis_name = axis_name
@@ -155,6 +164,7 @@ class _ParallelDense(nnx.Module):
             dtype=self.dtype,
             precision=self.precision,
             method=self.method,
+            fp8=self.fp8,
             seq_axis=self.seq_axis,
             sequence_parallel=self.sequence_parallel,
             default_mesh=self._mesh_at_build,
@@ -187,6 +197,9 @@ class ColumnParallelDense(_ParallelDense):
       precision: passed to the GEMM.
       method: overlap algorithm for :func:`jax_ub.all_gather_matmul` (``None``: configured default;
         ``"xla"``: pure-XLA reference).
+      fp8: a :class:`jax_ub.FP8Recipe`: the op quantizes x and the kernel to FP8 with current
+        scaling (the all-gather moves FP8 bytes), the master parameters stay in ``param_dtype``
+        (``None``: no FP8).
       recompute_gathered: keep only the local (sequence-sharded) x for the backward instead of the
         gathered one, ``tp``× smaller, and re-gather it there under the dgrad GEMM (``None``: the
         configured default, ``JAX_UB_RECOMPUTE_GATHERED``); see :func:`jax_ub.all_gather_matmul`.
@@ -245,6 +258,66 @@ class RowParallelDense(_ParallelDense):
             None if self.bias is None else self.bias[...],
             in_features=self.in_features,
             out_features=self.out_features,
+            **self._options(),
+        )
+
+
+class QKVParallelDense(_ParallelDense):
+    """Fused QKV projection of grouped-query attention, column-parallel (AG→GEMM), heads split
+    over ``axis_name``.
+
+    ``__call__(x)`` → ``(q, k, v)`` shaped for :func:`jax.nn.dot_product_attention` (`[B, T, N,
+    H]`). Global mode: x `[..., seq, in_features]` (seq split over ``axis_name``) → q `[..., seq,
+    num_heads, head_dim]`, k and v `[..., seq, num_kv_heads, head_dim]`, heads split over
+    ``axis_name``. Local mode: x `[..., seq/tp, in_features]` → q `[..., seq, num_heads/tp,
+    head_dim]`, k and v `[..., seq, num_kv_heads/tp, head_dim]`.
+
+    One kernel `[in_features, (num_heads + 2 * num_kv_heads) * head_dim]` whose ``tp`` column
+    blocks are each device's ``[q heads | k heads | v heads]`` (:mod:`jax_ub.layers.qkv`; the
+    layout depends on ``tp``: build it from separate q, k, v matrices with
+    :func:`jax_ub.nn.pack_qkv`, split it with :func:`jax_ub.nn.unpack_qkv`). ``num_heads`` and
+    ``num_kv_heads`` must be divisible by ``tp``; key/value heads are not replicated.
+
+    Args: ``num_heads``, ``num_kv_heads`` (``num_heads`` a multiple of it; equal for multi-head
+    attention), ``head_dim``; ``use_bias`` (default ``False``, as Llama; Qwen-style models have
+    one); the rest as :class:`ColumnParallelDense` (``fp8``, ``recompute_gathered``,
+    ``seq_axis``, ``sequence_parallel``, ``mesh``, ...).
+    """
+
+    _partitioning = staticmethod(params.column_partitioning)
+
+    def __init__(
+        self,
+        in_features: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        use_bias: bool = False,
+        recompute_gathered: bool | None = None,
+        **kwargs: Any,
+    ):
+        where = type(self).__name__
+        out = qkv.qkv_features(where, num_heads, num_kv_heads, head_dim)
+        axis_name = kwargs.get("axis_name", "tp")
+        p = _mesh.placement(where, axis_name, kwargs.get("mesh"))
+        qkv.check_heads(where, num_heads, num_kv_heads, p.tp, axis_name)
+        super().__init__(in_features, out, use_bias=use_bias, **kwargs)
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.recompute_gathered = recompute_gathered
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return qkv.qkv_parallel_dense(
+            x,
+            self.kernel[...],
+            None if self.bias is None else self.bias[...],
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            in_features=self.in_features,
+            recompute_gathered=self.recompute_gathered,
             **self._options(),
         )
 
@@ -325,7 +398,8 @@ class ParallelMLP(nnx.Module):
     Args: ``activation`` (default :func:`jax.nn.gelu`); ``norm``: ``"layernorm"`` (default: scale
     and bias, mean subtracted), ``"rmsnorm"`` (Llama, Mistral: a scale only, no mean subtraction)
     or ``None`` (no norm and no norm parameters, for an input normalised already); ``epsilon`` of
-    the norm; ``recompute_gathered`` for ``up`` (the only all-gather); ``seq_axis`` and
+    the norm; ``recompute_gathered`` for ``up`` (the only all-gather); ``fp8`` (a
+    :class:`jax_ub.FP8Recipe`) for both projections; ``seq_axis`` and
     ``sequence_parallel`` (``False``: replicated activations, any sequence length) for both
     layers; the rest as :class:`ColumnParallelDense` (``kernel_init`` and ``bias_init`` for both).
 
@@ -366,6 +440,7 @@ class ParallelMLP(nnx.Module):
         down_bias_init: Callable[..., Any] | None = None,
         precision: Any = None,
         method: str | None = None,
+        fp8: Any = None,
         epsilon: float = 1e-6,
         recompute_gathered: bool | None = None,
         gated: bool = False,
@@ -389,6 +464,7 @@ class ParallelMLP(nnx.Module):
             param_dtype=param_dtype,
             precision=precision,
             method=method,
+            fp8=fp8,
             seq_axis=seq_axis,
             sequence_parallel=sequence_parallel,
             axis_name=axis_name,
