@@ -76,7 +76,7 @@ def run_case(case: Case, backend: str, nprocs: int, timeout_s: float) -> Case:
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
     }
     layout = {} if backend == "cpu" else {"share_gpus": 1}
-    limit = timeout_s + 60 + (60 if backend == "gpu" else 0)
+    limit = timeout_s + (45 if backend == "cpu" else 75)
     results = parallel_launch(nprocs, WORKER, env=env, timeout_s=limit, **layout)
     faulty = nprocs - 1
     fault_at = next((e["t"] for e in _events(results[faulty].stdout) if e["event"] == "fault"), None)

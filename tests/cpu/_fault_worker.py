@@ -18,6 +18,7 @@ Prints ``RESULT <json>`` lines: ``{"event": "phase"|"fault"|"error"|"done", "t":
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -86,6 +87,9 @@ def step(name: str, fn) -> None:
     """Runs one phase; on an error, reports it (with jax_ub's reason where the error is XLA's)
     and exits: a program cannot go on without its peers."""
     report("phase", phase=name)
+    # A survivor still in this phase long after the bound prints every thread's stack (where it
+    # waits), then goes on waiting: the matrix counts it as a hang.
+    faulthandler.dump_traceback_later(T + 15, exit=False)
     try:
         fn()
     except BaseException as err:  # reported, then this process ends
@@ -94,12 +98,14 @@ def step(name: str, fn) -> None:
             jax_ub.comm.raise_if_failed(err)
         except Exception as reason:
             msg = f"{type(reason).__name__}: {reason}"
+        faulthandler.cancel_dump_traceback_later()
         report("error", phase=name, error=msg[:3000])
         sys.stdout.flush()
         sys.stderr.flush()
         if rank == 0:
             time.sleep(3.0)
         os._exit(1)
+    faulthandler.cancel_dump_traceback_later()
 
 
 if BACKEND == "cpu":
