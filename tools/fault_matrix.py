@@ -50,6 +50,7 @@ class Case:
     hang: bool = False
     times: list[float] = dataclasses.field(default_factory=list)  # time to error per survivor
     why: str = ""
+    stderr: dict[int, str] = dataclasses.field(default_factory=dict)  # a failed case's: each process's end
 
     @property
     def name(self) -> str:
@@ -105,6 +106,8 @@ def run_case(case: Case, backend: str, nprocs: int, timeout_s: float) -> Case:
             )
     case.ok = not problems
     case.why = "; ".join(problems)
+    if problems:
+        case.stderr = {r.rank: r.stderr[-4000:] for r in results}
     return case
 
 
