@@ -348,12 +348,14 @@ Status Lookup(Api* api, int device, const GemmArgs& g, lt::Handle* handle_out, P
   const int align_c = g.accumulate && g.c_in != nullptr
                           ? std::min(AlignClass(g.c, es_c), AlignClass(g.c_in, es_c))
                           : AlignClass(g.c, es_c);
+  // TF32 is a float32 GEMM's choice: for the other types the flag names no other plan.
+  const bool tf32 = g.tf32 && g.types.a == DType::kF32;
   const PlanKey key{device,      g.m,
                     g.n,         g.k,
                     g.trans_a,   g.trans_b,
                     g.lda,       g.ldb,
                     g.ldc,       g.types.Code(),
-                    g.tf32,      g.workspace_bytes,
+                    tf32,        g.workspace_bytes,
                     align_a,     align_b,
                     align_c,     g.sm_count,
                     g.accumulate};
