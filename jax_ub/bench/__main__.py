@@ -318,6 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     from jax_ub.bench import summary  # reads JSON only
 
     summary.add_parser(sub)
+    from jax_ub.bench import gemm as gemm_bench  # the FP8 GEMM; imports jax only when it runs
+
+    gemm_bench.add_parser(sub)
     return ap
 
 
