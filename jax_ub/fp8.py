@@ -5,10 +5,11 @@ Conventions (the scaled-matmul / cuBLASLt ``A_SCALE``/``B_SCALE`` ones):
 
 * A scale is a float32 *dequantization* scale of shape ``()``, one per tensor: a float8 tensor
   ``q`` with scale ``s`` stands for ``q.astype(float32) * s``.
-* Current scaling (:func:`quantize`): ``s = max(amax(|t|), tiny) / finfo(fp8).max`` from the tensor
-  just computed, and ``q = clip(t / s, -max, max)`` cast to the FP8 dtype (saturating). Over a mesh
-  axis (``axis_name``) the amax is the ``pmax`` of the local ones, so every rank gets the same
-  scale: what an all-gathered operand needs, since the GEMM applies one scale to all its rows.
+* Current scaling (:func:`quantize`): ``s = max(amax(|t|) / finfo(fp8).max, tiny)`` (exactly:
+  :func:`scale_from_amax`) from the tensor just computed, and ``q = clip(t / s, -max, max)`` cast
+  to the FP8 dtype (saturating). Over a mesh axis (``axis_name``) the amax is the ``pmax`` of the
+  local ones, so every rank gets the same scale: what an all-gathered operand needs, since the
+  GEMM applies one scale to all its rows.
 * Operand pairs: ``e4m3 × e4m3``, ``e4m3 × e5m2``, ``e5m2 × e4m3``. ``e5m2 × e5m2`` is refused
   (cuBLASLt has no such kernel).
 * The reference (:func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`scaled_matmul`):
@@ -126,9 +127,13 @@ def _dtype_or_none(d: Any) -> np.dtype | None:
 
 
 def scale_from_amax(amax: jax.Array, dtype: Any) -> jax.Array:
-    """The float32 dequantization scale ``max(amax, tiny) / finfo(dtype).max``."""
-    fmax = float(jnp.finfo(dtype).max)
-    return jnp.maximum(jnp.asarray(amax, jnp.float32), _TINY) / fmax
+    """The float32 dequantization scale ``max(amax * (1 / finfo(dtype).max), tiny)``, the
+    reciprocal rounded to float32 first (XLA turns a division by a constant into that product, so
+    it is written so: every backend computes the same scale), ``tiny`` float32's smallest normal
+    number. The floor applies to the scale, not to the amax: ``tiny / max`` would be a subnormal
+    float32, which CPUs and GPUs flush to zero (then ``0 / 0`` for an all-zero tensor)."""
+    inv = np.float32(1.0) / np.float32(jnp.finfo(dtype).max)
+    return jnp.maximum(jnp.asarray(amax, jnp.float32) * inv, _TINY)
 
 
 def quantize(t: jax.Array, dtype: Any, axis_name: Any = None) -> tuple[jax.Array, jax.Array]:
