@@ -49,6 +49,7 @@ PROPERTY_TESTS = (
     "test_ops_refuse_invalid_calls",
     "test_bulk_ops_refuse_invalid_calls",
     "test_matmul_refuses_invalid_calls",
+    "test_explain_and_checkpoint_policy_refuse_invalid_calls",
     "test_layers_refuse_invalid_arguments_and_inputs",
     "test_initialize_refuses_invalid_arguments",
     "test_shutdown_refuses_what_is_no_axis_name",
@@ -407,6 +408,57 @@ def matmul_cases(draw) -> Case:
 @given(case=matmul_cases())
 def test_matmul_refuses_invalid_calls(case):
     ran("test_matmul_refuses_invalid_calls")
+    refuse(case)
+
+
+@st.composite
+def explain_cases(draw) -> Case:
+    """jax_ub.explain checks what the op would (on shapes: jax.ShapeDtypeStruct), and
+    jax_ub.checkpoint_policy its base policy."""
+    op = draw(st.sampled_from(["ag", "rs"]))
+    xs, ws, xd, wd, kw = (8, 4), (4, 6), jnp.float32, jnp.float32, {}
+    fault = draw(
+        st.sampled_from(["op", "x_rank", "dtype", "contracting", "axis", "method", "name_type", "policy"])
+    )
+    if fault == "op":
+        op = draw(st.one_of(words.filter(lambda s: s not in ("ag", "rs")), st.integers(), st.none()))
+        received, expected = (repr(op),), ("op must be",)
+    elif fault == "x_rank":
+        xs = tuple(draw(st.lists(st.integers(1, 4), max_size=1)))
+        received, expected = (shape_text(xs),), ("2-D",)
+    elif fault == "dtype":
+        xd = wd = draw(st.sampled_from(NOT_FLOATS))
+        received, expected = (np.dtype(xd).name,), ("dtype",)
+    elif fault == "contracting":
+        ws = (4 + draw(st.integers(1, 4)), 6)
+        received, expected = (shape_text(ws),), ("contracting",)
+    elif fault == "axis":
+        kw["axis"] = draw(st.one_of(st.integers(1, 20), st.integers(-20, -2)))
+        received, expected = (f"got {kw['axis']}",), ("axis of x",)
+    elif fault == "method":
+        kw["method"] = draw(method_typos())
+        received, expected = (repr(kw["method"]),), ("one of",)
+    elif fault == "name_type":
+        kw["axis_name"] = draw(st.one_of(st.integers(), st.none(), st.just(())))
+        received, expected = (repr(kw["axis_name"]),), ("axis name",)
+    else:
+        base = draw(st.one_of(st.integers(), words, st.lists(st.integers(), max_size=1)))
+        return Case(
+            f"checkpoint_policy({base!r})", lambda: jax_ub.checkpoint_policy(base), (repr(base),), ("policy",)
+        )
+    x, w = jax.ShapeDtypeStruct(xs, xd), jax.ShapeDtypeStruct(ws, wd)
+    return Case(
+        f"explain({op!r}, x {xs}, w {ws}, {kw}) [{fault}]",
+        lambda: jax_ub.explain(op, x, w, **kw),
+        received,
+        expected,
+    )
+
+
+@run_settings(30)
+@given(case=explain_cases())
+def test_explain_and_checkpoint_policy_refuse_invalid_calls(case):
+    ran("test_explain_and_checkpoint_policy_refuse_invalid_calls")
     refuse(case)
 
 
@@ -1154,13 +1206,21 @@ GAPS = [
     ),
     pytest.param(
         Case(
-            "nnx RMSNorm(8)(x [])", lambda: _nnx("RMSNorm", 8)()(jnp.float32(1.0)), ("[]",), ("at least 1",)
+            "nnx RMSNorm(8)(x [])",
+            lambda: _nnx("RMSNorm", 8)()(jnp.float32(1.0)),
+            ("[]",),
+            ("at least 1", "features", "x must be"),
         ),
         marks=pytest.mark.xfail(strict=True, reason=GAP_NORM_X),
         id="nnx-rms-x-scalar",
     ),
     pytest.param(
-        Case("linen RMSNorm()(x [])", _linen("RMSNorm", x_shape=()), ("[]",), ("at least 1",)),
+        Case(
+            "linen RMSNorm()(x [])",
+            _linen("RMSNorm", x_shape=()),
+            ("[]",),
+            ("at least 1", "features", "x must be"),
+        ),
         marks=pytest.mark.xfail(strict=True, reason=GAP_NORM_X),
         id="linen-rms-x-scalar",
     ),
