@@ -18,6 +18,7 @@ Public API:
   (named :data:`CHECKPOINT_NAMES`), which dot-based policies do not see on the CUDA path.
 * :mod:`jax_ub.tuning` — record the shapes a program's ops run at, for ``python -m jax_ub.bench
   tune``, whose file (``JAX_UB_TUNING_FILE``) ``method="auto"`` then chooses from.
+* :func:`overlap_tp` — ``f``'s ``all_gather → dot`` and ``dot → psum_scatter`` run by jax_ub's ops.
 * :func:`summary` — what the ops ran (CUDA or reference, by method), host µs per op, failures.
 * :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
@@ -38,6 +39,7 @@ from jax_ub.fp8 import FP8Recipe
 from jax_ub.gemm import matmul
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 from jax_ub.overlap import explain
+from jax_ub.transform import overlap_tp
 from jax_ub.usage import summary
 
 __version__ = "0.1.0"
@@ -62,6 +64,7 @@ __all__ = [
     "matmul",
     "matmul_reduce_scatter",
     "overlap",
+    "overlap_tp",
     "reference",
     "shutdown",
     "summary",
