@@ -62,3 +62,45 @@ def test_a_cached_missing_nvcc_is_looked_up_again(tmp_path):
     # builds in pip's isolated environment).
     assert "The CUDA compiler identification is NVIDIA" in _flat(again), _flat(again)
     assert "installing without the CUDA extension" not in _flat(again), _flat(again)
+
+
+def _wheel_layout(root: Path, toolkit: Path) -> Path:
+    """A CUDA toolkit laid out as the nvidia-cuda-nvcc wheels lay it out (bin/, include/, nvvm/,
+    and the libraries in lib/, no lib64/), by links into a real toolkit."""
+    (root / "bin").mkdir(parents=True)
+    for f in (toolkit / "bin").iterdir():
+        (root / "bin" / f.name).symlink_to(f)
+    (root / "include").symlink_to(toolkit / "include")
+    (root / "nvvm").symlink_to(toolkit / "nvvm")
+    (root / "lib").mkdir()
+    for lib in ("libcudart_static.a", "libcudadevrt.a"):
+        (root / "lib" / lib).symlink_to(toolkit / "lib64" / lib)
+    so = sorted((toolkit / "lib64").glob("libcudart.so.[0-9]*"))[0]  # the wheels ship no libcudart.so
+    (root / "lib" / f"libcudart.so.{so.name.split('.')[2]}").symlink_to(so)
+    return root / "bin" / "nvcc"
+
+
+# A toolkit with the usual layout (bin/nvcc, lib64/), to lay out as the wheels do.
+TOOLKIT = next(
+    (
+        root
+        for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda")
+        if root
+        and (Path(root) / "lib64" / "libcudart_static.a").exists()
+        and (Path(root) / "bin" / "nvcc").exists()
+    ),
+    None,
+)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs a CUDA toolkit ($CUDA_HOME or /usr/local/cuda)")
+def test_nvcc_from_the_compiler_wheels_is_found_with_its_libraries(tmp_path):
+    nvcc = _wheel_layout(tmp_path / "cu13", Path(str(TOOLKIT)).resolve())
+    p = _configure(tmp_path / "b", CUDACXX=str(nvcc))
+    assert f"jax_ub: nvcc from the nvidia-cuda-nvcc wheels ({tmp_path / 'cu13'})" in _flat(p), _flat(p)
+    assert "The CUDA compiler identification is NVIDIA" in _flat(p), _flat(p)
+    assert "installing without the CUDA extension" not in _flat(p), _flat(p)
+    # FindCUDAToolkit passed (with the wheel's libcudart.so.N) and found the static runtime there.
+    assert "jax_ub: XLA FFI headers" in _flat(p), _flat(p)
+    cache = (tmp_path / "b" / "CMakeCache.txt").read_text()
+    assert f"CUDA_cudart_static_LIBRARY:FILEPATH={tmp_path / 'cu13' / 'lib' / 'libcudart_static.a'}" in cache
