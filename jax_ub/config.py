@@ -41,6 +41,10 @@ OTHER_VARIABLES = {
     "JAX_UB_CUDA_ARCHS": "the CUDA architectures the build compiles for (`CMakeLists.txt`)",
     "JAX_UB_REQUIRE_CUDA": "`1` makes the build fail instead of installing without the CUDA extension "
     "(`CMakeLists.txt`, CI)",
+    "JAX_UB_ALLOW_NO_CUDA": "`1` lets an install on a machine with an NVIDIA driver go on without the CUDA "
+    "extension where it cannot be built (`build_backend/jax_ub_backend.py`)",
+    "JAX_UB_BUILD_CUDA": "the CUDA version the build compiles for (`13`, `13.0`), as `-C cuda=...`; by "
+    "default the NVIDIA driver's (`build_backend/jax_ub_backend.py`)",
     "JAX_UB_CI_VENV": "where CI (`.ci/run`) keeps its virtual environment",
 }
 OTHER_PREFIXES = ("JAX_UB_TEST_",)  # the test launcher's, to its worker processes
