@@ -24,7 +24,9 @@
 
 Every function takes leading dims before these (e.g. ``[layers, ...]`` of a stacked model, whose
 packed kernels then have the same leading dims, as :class:`jax_ub.models.llama.LlamaStack`'s).
-They only reshape, transpose and concatenate: a round trip is bit-exact.
+They only reshape, transpose and concatenate: a round trip is bit-exact. NumPy arrays in give
+NumPy arrays out, computed on the host (a checkpoint converted without a device); jax arrays give
+jax arrays.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jax_ub.layers.core import pack_gated, unpack_gated
 from jax_ub.layers.qkv import check_heads, qkv_features
 
 Array = jax.Array
@@ -47,6 +49,11 @@ LAYOUTS = ("hf", "maxtext", "kernel")
 
 def _fmt(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _xp(*arrays: Any) -> Any:
+    """NumPy where every array is one (host arrays stay on the host), else jax.numpy."""
+    return np if all(isinstance(a, np.ndarray) for a in arrays if a is not None) else jnp
 
 
 def _check_layout(where: str, layout: Any) -> str:
@@ -63,7 +70,7 @@ def _check_layout(where: str, layout: Any) -> str:
 def _heads_to_kernel(a: Array, layout: str, bias: bool) -> Array:
     """A q/k/v matrix (or bias) in ``layout`` → `[..., hidden, heads * head_dim]` (`[..., out]`)."""
     if layout == "hf":
-        return a if bias else jnp.swapaxes(a, -1, -2)
+        return a if bias else _xp(a).swapaxes(a, -1, -2)
     if layout == "maxtext":
         return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
     return a
@@ -71,7 +78,7 @@ def _heads_to_kernel(a: Array, layout: str, bias: bool) -> Array:
 
 def _kernel_to_heads(a: Array, layout: str, head_dim: int, bias: bool) -> Array:
     if layout == "hf":
-        return a if bias else jnp.swapaxes(a, -1, -2)
+        return a if bias else _xp(a).swapaxes(a, -1, -2)
     if layout == "maxtext":
         return a.reshape(*a.shape[:-1], a.shape[-1] // head_dim, head_dim)
     return a
@@ -129,8 +136,10 @@ def pack_qkv(
             )
     lead = qk.shape[:-1]
     blocks = [a.reshape(*lead, tp, a.shape[-1] // tp) for a in (qk, kk, vk)]
-    return jnp.concatenate(blocks, axis=-1).reshape(
-        *lead, qkv_features(where, num_heads, num_kv_heads, head_dim)
+    return (
+        _xp(q, k, v)
+        .concatenate(blocks, axis=-1)
+        .reshape(*lead, qkv_features(where, num_heads, num_kv_heads, head_dim))
     )
 
 
@@ -188,7 +197,7 @@ def pack_out(o: Array, *, layout: str = "hf") -> Array:
     if o.ndim < (3 if layout == "maxtext" else 2):
         raise ValueError(f"{where}: `o` in layout {layout!r} has too few dims; got o.shape={_fmt(o.shape)}.")
     if layout == "hf":
-        return jnp.swapaxes(o, -1, -2)
+        return _xp(o).swapaxes(o, -1, -2)
     if layout == "maxtext":
         return o.reshape(*o.shape[:-3], o.shape[-3] * o.shape[-2], o.shape[-1])
     return o
@@ -203,7 +212,7 @@ def unpack_out(kernel: Array, *, layout: str = "hf", head_dim: int | None = None
             f"{where}: `kernel` must be [..., heads * head_dim, hidden]; got {_fmt(kernel.shape)}."
         )
     if layout == "hf":
-        return jnp.swapaxes(kernel, -1, -2)
+        return _xp(kernel).swapaxes(kernel, -1, -2)
     if layout == "maxtext":
         if head_dim is None or kernel.shape[-2] % head_dim:
             raise ValueError(
@@ -238,7 +247,8 @@ def pack_mlp(
         raise ValueError(
             f"{where}: `gate` and `up` must have the same shape; got {_fmt(gate.shape)} and {_fmt(up.shape)}."
         )
-    t = (lambda a: jnp.swapaxes(a, -1, -2)) if layout == "hf" else (lambda a: a)
+    xp = _xp(gate, up, down)
+    t = (lambda a: xp.swapaxes(a, -1, -2)) if layout == "hf" else (lambda a: a)
     g, u = t(gate), t(up)
     d = None if down is None else t(down)
     if d is not None and tuple(d.shape) != (*g.shape[:-2], g.shape[-1], g.shape[-2]):
@@ -246,7 +256,8 @@ def pack_mlp(
             f"{where}: in layout {layout!r}, `down` must map ffn ({g.shape[-1]}) back to hidden "
             f"({g.shape[-2]}); got down.shape={_fmt(down.shape)} (gate.shape={_fmt(gate.shape)})."
         )
-    return pack_gated(g, u), d
+    # unit j's gate at column 2j, its linear part at 2j + 1 (jax_ub.nn.pack_gated)
+    return xp.stack([g, u], axis=-1).reshape(*g.shape[:-1], 2 * g.shape[-1]), d
 
 
 def unpack_mlp(
@@ -258,6 +269,12 @@ def unpack_mlp(
     layout = _check_layout(where, layout)
     if up_kernel.ndim < 2:
         raise ValueError(f"{where}: `up_kernel` must be [..., hidden, 2 * ffn]; got {_fmt(up_kernel.shape)}.")
-    g, u = unpack_gated(up_kernel)
-    t = (lambda a: jnp.swapaxes(a, -1, -2)) if layout == "hf" else (lambda a: a)
+    if up_kernel.shape[-1] % 2:
+        raise ValueError(
+            f"{where}: `up_kernel`'s last dim must be even (gate/up pairs); got {_fmt(up_kernel.shape)}."
+        )
+    pairs = up_kernel.reshape(*up_kernel.shape[:-1], up_kernel.shape[-1] // 2, 2)
+    g, u = pairs[..., 0], pairs[..., 1]
+    xp = _xp(up_kernel, down_kernel)
+    t = (lambda a: xp.swapaxes(a, -1, -2)) if layout == "hf" else (lambda a: a)
     return t(g), t(u), None if down_kernel is None else t(down_kernel)
