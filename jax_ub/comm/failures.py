@@ -65,16 +65,39 @@ def _no_source() -> dict[tuple[str, int], str]:
 _source: Callable[[], dict[tuple[str, int], str]] = _no_source
 
 
-def set_source(source: Callable[[], dict[tuple[str, int], str]]) -> None:
-    global _source
+def _no_peers() -> list[str]:
+    return []
+
+
+_peers: Callable[[], list[str]] = _no_peers
+
+
+def set_source(
+    source: Callable[[], dict[tuple[str, int], str]], peers: Callable[[], list[str]] | None = None
+) -> None:
+    """Where the reasons (and the exited peers) come from: jax_ub.comm.lifecycle's sets."""
+    global _source, _peers
     _source = source
+    _peers = peers or _no_peers
+
+
+def exited_peers() -> list[str]:
+    """The peer processes known to have exited (jax_ub.comm.liveness), one sentence each; the
+    NCCL transport cannot say which peer an op missed, and this can. Never raises."""
+    try:
+        return list(_peers())
+    except Exception:  # nothing to tell then
+        return []
 
 
 def _message(reasons: dict[tuple[str, int], str]) -> str:
     lines = [f"  axis {axis!r}, device {dev}: {why}" for (axis, dev), why in sorted(reasons.items())]
+    gone = exited_peers()
     return (
         "jax_ub: a communication op failed on this process (the exception XLA raised for it says "
-        "only that the GPU aborted); jax_ub's reason:\n" + "\n".join(lines)
+        "only that the GPU aborted); jax_ub's reason:\n"
+        + "\n".join(lines)
+        + ("\n  peers known to have exited: " + "; ".join(gone) if gone else "")
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from jax_ub import _ext, _ffi, _usage, _validate, choice, config
 from jax_ub.comm import bootstrap as _bootstrap  # initialize's argument `bootstrap` takes the plain name
-from jax_ub.comm import failures, nccl, p2p
+from jax_ub.comm import failures, liveness, nccl, p2p
 from jax_ub.comm.transport import choose_transport, device_ordinal, survey
 
 log = logging.getLogger("jax_ub")
@@ -832,7 +832,21 @@ def _failure_reasons() -> dict[tuple[str, int], str]:
     return out
 
 
-failures.set_source(_failure_reasons)
+def _exited_peers() -> list[str]:
+    """Every peer process of the sets' exchanges known to have exited (jax_ub.comm.liveness)."""
+    out: list[str] = []
+    for s in [*_sets.values(), *_abandoned]:
+        ex = s.exchange
+        if ex is None or ex.processes is None:
+            continue
+        for r, p in enumerate(ex.processes):
+            why = None if r == ex.rank else liveness.exited(ex._store, p)
+            if why is not None and why not in out:
+                out.append(why)
+    return out
+
+
+failures.set_source(_failure_reasons, _exited_peers)
 
 
 def errors() -> dict[tuple[str, int], str]:

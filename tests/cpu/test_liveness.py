@@ -111,3 +111,12 @@ def test_an_uncaught_error_after_a_failed_op_shows_the_reason_first():
     assert first.startswith("jax_ub: a communication op failed on this process"), out.stderr
     assert out.stderr.count("rank 3 (pid 42) has exited") == 2, out.stderr  # first, and as the note
     assert "unspecified launch failure" in out.stderr
+
+
+def test_the_reason_names_the_peers_known_to_have_exited(monkeypatch):
+    """The NCCL transport cannot say which peer an op missed: the exited ones are named beside."""
+    why = "jax_ub all_gather_matmul (...): timed out after 4.0 s in NCCL send/recv with ranks 0, 2, 3"
+    monkeypatch.setattr(failures, "_source", lambda: {("tp", 0): why})
+    monkeypatch.setattr(failures, "_peers", lambda: ["process 3 (pid 42) has exited"])
+    with pytest.raises(failures.CommFailedError, match=r"peers known to have exited: process 3 \(pid 42\)"):
+        failures.raise_if_failed()
