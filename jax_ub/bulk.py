@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from jax_ub import _ext, _ffi, _launch, _validate, comm, methods, reference, resolve, schedule
+from jax_ub import fp8 as fp8_lib
 
 __all__ = ["bulk_all_gather", "bulk_reduce_scatter"]
 
@@ -37,11 +38,12 @@ _OP = {methods.AG: methods.BULK_AG, methods.RS: methods.BULK_RS}
 
 
 def _reference(kind: str, x, a, b, axis_name, axis, precision):
+    """(the collective of x, a @ b); ``a`` None: no GEMM (its result None)."""
     if kind == methods.AG:
         out = lax.all_gather(x, axis_name, axis=axis, tiled=True)
     else:
         out = lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True)
-    return out, reference.matmul(a, b, precision=precision)
+    return out, (None if a is None else reference.matmul(a, b, precision=precision))
 
 
 def _cuda(kind, x, a, b, axis_name, axis, precision, method):
@@ -115,7 +117,87 @@ def _bulk_bwd(kind, axis_name, axis, precision, method, res, cts):
 _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 
-def _run(kind: str, x, a, b, axis_name, axis, precision, method):
+# ----------------------------------------------------------------------------------------------
+# FP8 GEMMs (jax_ub.fp8): float8 a and b with scales, or a recipe that quantizes them. The
+# collective moves x as it is (an all-gather may move float8 x too).
+
+
+def _fp8_mode(what: str, kind: str, x, a, b, scales, recipe, preferred_element_type):
+    """None for a call without FP8, else ``(kind, scales or recipe, out_dtype)``: the checks of
+    :mod:`jax_ub.ops`' FP8 calls, for the GEMM ``a @ b``."""
+    a8, b8 = fp8_lib.is_fp8(a.dtype), fp8_lib.is_fp8(b.dtype)
+    if recipe is not None and not isinstance(recipe, fp8_lib.FP8Recipe):
+        raise TypeError(f"{what}: `fp8` must be a jax_ub.FP8Recipe or None; got {type(recipe).__name__}")
+    if scales is not None and recipe is not None:
+        raise TypeError(
+            f"{what}: pass either `scales` (float8 a and b with their scales) or `fp8` (a recipe "
+            f"that quantizes higher-precision a and b), not both; got both"
+        )
+    if fp8_lib.is_fp8(x.dtype) and kind == methods.RS:
+        raise TypeError(
+            f"{what}: `x` must have dtype {_validate.DTYPE_NAMES} (a reduce-scatter sums it); got "
+            f"{np.dtype(x.dtype).name}"
+        )
+    if scales is None and recipe is None:
+        if a8 or b8:
+            raise TypeError(
+                f"{what}: float8 GEMM operands need their dequantization scales: scales=(a_scale, "
+                f"b_scale), float32 of shape (); got a {np.dtype(a.dtype).name}, b "
+                f"{np.dtype(b.dtype).name} and no scales"
+            )
+        if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(a.dtype):
+            raise TypeError(
+                f"{what}: `preferred_element_type` applies to FP8 GEMMs (scales= or fp8=); got "
+                f"{np.dtype(preferred_element_type).name} for a {np.dtype(a.dtype).name} GEMM"
+            )
+        return None
+    if recipe is not None:
+        if a8 or b8 or a.dtype != b.dtype:
+            raise TypeError(
+                f"{what}: `fp8=FP8Recipe(...)` quantizes `a` and `b` of one dtype of "
+                f"{_validate.DTYPE_NAMES}; got a {np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name} "
+                f"(float8 operands: pass scales=(a_scale, b_scale) instead)"
+            )
+        default = recipe.out_dtype if recipe.out_dtype is not None else a.dtype
+        return "recipe", recipe, fp8_lib.out_dtype(what, preferred_element_type, default)
+    fp8_lib.check_pair(what, a.dtype, b.dtype, ("a", "b"))
+    pair = fp8_lib.check_scales(what, scales, ("a_scale", "b_scale"))
+    return "scaled", pair, fp8_lib.out_dtype(what, preferred_element_type, np.dtype(jnp.bfloat16))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _recipe_gemm(recipe, out_dtype, in_dtype, a, b):
+    """``a @ b`` of the operands (dtype ``in_dtype``) quantized with current scaling (each its own
+    scale), in ``out_dtype``."""
+    return _recipe_gemm_fwd(recipe, out_dtype, in_dtype, a, b)[0]
+
+
+def _recipe_gemm_fwd(recipe, out_dtype, in_dtype, a, b):
+    a8, a_s = fp8_lib.quantize(a, recipe.fwd_dtype)
+    b8, b_s = fp8_lib.quantize(b, recipe.fwd_dtype)
+    return fp8_lib.scaled_matmul(a8, b8, a_s, b_s, out_dtype), (a8, a_s, b8, b_s)
+
+
+def _recipe_gemm_bwd(recipe, out_dtype, in_dtype, res, dy):
+    """Straight-through for the quantization, in the operands' precision: a bulk op is itself a
+    piece of a backward pass (the FP8 backward of the hybrid recipe is :mod:`jax_ub.ops`')."""
+    a8, a_s, b8, b_s = res
+    ad, bd = fp8_lib.dequantize(a8, a_s, in_dtype), fp8_lib.dequantize(b8, b_s, in_dtype)
+    dy = dy.astype(in_dtype)
+    return reference.matmul(dy, bd.T), reference.matmul(ad.T, dy)
+
+
+_recipe_gemm.defvjp(_recipe_gemm_fwd, _recipe_gemm_bwd)
+
+
+def _fp8_gemm(mode, a, b):
+    kind, arg, out_dtype = mode
+    if kind == "scaled":
+        return fp8_lib.scaled_matmul(a, b, *arg, out_dtype)
+    return _recipe_gemm(arg, np.dtype(out_dtype), np.dtype(a.dtype), a, b)
+
+
+def _run(kind: str, x, a, b, axis_name, axis, precision, method, fp8_args=(None, None, None)):
     what = _WHAT[kind]
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
     precision = _validate.static_precision(precision, what)
@@ -127,12 +209,16 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method):
             f"{what}: the GEMM operands must be a `[m, k]` and b `[k, n]`; got a "
             f"{_validate.shape_str(a.shape)}, b {_validate.shape_str(b.shape)}"
         )
-    if a.dtype != b.dtype:
+    mode = _fp8_mode(what, kind, x, a, b, *fp8_args)
+    if mode is None and a.dtype != b.dtype:
         raise TypeError(
             f"{what}: `a` and `b` must have the same dtype; got a "
             f"{np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name}"
         )
-    for name, v in (("x", x), ("a", a)):  # what the CUDA path moves and multiplies
+    # what the CUDA path moves and multiplies (FP8 GEMM operands: checked above; an all-gather
+    # moves float8 x as it is)
+    checked = [] if fp8_lib.is_fp8(x.dtype) else [("x", x)]
+    for name, v in [*checked, *([("a", a)] if mode is None else [])]:
         if np.dtype(v.dtype) not in _validate.SUPPORTED_DTYPES:
             raise TypeError(
                 f"{what}: `{name}` must have dtype {_validate.DTYPE_NAMES}; got {np.dtype(v.dtype).name}"
@@ -148,6 +234,13 @@ def _run(kind: str, x, a, b, axis_name, axis, precision, method):
     if m == methods.AUTO:
         m = resolve.bulk_auto(what, axis_name)
     resolve.record_use(f"bulk_{kind}", m)  # jax_ub.summary(): every traced call, by method
+    if mode is not None:
+        if m != methods.XLA:
+            raise NotImplementedError(
+                f"{what}: FP8 GEMMs (scales= or fp8=) run on the reference path only; method {m!r} "
+                f"asks for the CUDA bulk path: pass method='xla'"
+            )
+        return _reference(kind, x, None, None, axis_name, axis, precision)[0], _fp8_gemm(mode, a, b)
     if m == methods.XLA:
         return _reference(kind, x, a, b, axis_name, axis, precision)
     if m == methods.NCCL:
@@ -171,6 +264,9 @@ def bulk_all_gather(
     axis: int = 0,
     precision: Any = None,
     method: str | None = None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
+    fp8: fp8_lib.FP8Recipe | None = None,
+    preferred_element_type: Any = None,
 ):
     """``(lax.all_gather(x, axis_name, axis=axis, tiled=True), a @ b)``, overlapped on GPUs.
 
@@ -180,8 +276,14 @@ def bulk_all_gather(
     one), ``"auto"``, ``"xla"`` or an all-gather algorithm (``"ring"``, ``"all_peer"``,
     ``"push"``; ``"push_merge"`` runs push's all-gather); the other names that
     :func:`jax_ub.all_gather_matmul` accepts run the all-gather algorithm they run there.
+    scales, fp8, preferred_element_type: an FP8 GEMM, as in :func:`jax_ub.all_gather_matmul`
+    (``scales=(a_scale, b_scale)`` for float8 a and b; ``fp8=FP8Recipe()`` quantizes them, the
+    backward straight-through in their precision); x may be float8 too (it is only moved). The
+    reference path only (``method="xla"``).
     """
-    return _run(methods.AG, x, a, b, axis_name, axis, precision, method)
+    return _run(
+        methods.AG, x, a, b, axis_name, axis, precision, method, (scales, fp8, preferred_element_type)
+    )
 
 
 def bulk_reduce_scatter(
@@ -193,6 +295,9 @@ def bulk_reduce_scatter(
     axis: int = 0,
     precision: Any = None,
     method: str | None = None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
+    fp8: fp8_lib.FP8Recipe | None = None,
+    preferred_element_type: Any = None,
 ):
     """``(lax.psum_scatter(x, axis_name, scatter_dimension=axis, tiled=True), a @ b)``, overlapped
     on GPUs (fp32 accumulation in the reduction).
@@ -202,5 +307,8 @@ def bulk_reduce_scatter(
     the GEMM's, as for ``jnp.matmul``. method: ``None`` (the configured one), ``"auto"``,
     ``"xla"`` or a reduce-scatter algorithm (``"ring"``, ``"pipeline"``); the other names that
     :func:`jax_ub.matmul_reduce_scatter` accepts run the reduce-scatter algorithm they run there.
+    scales, fp8, preferred_element_type: an FP8 GEMM, as in :func:`bulk_all_gather`.
     """
-    return _run(methods.RS, x, a, b, axis_name, axis, precision, method)
+    return _run(
+        methods.RS, x, a, b, axis_name, axis, precision, method, (scales, fp8, preferred_element_type)
+    )

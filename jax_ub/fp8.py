@@ -177,15 +177,18 @@ def check_pair(fn: str, x_dtype: Any, w_dtype: Any, names: tuple[str, str] = ("x
         )
 
 
-def check_scales(fn: str, scales: Any) -> tuple[jax.Array, jax.Array]:
-    """``scales`` is ``(x_scale, w_scale)``, each a float32 array of shape ``()``."""
+def check_scales(
+    fn: str, scales: Any, names: tuple[str, str] = ("x_scale", "w_scale")
+) -> tuple[jax.Array, jax.Array]:
+    """``scales`` is a pair (``names``: ``(x_scale, w_scale)``), each a float32 array of shape
+    ``()``."""
     if not isinstance(scales, (tuple, list)) or len(scales) != 2:
         raise TypeError(
-            f"{fn}: `scales` must be a pair (x_scale, w_scale) of float32 arrays of shape (); "
+            f"{fn}: `scales` must be a pair ({names[0]}, {names[1]}) of float32 arrays of shape (); "
             f"got {type(scales).__name__}"
             + (f" of length {len(scales)}" if isinstance(scales, (tuple, list)) else "")
         )
-    for name, s in zip(("x_scale", "w_scale"), scales, strict=True):
+    for name, s in zip(names, scales, strict=True):
         if not (hasattr(s, "shape") and hasattr(s, "dtype")):
             raise TypeError(
                 f"{fn}: `scales`' {name} must be a float32 array of shape (); got {type(s).__name__} "

@@ -595,6 +595,7 @@ def _check_fp8_shapes(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> 
 
 
 def _fp8_dispatch(mode, op, method, axis_name, axis, precision, x, w, *, return_full, recompute) -> Any:
+    resolve.record_use(op, method)  # jax_ub.summary(): every traced call, by method
     kind, arg, out_dtype = mode
     if kind == "scaled":
         call = _FP8Call(op, method, axis_name, axis, precision, out_dtype, return_full)

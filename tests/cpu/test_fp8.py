@@ -139,12 +139,11 @@ def _scaled_operands(tp, op, x_dt, w_dt, m=3, k=8, n=5):
     return x8, w8, x_scale, w_scale
 
 
-@pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("op", ["ag", "rs"])
 @pytest.mark.parametrize(
-    "pair,out",
-    [((E4M3, E4M3), BF16), ((E4M3, E5M2), F32), ((E5M2, E4M3), BF16)],
-    ids=["e4m3xe4m3-bf16", "e4m3xe5m2-f32", "e5m2xe4m3-bf16"],
+    "tp,pair,out",
+    [(2, (E4M3, E4M3), BF16), (4, (E4M3, E5M2), F32), (4, (E5M2, E4M3), BF16)],
+    ids=["tp2-e4m3xe4m3-bf16", "tp4-e4m3xe5m2-f32", "tp4-e5m2xe4m3-bf16"],
 )
 def test_scaled_forward(cpu_mesh, tp, op, pair, out):
     mesh = cpu_mesh(tp)
@@ -219,12 +218,12 @@ def _recipe_operands(op, tp, dtype, m=3, k=8, n=5):
     return rand(13 + tp, (2, m * tp, k * tp), dtype, 3.0), rand(14 + tp, (k * tp, n), dtype)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("op", ["ag", "rs"])
 @pytest.mark.parametrize(
-    "dtype,out", [(BF16, None), (F32, None), (BF16, F32)], ids=["bf16", "f32", "bf16-f32"]
+    "tp,dtype,out,check_vma",
+    [(2, BF16, None, True), (4, BF16, None, True), (2, F32, None, False), (4, BF16, F32, False)],
+    ids=["tp2-bf16", "tp4-bf16", "tp2-f32-novma", "tp4-bf16-f32out-novma"],
 )
-@pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
 def test_recipe_forward(cpu_mesh, tp, op, dtype, out, check_vma):
     mesh = cpu_mesh(tp)
     x, w = _recipe_operands(op, tp, dtype)
@@ -299,10 +298,12 @@ def _hybrid_oracle(op, tp, x, w, dy):
     return np.concatenate(dxs, -1), np.concatenate(dws, 0), np.concatenate(tdx, -1), np.concatenate(tdw, 0)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("op", ["ag", "rs"])
-@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("check_vma", [True, False], ids=["vma", "novma"])
+@pytest.mark.parametrize(
+    "tp,dtype,check_vma",
+    [(2, BF16, True), (4, BF16, False), (4, F32, True)],
+    ids=["tp2-bf16", "tp4-bf16-novma", "tp4-f32"],
+)
 def test_hybrid_backward(cpu_mesh, tp, op, dtype, check_vma):
     """dx and dw of <op(x, w), cot> against the float64 hybrid recipe (dy quantized to e5m2),
     element by element; the gradients have the (master) operands' dtypes."""
@@ -509,3 +510,69 @@ def test_recipe_is_hashable_and_normalised():
     a, b = jax_ub.FP8Recipe(bwd_dtype=jnp.float8_e5m2), jax_ub.FP8Recipe()
     assert a == b and hash(a) == hash(b)
     assert jax_ub.FP8Recipe(bwd_dtype=None).bwd_dtype is None
+
+
+# ----------------------------------------------------------------------------------------------
+# The bulk ops: an FP8 GEMM beside the collective (reference path).
+
+
+def test_bulk_fp8(cpu_mesh):
+    """bulk_all_gather moves float8 x as it is, its GEMM on float8 a, b with scales;
+    bulk_reduce_scatter's GEMM quantized by a recipe, differentiable (straight-through)."""
+    tp = 2
+    mesh = cpu_mesh(tp)
+    rng = np.random.default_rng(5)
+    x8 = (rng.standard_normal((4 * tp, 6)) * 50).astype(E4M3)
+    a8 = (rng.standard_normal((5, 8)) * 50).astype(E4M3)
+    b8 = (rng.standard_normal((8, 3)) * 5).astype(E5M2)
+    sa, sb = jnp.float32(0.03), jnp.float32(0.2)
+
+    def ag(x, a, b):
+        out, y = jax_ub.bulk_all_gather(x, a, b, "tp", scales=(sa, sb), preferred_element_type=F32)
+        return out[None], y[None]
+
+    out, y = smap(mesh, ag, (P("tp"), P(), P()), (P("tp"), P("tp")))(x8, a8, b8)
+    assert out.dtype == jnp.dtype(E4M3)
+    for r in range(tp):  # every rank's gathered x: x, bit for bit
+        np.testing.assert_array_equal(np.asarray(out[r], np.float32), np.asarray(x8, np.float32))
+    da, db = a8.astype(np.float64) * float(sa), b8.astype(np.float64) * float(sb)
+    for r in range(tp):
+        assert_close(y[r], da @ db, np.abs(da) @ np.abs(db), F32, "bulk_all_gather fp8 gemm")
+
+    x = rand(6, (4 * tp, 6), F32)
+    a, b = rand(7, (5, 8), BF16, 3.0), rand(8, (8, 3), BF16)
+
+    def rs(x, a, b):
+        out, y = jax_ub.bulk_reduce_scatter(x, a, b, "tp", fp8=jax_ub.FP8Recipe())
+        return out, y[None]
+
+    f = smap(mesh, rs, (P(), P(), P()), (P("tp"), P("tp")))
+    out, y = f(x, a, b)
+    np.testing.assert_allclose(np.asarray(out), tp * np.asarray(x), rtol=1e-6)
+    da, db = np_qdq(a, E4M3), np_qdq(b, E4M3)
+    assert y.dtype == jnp.bfloat16
+    for r in range(tp):
+        assert_close(y[r], da @ db, np.abs(da) @ np.abs(db), BF16, "bulk_reduce_scatter fp8 gemm")
+    ga, gb = jax.jit(jax.grad(lambda a, b: jnp.sum(f(x, a, b)[1].astype(F32)), argnums=(0, 1)))(a, b)
+    assert ga.dtype == jnp.bfloat16 and gb.dtype == jnp.bfloat16
+    ones = np.ones((5, 3))  # d sum(y_r) over tp ranks: tp * ones @ Q(b)ᵀ, tp * Q(a)ᵀ @ ones
+    np.testing.assert_allclose(np.asarray(ga, np.float64), tp * ones @ db.T, rtol=2e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(gb, np.float64), tp * da.T @ ones, rtol=2e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "fn,x_dt,a_dt,b_dt,kw,match",
+    [
+        ("ag", F32, E5M2, E5M2, {"scales": (S, S)}, "no float8_e5m2 x float8_e5m2 GEMM.*a float8_e5m2"),
+        ("ag", F32, E4M3, E4M3, {}, "need their dequantization scales.*got a float8_e4m3fn"),
+        ("rs", E4M3, F32, F32, {"fp8": R}, "`x` must have dtype.*a reduce-scatter sums it.*float8_e4m3fn"),
+        ("ag", F32, E4M3, E4M3, {"scales": (S, 1)}, "b_scale must be a float32 array"),
+        ("ag", F32, F32, BF16, {"fp8": R}, "one dtype of.*got a float32, b bfloat16"),
+    ],
+)
+def test_bulk_fp8_validation(cpu_mesh, fn, x_dt, a_dt, b_dt, kw, match):
+    mesh = cpu_mesh(2)
+    x, a, b = jnp.ones((4, 4), x_dt), jnp.ones((3, 4), a_dt), jnp.ones((4, 2), b_dt)
+    op = jax_ub.bulk_all_gather if fn == "ag" else jax_ub.bulk_reduce_scatter
+    with pytest.raises(TypeError, match=match):
+        smap(mesh, lambda x, a, b: op(x, a, b, "tp", **kw)[1], (P("tp"), P(), P()), P())(x, a, b)
