@@ -103,6 +103,7 @@ from jax_ub import methods
 
 MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing it here
 DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops take
+AGRS_DTYPES = (*DTYPES, "fp8")  # ag/rs also time FP8 (jax_ub.bench.agrs.build_fp8)
 # The jax_ub_<method> impls of bench ag / rs: each op's schedules (see agrs.build).
 CUDA_METHODS = methods.SCHEDULES
 
@@ -175,7 +176,7 @@ def plain_name(text: str) -> str:
     return text
 
 
-def _options(*, out: str, dtype: bool, chain: int | None) -> argparse.ArgumentParser:
+def _options(*, out: str, dtype: bool | tuple[str, ...], chain: int | None) -> argparse.ArgumentParser:
     """The options of one subcommand that times, made anew for each: argparse shares a parent's
     actions with every subparser that names it, so a default set for one (``tune``'s ``--out`` and
     ``--chain``) would change every other's."""
@@ -203,7 +204,7 @@ def _options(*, out: str, dtype: bool, chain: int | None) -> argparse.ArgumentPa
         help="name in the output files (default: <n>x<device kind>)",
     )
     if dtype:
-        p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+        p.add_argument("--dtype", default="bfloat16", choices=dtype if isinstance(dtype, tuple) else DTYPES)
     if chain is not None:
         p.add_argument(
             "--chain",
@@ -229,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     for op in ("ag", "rs"):
         p = sub.add_parser(
             op,
-            parents=[_options(out=results, dtype=True, chain=1)],
+            parents=[_options(out=results, dtype=AGRS_DTYPES, chain=1)],
             help=f"{'AG→GEMM' if op == 'ag' else 'GEMM→RS'} vs XLA",
         )
         p.add_argument("--tp", type=POSITIVE, nargs="+", default=[4, 2])

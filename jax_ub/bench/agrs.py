@@ -4,6 +4,8 @@ The impls of a shape are listed in :mod:`jax_ub.bench.__main__`'s docstring; :fu
 them, :func:`run` times them (:func:`jax_ub.bench.harness.time_impls`), checks each op's output
 against ``xla_plain``'s and ``comm_jax_ub``'s against ``comm_nccl``'s
 (:class:`jax_ub.bench.harness.Check`: above the dtype's bound an impl gets no time and a failure),
+With ``--dtype fp8`` (:func:`build_fp8`) it times jax_ub's FP8 op against XLA's FP8 and against
+both bfloat16 ops, each FP8 impl checked against ``xla_fp8``.
 writes the records after every shape and the chart at the end, and prints the table (speedup vs
 ``xla_plain``, T/T_ideal, the run's own noise, one geometric mean per tp).
 """
@@ -19,6 +21,99 @@ from typing import Any
 from jax_ub.bench import harness as h
 
 CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", "jax_ub"]
+# --dtype fp8: jax_ub's FP8 op against XLA's FP8 (all-gather of float8 x, then lax.dot_general on
+# float8 operands with preferred_element_type bfloat16) and against both ops in bfloat16.
+FP8 = "fp8"
+FP8_CHART = ["xla_plain", "jax_ub_bf16", "xla_fp8", "jax_ub_fp8"]
+
+
+def build_fp8(op: str, mesh: Any, M: int, K: int, N: int, cuda: bool) -> dict[str, Any]:
+    """The impls of ``--dtype fp8`` (see :data:`FP8_CHART`; with the CUDA path also
+    ``jax_ub_fp8_<method>`` per schedule). x and w are drawn in bfloat16 and quantized once to
+    float8_e4m3fn with current scaling over the whole tensor (one scale each, so every rank's
+    x scale is the same, as an all-gather needs); every FP8 impl multiplies the same float8 data.
+    ``xla_plain`` and ``jax_ub_bf16`` take the bfloat16 x and w."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_ub
+    from jax_ub import fp8, methods
+
+    bf16, e4m3 = jnp.bfloat16, jnp.float8_e4m3fn
+    kx, kw = jax.random.split(jax.random.key(M + K + N))
+    if op == "ag":
+        x_spec, w_spec, y_spec = P("tp", None), P(None, "tp"), P(None, "tp")
+    else:
+        x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
+    xs_, ws_ = NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec)
+    x = h.rand(kx, (M, K), bf16, xs_)
+    w = h.rand(kw, (K, N), bf16, ws_)
+    rep = NamedSharding(mesh, P())
+    quant = jax.jit(lambda t: fp8.quantize(t, e4m3))
+    x8, sx = jax.jit(quant, out_shardings=(xs_, rep))(x)
+    w8, sw = jax.jit(quant, out_shardings=(ws_, rep))(w)
+
+    def smap(f, in_specs, out_specs):
+        return h.shard_jit(mesh, f, in_specs, out_specs)
+
+    def xla_dot(a8, b8, sa, sb):  # XLA's FP8 GEMM, the scales applied to its bfloat16 output
+        y = lax.dot_general(a8, b8, (((a8.ndim - 1,), (0,)), ((), ())), preferred_element_type=bf16)
+        return y * (sa * sb).astype(bf16)
+
+    fp8_specs = (x_spec, w_spec, P(), P())
+    impls: dict[str, Any] = {}
+    if op == "ag":
+        impls["xla_plain"] = (
+            smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec),
+            (x, w),
+        )
+        impls["xla_fp8"] = (
+            smap(lambda x, w, a, b: xla_dot(lax.all_gather(x, "tp", tiled=True), w, a, b), fp8_specs, y_spec),
+            (x8, w8, sx, sw),
+        )
+        impls["jax_ub_bf16"] = (
+            smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (x_spec, w_spec), y_spec),
+            (x, w),
+        )
+        ours = [methods.AUTO, *methods.SCHEDULES[methods.AG]] if cuda else [methods.AUTO]
+        for m in ours:
+            name = "jax_ub_fp8" if m == methods.AUTO else f"jax_ub_fp8_{m}"
+            impls[name] = (
+                smap(
+                    lambda x, w, a, b, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m, scales=(a, b)),
+                    fp8_specs,
+                    y_spec,
+                ),
+                (x8, w8, sx, sw),
+            )
+        return impls
+    impls["xla_plain"] = (
+        smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec),
+        (x, w),
+    )
+    impls["xla_fp8"] = (
+        smap(lambda x, w, a, b: lax.psum_scatter(xla_dot(x, w, a, b), "tp", tiled=True), fp8_specs, y_spec),
+        (x8, w8, sx, sw),
+    )
+    impls["jax_ub_bf16"] = (
+        smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp"), (x_spec, w_spec), y_spec),
+        (x, w),
+    )
+    ours = [methods.AUTO, *methods.SCHEDULES[methods.RS]] if cuda else [methods.AUTO]
+    for m in ours:
+        name = "jax_ub_fp8" if m == methods.AUTO else f"jax_ub_fp8_{m}"
+        impls[name] = (
+            smap(
+                lambda x, w, a, b, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m, scales=(a, b)),
+                fp8_specs,
+                y_spec,
+            ),
+            (x8, w8, sx, sw),
+        )
+    return impls
 
 
 def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: bool) -> dict[str, Any]:
@@ -162,7 +257,10 @@ def run(a: argparse.Namespace) -> int:
         auto = "-"
         with out.case({"op": op_name, "M": M, "K": K, "N": N, "tp": tp, "dtype": a.dtype}, label) as c:
             mesh = h.make_mesh(tp, cuda)
-            impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
+            if a.dtype == FP8:
+                impls = build_fp8(a.op, mesh, M, K, N, cuda)
+            else:
+                impls = build(a.op, mesh, M, K, N, a.dtype, cuda)
             c.res = h.time_impls(
                 label, impls, a, probe=h.Check(a.dtype), probes=c.rel_err, failures=out.failures
             )
@@ -182,15 +280,43 @@ def run(a: argparse.Namespace) -> int:
                 )
                 timeline_ok = tl is not None  # a skip says why once, then no more tries
                 out.timelines += [tl] if tl else []
-            auto = auto_method(a.op, tp, M, K, N, a.dtype) if cuda else "xla"
+            dt = "float8_e4m3fn" if a.dtype == FP8 else a.dtype
+            auto = auto_method(a.op, tp, M, K, N, dt) if cuda else "xla"
             c.extra["jax_ub"] = {"method": auto}  # what auto ran (jax_ub._measured ignores this key)
         rows.append((tp, M, K, N, c.res, auto))
     stop = out.finish()
     if stop is not None:
         return stop
     h.wrote(stem, draw(out.records, stem, a.op, a.dtype))
-    _table(a.op, rows, path)
+    if a.dtype == FP8:
+        _table_fp8(a.op, rows, path)
+    else:
+        _table(a.op, rows, path)
     return 0
+
+
+def _table_fp8(op: str, rows: list, path: str) -> None:
+    """ms per op of ``--dtype fp8``'s impls, and jax_ub FP8's speedups against XLA's FP8 and
+    against jax_ub's bfloat16 op."""
+    print(
+        f"{path}\ntp  M,K,N               xla_bf16  jax_ub_bf16  xla_fp8  jax_ub_fp8  (auto runs)  "
+        "fp8 vs xla_fp8  fp8 vs jax_ub_bf16"
+    )
+    for tp, M, K, N, r, auto in rows:
+        g = lambda k, r=r: r.get(k, float("nan"))  # noqa: E731
+        print(
+            f"{tp:<3} {M},{K},{N:<10} {g('xla_plain'):8.3f} {g('jax_ub_bf16'):12.3f} {g('xla_fp8'):8.3f} "
+            f"{g('jax_ub_fp8'):11.3f}  ({auto:<8})  {h.ratio(r, 'xla_fp8', 'jax_ub_fp8'):13.2f}x  "
+            f"{h.ratio(r, 'jax_ub_bf16', 'jax_ub_fp8'):17.2f}x"
+        )
+    methods_run = sorted({i for *_, r, _ in rows for i in r if i.startswith("jax_ub_fp8_")})
+    for name in methods_run:
+        print(
+            f"{name}: "
+            + ", ".join(
+                f"tp{tp} {M},{K},{N} {r.get(name, float('nan')):.3f} ms" for tp, M, K, N, r, _ in rows
+            )
+        )
 
 
 def draw(records: list[dict], stem: str, op: str, dtype: str) -> bool:
@@ -199,7 +325,7 @@ def draw(records: list[dict], stem: str, op: str, dtype: str) -> bool:
         records,
         stem + ".png",
         f"jax_ub {op} ({os.path.basename(stem)}, {dtype})",
-        CHART,
+        FP8_CHART if dtype == FP8 else CHART,
         lambda r: f"tp{r['tp']}\n{r['M']}x{r['K']}x{r['N']}",
     )
 

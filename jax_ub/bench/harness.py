@@ -223,7 +223,8 @@ def time_impls(
 # ||out - ref|| / ||ref|| (fp32, Frobenius) an impl may reach against its reference impl's output,
 # both computed in the op's dtype (tests/multigpu/test_overlap.py holds jax_ub to 1e-2 in bf16 and
 # 1e-5 in fp32 against an fp32 reference; two TF32 GEMMs of the same operands agree far closer).
-REL_ERR_BOUND = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-4}
+# fp8: jax_ub's FP8 op against XLA's FP8 dot on the same float8 operands (bfloat16 outputs).
+REL_ERR_BOUND = {"bfloat16": 1e-2, "float16": 1e-2, "float32": 1e-4, "fp8": 1e-2}
 
 
 class WrongOutput(Exception):
@@ -233,16 +234,19 @@ class WrongOutput(Exception):
 def reference(impl: str) -> str | None:
     """The impl whose output ``impl``'s must equal in bench ag/rs/bulk: ``comm_nccl`` for
     ``comm_jax_ub`` (the same collective), ``xla_plain`` for the op itself (``jax_ub``,
-    ``jax_ub_<method>``, ``xla_windowed``, ``xla_windowed_nccl``, ``variant_<...>``); None for what
+    ``jax_ub_<method>``, ``xla_windowed``, ``xla_windowed_nccl``, ``variant_<...>``), ``xla_fp8``
+    for jax_ub's FP8 ops (``jax_ub_fp8``, ``jax_ub_fp8_<method>``); None for what
     computes something else (the GEMM alone or in chunks, on other data)."""
     if impl == "comm_jax_ub":
         return REFERENCES[0]
+    if impl == "jax_ub_fp8" or impl.startswith("jax_ub_fp8_"):  # the same float8 operands as XLA's
+        return REFERENCES[2]
     if ours(impl) or impl in WINDOWED or impl.startswith("variant_"):
         return REFERENCES[1]
     return None
 
 
-REFERENCES = ("comm_nccl", "xla_plain")  # what :func:`reference` returns
+REFERENCES = ("comm_nccl", "xla_plain", "xla_fp8")  # what :func:`reference` returns
 
 
 @functools.cache
