@@ -454,6 +454,7 @@ _scaled.defvjp(_scaled_fwd, _scaled_bwd)
 def _recipe_quantize(call: _FP8Call, x, w):
     """``(x8, x_scale, w8, w_scale)``. AG's x scale is the pmax over the axis (one scale for the
     gathered rows); RS's scales, and every w scale, are the rank's own."""
+    assert call.recipe is not None
     f = call.recipe.fwd_dtype
     x8, xs = fp8_lib.quantize(x, f, call.axis_name if call.op == AG else None)
     w8, ws = fp8_lib.quantize(w, f)
@@ -499,6 +500,7 @@ def _recipe_bwd(call: _FP8Call, residuals, cotangents):
     dual = DUAL[call.op]
     lead = tuple(range(x8_full.ndim - 1))
     xdt, wdt = call.x_dtype, call.w_dtype
+    assert call.recipe is not None
     if call.recipe.bwd_dtype is None:
         wq_t = fp8_lib.dequantize(w8, ws, xdt).T
         dyc = dy.astype(xdt)
@@ -590,8 +592,8 @@ def _fp8_mode(
 
 def _check_fp8_shapes(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> None:
     """:func:`jax_ub._validate.check_operands`' shape checks for float8 operands."""
-    as_f32 = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x, w)]
-    _validate.check_operands(fn, *as_f32, x_layout, w_layout, abstract_ok=True)
+    x32, w32 = (jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x, w))
+    _validate.check_operands(fn, x32, w32, x_layout, w_layout, abstract_ok=True)
 
 
 def _fp8_dispatch(mode, op, method, axis_name, axis, precision, x, w, *, return_full, recompute) -> Any:
