@@ -29,6 +29,12 @@ under the JSON's ``"timelines"`` key: ``[{"M", "K", "N", "tp", "dtype", "impl", 
 attention-projection pair with jax_ub's layers: ``jax_ub`` vs ``xla_plain`` vs ``xla_windowed``
 (see :mod:`jax_ub.bench.mlp`).
 
+``layer`` — forward+backward step of a whole Llama-style decoder layer (attention and MLP) at a
+preset (``--preset 8b|70b``) or given sizes, remat off and on: ``jax_ub`` vs ``xla`` vs ``xla_cm``
+(XLA's collective-matmul flags, in a subprocess) and the floor ``no_comm``; step ms, tokens/s, MFU,
+the hidden fraction E, a chart and a Chrome/Perfetto trace of jax_ub's step (see
+:mod:`jax_ub.bench.layer`).
+
 ``tune SHAPES.json ...`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``;
 one file per process of a multi-process run), written as a file for ``JAX_UB_TUNING_FILE`` (see
 :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`); each shape in its recorded dtype (no ``--dtype``).
@@ -84,9 +90,10 @@ that have both times).
 ``tune`` writes its file once, at the end (no ``complete`` or ``failures``).
 
 This module is the command line only. Each subcommand's workload and runner is a module of its own
-(:mod:`~jax_ub.bench.agrs` for ``ag``/``rs``, :mod:`~jax_ub.bench.mlp`, :mod:`~jax_ub.bench.bulk`,
-:mod:`~jax_ub.bench.tune`, each with ``run(args)``); what they share (timing, records, charts,
-timelines) is :mod:`jax_ub.bench.harness`.
+(:mod:`~jax_ub.bench.agrs` for ``ag``/``rs``, :mod:`~jax_ub.bench.mlp`, :mod:`~jax_ub.bench.layer`,
+:mod:`~jax_ub.bench.bulk`, :mod:`~jax_ub.bench.tune`, each with ``run(args)``); what they share
+(timing, records, charts, timelines) is :mod:`jax_ub.bench.harness`, and what the two training-step
+benches share :mod:`jax_ub.bench.step`.
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ from typing import Any
 from jax_ub import methods
 
 MLP_MODELS = ("mlp", "attn_proj", "swiglu")  # jax_ub.bench.mlp.MODELS, without importing it here
+LAYER_PRESETS = ("8b", "70b")  # jax_ub.bench.layer.PRESETS
 DTYPES = ("bfloat16", "float16", "float32")  # the floating dtypes jax_ub's ops take
 AGRS_DTYPES = (*DTYPES, "fp8")  # ag/rs also time FP8 (jax_ub.bench.agrs.build_fp8)
 # The jax_ub_<method> impls of bench ag / rs: each op's schedules (see agrs.build).
@@ -269,6 +277,45 @@ def _parser() -> argparse.ArgumentParser:
         help="the forward under jax.checkpoint with this policy (jax_ub: "
         "jax_ub.checkpoint_policy of it; jax_ub_base_policy: the bare policy)",
     )
+    p = sub.add_parser(
+        "layer",
+        parents=[_options(out=results, dtype=True, chain=None)],
+        help="fwd+bwd step of a whole Llama-style layer (attention + MLP)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=LAYER_PRESETS,
+        default=None,
+        help="8b: hidden 4096, 32 heads, 8 kv heads, head_dim 128, ffn 14336; 70b: 8192, 64, 8, "
+        "128, 28672 (default 8b; the size options below override it)",
+    )
+    for name in ("hidden", "heads", "kv-heads", "head-dim", "ffn"):
+        p.add_argument(f"--{name}", type=POSITIVE, default=None, help="(default: the preset's)")
+    p.add_argument("--seq", type=POSITIVE, default=4096, help="sequence length (split over tp)")
+    p.add_argument("--batch", type=POSITIVE, default=1)
+    p.add_argument("--tp", type=POSITIVE, default=4, help="mesh of the first TP devices")
+    p.add_argument(
+        "--remat",
+        nargs="+",
+        default=["none", "dots"],
+        choices=("none", "dots", "dots_no_batch"),
+        help="each a case: the forward under jax.checkpoint with this policy (none: off; jax_ub "
+        "and no_comm: jax_ub.checkpoint_policy of it) (default: none dots)",
+    )
+    p.add_argument(
+        "--xla-cm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="time xla_cm, the jit-partitioned layer under XLA's collective-matmul flags, in a "
+        "subprocess (auto: on the CUDA path at tp > 1)",
+    )
+    p.add_argument("--xla-cm-timeout", type=POSITIVE, default=600, help="seconds for its subprocess")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also a jax.profiler trace of jax_ub's step in <stem>-profile/ (to open beside the -trace.json)",
+    )
+    p.add_argument("--xla-cm-child", default=None, help=argparse.SUPPRESS)
     p = sub.add_parser(
         "bulk",
         parents=[_options(out=results, dtype=True, chain=1)],

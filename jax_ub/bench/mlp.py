@@ -14,9 +14,9 @@ sequence-parallel layout (input and output `[1, tokens, hidden]`, the sequence s
   stand-in for attention, so the shapes and layouts are the real ones), then RowParallelDense
   ``hidden → hidden`` (output projection). Its records carry ``ffn = 3*hidden`` (the QKV width).
 
-The step is ``jax.value_and_grad`` of ``mean(y**2)`` (float32) w.r.t. the parameters and the input,
-so it runs both overlapped primitives forward and their duals backward. Parameters and compute are
-in ``dtype``. Three configurations with the same parameters and input:
+The step is :func:`jax_ub.bench.step.train_step` (``value_and_grad`` of ``mean(y**2)`` w.r.t. the
+parameters and the input): both overlapped primitives forward and their duals backward. Parameters
+and compute are in ``dtype``. Three configurations with the same parameters and input:
 
 * ``jax_ub``: the layers with ``method="auto"`` (the CUDA overlap after ``jax_ub.initialize``; the
   pure-XLA reference where the CUDA path is unavailable);
@@ -27,11 +27,12 @@ in ``dtype``. Three configurations with the same parameters and input:
   flags. XLA only decomposes the collectives its partitioner creates, so the flags would not touch
   the layers' explicit ``shard_map`` collectives.
 
-And one floor that is not a competitor: ``no_comm``, the same step with every collective replaced by
-a local stand-in of the same shapes (the all-gather by ``tp`` copies of the local shard, whose
-transpose in the backward sums ``tp`` row blocks like a reduce-scatter's reduction; the
-reduce-scatter by that sum of ``tp`` row blocks). Its GEMMs are the real ones, so it bounds what any
-overlap can reach: the best speedup over ``xla_plain`` is ``xla_plain / no_comm``.
+And one floor that is not a competitor: ``no_comm``, the same layers run under
+:func:`jax_ub.layers.core.comm_stand_ins`: every collective replaced by a local stand-in of the same
+shapes (the all-gather by ``tp`` copies of the local shard, the reduce-scatter by this device's rows
+of the local GEMM), the GEMMs through :func:`jax_ub.gemm.matmul` (the kernel jax_ub's ops run), under
+jax_ub's checkpoint policy. It bounds what an overlap can reach: the best speedup over
+``xla_plain`` is ``xla_plain / no_comm``.
 """
 
 from __future__ import annotations
@@ -50,14 +51,13 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ub import nn as ubnn
 from jax_ub.bench import harness as h
+from jax_ub.bench import step
 from jax_ub.layers import core as _layers
 
 MODELS = ("mlp", "attn_proj", "swiglu")
 GATED = ("swiglu",)  # models whose MLP is gated (the rest of their math is ``mlp``'s)
 SP = P(None, "tp", None)  # [batch, seq, hidden], sequence split over tp
 TP = P(None, None, "tp")  # [batch, seq, features], features split over tp
-
-Thunk = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
 
 
 def _mix(qkv: jax.Array, mesh: Any) -> jax.Array:
@@ -147,86 +147,7 @@ def spmd_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any)
 
 
 # ------------------------------------------------------------------------------------------------
-# The same math with no communication (the no_comm floor).
-
-
-def _gather_standin(t: jax.Array, tp: int) -> jax.Array:
-    """`[b, s/tp, h]` → `[b, s, h]`: tp copies, the all-gather's shape without the transfer."""
-    return jnp.concatenate([t] * tp, axis=1)
-
-
-def _scatter_standin(t: jax.Array, tp: int) -> jax.Array:
-    """`[b, s, h]` → `[b, s/tp, h]`: the sum of tp row blocks, a reduce-scatter's local work."""
-    b, s, h = t.shape
-    return t.reshape(b, tp, s // tp, h).sum(axis=1)
-
-
-def _local_dense(x: jax.Array, kernel: jax.Array, bias: Any, dtype: Any) -> jax.Array:
-    y = jnp.matmul(x, kernel.astype(dtype))
-    return y if bias is None else y + bias.astype(dtype)
-
-
-def nocomm_forward(model: str, m: nnx.Module, x: jax.Array, mesh: Any, dtype: Any) -> jax.Array:
-    """``m(x)`` with the layers' collectives replaced by local stand-ins (see the module doc)."""
-    tp = mesh.shape["tp"]
-    mlp = model != "attn_proj"
-    col, row = (_mlp(m).up, _mlp(m).down) if mlp else (cast(AttnProj, m).qkv, cast(AttnProj, m).out)
-    arrays = {"w1": col.kernel[...], "w2": row.kernel[...]}
-    specs = {"w1": P(None, "tp"), "w2": P("tp", None)}
-    if col.bias is not None:
-        arrays["b1"], specs["b1"] = col.bias[...], P("tp")
-    if row.bias is not None:
-        arrays["b2"], specs["b2"] = row.bias[...], P()
-    if mlp:
-        arrays["scale"], arrays["shift"] = _norm(m).scale[...], _norm(m).bias[...]
-        specs["scale"] = specs["shift"] = P()
-
-    def local(a: dict, x: jax.Array) -> jax.Array:
-        if mlp:
-            x = _layers.layer_norm(x, a["scale"], a["shift"], epsilon=_norm(m).epsilon, dtype=dtype)
-        h = _local_dense(_gather_standin(x, tp), a["w1"], a.get("b1"), dtype)
-        if mlp:
-            h = _activate(model, m, h)
-        else:
-            q, k, v = jnp.split(h, 3, axis=-1)
-            h = q + k + v
-        y = _scatter_standin(jnp.matmul(h, a["w2"].astype(dtype)), tp)
-        return y if "b2" not in a else y + a["b2"].astype(dtype)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, SP), out_specs=SP, check_vma=False)(arrays, x)
-
-
-# ------------------------------------------------------------------------------------------------
 # Steps and the impls the harness times.
-
-
-def check(name: str, out: Any) -> tuple[float, float]:
-    """``(loss, |dx|)`` of impl ``name``'s step output (a ``probe`` of
-    :func:`jax_ub.bench.harness.time_impls`): printed per impl as a sanity check."""
-    loss, (_, dx) = out
-    return float(loss), float(jnp.linalg.norm(dx.astype(jnp.float32)))
-
-
-# --remat: the forward under jax.checkpoint with one of these policies (None: no checkpoint). The
-# jax_ub impl gets jax_ub.checkpoint_policy(policy), which also keeps its ops' outputs; with
-# remat, ``jax_ub_base_policy`` times the jax_ub layers under the bare policy, which does not.
-REMAT_POLICIES: dict[str, Any] = {
-    "none": None,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-def train_step(forward: Callable[[Any, jax.Array], jax.Array], policy: Any = None) -> Callable[..., Any]:
-    """``(params, x) -> (loss, (dparams, dx))`` with ``loss = mean(forward(params, x)**2)``;
-    ``policy``: the forward under ``jax.checkpoint`` with that policy."""
-    if policy is not None:
-        forward = jax.checkpoint(forward, policy=policy)
-
-    def loss(params: Any, x: jax.Array) -> jax.Array:
-        return jnp.mean(jnp.square(forward(params, x).astype(jnp.float32)))
-
-    return jax.value_and_grad(loss, argnums=(0, 1))
 
 
 def build(
@@ -239,18 +160,18 @@ def build(
     dtype_name: str,
     windowed_flags: dict[str, Any],
     remat: str = "none",
-) -> dict[str, Thunk]:
+) -> dict[str, step.Thunk]:
     """``{impl: thunk}``; each thunk returns ``(step, (params, x))`` for the harness to time.
-    ``remat``: a key of :data:`REMAT_POLICIES`.
+    ``remat``: a key of :data:`jax_ub.bench.step.REMAT_POLICIES`; with remat,
+    ``jax_ub_base_policy`` also times the jax_ub layers under the bare policy, which does not keep
+    jax_ub's op outputs (a custom call is no dot).
 
     Call after ``jax_ub.initialize(mesh, "tp")`` where the CUDA path runs: ``method="auto"`` is
     resolved when the jax_ub step is traced.
     """
-    import jax_ub
-
     dtype = jnp.dtype(dtype_name)
-    base = REMAT_POLICIES[remat]
-    ub_policy = None if base is None else jax_ub.checkpoint_policy(base)
+    base, ub_policy = step.policies(remat)
+    train_step = step.train_step
 
     def make(method: str) -> nnx.Module:
         return make_model(model, mesh, hidden, ffn, dtype, method)
@@ -273,13 +194,14 @@ def build(
         return compiled, args
 
     def nocomm(p: Any, x: jax.Array) -> jax.Array:
-        return nocomm_forward(model, nnx.merge(xla_graphdef, p), x, mesh, dtype)
+        with _layers.comm_stand_ins():
+            return nnx.merge(graphdef, p)(x)
 
-    impls: dict[str, Thunk] = {
+    impls: dict[str, step.Thunk] = {
         "jax_ub": lambda: (jax.jit(train_step(layers(graphdef), ub_policy)), args),
         "xla_plain": lambda: (jax.jit(train_step(layers(xla_graphdef), base)), args),
         "xla_windowed": windowed,
-        "no_comm": lambda: (jax.jit(train_step(nocomm, base)), args),
+        "no_comm": lambda: (jax.jit(train_step(nocomm, ub_policy)), args),
     }
     if base is not None:
         impls["jax_ub_base_policy"] = lambda: (jax.jit(train_step(layers(graphdef), base)), args)
@@ -338,11 +260,8 @@ def run(a: argparse.Namespace) -> int:
                     remat=a.remat,
                 )
                 checks: dict[str, Any] = {}
-                c.res = h.time_impls(label, impls, a, probe=check, probes=checks, failures=out.failures)
-                print(
-                    f"{model} check (loss, |dx|): "
-                    + ", ".join(f"{k} ({v[0]:.6g}, {v[1]:.6g})" for k, v in checks.items())
-                )
+                c.res = h.time_impls(label, impls, a, probe=step.check, probes=checks, failures=out.failures)
+                print(step.check_line(model, checks))
             rows.append((model, ffn, c.res))
     finally:
         jax_ub.shutdown()

@@ -1,4 +1,5 @@
-"""Gantt pictures of one traced jax_ub op (``python -m jax_ub.bench ag|rs --timeline``).
+"""Timelines of traced jax_ub ops: Gantt pictures of one op (``python -m jax_ub.bench ag|rs
+--timeline``) and a Chrome/Perfetto trace of a whole step's ops (``python -m jax_ub.bench layer``).
 
 A trace is a list of records, one per timed step of one op on one device, as returned by
 ``jax_ub.trace.trace_collect()``::
@@ -10,7 +11,9 @@ A trace is a list of records, one per timed step of one op on one device, as ret
 ``local_copy``); ``chunk`` is the peer rank whose chunk the step handles (-1: none); times are
 milliseconds from the start of that op on that device. :func:`draw` makes one horizontal lane per
 (device, stream), lanes grouped by device, bars colored by ``name``; :func:`summary` says, per
-device, how long the op took and how much of the copy time ran under a GEMM.
+device, how long the op took and how much of the copy time ran under a GEMM; :func:`chrome_trace`
+turns the records of many ops (a whole step) into the Chrome trace-event JSON that Perfetto
+(ui.perfetto.dev) and chrome://tracing open.
 """
 
 from __future__ import annotations
@@ -137,3 +140,89 @@ def draw(records: Sequence[dict], path: str, title: str) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Chrome / Perfetto trace-event JSON
+
+# The trace's process ids: 1000 + the CUDA ordinal, clear of the small pids of a jax.profiler trace
+# of the same run when both are loaded together.
+PID_BASE = 1000
+OPS_LANE = "jax_ub ops"  # the thread of each device's whole-op spans, above its streams
+
+
+def chrome_trace(records: Sequence[dict], *, title: str, note: str = "") -> dict:
+    """The Chrome trace-event JSON (``{"traceEvents": [...], "displayTimeUnit": "ms",
+    "otherData": {...}}``) of ``records`` (:func:`jax_ub.trace.trace_collect`'s, of any number of
+    ops): per device a process ``jax_ub GPU <device>``, in it one thread ``jax_ub ops`` with one
+    span per op (its name, epoch and rank; from its first step's start to its last step's end) and
+    one thread per stream with a span per step (``"<name> <chunk>"``, args op, epoch, chunk, rank).
+
+    Times (``ts``, ``dur``) are microseconds from the first op traced on that device (CUDA events:
+    ``op_start_ms + start_ms``), not the clock of a ``jax.profiler`` trace: the two open side by
+    side (``otherData.clock`` says so), not aligned. With no records the file holds only its
+    metadata and ``note`` (why there is no timeline)."""
+    events: list[dict] = []
+    ops: dict[tuple[int, Any], dict] = {}
+    tids: dict[tuple[int, str], int] = {}  # (device, stream) -> thread id (0: the ops lane)
+    for dev, stream in lanes(records):
+        tids[(dev, stream)] = sum(1 for d, _ in tids if d == dev) + 1
+    for dev in sorted({d for d, _ in tids}):
+        pid = PID_BASE + dev
+        events.append(_meta("process_name", pid, 0, f"jax_ub GPU {dev}"))
+        events.append(_meta("process_sort_index", pid, 0, dev, key="sort_index"))
+        events.append(_meta("thread_name", pid, 0, OPS_LANE))
+    for (dev, stream), tid in tids.items():
+        events.append(_meta("thread_name", PID_BASE + dev, tid, stream))
+        events.append(_meta("thread_sort_index", PID_BASE + dev, tid, tid, key="sort_index"))
+    for r in records:
+        dev = int(r["device"])
+        t0 = float(r.get("op_start_ms", 0.0))
+        start, end = t0 + float(r["start_ms"]), t0 + float(r["end_ms"])
+        chunk = int(r.get("chunk", -1))
+        args = {"op": r.get("op"), "epoch": r.get("epoch"), "chunk": chunk, "rank": r.get("rank")}
+        events.append(
+            {
+                "name": f"{r['name']} {chunk}" if chunk >= 0 else str(r["name"]),
+                "cat": str(r.get("op", "jax_ub")),
+                "ph": "X",
+                "pid": PID_BASE + dev,
+                "tid": tids[(dev, str(r["stream"]))],
+                "ts": round(start * 1e3, 3),
+                "dur": round(max(end - start, 0.0) * 1e3, 3),
+                "args": args,
+            }
+        )
+        span = ops.setdefault(
+            (dev, r.get("epoch")), {"op": r.get("op"), "rank": r.get("rank"), "s": start, "e": end}
+        )
+        span["s"], span["e"] = min(span["s"], start), max(span["e"], end)
+    for (dev, epoch), span in sorted(ops.items(), key=lambda kv: (kv[0][0], kv[1]["s"])):
+        events.append(
+            {
+                "name": str(span["op"]),
+                "cat": "op",
+                "ph": "X",
+                "pid": PID_BASE + dev,
+                "tid": 0,
+                "ts": round(span["s"] * 1e3, 3),
+                "dur": round((span["e"] - span["s"]) * 1e3, 3),
+                "args": {"epoch": epoch, "rank": span["rank"]},
+            }
+        )
+    other = {
+        "title": title,
+        "clock": "us from the first jax_ub op traced on each device (CUDA events); not a "
+        "jax.profiler trace's clock: open the two side by side",
+        "ops": len(ops),
+        "records": len(records),
+    }
+    if note:
+        other["note"] = note
+    if not records:
+        events.append(_meta("process_name", PID_BASE, 0, f"jax_ub: no timeline ({note or 'no records'})"))
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _meta(what: str, pid: int, tid: int, value: Any, key: str = "name") -> dict:
+    return {"name": what, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
