@@ -666,6 +666,15 @@ def all_gather_matmul(
         ``jax_ub.config.get().recompute_gathered`` (env ``JAX_UB_RECOMPUTE_GATHERED``, default
         off). Ignored with ``return_gathered=True``: the caller holds the gathered x then anyway,
         so it is saved as usual.
+      scales: ``(x_scale, w_scale)``, float32 dequantization scales of shape ``()``, for
+        ``float8_e4m3fn`` / ``float8_e5m2`` x and w (not both e5m2): the result is the reference of
+        :mod:`jax_ub.fp8` (dequantized product, float32 accumulation). ``x_scale`` must be the same
+        on every rank of the axis (the op uses its local value).
+      fp8: a :class:`jax_ub.FP8Recipe`: x and w (bfloat16, float16 or float32) are quantized with
+        current scaling (x's amax ``pmax``-ed over the axis) before the all-gather, which then moves
+        FP8 bytes; the backward is the recipe's (``docs/fp8.md``). Not with ``scales``.
+      preferred_element_type: the output dtype of an FP8 call, ``bfloat16`` or ``float32``
+        (``None``: bfloat16 with ``scales``, the recipe's ``out_dtype`` or x's dtype with ``fp8``).
 
     Returns:
       y: `[..., m*tp, n_local]` (``gather_axis`` grows by ``tp``) with the dtype of ``x``; with
@@ -769,6 +778,9 @@ def matmul_reduce_scatter(
       scatter_axis: any axis of ``x`` but the last (contracting) one; negative counts from the end.
       precision: ``jax.lax.Precision`` for the GEMMs (forward and backward).
       method: as in :func:`all_gather_matmul`.
+      scales, fp8, preferred_element_type: FP8, as in :func:`all_gather_matmul`, except that each
+        rank's scales are its own (its partial product is dequantized before the float32
+        reduction), and the recipe's backward gathers dy in FP8 with a ``pmax``-ed scale.
 
     Returns:
       `[..., M/tp, n]` (``scatter_axis`` shrinks by ``tp``) with the dtype of ``x``: this device's
