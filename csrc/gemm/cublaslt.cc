@@ -1,6 +1,7 @@
 #include "gemm/cublaslt.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -401,11 +402,16 @@ Status Run(Api* api, lt::Handle handle, const Plan* plan, const lt::MatmulAlgo& 
     s = matmul();
   }
   if (s != lt::kSuccess) {
+    StrCat scales;
+    if (g.types.fp8()) {
+      scales << ", scale pointers aligned to " << Alignment(g.a_scale) << "/"
+             << Alignment(g.b_scale) << " B";
+    }
     return Status::Error(StrCat() << "cublasLtMatmul failed for "
                                   << Describe(g, AlignClass(g.a, DTypeSize(g.types.a)),
                                               AlignClass(g.b, DTypeSize(g.types.b)),
                                               AlignClass(g.c, DTypeSize(g.types.out)))
-                                  << ": " << api->Err(s));
+                                  << std::string(scales) << ": " << api->Err(s));
   }
   return Status::Ok();
 }
@@ -418,11 +424,26 @@ Status Gemm(int device, const GemmArgs& g, cudaStream_t stream) {
   Plan* plan = nullptr;
   JAX_UB_RETURN_IF_ERROR(Lookup(api, device, g, &handle, &plan));
   lt::MatmulAlgo algo;
+  std::vector<lt::MatmulAlgo> others;
   {
     std::lock_guard<std::mutex> lock(g_mu);  // GemmTune may be replacing it
     algo = plan->algo;
+    if (g.types.fp8()) others = plan->candidates;
   }
-  return Run(api, handle, plan, algo, g, stream);
+  const Status st = Run(api, handle, plan, algo, g, stream);
+  if (st.ok() || others.empty()) return st;
+  // FP8: the heuristic's pick may refuse this run (cuBLASLt checks pointers only here): the next
+  // candidate that runs becomes the plan's (once; the trace-time warm-up meets it first).
+  for (const lt::MatmulAlgo& other : others) {
+    if (std::memcmp(&other, &algo, sizeof(algo)) == 0) continue;
+    if (Run(api, handle, plan, other, g, stream).ok()) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      plan->algo = other;
+      return Status::Ok();
+    }
+  }
+  return Status::Error(StrCat() << st.message() << " (and so did the other " << others.size() - 1
+                                << " candidates)");
 }
 
 Status GemmTune(int device, const GemmArgs& g, int candidates, int reps, cudaStream_t stream,

@@ -59,11 +59,12 @@ Status GemmWarmup(const GemmWarmupArgs& args, GemmTuneResult* tune) {
     if (args.trans_a) g.lda = m;
     if (g.trans_b) g.ldb = k;
     if (fp8) {
-      // Both dequantization scales (any value: the speed does not depend on it).
-      JAX_UB_CUDA_RETURN(alloc(&scales, 2 * sizeof(float)));
-      JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(DType::kF32, scales, 2, 4u, s));
+      // Both dequantization scales (any value: the speed does not depend on it), each at a
+      // 256-byte boundary like the separate buffers XLA passes.
+      JAX_UB_CUDA_RETURN(alloc(&scales, 512));
+      JAX_UB_RETURN_IF_ERROR(LaunchFillUniform(DType::kF32, scales, 128, 4u, s));
       g.a_scale = static_cast<const float*>(scales);
-      g.b_scale = static_cast<const float*>(scales) + 1;
+      g.b_scale = static_cast<const float*>(scales) + 64;
     }
     // With an addend (the GEMM->RS chain), cuBLASLt may launch another kernel than for
     // beta = 0: that one must be loaded here too, not lazily inside an op whose peers wait.
