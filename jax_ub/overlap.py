@@ -162,8 +162,11 @@ def gemm_rs(
     staging = max(staged * (M // s.world) * inner * n * es, 256)
     st_t = _ffi.result_type((staging,), jnp.uint8, x2, w)
     rows = (M // s.world) * inner
-    splits = schedule.rs_splits(method, rows, n, es, x2.shape[-1])
-    cols = chain and schedule.rs_chain_cols(splits, n, es)
+    # Column blocks of an FP8 GEMM need a multiple of 16 columns (cuBLASLt's FP8 kernels), i.e.
+    # 16-byte blocks of a one-byte type: the schedule is asked as for one.
+    col_es = 1 if scales else es
+    splits = schedule.rs_splits(method, rows, n, col_es, x2.shape[-1])
+    cols = chain and schedule.rs_chain_cols(splits, n, col_es)
     # The pieces' GEMMs are other shapes: prepare (tune) them too.
     pm, pn, ld = (rows, n // splits, n) if cols else (rows // splits, n, 0)
     if columns:  # one GEMM per column block over all M rows

@@ -34,7 +34,10 @@ Status RsChainBody(Communicator* c, const GemmRsArgs& a, const char* op, uint64_
   // Piece p of a step's [mo, n] block: rows [p * prow, +prow) of every column, or (cols) every row
   // of columns [p * pcol, +pcol); `off` is its first element's byte offset in the block.
   const int64_t pcol = a.n / pieces;
-  const bool cols = pieces > 1 && a.split_cols && a.n % pieces == 0 && (pcol * oes) % 16 == 0;
+  // Column pieces: 16-byte blocks of the output, and for FP8 a multiple of 16 columns (its
+  // kernels).
+  const bool cols = pieces > 1 && a.split_cols && a.n % pieces == 0 && (pcol * oes) % 16 == 0 &&
+                    (!IsFp8(a.dtype) || pcol % 16 == 0);
   const int64_t prow = cols ? mo : mo / pieces;
   auto off = [&](int p) -> size_t {
     return cols ? static_cast<size_t>(p) * pcol * oes : static_cast<size_t>(p) * prow * a.n * oes;
@@ -97,7 +100,8 @@ Status RsColumnsBody(Communicator* c, const GemmRsArgs& a, const char* op, uint6
   const int64_t mo = a.M / world;
   const size_t part = static_cast<size_t>(mo) * a.n * oes;
   const bool even = a.splits >= 1 && a.splits <= kMaxColumnPieces && a.n % a.splits == 0 &&
-                    (a.n / a.splits * oes) % 16 == 0;
+                    (a.n / a.splits * oes) % 16 == 0 &&
+                    (!IsFp8(a.dtype) || (a.n / a.splits) % 16 == 0);  // FP8: 16-column blocks
   const int pieces = even ? a.splits : 1;
   const int64_t pcol = a.n / pieces;
   static_assert(kMaxColumnPieces < kPieceScale, "kPiece values overlap epochs");
