@@ -80,7 +80,11 @@ def main(argv: list[str]) -> int:
     if not paths:
         print(f"no bench records in {RECORDS}", file=sys.stderr)
         return 2
-    text = render(paths)
+    try:
+        text = render(paths)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read a bench JSON record: {e}", file=sys.stderr)
+        return 2
     if check:
         if OUT.exists() and OUT.read_text() == text:
             return 0

@@ -108,7 +108,7 @@ def merge(fresh: dict, old: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or any(a.startswith("-") for a in argv):
-        print(USAGE, file=sys.stderr)
+        print(f"error: expected FRESH.json COMMITTED.json; got {argv!r}\n{USAGE}", file=sys.stderr)
         return 2
     fresh_path, path = argv
     try:

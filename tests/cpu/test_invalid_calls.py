@@ -1041,11 +1041,6 @@ GAP_MESH = "layers (NNX): mesh= and rngs= are not checked"
 GAP_NORM_X = "layers: LayerNorm / RMSNorm do not check x (rank, features): jax's broadcasting error"
 GAP_X_TYPE = "layers: x that is not an array fails with AttributeError"
 GAP_TIMEOUT = "initialize / check_processes: timeout_s above config.MAX_TIMEOUT_S is accepted"
-GAP_TOOLS = "tools/measured_table.py: a missing file is a FileNotFoundError traceback, not exit 2"
-GAP_TOOL_USAGE = (
-    "tools/merge_results.py, tools/measured_table.py: a wrong argument list prints the usage only"
-)
-
 GAPS = [
     pytest.param(
         Case("nnx ColumnParallelDense(-4, 8)", _nnx("ColumnParallelDense", -4, 8), ("-4",), ("in_features",)),
@@ -1263,13 +1258,11 @@ def test_known_gaps(case):
     refuse(case)
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_TOOLS)
 def test_measured_table_refuses_a_missing_file():
     path = str(ROOT / "no_such_dir" / "x-ag.json")
     refuse_cli("measured_table", tool("measured_table").main, ["--check", path], (path,), ("bench",))
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_TOOL_USAGE)
 @pytest.mark.parametrize("argv", [["only_one.json"], ["a.json", "b.json", "c.json"], ["--force", "a", "b"]])
 def test_merge_results_says_what_arguments_it_got(argv):
     refuse_cli("merge_results", tool("merge_results").main, argv, (repr(argv[-1]), argv[-1]), ("usage",))

@@ -168,7 +168,8 @@ def test_refusals_and_usage(tmp_path):
             timeout=180,
             check=False,
         )
-        assert proc.returncode == 2 and proc.stderr.startswith("usage: "), (args, proc.stderr)
+        assert proc.returncode == 2 and f"got {list(args)!r}" in proc.stderr, (args, proc.stderr)
+        assert "usage: " in proc.stderr, (args, proc.stderr)
     proc = _merge(tmp_path, None, None, str(tmp_path / "missing.json"), str(tmp_path / "committed.json"))
     assert proc.returncode == 2 and "missing.json: cannot read a bench JSON" in proc.stderr
 
