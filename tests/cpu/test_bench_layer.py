@@ -238,3 +238,39 @@ def test_chrome_trace_of_a_step():
     assert [e for e in empty["traceEvents"] if e["ph"] == "X"] == []
     assert empty["otherData"]["note"] == "no CUDA timeline"
     assert not math.isnan(doc["traceEvents"][0]["pid"])
+
+
+COLLECTIVES = {"all_gather", "reduce_scatter", "psum", "psum_scatter", "ppermute", "all_to_all"}
+
+
+def _count(jaxpr, prims, names) -> None:
+    for eqn in jaxpr.eqns:
+        prims[eqn.primitive.name] = prims.get(eqn.primitive.name, 0) + 1
+        if eqn.primitive.name == "name":
+            names[eqn.params["name"]] = names.get(eqn.params["name"], 0) + 1
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _count(inner, prims, names)
+
+
+def test_the_floor_has_no_collective_and_runs_jax_ubs_gemms():
+    """The traced steps at tp=4: xla's layer gathers and scatters around each of its 4 GEMMs
+    (QKV, O, up, down), the no_comm floor has no collective at all and runs those 4 GEMMs through
+    jax_ub.gemm.matmul (its output's checkpoint name)."""
+    import jax
+
+    from jax_ub.bench import harness
+
+    s = layer.Shape(hidden=64, heads=8, kv_heads=4, head_dim=16, ffn=128, seq=32, batch=2, tp=4)
+    impls = layer.build(s, harness.make_mesh(4, False), "bfloat16", "none", ("xla", "no_comm"))
+    counts = {}
+    for impl, thunk in impls.items():
+        fn, args = thunk()
+        prims: dict[str, int] = {}
+        names: dict[str, int] = {}
+        _count(jax.make_jaxpr(fn)(*args).jaxpr, prims, names)
+        counts[impl] = ({p: n for p, n in prims.items() if p in COLLECTIVES}, names)
+    assert counts["xla"][0] == {"all_gather": 4, "reduce_scatter": 4}
+    assert counts["no_comm"] == ({}, {"jax_ub_matmul_out": 4})
