@@ -274,7 +274,6 @@ class StepCheck:
 
     def __init__(self, dtype: str):
         self.bound = STEP_ERR_BOUND[dtype]
-        self.dtype = dtype
         self.checks: dict[str, tuple[float, float]] = {}
         self.ref: Any = None
 
@@ -338,11 +337,12 @@ def run_xla_cm(a: argparse.Namespace, s: Shape, stem: str) -> tuple[dict[str, di
     env = dict(os.environ, XLA_FLAGS=xla_flags(os.environ.get("XLA_FLAGS", "")))
     h.progress(f"xla_cm: a subprocess with XLA_FLAGS={env['XLA_FLAGS']}")
     try:
+        # its progress lines and errors go to this process's stderr
         proc = subprocess.run(
-            child_argv(a, s, result), env=env, timeout=a.xla_cm_timeout, capture_output=True, text=True
+            child_argv(a, s, result), env=env, timeout=a.xla_cm_timeout, stdout=subprocess.PIPE
         )
         if proc.returncode != 0:
-            return {}, f"the subprocess exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
+            return {}, f"the subprocess exited with status {proc.returncode} (its lines above say why)"
         with open(result) as f:
             return json.load(f), ""
     except subprocess.TimeoutExpired:
@@ -369,7 +369,7 @@ def child(a: argparse.Namespace) -> int:
             out[remat] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             continue
         if "xla_cm" not in res:
-            out[remat] = {"error": "xla_cm failed (the subprocess's lines above say why)"}
+            out[remat] = {"error": "xla_cm failed (the [bench] lines above say why)"}
             continue
         lo, hi = res.spread["xla_cm"]
         out[remat] = {"ms": res["xla_cm"], "ms_min": lo, "ms_max": hi, "check": checks["xla_cm"]}
@@ -441,14 +441,15 @@ def run(a: argparse.Namespace) -> int:
     if peak is None:
         print(f"mfu: null: no peak TFLOP/s known for {kind!r} in {a.dtype}")
     stem = h.out_stem(a, "layer")
-    cm_why = xla_cm_reason(a, cuda)
-    cm: dict[str, dict] = {}
-    if cm_why:
-        print(f"xla_cm: skipped: {cm_why}")
+    skip = xla_cm_reason(a, cuda)
+    cm: dict[str, dict] | None = None  # None: xla_cm skipped; else the subprocess's results
+    if skip:
+        print(f"xla_cm: skipped: {skip}")
     else:  # first, while this process leaves the devices idle
-        cm, cm_why = run_xla_cm(a, s, stem)
-        if cm_why:
-            h.progress(f"xla_cm failed: {cm_why}")
+        cm, failed = run_xla_cm(a, s, stem)
+        if failed:
+            h.progress(f"xla_cm failed: {failed}")
+            cm = {remat: {"error": failed} for remat in a.remat}
     out = h.Results(a, stem, path)
     rows: list[tuple[str, dict[str, float], float | None, str]] = []
     mesh = None
@@ -471,7 +472,9 @@ def run(a: argparse.Namespace) -> int:
                 probe, errs = StepCheck(a.dtype), dict[str, Any]()
                 c.res = h.time_impls(label, impls, a, probe=probe, probes=errs, failures=out.failures)
                 c.rel_err = {k: v for k, v in errs.items() if v is not None}
-                _add_xla_cm(c, cm.get(remat), cm_why, probe, label, out.failures)
+                if cm is not None:
+                    got = cm.get(remat, {"error": "the subprocess gave no result"})
+                    _add_xla_cm(c, got, probe, label, out.failures)
                 print(step.check_line(f"remat={remat}", probe.checks))
                 ms = {k: round(v, 4) for k, v in c.res.items()}  # as the records say
                 e, why = hidden_fraction(ms, s.tp)
@@ -511,16 +514,9 @@ def _kept(thunk: step.Thunk, kept: dict[str, Any]) -> step.Thunk:
     return entry
 
 
-def _add_xla_cm(
-    c: h.Case, got: dict | None, why: str, probe: StepCheck, label: str, failures: list[tuple[str, str]]
-) -> None:
-    """The subprocess's ``xla_cm`` time into the case, where it ran and its check matches xla's."""
-    if got is None:
-        if not why:  # the subprocess ran but has nothing for this remat
-            failures.append(("xla_cm", f"{label}: no result from the subprocess"))
-        elif why and not why.startswith(("--xla-cm", "off the", "tp=1")):
-            failures.append(("xla_cm", f"{label}: {why}"))
-        return
+def _add_xla_cm(c: h.Case, got: dict, probe: StepCheck, label: str, failures: list[tuple[str, str]]) -> None:
+    """The subprocess's ``xla_cm`` result (:func:`run_xla_cm`) into the case: its time where it ran
+    and its check matches xla's, else a failure."""
     if "error" in got:
         h.progress(f"  xla_cm failed: {got['error']}")
         failures.append(("xla_cm", f"{label}: {got['error']}"))

@@ -274,3 +274,26 @@ def test_the_floor_has_no_collective_and_runs_jax_ubs_gemms():
         counts[impl] = ({p: n for p, n in prims.items() if p in COLLECTIVES}, names)
     assert counts["xla"][0] == {"all_gather": 4, "reduce_scatter": 4}
     assert counts["no_comm"] == ({}, {"jax_ub_matmul_out": 4})
+
+
+def test_xla_cm_result_joins_its_case_only_when_it_checks_out():
+    """The subprocess's result: timed and matching xla's (loss, |dx|) → a time with chain 1 and its
+    spread; an error or another (loss, |dx|) → a failure and no time."""
+    from jax_ub.bench import harness
+
+    def case():
+        probe = layer.StepCheck("bfloat16")
+        probe.checks["xla"] = (2.0, 4.0)
+        return harness.Case(res=harness.Times({"xla": 3.0}, {"xla": 1})), probe, []
+
+    c, probe, failures = case()
+    got = {"ms": 2.5, "ms_min": 2.4, "ms_max": 2.7, "check": [2.01, 4.0]}
+    layer._add_xla_cm(c, got, probe, "L", failures)
+    assert (c.res["xla_cm"], c.res.chain["xla_cm"], c.res.spread["xla_cm"]) == (2.5, 1, (2.4, 2.7))
+    assert c.extra["xla_cm"] == {"check_rel_err": 0.005} and failures == []
+    c, probe, failures = case()
+    layer._add_xla_cm(c, {**got, "check": [2.5, 4.0]}, probe, "L", failures)
+    assert "xla_cm" not in c.res and failures[0][0] == "xla_cm" and "wrong output" in failures[0][1]
+    c, probe, failures = case()
+    layer._add_xla_cm(c, {"error": "RuntimeError: boom"}, probe, "L", failures)
+    assert "xla_cm" not in c.res and failures == [("xla_cm", "L: RuntimeError: boom")]
