@@ -29,6 +29,9 @@ configuration) prints why and leaves with ``os._exit(status)``: a plain exit wou
 atexit ``jax.distributed.shutdown()``, whose barrier waits for every other process (up to 300 s)
 while they wait for this one in a collective, so no launcher would see the failure.
 
+``--fp8`` runs the tensor-parallel GEMMs in FP8 (``fp8=jax_ub.FP8Recipe()`` in the layers: current
+scaling, e4m3 operands, e5m2 gradients; see docs/fp8.md), the parameters staying in ``--dtype``.
+
 It prints the path that ran, the loss every ``--log-every`` steps and tokens/s; ``--compare`` trains
 with ``method="xla"`` and with the chosen method from the same seed and prints the largest loss
 difference and the speedup. The exit status is 1 when the loss is NaN or does not decrease.
@@ -106,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="recompute each block in the backward: 'dots' keeps the matmul outputs "
         "(jax_ub.checkpoint_policy(dots_saveable), which also keeps jax_ub's op "
         "outputs), 'full' keeps nothing",
+    )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="run every tensor-parallel GEMM in FP8 (fp8=jax_ub.FP8Recipe(): e4m3 operands with "
+        "current scaling, e5m2 gradients); master weights stay in --dtype",
     )
     p.add_argument(
         "--compare",
@@ -410,6 +419,9 @@ def _build(args: argparse.Namespace, method: str | None):
     from jax_ub import nn as ubnn
 
     dtype = jnp.dtype(args.dtype)
+    # FP8 in the tensor-parallel layers: x and w quantized per tensor (current scaling) before the
+    # all-gather, dy in e5m2 in the backward (the hybrid recipe); the parameters keep their dtype.
+    fp8 = jax_ub.FP8Recipe() if args.fp8 else None
     # A dot-based policy alone does not see jax_ub's custom calls and would recompute them.
     policy = {
         "none": None,
@@ -434,8 +446,8 @@ def _build(args: argparse.Namespace, method: str | None):
             h = args.hidden
             self.norm = nnx.LayerNorm(h, dtype=dtype, rngs=rngs)
             # QKV features ordered [heads, 3, head_dim], so each tp shard holds whole heads.
-            self.qkv = ubnn.ColumnParallelDense(h, 3 * h, dtype=dtype, method=method, rngs=rngs)
-            self.out = ubnn.RowParallelDense(h, h, dtype=dtype, method=method, rngs=rngs)
+            self.qkv = ubnn.ColumnParallelDense(h, 3 * h, dtype=dtype, method=method, fp8=fp8, rngs=rngs)
+            self.out = ubnn.RowParallelDense(h, h, dtype=dtype, method=method, fp8=fp8, rngs=rngs)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             qkv = self.qkv(self.norm(x))  # [b, s, 3h], features split over tp
@@ -447,7 +459,9 @@ def _build(args: argparse.Namespace, method: str | None):
         def __init__(self, *, rngs: nnx.Rngs):
             self.attn = Attention(rngs=rngs)
             gated = dict(gated=True, activation=jax.nn.silu, use_bias=False) if args.mlp == "swiglu" else {}
-            self.mlp = ubnn.ParallelMLP(args.hidden, args.ffn, dtype=dtype, method=method, rngs=rngs, **gated)
+            self.mlp = ubnn.ParallelMLP(
+                args.hidden, args.ffn, dtype=dtype, method=method, fp8=fp8, rngs=rngs, **gated
+            )
 
         def __call__(self, x: jax.Array) -> jax.Array:
             x = x + self.attn(x)
@@ -630,6 +644,7 @@ def _run(args: argparse.Namespace) -> int:
         f"devices: {n} x {jax.devices()[0].platform} in {jax.process_count()} process(es); "
         f"mesh dp={args.dp} tp={tp}; model: {args.layers} block(s), hidden {args.hidden}, "
         f"{args.heads} heads, ffn {args.ffn} ({args.mlp}), seq {args.seq}, batch {args.batch}, {args.dtype}"
+        + (" (FP8 GEMMs: e4m3 forward, e5m2 gradients)" if args.fp8 else "")
     )
 
     # Userbuffers communicators for the TP groups. Without the CUDA path it creates none, but with
