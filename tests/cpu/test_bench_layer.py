@@ -297,3 +297,27 @@ def test_xla_cm_result_joins_its_case_only_when_it_checks_out():
     c, probe, failures = case()
     layer._add_xla_cm(c, {"error": "RuntimeError: boom"}, probe, "L", failures)
     assert "xla_cm" not in c.res and failures == [("xla_cm", "L: RuntimeError: boom")]
+
+
+def test_trace_file_of_a_traced_step(tmp_path, monkeypatch):
+    """On the CUDA path at tp > 1 the trace file holds the traced step's spans (capture_timeline
+    faked with two ops' records); at tp=1 and off the CUDA path, a note and no span."""
+    from jax_ub.bench import harness
+
+    recs = [
+        _span(0, 1, "copy", 1, "comm0", 0.0, 0.2, 0.0),
+        _span(0, 2, "gemm", 0, "compute0", 0.0, 0.4, 1.0),
+    ]
+    monkeypatch.setattr(harness, "capture_timeline", lambda fn, args: (recs, ""))
+    a = _args(remat=["none"])
+    s = layer.Shape(hidden=64, heads=8, kv_heads=4, head_dim=16, ffn=128, seq=32, batch=2, tp=4)
+    stem = str(tmp_path / "x-layer")
+    line = layer.write_trace(a, s, stem, (None, ()), True, "path: cuda")
+    assert line == f"trace: {stem}-trace.json: 2 op spans, 2 chunk spans"
+    doc = json.loads(Path(f"{stem}-trace.json").read_text())
+    assert doc == json.loads(json.dumps(timeline.chrome_trace(recs, title=doc["otherData"]["title"])))
+    one = layer.Shape(hidden=64, heads=8, kv_heads=4, head_dim=16, ffn=128, seq=32, batch=2, tp=1)
+    assert "at tp=1 the step runs no jax_ub op" in layer.write_trace(a, one, stem, (None, ()), True, "")
+    assert "XLA reference path" in layer.write_trace(a, s, stem, (None, ()), False, "")
+    doc = json.loads(Path(f"{stem}-trace.json").read_text())
+    assert [e for e in doc["traceEvents"] if e["ph"] == "X"] == [] and "reference" in doc["otherData"]["note"]
