@@ -31,7 +31,7 @@ split: a name without a rule is a mesh axis.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 Rules = tuple[tuple[str, Any], ...]
@@ -82,11 +82,13 @@ class _Check:
         axis_name: str,
         mesh_axes: Sequence[str] | None,
         rules: Rules,
+        mesh_sizes: Mapping[str, int] | None = None,
     ):
         self.where, self.param = where, param
         self.layer_names = tuple(layer_names)
         self.axis_name = axis_name
         self.mesh_axes = None if mesh_axes is None else tuple(mesh_axes)
+        self.sizes = dict(mesh_sizes or {})
         self.rules = rules
         self.tp_dims = [d for d, n in enumerate(self.layer_names) if n == axis_name]
 
@@ -110,30 +112,50 @@ class _Check:
             )
         return user + (None,) * (n - len(user))
 
-    def mapped(self, dim: int, name: Any, got: Any) -> None:
-        """``name`` (the user's, or the layer's) on ``dim`` came to the mesh entry ``got``."""
+    def mapped(self, dim: int, name: Any, got: Any) -> Any:
+        """``name`` (the user's, or the layer's) on ``dim`` came to the mesh entry ``got``: checked,
+        and returned as the layer places it. An entry of several mesh axes (MaxText's ``("mlp",
+        ("fsdp_transpose", "tensor"))``) is taken where its axes of size 1 are dropped: on the TP
+        dim what remains must be the TP axis alone; on the other dims, any axes but the TP one."""
         ax = self.axis_name
-        if dim in self.tp_dims and axes_of(got) != (ax,):
-            raise ValueError(
-                f"{self.head(dim)}: expected a logical name that the rules map to {ax!r} (or None, "
-                f"which the layer fills); {self.param}_init names it {name!r}, which maps to "
-                f"{got!r} (rules: {_fmt_rules(self.rules)})."
-            )
-        if dim not in self.tp_dims and ax in axes_of(got):
-            raise ValueError(
-                f"{self.head(dim)}: expected a logical name that the rules map to mesh axes other "
-                f"than {ax!r} (e.g. FSDP's) or to None; {self.param}_init names it {name!r}, which "
-                f"maps to {got!r} (rules: {_fmt_rules(self.rules)}). The layer places {ax!r} "
-                f"itself."
-            )
+        axes = axes_of(got)
         if self.mesh_axes is not None:
-            missing = [a for a in axes_of(got) if a not in self.mesh_axes]
+            missing = [a for a in axes if a not in self.mesh_axes]
             if missing:
                 raise ValueError(
                     f"{self.head(dim)}: {self.param}_init names it {name!r}, which maps to {got!r}, "
                     f"but the mesh has no axis {missing[0]!r} (its axes: {self.mesh_axes}; rules: "
                     f"{_fmt_rules(self.rules)})."
                 )
+        ones = [a for a in axes if a != ax and self.sizes.get(a) == 1]
+        others = [a for a in axes if a != ax and a not in ones]
+        if dim in self.tp_dims and ax not in axes:
+            raise ValueError(
+                f"{self.head(dim)}: expected a logical name that the rules map to {ax!r} (or None, "
+                f"which the layer fills); {self.param}_init names it {name!r}, which maps to "
+                f"{got!r} (rules: {_fmt_rules(self.rules)})."
+            )
+        if dim in self.tp_dims and others:
+            sizes = ", ".join(f"{a!r}: {self.sizes.get(a, 'unknown (no mesh)')}" for a in others)
+            raise ValueError(
+                f"{self.head(dim)}: {self.param}_init names it {name!r}, which maps to {got!r}: "
+                f"besides {ax!r} that splits the dim over {tuple(others)} (sizes {sizes}), but the "
+                f"layer splits it over {ax!r} alone (its all-gather and reduce-scatter run over "
+                f"that axis). Axes of size 1 there are ignored. Expected rules that map {name!r} to "
+                f"{ax!r} and axes of size 1 only (rules: {_fmt_rules(self.rules)})."
+            )
+        if dim not in self.tp_dims and ax in axes:
+            raise ValueError(
+                f"{self.head(dim)}: expected a logical name that the rules map to mesh axes other "
+                f"than {ax!r} (e.g. FSDP's) or to None; {self.param}_init names it {name!r}, which "
+                f"maps to {got!r} (rules: {_fmt_rules(self.rules)}). The layer places {ax!r} "
+                f"itself."
+            )
+        if not ones:
+            return got  # as the rules give it
+        if dim in self.tp_dims:
+            return ax
+        return None if not others else others[0] if len(others) == 1 else tuple(others)
 
     def unknown(self, dim: int, name: str, extra: str = "") -> None:
         raise ValueError(
@@ -153,6 +175,7 @@ def resolve_nnx(
     axis_name: str,
     mesh_axes: Sequence[str] | None,
     merge: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+    mesh_sizes: Mapping[str, int] | None = None,
 ) -> Resolved:
     """NNX: ``user`` names translated with the box's ``sharding_rules`` composed with the context's.
 
@@ -169,7 +192,7 @@ def resolve_nnx(
             f"{where}: {param}_init's sharding_rules disagree with the context's "
             f"`nnx.logical_axis_rules`: {e}."
         ) from e
-    check = _Check(where, param, layer_names, axis_name, mesh_axes, rules)
+    check = _Check(where, param, layer_names, axis_name, mesh_axes, rules, mesh_sizes)
     user = check.entries(tuple(user))
     keys = set(_keys(rules))
     logical = bool(local) or any(isinstance(n, str) and n in keys for n in user)
@@ -185,20 +208,35 @@ def resolve_nnx(
             ):
                 check.unknown(dim, name, f" and which is not a mesh axis {check.mesh_axes}")
         names = tuple(axis_name if d in check.tp_dims and n is None else n for d, n in enumerate(user))
-    mesh_names = tuple(spmd.from_sharding_rules(names, rules)) if rules else names
-    for dim, (name, got) in enumerate(zip(names, mesh_names, strict=True)):
-        check.mapped(dim, name, got)
+    got = tuple(spmd.from_sharding_rules(names, rules)) if rules else names
+    mesh_names = tuple(check.mapped(d, n, g) for d, (n, g) in enumerate(zip(names, got, strict=True)))
     return Resolved(names, mesh_names, local or None, logical)
 
 
-def _tp_rule_name(rules: Rules, axis_name: str, taken: Sequence[Any] = ()) -> str | None:
-    """The first name that ``rules`` map to ``axis_name`` alone (and not in ``taken``)."""
-    return next((k for k, v in rules if axes_of(v) == (axis_name,) and k not in taken), None)
+def _tp_rule_name(
+    rules: Rules, axis_name: str, taken: Sequence[Any] = (), sizes: Mapping[str, int] | None = None
+) -> str | None:
+    """The first name (not in ``taken``) that ``rules`` map to ``axis_name`` alone, else the first
+    they map to ``axis_name`` and axes of size 1 (``sizes``; MaxText's ``("mlp",
+    ("fsdp_transpose", "tensor"))`` with an ``fsdp_transpose`` of size 1), else the first they map
+    to ``axis_name`` among others (:meth:`_Check.mapped` then says why that cannot be)."""
+    free = [(k, axes_of(v)) for k, v in rules if k not in taken and axis_name in axes_of(v)]
+    sizes = sizes or {}
+    for ok in (
+        lambda axes: axes == (axis_name,),
+        lambda axes: all(a == axis_name or sizes.get(a) == 1 for a in axes),
+        lambda axes: True,
+    ):
+        pick = next((k for k, axes in free if ok(axes)), None)
+        if pick is not None:
+            return pick
+    return None
 
 
 def linen_rules_cover(layer_names: Sequence[Any], axis_name: str) -> bool:
     """linen: whether the layer boxes a parameter it names itself with logical names: rules are
-    in context and, if it has a TP dim, one of them maps a name to ``axis_name``."""
+    in context and, if it has a TP dim, one of them maps a name to ``axis_name`` (alone or with
+    other mesh axes)."""
     rules = context_rules()
     return bool(rules) and (axis_name not in layer_names or _tp_rule_name(rules, axis_name) is not None)
 
@@ -211,6 +249,7 @@ def resolve_linen(
     box_rules: Rules | None,
     axis_name: str,
     mesh_axes: Sequence[str] | None,
+    mesh_sizes: Mapping[str, int] | None = None,
 ) -> Resolved:
     """linen: logical ``user`` names translated as ``nn.logical_to_mesh_axes`` does, with the box's
     ``rules`` or else the context's; the TP dim left ``None`` takes the first name that the rules
@@ -218,7 +257,7 @@ def resolve_linen(
     import flax.linen as nn
 
     rules = tuple(tuple(r) for r in box_rules) if box_rules else context_rules()
-    check = _Check(where, param, layer_names, axis_name, mesh_axes, rules)
+    check = _Check(where, param, layer_names, axis_name, mesh_axes, rules, mesh_sizes)
     user = check.entries(tuple(user))
     if not rules:
         raise ValueError(
@@ -233,7 +272,7 @@ def resolve_linen(
     names = list(user)
     for dim in check.tp_dims:
         if names[dim] is None:
-            pick = _tp_rule_name(rules, axis_name, names)
+            pick = _tp_rule_name(rules, axis_name, names, mesh_sizes)
             if pick is None:
                 raise ValueError(
                     f"{check.head(dim)}: {param}_init leaves it None, and no logical axis rule maps "
@@ -244,9 +283,8 @@ def resolve_linen(
             names[dim] = pick
     try:
         spec = nn.logical_to_mesh_axes(tuple(names), rules)  # a PartitionSpec: names are given
-        mesh_names = tuple(cast(Any, spec))
+        got = tuple(cast(Any, spec))
     except ValueError as e:
         raise ValueError(f"{where}: {param}_init's logical names {tuple(names)}: {e}") from e
-    for dim, (name, got) in enumerate(zip(names, mesh_names, strict=True)):
-        check.mapped(dim, name, got)
+    mesh_names = tuple(check.mapped(d, n, g) for d, (n, g) in enumerate(zip(names, got, strict=True)))
     return Resolved(tuple(names), mesh_names, tuple(box_rules) if box_rules else None, True)

@@ -310,18 +310,23 @@ def _partitioning(
     framework: str,
 ) -> Resolved:
     mesh_axes = None if p.mesh is None else tuple(p.mesh.axis_names)
+    mesh_sizes = None if p.mesh is None else dict(p.mesh.shape)  # size-1 axes in a rule are ignored
     names = () if user.names is None else _entries(user.names)
 
     def merge(entries: tuple[Any, ...]) -> tuple[Any, ...]:
         return merge_partitioning(where, param, layer_names, entries, axis_name)
 
     if framework == "nnx":
-        return logical.resolve_nnx(where, param, layer_names, names, user.rules, axis_name, mesh_axes, merge)
+        return logical.resolve_nnx(
+            where, param, layer_names, names, user.rules, axis_name, mesh_axes, merge, mesh_sizes
+        )
     if user.logical or (user.names is None and logical.linen_rules_cover(layer_names, axis_name)):
         # With rules in context, the layer's own boxes are logical too (`None`, and the rules' name
         # for the TP axis): one tree of logical names, which a "layers" name added by `nn.scan`
         # and `nn.logical_to_mesh_sharding` of the whole tree need.
-        return logical.resolve_linen(where, param, layer_names, names, user.rules, axis_name, mesh_axes)
+        return logical.resolve_linen(
+            where, param, layer_names, names, user.rules, axis_name, mesh_axes, mesh_sizes
+        )
     merged = layer_names if user.names is None else merge(names)
     if mesh_axes is not None and user.names is not None:
         for dim, (name, entry) in enumerate(zip(names, merged, strict=False)):
