@@ -21,6 +21,13 @@ covers is refused (and, in NNX, one that is not a mesh axis either), as is a rul
 axis on another dim, or a mesh axis that the mesh lacks; each error names the parameter, the dim,
 what was expected and what was received.
 
+A rule may map a name to several mesh axes (MaxText's ``("mlp", ("fsdp_transpose", "tensor"))``).
+The mesh axes of size 1 in it are ignored; on the dims the layer keeps whole the others stay (FSDP
+there is the user's); on the TP dim the TP axis must be among them and every other axis of size 1,
+else the rule is refused with those axes' sizes (the layer's collectives run over the TP axis
+alone). A linen layer that fills its TP dim picks a name the rules map to the TP axis alone, else
+one they map to it and axes of size 1.
+
 In linen a tree mixing mesh names with logical ones breaks: ``nn.logical_to_mesh_sharding`` reads
 every name as logical, and ``nn.scan``'s ``"layers"`` name lands in the mesh names. So under
 ``nn.logical_axis_rules`` the layer boxes the parameters it names itself (a norm's, a plain
