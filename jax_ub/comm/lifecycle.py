@@ -23,6 +23,7 @@ import logging
 import math
 import numbers
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,6 +61,7 @@ class CommSet:
     transport_reason: str = ""
     hosts: list[str] = dataclasses.field(default_factory=list)  # host id of each process (p2p)
     grow_count: int = 0
+    rolled: list[int] | None = None  # after a failed op (nccl): the processes that did not report one
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @property
@@ -833,7 +835,10 @@ def _failure_reasons() -> dict[tuple[str, int], str]:
 
 
 def _exited_peers() -> list[str]:
-    """Every peer process of the sets' exchanges known to have exited (jax_ub.comm.liveness)."""
+    """What is known of the peers of a failed op, one sentence each: every peer process of the
+    sets' exchanges known to have exited (jax_ub.comm.liveness), and, on transport nccl, which
+    cannot say which peer an op missed, the processes of the failed groups that did not report a
+    failure of their own (:func:`_roll_call`)."""
     out: list[str] = []
     for s in [*_sets.values(), *_abandoned]:
         ex = s.exchange
@@ -843,7 +848,52 @@ def _exited_peers() -> list[str]:
             why = None if r == ex.rank else liveness.exited(ex._store, p)
             if why is not None and why not in out:
                 out.append(why)
+        silent = _roll_call(s) if s.transport == "nccl" else []
+        if silent:
+            out.append(
+                f"process{'es' if len(silent) > 1 else ''} {', '.join(map(str, silent))} of the failed "
+                f"group did not report a failure of {'their' if len(silent) > 1 else 'its'} own within "
+                f"{min(_ROLL_CALL_S, s.timeout_s):g} s: alive but not in this op (stalled, or running "
+                "other ops), or gone"
+            )
     return out
+
+
+_ROLL_CALL_S = 2.0  # how long a process whose op failed waits for the peers of its group to say so
+
+
+def _roll_call(s: CommSet) -> list[int]:
+    """Once per set, after an op of ``s`` failed on this process: publishes that it failed, and
+    returns the processes of the failed groups that did not publish the same within
+    ``_ROLL_CALL_S`` (the peers that ran into the same timeout publish it at once). Never raises;
+    [] where it cannot tell."""
+    if s.rolled is not None:
+        return s.rolled
+    s.rolled = []
+    ex = s.exchange
+    mod = _ext.extension()
+    if ex is None or mod is None:
+        return []
+    try:
+        failed_groups = {gi for dev, gi, _ in s.local if mod.comm_error(s.set_id, dev)}
+    except Exception:  # freed meanwhile
+        return []
+    peers = sorted({d.process_index for gi in failed_groups for d in s.groups[gi]} - {ex.rank})
+    try:
+        ex._store.set(ex._key("op-failed", ex.rank), b"")
+    except Exception:  # the service is gone: nothing to learn from it
+        return []
+    deadline = time.monotonic() + min(_ROLL_CALL_S, s.timeout_s)
+    while peers:
+        try:
+            peers = [p for p in peers if ex._store.try_get(ex._key("op-failed", p)) is None]
+        except Exception:
+            return []
+        if not peers or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    s.rolled = peers
+    return peers
 
 
 failures.set_source(_failure_reasons, _exited_peers)

@@ -120,3 +120,42 @@ def test_the_reason_names_the_peers_known_to_have_exited(monkeypatch):
     monkeypatch.setattr(failures, "_peers", lambda: ["process 3 (pid 42) has exited"])
     with pytest.raises(failures.CommFailedError, match=r"peers known to have exited: process 3 \(pid 42\)"):
         failures.raise_if_failed()
+
+
+def test_nccl_names_the_process_of_the_failed_group_that_did_not_report(monkeypatch):
+    """Transport nccl cannot say which peer a send/recv missed: after a failed op, the processes of
+    the group that ran into the same failure say so at once; the one that did not (here process 2,
+    stalled) is named."""
+    from jax_ub.comm import lifecycle
+
+    store = _ClientLike()
+
+    class Ext:
+        def comm_error(self, set_id, dev):
+            return "jax_ub all_gather_matmul (...): timed out in NCCL send/recv with ranks ..."
+
+    class Dev:
+        def __init__(self, p: int) -> None:
+            self.process_index = p
+
+    monkeypatch.setattr(lifecycle._ext, "extension", lambda: Ext())
+
+    def member(rank: int) -> lifecycle.CommSet:
+        ex = bootstrap.KVExchange("jax_ub/init9/groupall", rank, 3, 5.0, client=store, processes=range(3))
+        group = [[Dev(0), Dev(1), Dev(2)]]
+        return lifecycle.CommSet(9, 9, "tp", 3, group, [(rank, 0, rank)], 1, 5.0, "nccl", ex)
+
+    s0, s1 = member(0), member(1)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault(1, lifecycle._roll_call(s1)))
+    t0 = time.monotonic()
+    t.start()
+    assert lifecycle._roll_call(s0) == [2]
+    t.join()
+    assert got[1] == [2] and time.monotonic() - t0 < lifecycle._ROLL_CALL_S + 1.5
+    monkeypatch.setattr(lifecycle, "_sets", {"tp": s0})
+    said = lifecycle._exited_peers()
+    assert said == [
+        "process 2 of the failed group did not report a failure of its own within 2 s: alive but not "
+        "in this op (stalled, or running other ops), or gone"
+    ], said
