@@ -43,6 +43,7 @@ __all__ = [
     "AgreementError",
     "KVExchange",
     "LocalStore",
+    "PeerExitedError",
     "PeerFailedError",
     "PeerTimeoutError",
     "agree",
@@ -58,6 +59,12 @@ class PeerTimeoutError(RuntimeError):
 class PeerFailedError(RuntimeError):
     """A peer announced (:meth:`KVExchange.announce_failure`) that its part of the bootstrap
     failed; the message carries its error."""
+
+
+class PeerExitedError(PeerFailedError, PeerTimeoutError):
+    """A peer's process exited before it published its part (:mod:`jax_ub.comm.liveness`): seen at
+    once instead of at the timeout. Both a :class:`PeerFailedError` and a
+    :class:`PeerTimeoutError`, so that code written for a missing peer catches it too."""
 
 
 class AgreementError(RuntimeError):
@@ -457,8 +464,8 @@ class KVExchange:
                 )
         return None
 
-    def _exited_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerFailedError | None:
-        """A PeerFailedError for the first of ``ranks`` whose process is known to have exited
+    def _exited_peer(self, op: str, tag: str, ranks: Sequence[int]) -> PeerExitedError | None:
+        """A PeerExitedError for the first of ``ranks`` whose process is known to have exited
         (checked at most every ``_LIVENESS_S``), else None."""
         if self.processes is None or time.monotonic() < self._next_liveness_check:
             return None
@@ -466,7 +473,7 @@ class KVExchange:
         for r in ranks:
             why = liveness.exited(self._store, self.processes[r])
             if why is not None:
-                return PeerFailedError(
+                return PeerExitedError(
                     f"jax_ub bootstrap {op} '{tag}' ({self.namespace}): rank {self.rank} waited for "
                     f"{self._who(r)}, whose {why}: it can never publish its part, so this wait ends "
                     "now instead of at JAX_UB_TIMEOUT"

@@ -175,7 +175,8 @@ def check_processes(
       PeerTimeoutError: some process did not call within ``timeout_s``; names every such process,
         and its latest call of check_processes where it made another one (a later one: the
         processes did not make the same calls). Also raised on a process that arrives after a peer
-        gave up waiting for it: it does not go on alone.
+        gave up waiting for it: it does not go on alone. Where a process has exited, at once
+        (``PeerExitedError``, a PeerTimeoutError), not at the timeout.
       TypeError, ValueError: bad arguments, on the process that passed them, after it took part
         (the others get a ProcessCheckError naming it), so that none of them waits for it.
       RuntimeError: jax.distributed's key-value service failed or is gone (e.g.
@@ -216,6 +217,17 @@ def check_processes(
     payload = json.dumps({"problem": problem, "fields": text}).encode()
     try:
         blobs = exchange._all_gather("check_processes", "answers", payload, reached=f"call {_WHO}()")
+    except bootstrap.PeerExitedError as err:
+        # A process exited before it answered: every process that waits for it learns it at once.
+        with contextlib.suppress(Exception):
+            exchange._store.set(exchange._key(_GAVE_UP, me), b"")
+        message = str(err).split(": ", 1)[-1]
+        if problem is not None:
+            gone = _peers_with(exchange, "answers", present=False)
+            raise ProcessCheckError(
+                f"{_WHO}: process {me} cannot go on: {problem}; and {message}", {me: problem}, missing=gone
+            ) from err
+        raise bootstrap.PeerExitedError(f"{_WHO}: {message}") from err
     except bootstrap.PeerTimeoutError as err:
         # Say so before looking once more: a late process that then reads every answer sees this
         # mark and raises too, instead of going on alone into a collective.

@@ -159,3 +159,39 @@ def test_nccl_names_the_process_of_the_failed_group_that_did_not_report(monkeypa
         "process 2 of the failed group did not report a failure of its own within 2 s: alive but not "
         "in this op (stalled, or running other ops), or gone"
     ], said
+
+
+def test_check_processes_ends_at_once_naming_a_process_that_exited(monkeypatch):
+    """A PeerExitedError, which code written for a missing peer (PeerTimeoutError) catches too."""
+    from jax_ub.comm import processes
+
+    store = _ClientLike()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    store.set("jax_ub/process/1/identity", _identity_of(child.pid))
+    child.wait()
+    monkeypatch.setattr(processes, "_distributed", lambda: (store, 0, 2))
+    t0 = time.monotonic()
+    with pytest.raises(bootstrap.PeerTimeoutError, match=r"process 1 \(pid \d+\) has exited") as info:
+        processes.check_processes({"steps": 1}, timeout_s=20)
+    assert isinstance(info.value, bootstrap.PeerExitedError) and time.monotonic() - t0 < 3
+    assert str(info.value).startswith("jax_ub.check_processes: "), info.value
+    with pytest.raises(processes.ProcessCheckError, match=r"cannot go on: bad flag; and .*has exited"):
+        processes.check_processes({"steps": 1}, problem="bad flag", timeout_s=20)
+
+
+def test_check_processes_names_a_process_whose_answer_cannot_be_read_again(monkeypatch):
+    """Every answer came, but a re-read after the timeout fails (the service went with an exited
+    process): the process is named as missing, not a bare TypeError from an unreadable answer."""
+    from jax_ub.comm import processes
+
+    store = _ClientLike()
+    monkeypatch.setattr(processes, "_distributed", lambda: (store, 0, 2))
+
+    def timed_out(self, *a, **k):
+        raise bootstrap.PeerTimeoutError("timed out")
+
+    monkeypatch.setattr(bootstrap.KVExchange, "_all_gather", timed_out)
+    monkeypatch.setattr(processes, "_peers_with", lambda ex, tag, present=True: [])  # all there, then
+    monkeypatch.setattr(processes, "_peek", lambda ex, key: None)  # ... the re-read fails
+    with pytest.raises(bootstrap.PeerTimeoutError, match=r"waited 5 s for process 1 of 2"):
+        processes.check_processes({"steps": 1}, timeout_s=5)
