@@ -29,8 +29,6 @@ import subprocess
 import sys
 from typing import Any
 
-from scikit_build_core import build as _skbuild
-
 # The newest CUDA major jax_ub builds for, and the oldest it can run on.
 NEWEST_MAJOR = 13
 OLDEST_MAJOR = 12
@@ -247,11 +245,19 @@ def _skb_settings(config_settings: dict[str, Any] | None) -> dict[str, Any] | No
     return {k: v for k, v in config_settings.items() if k != CONFIG_KEY}
 
 
+def _skbuild() -> Any:
+    """scikit-build-core's backend, imported where a hook runs (the decisions above need nothing but
+    the standard library, so that they can be tested without it)."""
+    from scikit_build_core import build
+
+    return build
+
+
 def _log(message: str) -> None:
     print(f"jax_ub: {message}", file=sys.stderr, flush=True)
 
 
-def _build(build, wheel_directory, config_settings, metadata_directory):  # type: ignore[no-untyped-def]
+def _build(hook: str, wheel_directory: str, config_settings: Any, metadata_directory: str | None) -> str:
     plan = _plan(config_settings)
     _log(plan.why)
     if plan.wheel_nvcc:
@@ -264,12 +270,15 @@ def _build(build, wheel_directory, config_settings, metadata_directory):  # type
                 + f" first, or build with isolation. Or set {ALLOW_VARIABLE}=1"
             )
         os.environ["CUDACXX"] = nvcc
+    # Required by the user (JAX_UB_REQUIRE_CUDA=1) or by the machine (a driver, -C cuda=...): only
+    # the machine's requirement is lifted by the opt-out.
+    by_user = os.environ.get(REQUIRE_VARIABLE, "").strip().lower() in _TRUE
     if plan.require_cuda:
         os.environ[REQUIRE_VARIABLE] = "1"
     try:
-        return build(wheel_directory, _skb_settings(config_settings), metadata_directory)
+        return getattr(_skbuild(), hook)(wheel_directory, _skb_settings(config_settings), metadata_directory)
     except SystemExit:
-        if plan.require_cuda:
+        if plan.require_cuda and not by_user:
             _log(
                 f"the CUDA extension is required here ({plan.why}); to install without it "
                 f"(XLA's reference path only), set {ALLOW_VARIABLE}=1"
@@ -282,45 +291,41 @@ def _build(build, wheel_directory, config_settings, metadata_directory):  # type
 
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
     plan = _plan(config_settings)
-    return [*_skbuild.get_requires_for_build_wheel(_skb_settings(config_settings)), *plan.requires]
+    return [*_skbuild().get_requires_for_build_wheel(_skb_settings(config_settings)), *plan.requires]
 
 
 def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
     plan = _plan(config_settings)
-    return [*_skbuild.get_requires_for_build_editable(_skb_settings(config_settings)), *plan.requires]
+    return [*_skbuild().get_requires_for_build_editable(_skb_settings(config_settings)), *plan.requires]
 
 
 def get_requires_for_build_sdist(config_settings: dict[str, Any] | None = None) -> list[str]:
-    return _skbuild.get_requires_for_build_sdist(_skb_settings(config_settings))
+    return _skbuild().get_requires_for_build_sdist(_skb_settings(config_settings))
 
 
 def build_wheel(
     wheel_directory: str, config_settings: dict[str, Any] | None = None, metadata_directory: str | None = None
 ) -> str:
-    return _build(_skbuild.build_wheel, wheel_directory, config_settings, metadata_directory)
+    return _build("build_wheel", wheel_directory, config_settings, metadata_directory)
 
 
 def build_editable(
     wheel_directory: str, config_settings: dict[str, Any] | None = None, metadata_directory: str | None = None
 ) -> str:
-    return _build(_skbuild.build_editable, wheel_directory, config_settings, metadata_directory)
+    return _build("build_editable", wheel_directory, config_settings, metadata_directory)
 
 
 def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:
-    return _skbuild.build_sdist(sdist_directory, _skb_settings(config_settings))
+    return _skbuild().build_sdist(sdist_directory, _skb_settings(config_settings))
 
 
-# Where scikit-build-core offers them (it leaves them out for metadata that needs a build).
-if hasattr(_skbuild, "prepare_metadata_for_build_wheel"):
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: dict[str, Any] | None = None
+) -> str:
+    return _skbuild().prepare_metadata_for_build_wheel(metadata_directory, _skb_settings(config_settings))
 
-    def prepare_metadata_for_build_wheel(
-        metadata_directory: str, config_settings: dict[str, Any] | None = None
-    ) -> str:
-        return _skbuild.prepare_metadata_for_build_wheel(metadata_directory, _skb_settings(config_settings))
 
-    def prepare_metadata_for_build_editable(
-        metadata_directory: str, config_settings: dict[str, Any] | None = None
-    ) -> str:
-        return _skbuild.prepare_metadata_for_build_editable(
-            metadata_directory, _skb_settings(config_settings)
-        )
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: dict[str, Any] | None = None
+) -> str:
+    return _skbuild().prepare_metadata_for_build_editable(metadata_directory, _skb_settings(config_settings))
