@@ -82,7 +82,7 @@ XLA_CM_FLAGS = {
 }
 # Dense peak TFLOP/s per GPU by device kind and dtype (NVIDIA's data sheets, SXM parts, without
 # sparsity): the denominator of mfu. float32 has none (TF32 or not depends on the precision).
-_HOPPER = {"bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9, "fp8": 1978.9}
+_HOPPER = {"bfloat16": 989.4, "float16": 989.4}
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "NVIDIA H200": _HOPPER,
     "NVIDIA H100 80GB HBM3": _HOPPER,
