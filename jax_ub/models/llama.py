@@ -12,7 +12,7 @@ Public names (stable):
 * :class:`LlamaStack` — ``num_layers`` layers stacked on a leading axis (``nnx.vmap``), run with
   ``nnx.scan`` under ``nnx.remat`` (``LlamaConfig.remat``: :func:`remat_policy`).
 * :class:`LlamaModel` — token embedding, the stack, a final RMSNorm and the output projection
-  tied to the embedding: logits `[batch, seq, vocab]`.
+  (``lm_head``, not tied to the embedding, as Llama 3's): logits `[batch, seq, vocab]`.
 * :func:`rope` — rotary position embedding, Hugging Face's rotate-half convention.
 * :func:`attention` — RoPE and causal GQA on one device's heads (local arrays).
 * :func:`forward_no_comm` — a layer's (or any module's) forward with every collective of jax_ub's
@@ -320,7 +320,8 @@ class LlamaStack(nnx.Module):
 
 class LlamaModel(nnx.Module):
     """Tokens `[batch, seq]` → logits `[batch, seq, vocab]` (float32): embedding, :class:`LlamaStack`,
-    final RMSNorm, output projection tied to the embedding (plain XLA ops outside the stack)."""
+    final RMSNorm, output projection ``lm_head`` `[hidden, vocab]` (plain XLA ops outside the
+    stack, partitioned by XLA)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -341,11 +342,14 @@ class LlamaModel(nnx.Module):
             mesh=cfg.mesh,
             rngs=rngs,
         )
+        self.lm_head = nnx.Linear(
+            cfg.hidden, cfg.vocab, use_bias=False, param_dtype=cfg.param_dtype, rngs=rngs
+        )
 
     def __call__(self, tokens: Array, positions: Array | None = None) -> Array:
         x = self.embed(tokens).astype(self.cfg.dtype)
         x = self.stack(x, positions)
-        return self.embed.attend(self.norm(x)) / jnp.sqrt(float(self.cfg.hidden))
+        return self.lm_head(self.norm(x))
 
 
 # --------------------------------------------------------------------------------------------------
