@@ -368,7 +368,7 @@ def _parser() -> argparse.ArgumentParser:
     summary.add_parser(sub)
     from jax_ub.bench import gemm as gemm_bench  # the FP8 GEMM; imports jax only when it runs
 
-    gemm_bench.add_parser(sub)
+    gemm_bench.add_parser(sub, plain_name)
     return ap
 
 

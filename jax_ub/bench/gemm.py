@@ -57,8 +57,9 @@ def _positive(text: str) -> int:
     return v
 
 
-def add_parser(sub: Any) -> None:
-    """The ``gemm`` subcommand (registered by :mod:`jax_ub.bench.__main__`)."""
+def add_parser(sub: Any, machine_name: Any = str) -> None:
+    """The ``gemm`` subcommand (registered by :mod:`jax_ub.bench.__main__`, which passes its
+    ``--machine`` check as ``machine_name``)."""
     p = sub.add_parser("gemm", help="FP8 GEMM: jax_ub (cuBLASLt FP8) vs XLA's FP8 dot vs bf16, one GPU")
     p.add_argument("--m", type=_positive, nargs="+", default=MS, help="rows of x (default: %(default)s)")
     p.add_argument("--nk", type=_nk, nargs="+", default=NK, help="N,K pairs (default: 8B/70B chunk GEMMs)")
@@ -68,7 +69,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chain", type=_positive, default=4, help="ops per dispatch")
     p.add_argument("--out", default="bench_out", help="folder of the record (default: bench_out)")
     p.add_argument("--record", default=None, help="the record's path (instead of --out's name)")
-    p.add_argument("--machine", default=None, help="name in the record (default: <n>x<device kind>)")
+    p.add_argument(
+        "--machine", type=machine_name, default=None, help="name in the record (default: <n>x<device kind>)"
+    )
 
 
 def _time(fn, args, a) -> float:
