@@ -702,7 +702,7 @@ MLP_SMALL = ["--hidden", "64", "--ffn", "128", "--tokens", "64"]
         (["rs", *SMALL, "--settle-ms", "-5"], "argument --settle-ms: must be >= 0; got -5"),
         (
             ["ag", *SMALL, "--dtype", "int8"],
-            "argument --dtype: invalid choice: 'int8' (choose from 'bfloat16', 'float16', 'float32')",
+            "argument --dtype: invalid choice: 'int8' (choose from 'bfloat16', 'float16', 'float32', 'fp8')",
         ),
         (["mlp", *MLP_SMALL, "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
         (["rs", *SMALL, "--timeline-method", "push"], "argument --timeline-method: invalid choice: 'push'"),
