@@ -26,10 +26,10 @@ T = 3.0
 
 @pytest.fixture(scope="module")
 def matrix():
-    cases = [
-        fault_matrix.Case(kind, phase, "ipc") for phase in fault_matrix.CPU_PHASES for kind in fault_matrix.KINDS
-    ]
     import concurrent.futures
+
+    phases, kinds = fault_matrix.CPU_PHASES, fault_matrix.KINDS
+    cases = [fault_matrix.Case(kind, phase, "ipc") for phase in phases for kind in kinds]
 
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         return list(pool.map(lambda c: fault_matrix.run_case(c, "cpu", 3, T), cases))
