@@ -104,3 +104,16 @@ def test_nvcc_from_the_compiler_wheels_is_found_with_its_libraries(tmp_path):
     assert "jax_ub: XLA FFI headers" in _flat(p), _flat(p)
     cache = (tmp_path / "b" / "CMakeCache.txt").read_text()
     assert f"CUDA_cudart_static_LIBRARY:FILEPATH={tmp_path / 'cu13' / 'lib' / 'libcudart_static.a'}" in cache
+
+
+def test_an_nvcc_that_does_not_run_is_reported_not_enabled(tmp_path):
+    # A wrapper left behind by a removed toolkit: the install goes on without the extension, saying
+    # which nvcc failed, instead of stopping in CMake's enable_language.
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nexec /nonexistent/cuda/bin/nvcc "$@"\n')
+    fake.chmod(0o755)
+    p = _configure(tmp_path / "b", PATH=f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert p.returncode == 0, _flat(p)
+    assert f"{fake} was found but `nvcc --version` fails there" in _flat(p), _flat(p)
+    assert "installing without the CUDA extension" in _flat(p), _flat(p)
