@@ -59,7 +59,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import _validate, gemm, ops, reference
-from jax_ub.layers.mesh import array_mesh, placement, require_placement
+from jax_ub.layers.mesh import array_mesh, check_differentiable_here, placement, require_placement
 from jax_ub.layers.params import check_divisible
 
 __all__ = [
@@ -174,12 +174,14 @@ def _to_spec(value: Array, spec: P, explicit: set[str], mesh: Any) -> Array:
         return None if not names else names[0] if len(names) == 1 else names
 
     target = P(*(keep(e) for e in spec))
-    sharding: P | jax.sharding.NamedSharding = target
     if jax.sharding.get_abstract_mesh().empty and isinstance(mesh, jax.sharding.Mesh):
         # A layer given `mesh=` outside any mesh context (e.g. a `jax.make_mesh` mesh, whose axes
-        # are Explicit): a bare PartitionSpec would name no mesh.
-        sharding = jax.sharding.NamedSharding(mesh, target)
-    return jax.sharding.reshard(value, sharding)
+        # are Explicit): a bare PartitionSpec would name no mesh, and `reshard` to a NamedSharding
+        # inside `jax.jit` leaves the jit's devices unknown (jax's "Length of device assignment 1
+        # is not equal to the size of the mesh"); `device_put` onto the mesh's devices sets them,
+        # so `jax.jit(init)` and a build under `nnx.jit` work with `mesh=` alone.
+        return jax.device_put(value, jax.sharding.NamedSharding(mesh, target))
+    return jax.sharding.reshard(value, target)
 
 
 def place(value: Array, names: Sequence[Any], mesh: Any) -> Array:
@@ -457,6 +459,7 @@ def column_parallel_dense(
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
     p = require_placement(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
+    check_differentiable_here(where, p, (x, kernel, bias))
     tp = p.tp
     assert tp is not None
     check_divisible(where, "out_features", out_features, tp, axis_name)
@@ -563,6 +566,7 @@ def row_parallel_dense(
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
     p = require_placement(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
+    check_differentiable_here(where, p, (x, kernel, bias))
     tp = p.tp
     assert tp is not None
     _check_kernel_2d(where, kernel)

@@ -159,3 +159,34 @@ def require_placement(where: str, axis_name: str, mesh: Any, fallbacks: Sequence
             f"(local shards)."
         )
     return p
+
+
+def check_differentiable_here(where: str, p: Placement, arrays: Sequence[Any]) -> None:
+    """Refuses, with what to do, a global-mode call differentiated eagerly (``jax.grad`` outside
+    ``jax.jit``) on an Explicit-axes mesh that no ``jax.set_mesh`` holds: jax cannot run an eager
+    gradient of arrays typed on such a mesh (its own message, "Length of device assignment 1 is
+    not equal to the size of the mesh", comes after the layer, from any code, without saying why).
+    ``jax.jit`` of the gradient, or ``jax.set_mesh`` around it, works."""
+    mesh = p.mesh
+    if p.local or not isinstance(mesh, jax.sharding.Mesh) or _context_mesh(None) is not None:
+        return
+    types = getattr(mesh, "axis_types", None) or ()
+    if jax.sharding.AxisType.Explicit not in tuple(types):
+        return
+    differentiated = [a for a in arrays if type(a).__name__ in ("JVPTracer", "LinearizeTracer")]
+    if not differentiated:
+        return
+    try:
+        from jax._src import core as jax_core
+
+        if jax_core.unsafe_am_i_under_a_jit():
+            return
+    except Exception:  # a private API: without it, no refusal (jax's own error stands)
+        return
+    raise ValueError(
+        f"{where}: differentiated outside `jax.jit` on a mesh with Explicit axes "
+        f"{tuple(mesh.axis_names)} (from the layer's `mesh=`, or the mesh it was built under) that "
+        f"no `jax.set_mesh` holds: jax cannot compute an eager gradient of arrays on such a mesh. "
+        f"Differentiate under `with jax.set_mesh(mesh):`, or jit the gradient "
+        f"(`jax.jit(jax.grad(loss))`, `nnx.jit(nnx.grad(loss))`)."
+    )

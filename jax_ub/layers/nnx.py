@@ -66,6 +66,17 @@ def _param(
     )
     eager = not p.local and p.tp is not None
     concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
+    if (
+        eager
+        and concrete is not None
+        and core.explicit_axes(concrete)
+        and jax.sharding.get_abstract_mesh().empty
+    ):
+        # `mesh=` an Explicit-axes mesh with none in context: placed here by `device_put`, which
+        # also works under `nnx.jit` (Flax's eager sharding would `reshard` to a mesh the jit has
+        # no devices of; see core._to_spec).
+        raw = core.place(raw, res.mesh_names, concrete)
+        eager = False
     if isinstance(box, variablelib.VariableMetadata):
         metadata = {k: v for k, v in box.metadata.items() if k not in _SHARDING_KEYS}
     else:  # none, or a linen Partitioned: its mesh is all it has beside the names
