@@ -251,7 +251,7 @@ def pack_mlp(
     t = (lambda a: xp.swapaxes(a, -1, -2)) if layout == "hf" else (lambda a: a)
     g, u = t(gate), t(up)
     d = None if down is None else t(down)
-    if d is not None and tuple(d.shape) != (*g.shape[:-2], g.shape[-1], g.shape[-2]):
+    if down is not None and d is not None and tuple(d.shape) != (*g.shape[:-2], g.shape[-1], g.shape[-2]):
         raise ValueError(
             f"{where}: in layout {layout!r}, `down` must map ffn ({g.shape[-1]}) back to hidden "
             f"({g.shape[-2]}); got down.shape={_fmt(down.shape)} (gate.shape={_fmt(gate.shape)})."

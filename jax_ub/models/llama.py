@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +193,8 @@ def attention(
     if positions is None:
         positions = jnp.arange(s)
     q, k = rope(q, positions, theta), rope(k, positions, theta)
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+    impl = cast(Literal["xla", "cudnn"] | None, implementation)  # checked by LlamaConfig
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
     return out.reshape(b, s, -1)
 
 
