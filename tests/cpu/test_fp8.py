@@ -576,3 +576,74 @@ def test_bulk_fp8_validation(cpu_mesh, fn, x_dt, a_dt, b_dt, kw, match):
     op = jax_ub.bulk_all_gather if fn == "ag" else jax_ub.bulk_reduce_scatter
     with pytest.raises(TypeError, match=match):
         smap(mesh, lambda x, a, b: op(x, a, b, "tp", **kw)[1], (P("tp"), P(), P()), P())(x, a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the collectives move, and the AG options.
+
+
+def _collective_dtypes(jaxpr, name: str) -> list:
+    """The operand dtypes of every ``name`` collective in ``jaxpr``, nested jaxprs included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == name:
+            out.append(eqn.invars[0].aval.dtype)
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _collective_dtypes(inner, name)
+    return out
+
+
+def test_the_collectives_move_fp8_bytes(cpu_mesh):
+    """With a recipe the forward all-gather moves e4m3 x, and RS's backward gathers e5m2 dy; the
+    reduce-scatters sum float32 (each in the program of its op and its gradient)."""
+    mesh = cpu_mesh(2)
+    for op in ("ag", "rs"):
+        x, w = _recipe_operands(op, 2, BF16)
+        f = _recipe_fn(mesh, op, jax_ub.FP8Recipe())
+        cot = rand(3, jax.eval_shape(f, x, w).shape)
+        loss = lambda x, w, f=f, c=cot: jnp.vdot(f(x, w).astype(F32), c)  # noqa: E731
+        jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(x, w)
+        gathers = _collective_dtypes(jaxpr.jaxpr, "all_gather")
+        scatters = _collective_dtypes(jaxpr.jaxpr, "reduce_scatter")
+        assert gathers == [jnp.dtype(E4M3 if op == "ag" else E5M2)], (op, gathers)
+        assert scatters == [jnp.dtype(F32)], (op, scatters)
+
+
+def test_recompute_and_return_gathered_with_a_recipe(cpu_mesh):
+    """recompute_gathered (the local x8 saved, re-gathered in the backward) gives the same
+    gradients bit for bit; with return_gathered the gathered x's cotangent goes back to x through
+    the all-gather's transpose (a reduce-scatter)."""
+    tp = 2
+    mesh = cpu_mesh(tp)
+    x, w = _recipe_operands("ag", tp, F32)
+    r = jax_ub.FP8Recipe()
+    specs = (P(None, "tp"), P(None, "tp"))
+    grads = []
+    for recompute in (False, True):
+        body = lambda x, w, rc=recompute: jax_ub.all_gather_matmul(  # noqa: E731
+            x, w, "tp", gather_axis=1, fp8=r, recompute_gathered=rc
+        )
+        f = smap(mesh, body, specs, P(None, None, "tp"))
+        grads.append(_grads(f, x, w, rand(4, (2, 3 * tp, 5 * tp))))
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def both(x, w):
+        y, xg = jax_ub.all_gather_matmul(x, w, "tp", gather_axis=1, fp8=r, return_gathered=True)
+        return y, xg[None]
+
+    g = smap(mesh, both, specs, (P(None, None, "tp"), P("tp")))
+    cy, cg = rand(4, (2, 3 * tp, 5 * tp)), rand(5, (tp, 2, 3 * tp, 8))
+
+    def loss(x, w):
+        y, xg = g(x, w)
+        return jnp.vdot(y, cy) + jnp.vdot(xg, cg)
+
+    dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(grads[0][1]))
+    # dx = the y part (as without return_gathered) + the sum over ranks of the gathered x's cotangent
+    want = np.asarray(grads[0][0], np.float64) + np.asarray(cg, np.float64).sum(0)
+    np.testing.assert_allclose(np.asarray(dx, np.float64), want, rtol=1e-5, atol=1e-5)
