@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_ub import _ffi, reference
+from jax_ub import reference
 
 __all__ = [
     "FP8Recipe",
@@ -270,11 +270,3 @@ def matmul_reduce_scatter(
     partial = scaled_matmul(x, w, x_scale, w_scale, jnp.float32)
     y = lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis % x.ndim, tiled=True)
     return y.astype(out_dtype)
-
-
-def varying(a: jax.Array, like: tuple[jax.Array, ...]) -> jax.Array:
-    """``a`` marked as varying over the mesh axes any of ``like`` varies over (check_vma)."""
-    axes: frozenset = frozenset()
-    for t in like:
-        axes |= _ffi.varying_axes(t)
-    return _ffi.vary(a, axes)
