@@ -21,6 +21,7 @@
 #include "comm/test_hooks.h"
 #include "comm/trace.h"
 #include "common/dynlib.h"
+#include "common/nvtx.h"
 #include "ffi/bulk.h"
 #include "ffi/gemm.h"
 #include "ffi/overlap.h"
@@ -55,6 +56,7 @@ nb::dict BuildInfo() {
   nb::dict d;
   d["cuda_runtime_version"] = CUDART_VERSION;
   d["cublaslt_api_checked"] = CublasLtApiChecked();
+  d["nvtx"] = nvtx::kCompiled;  // ops and chunk steps open NVTX ranges (common/nvtx.h)
 #ifdef JAX_UB_CUDA_ARCHS
   d["cuda_archs"] = std::string(JAX_UB_CUDA_ARCHS);
 #endif

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "comm/communicator.h"
+#include "common/nvtx.h"
 
 namespace jax_ub {
 
@@ -65,6 +66,8 @@ void TraceEnable(bool on) {
 bool TraceOn() { return g_on.load(std::memory_order_relaxed); }
 
 OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStream_t xla) {
+  nvtx::Push(op, static_cast<int64_t>(epoch));  // popped by the destructor
+  nvtx_open_ = 1;
   if (!TraceOn()) return;
   t0_ = NewEvent();
   if (t0_ == nullptr) return;
@@ -87,12 +90,16 @@ OpTrace::OpTrace(const Communicator& c, const char* op, uint64_t epoch, cudaStre
 }
 
 OpTrace::~OpTrace() {
+  // A step whose Stop was skipped by an error return is closed here, then the op's own range.
+  for (; nvtx_open_ > 0; --nvtx_open_) nvtx::Pop();
   if (!on_) return;
   std::lock_guard<std::mutex> lock(g_mu);
   Pending().push_back(PendingOp{device_, rank_, op_, epoch_, t0_, spans_});
 }
 
 int OpTrace::Start(const char* name, int chunk, const char* stream_label, cudaStream_t s) {
+  nvtx::Push(name, chunk);
+  ++nvtx_open_;
   if (!on_) return -1;
   Span sp{name, chunk, stream_label};
   sp.start = NewEvent();
@@ -104,6 +111,10 @@ int OpTrace::Start(const char* name, int chunk, const char* stream_label, cudaSt
 }
 
 void OpTrace::Stop(int span, cudaStream_t s) {
+  if (nvtx_open_ > 1) {  // the op's range stays open until the destructor
+    nvtx::Pop();
+    --nvtx_open_;
+  }
   if (!on_ || span < 0) return;
   cudaEventRecord((*spans_)[span].end, s);
 }

@@ -1,6 +1,8 @@
 // Optional per-op timeline of the overlap schedules (`python -m jax_ub.bench ag --timeline`):
 // CUDA events around every copy, GEMM and reduction of an op, read back after the op finished.
-// Off by default; when off, every call here is a no-op that costs one atomic load.
+// Off by default; when off, every call here costs one atomic load plus the NVTX range each op and
+// each step opens (common/nvtx.h: a no-op call unless an NVTX tool such as Nsight Systems is
+// attached, which then shows the same op and chunk structure without the timeline).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,6 +45,7 @@ class OpTrace {
 
  private:
   bool on_ = false;
+  int nvtx_open_ = 0;  // NVTX ranges this op has open (its own and an unfinished step's)
   int device_ = 0, rank_ = 0;
   const char* op_ = "";
   uint64_t epoch_ = 0;
