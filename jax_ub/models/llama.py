@@ -368,7 +368,8 @@ def forward_no_comm(module: Any, *args: Any, **kwargs: Any) -> Any:
     Call it where the forward is traced (inside the function given to ``jax.jit`` /
     ``jax.grad``), as ``module(...)`` would be called: in global mode (under the mesh) or inside
     ``shard_map``. What XLA partitions itself outside jax_ub's layers (the RMSNorm scale's
-    gradient, a `[hidden]` all-reduce over the sequence shards) is not replaced.
+    gradient, a `[hidden]` all-reduce over the sequence shards) is not replaced. The stand-ins run
+    in the compute dtype also where the layers have ``fp8=`` (no FP8 floor).
     """
     with core.comm_stand_ins():
         return module(*args, **kwargs)
