@@ -147,3 +147,20 @@ def test_presets_and_config_errors():
         llama.LlamaConfig(remat="some")
     with pytest.raises(ValueError, match="unknown preset"):
         llama.preset("405b")
+
+
+def test_layer_inside_shard_map_equals_global_mode(cpu_mesh):
+    """Local mode: the layer called inside the user's shard_map on its parameters' shards gives the
+    global mode's result."""
+    from jax.sharding import PartitionSpec as P
+
+    x = data(B, T, CFG.hidden)
+    with jax.set_mesh(cpu_mesh(4, dp=2)):
+        layer = llama.LlamaLayer(CFG, rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(layer, nnx.Param)
+        fn = lambda p, x: nnx.merge(graphdef, p)(x)  # noqa: E731
+        spec = P("dp", "tp")
+        local = jax.shard_map(fn, in_specs=(nnx.get_partition_spec(params), spec), out_specs=spec)
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(local)(params, x)), np.asarray(jax.jit(fn)(params, x))
+        )
