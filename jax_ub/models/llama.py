@@ -19,6 +19,8 @@ Public names (stable):
   layers replaced by a local stand-in of the same shapes running the same GEMM kernels
   (:func:`jax_ub.gemm.matmul`): the ``no_comm`` floor of a benchmark.
 * :func:`layer_flops` — the model FLOPs of one layer's forward (×3 for a training step).
+* :func:`from_hf_layer` — one Hugging Face ``LlamaDecoderLayer``'s weights → a
+  :class:`LlamaLayer`'s parameters (``nnx.to_pure_dict`` form) for a given ``tp``.
 
 Layouts: activations `[batch, seq, hidden]` on global arrays, the sequence split over the TP axis
 between the layers (sequence parallelism), the batch over the mesh's other axes where it divides.
@@ -49,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ub import nn as ubnn
 from jax_ub import ops
-from jax_ub.layers import core
+from jax_ub.layers import convert, core
 from jax_ub.layers import mesh as _mesh
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "LlamaStack",
     "attention",
     "forward_no_comm",
+    "from_hf_layer",
     "layer_flops",
     "preset",
     "remat_policy",
@@ -385,3 +388,55 @@ def layer_flops(cfg: LlamaConfig, batch: int, seq: int, *, causal_half: bool = T
     proj = 2 * tokens * cfg.hidden * (qkv + cfg.num_heads * cfg.head_dim + 3 * cfg.ffn)
     attn = 4 * batch * seq * seq * cfg.num_heads * cfg.head_dim
     return float(proj + (attn / 2 if causal_half else attn))
+
+
+HF_NAMES = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def from_hf_layer(weights: Any, cfg: LlamaConfig, tp: int) -> dict[str, Any]:
+    """The parameters of a :class:`LlamaLayer` (the ``nnx.to_pure_dict`` tree of its
+    ``nnx.Param`` state) from one Hugging Face ``LlamaDecoderLayer``'s weights, a mapping with the
+    names of :data:`HF_NAMES` (the state dict's keys after ``model.layers.N.``; NumPy arrays stay
+    on the host), for a TP axis of size ``tp`` (the QKV kernel's layout depends on it). Set them
+    with ``nnx.update(layer, state)`` after ``state = nnx.state(layer, nnx.Param)`` and
+    ``nnx.replace_by_pure_dict(state, params)``, or use them as the ``params`` of
+    ``nnx.merge(graphdef, params)``."""
+    missing = [n for n in HF_NAMES if n not in weights]
+    if missing:
+        raise ValueError(
+            f"from_hf_layer: the weights must hold {list(HF_NAMES)}; missing {missing} "
+            f"(given: {sorted(weights)[:12]})."
+        )
+    w = weights
+    qkv = convert.pack_qkv(
+        w["self_attn.q_proj.weight"],
+        w["self_attn.k_proj.weight"],
+        w["self_attn.v_proj.weight"],
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        tp=tp,
+        layout="hf",
+        bias=False,
+    )
+    up, down = convert.pack_mlp(
+        w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"], layout="hf"
+    )
+    return {
+        "input_norm": {"scale": w["input_layernorm.weight"]},
+        "attn": {"qkv": {"kernel": qkv}, "o": {"kernel": convert.pack_out(w["self_attn.o_proj.weight"])}},
+        "mlp": {
+            "norm": {"scale": w["post_attention_layernorm.weight"]},
+            "up": {"kernel": up},
+            "down": {"kernel": down},
+        },
+    }

@@ -164,3 +164,49 @@ def test_layer_inside_shard_map_equals_global_mode(cpu_mesh):
         np.testing.assert_array_equal(
             np.asarray(jax.jit(local)(params, x)), np.asarray(jax.jit(fn)(params, x))
         )
+
+
+def test_hugging_face_weights_load_through_from_hf_layer(cpu_mesh):
+    """Random weights named as a Hugging Face LlamaDecoderLayer's state dict (NumPy, torch's
+    `[out, in]`), loaded with from_hf_layer for tp=4: the layer's output is the Hugging Face-style
+    layer's on those very matrices."""
+    rng = np.random.default_rng(0)
+    nq, nkv, hd, h, f = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.hidden, CFG.ffn
+    shapes = {
+        "input_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (nq * hd, h),
+        "self_attn.k_proj.weight": (nkv * hd, h),
+        "self_attn.v_proj.weight": (nkv * hd, h),
+        "self_attn.o_proj.weight": (h, nq * hd),
+        "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (f, h),
+        "mlp.up_proj.weight": (f, h),
+        "mlp.down_proj.weight": (h, f),
+    }
+    hf = {
+        k: (rng.standard_normal(s) / np.sqrt(s[-1]) + (1.0 if len(s) == 1 else 0)).astype(np.float32)
+        for k, s in shapes.items()
+    }
+    x = data(B, T, h)
+    with jax.set_mesh(cpu_mesh(4, dp=2)):
+        layer = llama.LlamaLayer(CFG, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(layer, nnx.Param)
+        nnx.replace_by_pure_dict(state, llama.from_hf_layer(hf, CFG, tp=4))
+        got = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, x)
+    # the oracle on the Hugging Face matrices themselves (hf_layer takes the layer's packed tree)
+    p = {
+        "input_norm": {"scale": hf["input_layernorm.weight"]},
+        "attn": {
+            "qkv": {"kernel": np.concatenate([hf[f"self_attn.{n}_proj.weight"].T for n in "qkv"], axis=1)},
+            "o": {"kernel": hf["self_attn.o_proj.weight"].T},
+        },
+        "mlp": {
+            "norm": {"scale": hf["post_attention_layernorm.weight"]},
+            "up": {"kernel": ubnn.pack_gated(hf["mlp.gate_proj.weight"].T, hf["mlp.up_proj.weight"].T)},
+            "down": {"kernel": hf["mlp.down_proj.weight"].T},
+        },
+    }
+    want = hf_layer(p, x, CFG, positions_for(0), 1)  # tp=1: the plain [q | k | v] concatenation
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"missing \['mlp.down_proj.weight'\]"):
+        llama.from_hf_layer({k: v for k, v in hf.items() if k != "mlp.down_proj.weight"}, CFG, tp=4)
