@@ -152,16 +152,17 @@ def dtype_code(dtype: Any) -> int:
     return table[name]
 
 
-def gemm_types_code(a: Any, b: Any = None, out: Any = None) -> int:
+def gemm_types_code(a: Any, b: Any = None, out: Any = None, fast_accum: bool = False) -> int:
     """``gemm_warmup``'s ``dtype`` for a GEMM of ``a @ b -> out`` (``b``, ``out`` default to ``a``):
-    ``a``'s code where all three are one dtype, else ``a | (b + 1) << 8 | (out + 1) << 16`` (the
-    FP8 GEMMs; ``GemmTypes::Code`` in ``csrc/gemm/cublaslt.h``)."""
+    ``a``'s code where all three are one dtype, else ``a | (b + 1) << 8 | (out + 1) << 16 |
+    fast_accum << 24`` (the FP8 GEMMs, ``fast_accum`` their fast accumulation; ``GemmTypes::Code``
+    in ``csrc/gemm/cublaslt.h``)."""
     ca = dtype_code(a)
     cb = ca if b is None else dtype_code(b)
     co = ca if out is None else dtype_code(out)
-    if ca == cb == co:
+    if ca == cb == co and not fast_accum:
         return ca
-    return ca | (cb + 1) << 8 | (co + 1) << 16
+    return ca | (cb + 1) << 8 | (co + 1) << 16 | int(bool(fast_accum)) << 24
 
 
 def bulk_kind_code(collective: str) -> np.int32:

@@ -89,11 +89,12 @@ def warm(
     ld: int = 0,
     w_dtype: Any = None,
     out_dtype: Any = None,
+    fast_accum: bool = False,
 ) -> None:
     """Prepares (and tunes, ``JAX_UB_GEMM_TUNE``) the chunk GEMM on every local GPU at trace time:
     a kernel loaded lazily inside an op can stall the whole process (the
     context-wide module load waits for a peer GPU that waits in this op). ``w_dtype`` /
-    ``out_dtype``: the FP8 chunk GEMMs' (``dtype`` is x's)."""
+    ``out_dtype``: the FP8 chunk GEMMs' (``dtype`` is x's); ``fast_accum``: their accumulation."""
     ws = _ffi.workspace_bytes()  # one GEMM at a time
     gemm.warm(
         [dev for dev, _, _ in s.local],
@@ -108,4 +109,5 @@ def warm(
         ld=ld,
         b_dtype=w_dtype,
         out_dtype=out_dtype,
+        fast_accum=fast_accum,
     )

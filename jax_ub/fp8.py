@@ -83,11 +83,15 @@ class FP8Recipe:
         precision (e.g. bfloat16) on the dequantized forward operands.
       out_dtype: the output dtype; ``None``: x's dtype. The FP8 GEMMs write bfloat16 or float32
         (a float16 output is computed in float32 and cast).
+      fwd_fast_accum: the forward GEMMs (CUDA path) use cuBLASLt's fast accumulation (faster; an
+        error that grows with k, ``docs/fp8.md``); the backward GEMMs always accumulate in full.
+        Default off: the forward then meets the reference within the stated FP8 tolerance.
     """
 
     fwd_dtype: Any = E4M3
     bwd_dtype: Any = E5M2
     out_dtype: Any = None
+    fwd_fast_accum: bool = False
 
     def __post_init__(self) -> None:
         fwd = _dtype_or_none(self.fwd_dtype)
@@ -108,6 +112,8 @@ class FP8Recipe:
                 f"FP8Recipe: `out_dtype` must be one of "
                 f"{', '.join(d.name for d in HIGH_DTYPES)}, or None (x's dtype); got {_name(self.out_dtype)}"
             )
+        if not isinstance(self.fwd_fast_accum, bool):
+            raise TypeError(f"FP8Recipe: `fwd_fast_accum` must be a bool; got {self.fwd_fast_accum!r}")
         object.__setattr__(self, "fwd_dtype", fwd)
         object.__setattr__(self, "bwd_dtype", bwd)
         object.__setattr__(self, "out_dtype", out)

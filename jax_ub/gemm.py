@@ -64,6 +64,7 @@ def warm(
     trans_b: bool = False,
     b_dtype: Any = None,
     out_dtype: Any = None,
+    fast_accum: bool = False,
 ) -> list[dict]:
     """Prepares the row-major GEMM ``[m, k] @ [k, n]`` on each CUDA ordinal in ``devices`` at trace
     time: builds the cuBLASLt plan, loads its kernel (lazy loading at execute time can synchronize
@@ -80,7 +81,8 @@ def warm(
     ``trans_a`` / ``trans_b``: ``x`` stored ``[k, m]`` / ``w`` stored ``[n, k]`` (the backward GEMMs
     of :func:`jax_ub.matmul`; whole buffers, so with ``row_offsets=False``).
     ``b_dtype`` / ``out_dtype``: ``w``'s and ``y``'s dtypes where they are not ``dtype``'s (the FP8
-    GEMMs: float8 ``dtype`` and ``b_dtype``, ``w`` stored ``[n, k]``, a bfloat16 or float32 result).
+    GEMMs: float8 ``dtype`` and ``b_dtype``, ``w`` stored ``[n, k]``, a bfloat16 or float32 result);
+    ``fast_accum``: an FP8 GEMM with cuBLASLt's fast accumulation (another kernel, its own plan).
     ``workspace_bytes``: as the call will pass (default: ``JAX_UB_GEMM_WORKSPACE_MIB``). Returns
     one ``{tuned, candidates, chosen, heuristic_ms, best_ms}`` per device (cached per shape).
     """
@@ -117,6 +119,7 @@ def warm(
             bool(trans_b),
             b_name,
             out_name,
+            bool(fast_accum),
         )
         if key not in _warmed:
             r = _warmed[key] = dict(
@@ -125,7 +128,7 @@ def warm(
                     int(m),
                     int(n),
                     int(k),
-                    _ffi.gemm_types_code(name, b_name, out_name),
+                    _ffi.gemm_types_code(name, b_name, out_name, bool(fast_accum)),
                     tf32,
                     int(ws),
                     tune_candidates=int(cfg.gemm_tune),
@@ -196,7 +199,14 @@ def gemm_ffi(
             trans_b=bool(trans_b),
         )
     call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a, b)))
-    out, _ = call(a, b, trans_a=bool(trans_a), trans_b=bool(trans_b), tf32=bool(_ffi.tf32_allowed(precision)))
+    out, _ = call(
+        a,
+        b,
+        trans_a=bool(trans_a),
+        trans_b=bool(trans_b),
+        tf32=bool(_ffi.tf32_allowed(precision)),
+        fast_accum=False,
+    )
     return out
 
 
@@ -338,10 +348,18 @@ def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def fp8_gemm_ffi(a8: jax.Array, b8_t: jax.Array, a_scale: jax.Array, b_scale: jax.Array, out_dtype: Any):
+def fp8_gemm_ffi(
+    a8: jax.Array,
+    b8_t: jax.Array,
+    a_scale: jax.Array,
+    b_scale: jax.Array,
+    out_dtype: Any,
+    fast_accum: bool = False,
+):
     """``a_scale * b_scale * (a8 @ b8_tᵀ)`` through cuBLASLt's FP8 GEMM (CUDA only; callers check
     availability): ``a8[..., m, k]`` and ``b8_t[n, k]`` (both K-contiguous, the layout FP8 needs),
-    k and n multiples of 16 (:func:`fp8_matmul` pads), result ``[..., m, n]`` in ``out_dtype``."""
+    k and n multiples of 16 (:func:`fp8_matmul` pads), result ``[..., m, n]`` in ``out_dtype``;
+    ``fast_accum``: cuBLASLt's fast accumulation (see :func:`fp8_matmul`)."""
     _ext.ensure_registered()
     n, k = b8_t.shape
     m = math.prod(int(d) for d in a8.shape[:-1])
@@ -356,18 +374,21 @@ def fp8_gemm_ffi(a8: jax.Array, b8_t: jax.Array, a_scale: jax.Array, b_scale: ja
             row_offsets=False,  # whole buffers
             b_dtype=b8_t.dtype,
             out_dtype=out_dtype,
+            fast_accum=fast_accum,
         )
     out_type = _ffi.result_type((*a8.shape[:-1], n), out_dtype, a8, b8_t)
     call = _ffi.call(TARGET, (out_type, _ffi.workspace_type(a8, b8_t)))
-    out, _ = call(a8, b8_t, a_scale, b_scale, trans_a=False, trans_b=True, tf32=False)
+    out, _ = call(
+        a8, b8_t, a_scale, b_scale, trans_a=False, trans_b=True, tf32=False, fast_accum=bool(fast_accum)
+    )
     return out
 
 
-def _fp8_cuda(a8, b8, a_scale, b_scale, out_dtype):
+def _fp8_cuda(a8, b8, a_scale, b_scale, out_dtype, fast_accum=False):
     n = b8.shape[1]
     a8p = _pad_to(a8, a8.ndim - 1, _FP8_PAD)
     b8_t = _pad_to(_pad_to(b8.T, 1, _FP8_PAD), 0, _FP8_PAD)  # [n', k']
-    y = fp8_gemm_ffi(a8p, b8_t, a_scale, b_scale, out_dtype)
+    y = fp8_gemm_ffi(a8p, b8_t, a_scale, b_scale, out_dtype, fast_accum)
     return y if b8_t.shape[0] == n else y[..., :n]
 
 
@@ -379,6 +400,7 @@ def fp8_matmul(
     *,
     out_dtype: Any = jnp.bfloat16,
     method: str | None = None,
+    fast_accum: bool = False,
 ) -> jax.Array:
     """Row-major ``a8 @ b8`` of float8 operands, dequantized: ``a_scale * b_scale * (a8 @ b8)``
     accumulated in float32 (:func:`jax_ub.fp8.scaled_matmul` defines the result).
@@ -390,12 +412,19 @@ def fp8_matmul(
       out_dtype: ``bfloat16`` (default) or ``float32``.
       method: ``"auto"`` (cuBLASLt's FP8 GEMM where the CUDA path is available), ``"xla"`` (the
         reference) or ``"cublaslt"``.
+      fast_accum: cuBLASLt's fast accumulation (``CUBLASLT_MATMUL_DESC_FAST_ACCUM``): Hopper's
+        FP8 tensor cores keep their reduced-precision accumulator along all of k instead of
+        promoting partial sums to float32 at intervals. Faster; the result stays the reference's
+        within an error that grows with k (``docs/fp8.md``). The reference ignores it.
 
     On the CUDA path ``b8`` is passed to cuBLASLt as ``[n, k]`` (a transpose here: the layout its
     FP8 kernels need), and a k or n that is not a multiple of 16 is zero-padded. Not
     differentiable (the FP8 recipes of :mod:`jax_ub.ops` define their own backward).
     """
     sa, sb, out = _check_fp8(a8, b8, a_scale, b_scale, out_dtype)
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"fp8_matmul: fast_accum must be a bool; got {fast_accum!r}")
+    fast = bool(fast_accum)
     use_cuda = _use_cuda(method, "fp8_matmul")
     if not use_cuda:
         return fp8_lib.scaled_matmul(a8, b8, sa, sb, out)
@@ -405,6 +434,6 @@ def fp8_matmul(
         b8,
         sa,
         sb,
-        cuda=lambda a, b, x, y: _fp8_cuda(a, b, x, y, out),
+        cuda=lambda a, b, x, y: _fp8_cuda(a, b, x, y, out, fast),
         default=lambda a, b, x, y: fp8_lib.scaled_matmul(a, b, x, y, out),
     )

@@ -362,9 +362,10 @@ def _rs_fp8_xla(x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full=True):
 _FP8_IMPLS: dict[tuple[str, str], Impl] = {(AG, methods.XLA): _ag_fp8_xla, (RS, methods.XLA): _rs_fp8_xla}
 
 
-def _fp8_forward(op, method, x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full):
+def _fp8_forward(op, method, x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full, fast_accum=False):
     """``(y, x8_full, method run)`` of the FP8 op: y in ``out_dtype`` (the GEMM writes bfloat16 or
-    float32, :func:`jax_ub.fp8_lib.kernel_out`, then a cast)."""
+    float32, :func:`jax_ub.fp8_lib.kernel_out`, then a cast). ``fast_accum``: the CUDA GEMMs'
+    fast accumulation (the reference has none)."""
     if method == methods.AUTO:
         method = resolve.auto_method(op, x8, w8, axis_name)
     kout = fp8_lib.kernel_out(out_dtype)
@@ -384,6 +385,7 @@ def _fp8_forward(op, method, x8, w8, xs, ws, *, axis_name, axis, out_dtype, need
             x_scale=xs,
             w_scale=ws,
             out_dtype=kout,
+            fast_accum=fast_accum,
         )
     else:
         raise ValueError(f"{_PUBLIC_NAME[op]}: no FP8 implementation of method {method!r}")
@@ -462,6 +464,7 @@ def _recipe_quantize(call: _FP8Call, x, w):
 
 
 def _recipe_forward(call: _FP8Call, x, w):
+    assert call.recipe is not None
     x8, xs, w8, ws = _recipe_quantize(call, x, w)
     need = call.op == RS or call.return_full or not call.recompute_gathered
     y, x8_full, _ = _fp8_forward(
@@ -475,6 +478,7 @@ def _recipe_forward(call: _FP8Call, x, w):
         axis=call.axis,
         out_dtype=call.out_dtype,
         need_full=need,
+        fast_accum=call.recipe.fwd_fast_accum,
     )
     y, x8_full = _named(call.op, y, x8_full if need else None)
     out = (y, fp8_lib.dequantize(x8_full, xs, call.x_dtype)) if call.return_full else y

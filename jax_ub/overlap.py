@@ -31,12 +31,19 @@ _set_for = _launch.comm_set  # the name older callers use
 _SKIP_GATHERED = (methods.PUSH, methods.PUSH_MERGE)
 
 
-def _fp8_operands(what, x, w, x_scale, w_scale, out_dtype):
+def _fp8_operands(what, x, w, x_scale, w_scale, out_dtype, fast_accum=False):
     """``(w as the kernel takes it, (x_scale, w_scale), y's dtype)``: for float8 operands w stored
     ``[n, k]`` (cuBLASLt's FP8 layout), both scales (float32, shape ``()``), y bfloat16 (default) or
     float32; for the other dtypes w itself, no scales, x's dtype. Errors name expected and got."""
     fp8 = fp8_lib.is_fp8(x.dtype) or fp8_lib.is_fp8(w.dtype)
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"{what}: fast_accum must be a bool; got {fast_accum!r}")
     if not fp8:
+        if fast_accum:
+            raise TypeError(
+                f"{what}: fast_accum is for float8 operands (cuBLASLt's FP8 GEMMs); got x "
+                f"{jnp.dtype(x.dtype).name}, w {jnp.dtype(w.dtype).name} with fast_accum=True"
+            )
         if x_scale is not None or w_scale is not None or out_dtype is not None:
             raise TypeError(
                 f"{what}: x_scale, w_scale and out_dtype are for float8 operands; got x "
@@ -71,6 +78,7 @@ def ag_gemm(
     x_scale=None,
     w_scale=None,
     out_dtype=None,
+    fast_accum: bool = False,
 ):
     """(y, x_gathered) of ``all_gather(x, axis) @ w`` through the CUDA overlap kernel running
     ``method``'s all-gather schedule (on transport nccl: the NCCL schedule). ``need_full``: the
@@ -79,9 +87,11 @@ def ag_gemm(
     FP8: x and w float8 (:mod:`jax_ub.fp8`'s pairs), ``x_scale`` / ``w_scale`` their float32
     dequantization scales (x's the same on every rank), ``out_dtype`` y's (bfloat16 default, or
     float32): the all-gather moves the float8 bytes, every chunk GEMM is cuBLASLt's FP8 GEMM
-    (fp32 accumulation), x_gathered is float8. w is given ``[k, n]`` (k, n multiples of 16)."""
+    (fp32 accumulation; ``fast_accum``: cuBLASLt's fast accumulation, see
+    :func:`jax_ub.gemm.fp8_matmul`), x_gathered is float8. w is given ``[k, n]`` (k, n multiples of
+    16)."""
     what = "all_gather_matmul"
-    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype)
+    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype, fast_accum)
     fp8 = bool(scales)
     s = _launch.comm_set(axis_name, what, method)
     _ext.ensure_registered()
@@ -92,7 +102,7 @@ def ag_gemm(
     comm.ensure_capacity(s, s.world * math.prod(x2.shape) * es)  # push lands every shard
     rows_local = math.prod(x2.shape[:-1])
     n, k = w.shape[1], x2.shape[-1]
-    types = dict(w_dtype=w.dtype, out_dtype=y_dtype) if fp8 else {}
+    types = dict(w_dtype=w.dtype, out_dtype=y_dtype, fast_accum=fast_accum) if fp8 else {}
     _launch.warm(s, rows_local, n, k, x.dtype, precision, **types)
     rows = (s.world * x2.shape[0], *x2.shape[1:-1])
     y_t = _ffi.result_type((*rows, n), y_dtype, x2, w)
@@ -116,6 +126,7 @@ def ag_gemm(
         tf32=_ffi.tf32_allowed(precision),
         pieces=np.int32(pieces),
         merge=merge,
+        fast_accum=fast_accum,
     )
     return _launch.back(y, axis), (_launch.back(xg, axis) if keep else None)
 
@@ -132,17 +143,19 @@ def gemm_rs(
     x_scale=None,
     w_scale=None,
     out_dtype=None,
+    fast_accum: bool = False,
 ):
     """(y, x) of ``reduce_scatter(x @ w, axis)`` through the CUDA overlap kernel running
     ``method``'s reduce-scatter schedule (on transport nccl: the NCCL schedule).
 
     FP8: x and w float8, ``x_scale`` / ``w_scale`` this rank's float32 dequantization scales,
     ``out_dtype`` y's (bfloat16 default, or float32): each partial is an FP8 GEMM dequantized in its
-    epilogue, written (and pushed) in ``out_dtype`` and summed in fp32. w is given ``[k, n]``."""
+    epilogue (``fast_accum``: with cuBLASLt's fast accumulation), written (and pushed) in
+    ``out_dtype`` and summed in fp32. w is given ``[k, n]``."""
     del need_full  # x is the caller's
     what = "matmul_reduce_scatter"
-    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype)
-    types = dict(w_dtype=w.dtype, out_dtype=y_dtype) if scales else {}
+    w_k, scales, y_dtype = _fp8_operands(what, x, w, x_scale, w_scale, out_dtype, fast_accum)
+    types = dict(w_dtype=w.dtype, out_dtype=y_dtype, fast_accum=fast_accum) if scales else {}
     s = _launch.comm_set(axis_name, what, method)
     _ext.ensure_registered()
     if s.transport == "nccl":  # the NCCL schedule runs whatever is named: no staging or pieces of ipc's
@@ -185,5 +198,6 @@ def gemm_rs(
         reduce_blocks=np.int32(schedule.REDUCE_BLOCKS),
         splits=np.int32(splits),
         split_cols=cols,
+        fast_accum=fast_accum,
     )
     return _launch.back(y, axis), x

@@ -1,7 +1,8 @@
 // FFI handler of jax_ub.matmul and jax_ub.gemm.fp8_matmul: a row-major cuBLASLt GEMM on XLA's
 // stream. Decodes and validates, then calls gemm/cublaslt. Python: jax_ub/gemm.py.
 // The FP8 form: a [m, k] and b [n, k] float8 (trans_b), two float32 scale operands, a bfloat16
-// or float32 result = a_scale * b_scale * (a @ b^T).
+// or float32 result = a_scale * b_scale * (a @ b^T), with cuBLASLt's fast accumulation when the
+// fast_accum attribute is set (false for the other types: Problem() refuses it).
 #include "ffi/gemm.h"
 
 #include <cstdint>
@@ -16,8 +17,9 @@ namespace {
 ffi::Error GemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                        std::optional<ffi::AnyBuffer> a_scale, std::optional<ffi::AnyBuffer> b_scale,
                        ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> workspace,
-                       bool trans_a, bool trans_b, bool tf32) {
+                       bool trans_a, bool trans_b, bool tf32, bool fast_accum) {
   GemmTypes types;
+  types.fast_accum = fast_accum;
   if (!ToDType(a.element_type(), &types.a) || !ToDType(b.element_type(), &types.b) ||
       !ToDType(c->element_type(), &types.out)) {
     return InvalidArgument(StrCat()
@@ -106,7 +108,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemm, GemmExecute,
                                   .Ret<ffi::AnyBuffer>()            // cuBLASLt workspace (u8)
                                   .Attr<bool>("trans_a")            // a is stored [k, m]
                                   .Attr<bool>("trans_b")            // b is stored [n, k]
-                                  .Attr<bool>("tf32"));             // allow TF32 for float32
+                                  .Attr<bool>("tf32")               // allow TF32 for float32
+                                  .Attr<bool>("fast_accum"));       // float8: fast accumulation
 // clang-format on
 
 }  // namespace jax_ub

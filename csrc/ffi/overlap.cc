@@ -57,9 +57,10 @@ ffi::Error AgGemmExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          std::optional<ffi::AnyBuffer> x_scale,
                          std::optional<ffi::AnyBuffer> w_scale, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> xg, ffi::Result<ffi::AnyBuffer> ws,
-                         int64_t set_id, int32_t algo, bool tf32, int32_t pieces, bool merge) {
+                         int64_t set_id, int32_t algo, bool tf32, int32_t pieces, bool merge,
+                         bool fast_accum) {
   return AgImpl("all_gather_matmul", stream, device, x, &w, &*y, &*xg, &*ws, set_id, algo, tf32,
-                pieces, merge, Scales{x_scale, w_scale});
+                pieces, merge, Scales{x_scale, w_scale, fast_accum});
 }
 
 ffi::Error AllGatherExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -99,9 +100,9 @@ ffi::Error GemmRsExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
                          std::optional<ffi::AnyBuffer> w_scale, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> staging, ffi::Result<ffi::AnyBuffer> ws,
                          int64_t set_id, int32_t algo, bool tf32, int32_t reduce_blocks,
-                         int32_t splits, bool split_cols) {
+                         int32_t splits, bool split_cols, bool fast_accum) {
   return RsImpl("matmul_reduce_scatter", stream, device, x, &w, &*y, &*staging, &*ws, set_id, algo,
-                tf32, reduce_blocks, splits, split_cols, Scales{x_scale, w_scale});
+                tf32, reduce_blocks, splits, split_cols, Scales{x_scale, w_scale, fast_accum});
 }
 
 ffi::Error ReduceScatterExecute(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
@@ -129,7 +130,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbAgGemm, AgGemmExecute,
                                   .Attr<int32_t>("algo")         // AgAlgo (ring, all_peer, push)
                                   .Attr<bool>("tf32")            // float32 may use TF32
                                   .Attr<int32_t>("pieces")       // push: row pieces of last chunk
-                                  .Attr<bool>("merge"));         // push: peers' chunks, <= 2 GEMMs
+                                  .Attr<bool>("merge")           // push: peers' chunks, <= 2 GEMMs
+                                  .Attr<bool>("fast_accum"));    // float8: fast accumulation
 // clang-format on
 
 // clang-format off: the Bind() slots and their comments as a table
@@ -161,7 +163,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxUbGemmRs, GemmRsExecute,
                                   .Attr<int32_t>("reduce_blocks")  // blocks of the fp32 sum
                                   .Attr<int32_t>("splits")       // per peer partial: 1-2,
                                                                  // chain 1-4, columns 1-8
-                                  .Attr<bool>("split_cols"));    // chain: column pieces
+                                  .Attr<bool>("split_cols")      // chain: column pieces
+                                  .Attr<bool>("fast_accum"));    // float8: fast accumulation
 // clang-format on
 
 // clang-format off: the Bind() slots and their comments as a table

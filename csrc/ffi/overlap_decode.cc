@@ -41,6 +41,7 @@ ffi::Error DecodeGemmTypes(const char* op, const Communicator& c, DType t, const
                              "got w "
                           << Describe(w) << ", result " << Describe(y));
   }
+  types->fast_accum = scales.fast_accum;
   if (const std::string bad = types->Problem(); !bad.empty()) return Check(op, c, false, bad);
   if (auto e =
           DecodeScales(Where(c, op).c_str(), types->fp8(), scales.x, scales.w, x_scale, w_scale);
@@ -77,8 +78,8 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
-  if (w == nullptr && (scales.x.has_value() || scales.w.has_value())) {
-    return Check(op, *c, false, "a bare all-gather takes no scales");
+  if (w == nullptr && (scales.x.has_value() || scales.w.has_value() || scales.fast_accum)) {
+    return Check(op, *c, false, "a bare all-gather takes no scales and no fast_accum");
   }
   if (algo < 0 || algo > static_cast<int>(AgAlgo::kPush)) {
     return Check(op, *c, false, StrCat() << "unknown all-gather algorithm " << algo);
@@ -99,6 +100,7 @@ ffi::Error DecodeAg(const char* op, const Communicator* c, ffi::AnyBuffer x,
     }
     a.w_dtype = types.b;
     a.out_dtype = types.out;
+    a.fast_accum = types.fast_accum;
     const auto wd = w->dimensions();
     const Rows yr = Fold(y->dimensions());
     // FP8: w stored [n, k] (GemmTypes).
@@ -146,8 +148,8 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
         e.failure()) {
       return e;
     }
-  } else if (scales.x.has_value() || scales.w.has_value()) {
-    return Check(op, *c, false, "a bare reduce-scatter takes no scales");
+  } else if (scales.x.has_value() || scales.w.has_value() || scales.fast_accum) {
+    return Check(op, *c, false, "a bare reduce-scatter takes no scales and no fast_accum");
   }
   const bool fp8 = types.fp8();  // w stored [n, k]
   const Rows xr = Fold(x.dimensions());
@@ -174,6 +176,7 @@ ffi::Error DecodeRs(const char* op, const Communicator* c, ffi::AnyBuffer x,
   a.out_dtype = types.out;
   a.x_scale = x_scale;
   a.w_scale = w_scale;
+  a.fast_accum = types.fast_accum;
   a.tf32 = tf32;
   a.algo = static_cast<RsAlgo>(algo);
   a.x = x.untyped_data();

@@ -37,9 +37,11 @@ ffi::Error Lookup(const char* op, int64_t set_id, int32_t device,
 // kInvalidArgument naming the member and op where !ok.
 ffi::Error Check(const char* op, const Communicator& c, bool ok, const std::string& what);
 
-// The FP8 form's scale operands (absent for the other types).
+// The FP8 form's scale operands (absent for the other types) and its accumulation mode (the
+// fast_accum attribute; FP8 only).
 struct Scales {
   std::optional<ffi::AnyBuffer> x, w;
+  bool fast_accum = false;
 };
 
 // Decodes and validates an AG op's buffers into `out` (w, y, ws null: all-gather only). FP8:

@@ -27,6 +27,9 @@ size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : IsFp8(t) ? 1 : 2; }
 std::string GemmTypes::Problem() const {
   const bool same = a == b && b == out;
   if (!IsFp8(a) && !IsFp8(b)) {
+    if (fast_accum) {
+      return StrCat() << "fast accumulation applies to FP8 GEMMs only; got " << Describe(*this);
+    }
     return same ? std::string()
                 : StrCat() << "a, b and the result must share one of float32, float16, bfloat16; "
                               "got "
@@ -48,19 +51,22 @@ std::string GemmTypes::Problem() const {
 }
 
 int GemmTypes::Code() const {
-  if (a == b && b == out) return static_cast<int>(a);
-  return static_cast<int>(a) | (static_cast<int>(b) + 1) << 8 | (static_cast<int>(out) + 1) << 16;
+  if (a == b && b == out && !fast_accum) return static_cast<int>(a);
+  return static_cast<int>(a) | (static_cast<int>(b) + 1) << 8 | (static_cast<int>(out) + 1) << 16 |
+         (fast_accum ? 1 : 0) << 24;
 }
 
 GemmTypes GemmTypes::FromCode(int code) {
   const DType a = static_cast<DType>(code & 0xff);
   const int b = (code >> 8) & 0xff, out = (code >> 16) & 0xff;
-  return GemmTypes{a, b ? static_cast<DType>(b - 1) : a, out ? static_cast<DType>(out - 1) : a};
+  return GemmTypes{a, b ? static_cast<DType>(b - 1) : a, out ? static_cast<DType>(out - 1) : a,
+                   ((code >> 24) & 1) != 0};
 }
 
 std::string Describe(const GemmTypes& t) {
-  if (t.a == t.b && t.b == t.out) return DTypeName(t.a);
-  return StrCat() << DTypeName(t.a) << " x " << DTypeName(t.b) << " -> " << DTypeName(t.out);
+  if (t.a == t.b && t.b == t.out && !t.fast_accum) return DTypeName(t.a);
+  return StrCat() << DTypeName(t.a) << " x " << DTypeName(t.b) << " -> " << DTypeName(t.out)
+                  << (t.fast_accum ? ", fast accumulation" : "");
 }
 
 namespace {
@@ -234,12 +240,12 @@ Status BuildPlan(Api& api, lt::Handle handle, const GemmArgs& g, int align_a, in
       (g.types.a == DType::kF32 && g.tf32) ? lt::kCompute32FFastTF32 : lt::kCompute32F;
   JAX_UB_LT_RETURN(api, api.MatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
   if (g.types.fp8()) {
-    // Fast accumulation off: Hopper's FP8 tensor cores accumulate in reduced precision, and with
-    // it off cuBLASLt promotes the partial sums to fp32 at intervals along k. Off is the fp32
-    // accumulation the FP8 reference (a float32 dot of the dequantized operands) describes; on,
-    // the error grows with k (the 14336- and 28672-long contractions of MLP layers), and the
-    // backward GEMMs of e5m2 gradients need the full accumulation anyway.
-    const int8_t fast = 0;
+    // Hopper's FP8 tensor cores accumulate in reduced precision. Fast accumulation off (the
+    // default): cuBLASLt promotes the partial sums to fp32 at intervals along k, the fp32
+    // accumulation the FP8 reference (a float32 dot of the dequantized operands) describes. On
+    // (GemmTypes::fast_accum, the recipes' forward GEMMs): no promotion, faster, with an error
+    // that grows with k (docs/fp8.md states the tolerance); backward GEMMs keep it off.
+    const int8_t fast = g.types.fast_accum ? 1 : 0;
     JAX_UB_LT_RETURN(
         api, api.MatmulDescSetAttribute(plan->desc, lt::kDescFastAccum, &fast, sizeof(fast)));
     // The heuristic sees scaled operands (its pointers are replaced at every run).

@@ -30,19 +30,25 @@ inline bool IsFp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }
 // type for all three. An FP8 GEMM (a and b FP8, not both kE5M2: cuBLASLt has no e5m2 x e5m2 kernel)
 // writes kBF16 or kF32, accumulates in fp32 and needs B stored [n, k] (trans_b: both operands
 // K-contiguous, the only FP8 layout Hopper's kernels take).
+// fast_accum (FP8 only): cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): the
+// tensor cores' reduced-precision accumulator is never promoted to fp32 along k; faster, with an
+// error that grows with k. Off: partial sums promoted to fp32 at intervals (full accumulation).
+// Part of the types because it names another kernel: its own plan, warm-up and tuning.
 struct GemmTypes {
   DType a = DType::kBF16, b = DType::kBF16, out = DType::kBF16;
+  bool fast_accum = false;
   static GemmTypes Same(DType t) { return GemmTypes{t, t, t}; }
   bool fp8() const { return IsFp8(a); }
   // "" if cuBLASLt can run this combination, else what is wrong (expected and received).
   std::string Problem() const;
   // The integer gemm_warmup's `dtype` takes for these types: a's DType where all three are one
-  // type, else a | (b + 1) << 8 | (out + 1) << 16 (Python: jax_ub._ffi.gemm_types_code).
+  // type, else a | (b + 1) << 8 | (out + 1) << 16 | fast_accum << 24 (Python:
+  // jax_ub._ffi.gemm_types_code).
   int Code() const;
   static GemmTypes FromCode(int code);
 };
-std::string Describe(
-    const GemmTypes& t);  // "bfloat16" or "float8_e4m3fn x float8_e5m2 -> bfloat16"
+// "bfloat16", "float8_e4m3fn x float8_e5m2 -> bfloat16" (", fast accumulation" when set)
+std::string Describe(const GemmTypes& t);
 
 // Row-major C[m, n] (+)= op(A) @ op(B); op(A) is [m, k], op(B) is [k, n]. Leading dimensions are
 // row strides in elements (lda >= k, or >= m when trans_a; ldc >= n). tf32 only matters for kF32.

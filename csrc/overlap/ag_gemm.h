@@ -32,7 +32,8 @@ struct AgGemmArgs {
   DType w_dtype = DType::kBF16, out_dtype = DType::kBF16;
   const float* x_scale = nullptr;  // FP8 only: device pointers to the dequantization scales
   const float* w_scale = nullptr;
-  GemmTypes types() const { return GemmTypes{dtype, w_dtype, out_dtype}; }
+  bool fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (GemmTypes)
+  GemmTypes types() const { return GemmTypes{dtype, w_dtype, out_dtype, fast_accum}; }
   bool tf32 = false;
   AgAlgo algo = AgAlgo::kRing;
   const void* x = nullptr;
