@@ -115,7 +115,7 @@ def test_e5m2_pair_is_refused_in_python_and_in_the_handler(jax_ub):
     def raw(a, b, x, y):
         out_t = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
         call = _ffi.call(gemm.TARGET, (out_t, jax.ShapeDtypeStruct((_ffi.workspace_bytes(),), jnp.uint8)))
-        return call(a, b.T, x, y, trans_a=False, trans_b=True, tf32=False)[0]
+        return call(a, b.T, x, y, trans_a=False, trans_b=True, tf32=False, fast_accum=False)[0]
 
     with pytest.raises(Exception, match=r"no e5m2 x e5m2 kernel.*float8_e5m2 x float8_e5m2 -> bfloat16"):
         jax.block_until_ready(jax.jit(raw)(a8, b8, sa, sb))
@@ -140,3 +140,75 @@ def test_fp8_plans_are_prepared_at_trace_time_and_tuned(jax_ub):
     got = step(a8, b8, sa, sb)
     assert _ext.extension().gemm_plan_cache_size() == before  # every plan existed already
     _checks.assert_close(got, _expected(a8, sa, b8, sb, jnp.bfloat16), "tuned FP8 GEMM")
+
+
+# Fast accumulation (fast_accum=True): the tensor cores' reduced-precision accumulator is never
+# promoted to fp32 along k. Stated tolerance of one element: (eps(out) + ACC + ceil(k / 32) *
+# FAST_U) * (|a| @ |b|): one truncation of at most FAST_U (the accumulator keeps about 13
+# mantissa bits) relative to the running |sum| per 32-deep tensor-core step, so it grows with k.
+# And the whole result's relative Frobenius error stays under FAST_FRO (wrong operands give ~1).
+FAST_U = 2.0**-13
+FAST_FRO = 2.0**-7
+FAST_SHAPES = [((), 128, 256, 64), ((), 257, 129, 65), ((), 1024, 1024, 1024), ((), 512, 4096, 256)]
+
+
+def _expected_fast(a8, sa, b8, sb, out) -> _checks.Expected:
+    a, b = _dequant(a8, sa), _dequant(b8, sb)
+    k = a.shape[-1]
+    scale = np.abs(a) @ np.abs(b)
+    acc = ACC + -(-k // 32) * FAST_U + 2 * k * float(np.finfo(np.float32).eps)
+    return _checks.Expected(
+        a @ b, (float(jnp.finfo(out).eps) + acc) * scale + float(np.finfo(np.float32).tiny)
+    )
+
+
+@pytest.mark.parametrize("out", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+    "pair", [(E4M3, E4M3), (E5M2, E4M3)], ids=lambda p: f"{jnp.dtype(p[0]).name}x{jnp.dtype(p[1]).name}"
+)
+@pytest.mark.parametrize("shape", FAST_SHAPES, ids=_id)
+def test_fp8_matmul_fast_accum_within_its_tolerance(jax_ub, shape, pair, out):
+    from jax_ub import gemm
+
+    batch, m, k, n = shape
+    ka, kb = jax.random.split(jax.random.key(m * 5 + k * 11 + n))
+    a8, sa = _fp8(ka, (*batch, m, k), pair[0])
+    b8, sb = _fp8(kb, (k, n), pair[1])
+    f = jax.jit(
+        lambda a, b, x, y: gemm.fp8_matmul(a, b, x, y, out_dtype=out, method="cublaslt", fast_accum=True)
+    )
+    _checks.poison((*batch, m, n), out)
+    got = f(a8, b8, sa, sb)
+    assert got.shape == (*batch, m, n) and got.dtype == jnp.dtype(out)
+    want = _expected_fast(a8, sa, b8, sb, out)
+    _checks.assert_close(got, want, f"FP8 GEMM, fast accumulation, k={k}")
+    g = np.asarray(got.astype(jnp.float32), np.float64)
+    fro = np.linalg.norm(g - want.value) / np.linalg.norm(want.value)
+    assert fro < FAST_FRO, f"relative Frobenius error {fro:.3e} >= {FAST_FRO:.3e} (k={k})"
+    assert "fast_accum = true" in f.lower(a8, b8, sa, sb).as_text()
+
+
+def test_fast_accum_has_its_own_plan(jax_ub):
+    """fast_accum names another cuBLASLt plan (prepared at trace time beside the full one): the
+    two variants of one shape are two cached plans, and each gives its own result."""
+    from jax_ub import _ext, gemm
+
+    a8, sa = _fp8(jax.random.key(7), (384, 768), E4M3)
+    b8, sb = _fp8(jax.random.key(8), (768, 320), E4M3)
+    full = jax.jit(lambda a, b, x, y: gemm.fp8_matmul(a, b, x, y, method="cublaslt"))
+    fast = jax.jit(lambda a, b, x, y: gemm.fp8_matmul(a, b, x, y, method="cublaslt", fast_accum=True))
+    ext = _ext.extension()
+    full.lower(a8, b8, sa, sb)
+    before = ext.gemm_plan_cache_size()
+    fast.lower(a8, b8, sa, sb)
+    assert ext.gemm_plan_cache_size() == before + 1
+    _checks.assert_close(full(a8, b8, sa, sb), _expected(a8, sa, b8, sb, jnp.bfloat16), "full accumulation")
+    _checks.assert_close(fast(a8, b8, sa, sb), _expected_fast(a8, sa, b8, sb, jnp.bfloat16), "fast")
+
+
+def test_fast_accum_is_refused_for_other_dtypes(jax_ub):
+    from jax_ub import overlap
+
+    x = jnp.ones((16, 16), jnp.bfloat16)
+    with pytest.raises(TypeError, match=r"fast_accum is for float8 operands.*got x bfloat16"):
+        overlap._fp8_operands("all_gather_matmul", x, x, None, None, None, True)
