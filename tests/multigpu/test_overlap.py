@@ -799,29 +799,40 @@ def test_mesh_device_order_must_match_initialize(ub):
                 make(other)(x, w)
 
 
-def test_uninitialized_axis_auto_warns_and_runs_xla(ub, caplog, monkeypatch):
-    """method='auto' on a GPU axis without a communicator runs XLA's collective and dot, and says
-    once why there is no overlap (most likely a missing jax_ub.initialize)."""
+def test_uninitialized_axis_auto_refuses_unless_reference_allowed(ub, caplog, monkeypatch):
+    """method='auto' on a GPU axis without a communicator raises, naming the missing
+    jax_ub.initialize (never a silent slow path); with JAX_UB_ALLOW_REFERENCE it runs XLA's
+    collective and dot instead and says once why there is no overlap."""
+    from jax_ub.resolve import CudaPathUnavailableError
+
     ub.shutdown()
     monkeypatch.setattr(ub.comm.lifecycle, "_warned_axes", set())
     mesh = _mesh(2)
     x = _rand(1, (256, 64), jnp.bfloat16)
     w = _rand(2, (64, 96), jnp.bfloat16)
-    f = jax.jit(
-        jax.shard_map(
-            lambda x, w: ub.all_gather_matmul(x, w, "tp", method="auto", precision=HP),
-            mesh=mesh,
-            in_specs=(P("tp", None), P(None, "tp")),
-            out_specs=P(None, "tp"),
-            check_vma=False,
+
+    def build():
+        return jax.jit(
+            jax.shard_map(
+                lambda x, w: ub.all_gather_matmul(x, w, "tp", method="auto", precision=HP),
+                mesh=mesh,
+                in_specs=(P("tp", None), P(None, "tp")),
+                out_specs=P(None, "tp"),
+                check_vma=False,
+            )
         )
-    )
-    with caplog.at_level("WARNING", logger="jax_ub"):
-        y = f(x, w)
-        f.lower(x, w)  # traced again: no second warning
+
+    with pytest.raises(CudaPathUnavailableError, match=r"jax_ub\.initialize\(mesh, axis='tp'\)"):
+        build()(x, w)
+    with ub.config.override(allow_reference=True):
+        f = build()
+        with caplog.at_level("WARNING", logger="jax_ub"):
+            y = f(x, w)
+            f.lower(x, w)  # traced again: no second warning
+        text = f.lower(x, w).as_text()
     ref = jnp.matmul(x.astype(jnp.float32), w.astype(jnp.float32), precision=HP)
     assert _rel(y, ref) <= TOL[jnp.bfloat16]
-    assert "jax_ub_" not in f.lower(x, w).as_text()
+    assert "jax_ub_" not in text
     msgs = [r.getMessage() for r in caplog.records if "no jax_ub communicator" in r.getMessage()]
     assert len(msgs) == 1 and "jax_ub.initialize(mesh, axis='tp')" in msgs[0], msgs
 
