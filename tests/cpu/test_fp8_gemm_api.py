@@ -182,3 +182,52 @@ def test_extension_dtype_table_has_the_fp8_types():
     except RuntimeError as e:
         pytest.skip(str(e))
     assert table["float8_e4m3fn"] == 3 and table["float8_e5m2"] == 4
+
+
+def test_fast_accum_checks_and_reference():
+    """fast_accum: a bool, for float8 operands only; the reference path has no fast accumulation
+    (the same result either way). The code of a fast-accumulation GEMM sets bit 24 (its own plan)."""
+    rng = np.random.default_rng(11)
+    a8, sa = _fp8(rng, (40, 64), E4M3)
+    b8, sb = _fp8(rng, (64, 24), E4M3)
+    full = gemm.fp8_matmul(a8, b8, sa, sb, out_dtype=jnp.float32)
+    fast = gemm.fp8_matmul(a8, b8, sa, sb, out_dtype=jnp.float32, fast_accum=True)
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(full))
+    np.testing.assert_allclose(np.asarray(fast, np.float64), _expected(a8, b8, sa, sb), rtol=1e-5, atol=1e-3)
+    with pytest.raises(TypeError, match=r"fp8_matmul: fast_accum must be a bool; got 'yes'"):
+        gemm.fp8_matmul(a8, b8, sa, sb, fast_accum="yes")
+    s = jnp.float32(1.0)
+    for what, fn in _OPS:
+        bf = jnp.ones((32, 64), jnp.bfloat16)
+        with pytest.raises(TypeError, match=rf"{what}: fast_accum is for float8 operands.*got x bfloat16"):
+            _op(fn, bf, bf.T, fast_accum=True)
+        with pytest.raises(TypeError, match=rf"{what}: fast_accum must be a bool; got 1"):
+            _op(fn, a8[:32], b8[:, :16], x_scale=s, w_scale=s, fast_accum=1)
+    base = _ffi.gemm_types_code(E4M3, E4M3, jnp.bfloat16)
+    assert _ffi.gemm_types_code(E4M3, E4M3, jnp.bfloat16, True) == base | 1 << 24
+
+
+def test_recipe_fwd_fast_accum():
+    import jax_ub
+
+    assert jax_ub.FP8Recipe().fwd_fast_accum is False
+    assert jax_ub.FP8Recipe(fwd_fast_accum=True).fwd_fast_accum is True
+    with pytest.raises(TypeError, match=r"FP8Recipe: `fwd_fast_accum` must be a bool; got 'on'"):
+        jax_ub.FP8Recipe(fwd_fast_accum="on")
+
+
+def test_gemm_bench_shapes_option():
+    """``python -m jax_ub.bench gemm --shapes M,N,K ...``: triples parsed, bad ones refused."""
+    import argparse
+
+    from jax_ub.bench import gemm as bench_gemm
+
+    parser = argparse.ArgumentParser()
+    bench_gemm.add_parser(parser.add_subparsers())
+    a = parser.parse_args(["gemm", "--shapes", "2048,8192,7168", "8,16,32"])
+    assert a.shapes == [(2048, 8192, 7168), (8, 16, 32)]
+    assert "jax_ub_fp8_fast" in bench_gemm.IMPLS and "xla_fp8" in bench_gemm.IMPLS
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected M,N,K .*got '1,2'"):
+        bench_gemm._mnk("1,2")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected M,N,K"):
+        bench_gemm._mnk("0,2,3")
