@@ -148,7 +148,7 @@ def test_fp8_plans_are_prepared_at_trace_time_and_tuned(jax_ub):
 # mantissa bits) relative to the running |sum| per 32-deep tensor-core step, so it grows with k.
 # And the whole result's relative Frobenius error stays under FAST_FRO (wrong operands give ~1).
 FAST_U = 2.0**-13
-FAST_FRO = 2.0**-7
+FAST_FRO = 2.0**-6
 FAST_SHAPES = [((), 128, 256, 64), ((), 257, 129, 65), ((), 1024, 1024, 1024), ((), 512, 4096, 256)]
 
 
