@@ -564,6 +564,7 @@ elif mode == "checks":
             tf32=False,
             pieces=np.int32(1),
             merge=False,
+            fast_accum=False,
         )
         return y
 
@@ -593,6 +594,7 @@ elif mode == "checks":
             tf32=False,
             pieces=np.int32(1),
             merge=False,
+            fast_accum=False,
         )
         return xg
 
