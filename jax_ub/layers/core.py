@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -359,28 +358,13 @@ def comm_stand_ins() -> Iterator[None]:
         _STAND_INS.reset(token)
 
 
-def stand_ins_active() -> bool:
-    return _STAND_INS.get()
-
-
-def _fp8_kw(fp8: Any, fn: str) -> dict[str, Any]:
-    """``fp8=`` for an op, where given: refused clearly by an ops module that has no such option."""
-    if fp8 is None:
-        return {}
-    if "fp8" not in inspect.signature(getattr(ops, fn)).parameters:
-        raise TypeError(f"{fn}: this build of jax_ub has no FP8 path (`fp8=` is not an option of the op).")
-    return {"fp8": fp8}
-
-
 def _all_gather_matmul(x: Array, w: Array, axis_name: str, *, gather_axis: int, fp8: Any, **kw: Any) -> Array:
     if _STAND_INS.get():
         tp = int(lax.axis_size(axis_name))
         return gemm.matmul(jnp.concatenate([x] * tp, axis=gather_axis), w)
     return cast(
         Array,
-        ops.all_gather_matmul(
-            x, w, axis_name, gather_axis=gather_axis, **kw, **_fp8_kw(fp8, "all_gather_matmul")
-        ),
+        ops.all_gather_matmul(x, w, axis_name, gather_axis=gather_axis, fp8=fp8, **kw),
     )
 
 
@@ -390,9 +374,7 @@ def _matmul_reduce_scatter(
     if _STAND_INS.get():
         tp = int(lax.axis_size(axis_name))
         return lax.slice_in_dim(gemm.matmul(x, w), 0, x.shape[scatter_axis] // tp, axis=scatter_axis)
-    return ops.matmul_reduce_scatter(
-        x, w, axis_name, scatter_axis=scatter_axis, **kw, **_fp8_kw(fp8, "matmul_reduce_scatter")
-    )
+    return ops.matmul_reduce_scatter(x, w, axis_name, scatter_axis=scatter_axis, fp8=fp8, **kw)
 
 
 def _psum(y: Array, axis_name: str) -> Array:
