@@ -19,6 +19,7 @@ Public API:
 * :mod:`jax_ub.tuning` — record the shapes a program's ops run at, for ``python -m jax_ub.bench
   tune``, whose file (``JAX_UB_TUNING_FILE``) ``method="auto"`` then chooses from.
 * :func:`overlap_tp` — ``f``'s ``all_gather → dot`` and ``dot → psum_scatter`` run by jax_ub's ops.
+* :func:`tp_dot_general` — a ``dot_general=`` for Flax's dense layers that runs those ops.
 * :func:`summary` — what the ops ran (CUDA or reference, by method), host µs per op, failures.
 * :mod:`jax_ub.config` — every knob (``JAX_UB_*`` environment variables).
 * :mod:`jax_ub.nn` (Flax NNX) and :mod:`jax_ub.linen` (Flax linen) — TP/SP dense layers.
@@ -37,6 +38,7 @@ from jax_ub.comm.bootstrap import AgreementError, PeerFailedError, PeerTimeoutEr
 from jax_ub.comm.processes import ProcessCheckError, check_processes
 from jax_ub.fp8 import FP8Recipe
 from jax_ub.gemm import matmul
+from jax_ub.inject import tp_dot_general
 from jax_ub.ops import CHECKPOINT_NAMES, all_gather_matmul, checkpoint_policy, matmul_reduce_scatter
 from jax_ub.overlap import explain
 from jax_ub.transform import overlap_tp
@@ -68,5 +70,6 @@ __all__ = [
     "reference",
     "shutdown",
     "summary",
+    "tp_dot_general",
     "tuning",
 ]
