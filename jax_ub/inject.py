@@ -163,8 +163,14 @@ class TPDotGeneral:
                 f"dims lhs {lb}, rhs {rb}."
             )
         c = len(lc)
-        lc = tuple(d % lhs.ndim for d in lc) if lhs.ndim else lc
-        rc = tuple(d % rhs.ndim for d in rc) if rhs.ndim else rc
+        for name, a, dims in (("lhs", lhs, lc), ("rhs", rhs, rc)):
+            if any(not -a.ndim <= d < a.ndim for d in dims):
+                raise ValueError(
+                    f"{self.where}: contracting dims {dims} of {name} {_fmt(a.shape)} must be in "
+                    f"[-{a.ndim}, {a.ndim}); got {dims}."
+                )
+        lc = tuple(d % lhs.ndim for d in lc)
+        rc = tuple(d % rhs.ndim for d in rc)
         want_l, want_r = tuple(range(lhs.ndim - c, lhs.ndim)), tuple(range(c))
         if c == 0 or lc != want_l or rc != want_r or rhs.ndim <= c:
             raise ValueError(

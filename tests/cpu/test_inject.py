@@ -188,6 +188,21 @@ class LinenMLP(nn.Module):
         return nn.Dense(16, kernel_init=init, bias_init=init, name="down", **kw_down)(jnp.tanh(h))
 
 
+class LinenAttn(nn.Module):
+    """An attention block's value and output projections (rank-3 kernels)."""
+
+    dg_in: object = None
+    dg_out: object = None
+
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.normal(1.0)
+        kin = {} if self.dg_in is None else {"dot_general": self.dg_in}
+        kout = {} if self.dg_out is None else {"dot_general": self.dg_out}
+        v = nn.DenseGeneral((4, 8), kernel_init=init, name="v", **kin)(x)
+        return nn.DenseGeneral(16, axis=(-2, -1), kernel_init=init, name="o", **kout)(jnp.tanh(v))
+
+
 def _linen_value_and_grads(model, params, x, proj):
     def loss(p, x):
         return jnp.sum(model.apply(p, x) * proj)
@@ -213,20 +228,7 @@ def test_linen_dense_general_and_mesh_argument():
     """nn.DenseGeneral with the mesh given as `mesh=` (no jax.set_mesh), called eagerly."""
     mesh = maxtext_mesh(1, 2)
     x, proj = rand(11, (4, 8, 16)), rand(12, (4, 8, 16))
-    init = nn.initializers.normal(1.0)
-
-    class Attn(nn.Module):
-        dg_in: object = None
-        dg_out: object = None
-
-        @nn.compact
-        def __call__(self, x):
-            kin = {} if self.dg_in is None else {"dot_general": self.dg_in}
-            kout = {} if self.dg_out is None else {"dot_general": self.dg_out}
-            v = nn.DenseGeneral((4, 8), kernel_init=init, name="v", **kin)(x)
-            return nn.DenseGeneral(16, axis=(-2, -1), kernel_init=init, name="o", **kout)(jnp.tanh(v))
-
-    plain, tp = Attn(), Attn(col(mesh=mesh), row(mesh=mesh))
+    plain, tp = LinenAttn(), LinenAttn(col(mesh=mesh), row(mesh=mesh))
     params = plain.init(jax.random.key(13), x)
 
     def loss(m):
@@ -234,6 +236,25 @@ def test_linen_dense_general_and_mesh_argument():
 
     close(tp.apply(params, x), plain.apply(params, x))
     close(jax.grad(loss(tp), argnums=(0, 1))(params, x), jax.grad(loss(plain), argnums=(0, 1))(params, x))
+
+
+def test_explicit_mesh_dense_general():
+    """nn.DenseGeneral into and out of heads on Explicit axes: the flattening reshapes of sharded
+    dims go through."""
+    mesh = maxtext_mesh(2, 1, types=AxisType.Explicit)
+    x = rand(26, (4, 8, 16))
+    plain, tp = LinenAttn(), LinenAttn(col(), row())
+    params = plain.init(jax.random.key(27), x)
+
+    def run(m, p, x):
+        loss = lambda p, x: jnp.sum(jnp.sin(m.apply(p, x)))  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(p, x)
+
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, P("data"))
+        want, got = run(plain, params, xs), run(tp, params, xs)
+    close(got[1], want[1])
+    close(got[0], want[0], rtol=1e-5, atol=1e-4)  # a sum of 512 values
 
 
 def test_explicit_mesh_keeps_the_batch_sharding():
@@ -295,7 +316,9 @@ def test_fp8_recipe_is_the_ops(kind):
         op = lambda x, w: jax_ub.all_gather_matmul(x, w, "tensor", gather_axis=1, fp8=recipe)  # noqa: E731
         specs = (P("data", "tensor"), P(None, "tensor")), P("data", None, "tensor")
     else:
-        op = lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tensor", scatter_axis=1, fp8=recipe)  # noqa: E731
+        op = lambda x, w: jax_ub.matmul_reduce_scatter(  # noqa: E731
+            x, w, "tensor", scatter_axis=1, fp8=recipe
+        )
         specs = (P("data", None, "tensor"), P("tensor")), P("data", "tensor")
     with jax.set_mesh(mesh):
         direct = jax.shard_map(op, in_specs=specs[0], out_specs=specs[1])
@@ -336,6 +359,13 @@ def _call(dg, x_shape, w_shape, dn=DN, mesh=None, **kw):
         (col(), (4, 8, 16), (32, 16), (((2,), (1,)), ((), ())), r"first dims of the kernel.*rhs \(0,\)"),
         (row(), (4, 8, 4, 8), (8, 4, 16), (((3, 2), (0, 1)), ((), ())), r"in order.*got \(\(\(3, 2\)"),
         (col(), (4, 8, 16), (16,), (((2,), (0,)), ((), ())), r"leave kernel dims over"),
+        (
+            col(),
+            (4, 8, 16),
+            (16, 32),
+            (((5,), (0,)), ((), ())),
+            r"dims \(5,\) of lhs .* must be in \[-3, 3\)",
+        ),
         (col(), (4, 6, 16), (16, 32), DN, r"the sequence .* must divide by the size 4 .*'tensor'; got 6"),
         (col(), (4, 8, 16), (16, 30), DN, r"output features .* must divide by the size 4.*got 30"),
         (row(), (4, 8, 30), (30, 16), DN, r"contracted features .* must divide by the size 4.*got 30"),
@@ -350,6 +380,7 @@ def _call(dg, x_shape, w_shape, dn=DN, mesh=None, **kw):
         "kernel-transposed",
         "contract-out-of-order",
         "kernel-rank-1",
+        "dim-out-of-range",
         "seq-not-divisible",
         "out-not-divisible",
         "in-not-divisible",
