@@ -5,6 +5,8 @@
  *   push <thread> <handle> <payload> <message>
  *   pop <thread> <handle>
  * Only what jax_ub uses is hooked: nvtxDomainCreateA, nvtxDomainRangePushEx, nvtxDomainRangePop.
+ * NVTX initializes a tool once per client library that uses it (jax_ub's extension, XLA, ...), so
+ * this initialization runs several times in one process: the log is opened once, for appending.
  */
 #include <nvtx3/nvToolsExt.h>
 #include <pthread.h>
@@ -40,10 +42,12 @@ static int pop(nvtxDomainHandle_t d) {
 int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_table) {
   const char* base = getenv("JAX_UB_NVTX_LOG");
   if (base == NULL) return 0;
-  char path[4096];
-  snprintf(path, sizeof path, "%s.%d", base, (int)getpid());
-  g_log = fopen(path, "w");
-  if (g_log == NULL) return 0;
+  if (g_log == NULL) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d", base, (int)getpid());
+    g_log = fopen(path, "a");
+    if (g_log == NULL) return 0;
+  }
   const NvtxExportTableCallbacks* cb =
       (const NvtxExportTableCallbacks*)get_table(NVTX_ETID_CALLBACKS);
   NvtxFunctionTable table = NULL;
