@@ -140,6 +140,11 @@ def _checked_arguments(
             f"initialize: timeout_s must be a finite number of seconds >= "
             f"{config.MIN_TIMEOUT_S}; got {timeout_s!r}"
         )
+    if timeout_s > config.MAX_TIMEOUT_S:
+        raise ValueError(
+            f"initialize: timeout_s must be a number of seconds from {config.MIN_TIMEOUT_S} to "
+            f"{config.MAX_TIMEOUT_S:g} (one week); got {timeout_s!r}"
+        )
     if not 0 <= buffer_mib <= config.MAX_MIB:
         raise ValueError(
             f"initialize: buffer_mib must be in [0, {config.MAX_MIB}] (MiB per GPU; "

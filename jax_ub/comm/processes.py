@@ -138,6 +138,11 @@ def _argument_errors(fields: Any, problem: Any, timeout_s: Any) -> dict[str, Exc
         out["timeout_s"] = ValueError(
             f"{_WHO}: timeout_s must be a finite number of seconds > 0; got {timeout_s!r}"
         )
+    elif timeout_s is not None and not config.MIN_TIMEOUT_S <= timeout_s <= config.MAX_TIMEOUT_S:
+        out["timeout_s"] = ValueError(
+            f"{_WHO}: timeout_s must be a number of seconds from {config.MIN_TIMEOUT_S} to "
+            f"{config.MAX_TIMEOUT_S:g} (one week); got {timeout_s!r}"
+        )
     return out
 
 

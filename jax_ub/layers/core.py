@@ -103,6 +103,56 @@ def check_seq_axis(where: str, seq_axis: Any) -> int:
     return seq_axis
 
 
+def check_dense_options(
+    where: str,
+    *,
+    sizes: dict[str, Any],
+    use_bias: Any,
+    dtype: Any,
+    param_dtype: Any,
+    kernel_init: Any,
+    bias_init: Any,
+    mesh: Any,
+    recompute_gathered: Any = None,
+) -> None:
+    """A dense layer's (or MLP's) constructor options, each refused naming the layer, the option,
+    what it takes and what it got, before any parameter is drawn. ``sizes``: its dimensions by
+    name (``in_features``, ``out_features``, ...), each an int >= 1."""
+    for name, value in sizes.items():
+        _validate.check_size(where, name, value)
+    _validate.check_bool(where, "use_bias", use_bias)
+    _validate.check_optional_bool(where, "recompute_gathered", recompute_gathered)
+    _validate.check_float_dtype(where, "dtype", dtype, optional=True)
+    _validate.check_float_dtype(where, "param_dtype", param_dtype)
+    _validate.check_callable(where, "kernel_init", kernel_init)
+    _validate.check_callable(where, "bias_init", bias_init)
+    _validate.check_mesh_arg(where, mesh)
+
+
+def check_norm_options(
+    where: str, *, features: Any = None, epsilon: Any, dtype: Any, param_dtype: Any, mesh: Any
+) -> None:
+    """A norm's constructor options (``features``: None where the input gives it, as in linen)."""
+    if features is not None:
+        _validate.check_size(where, "features", features)
+    _validate.check_epsilon(where, epsilon)
+    _validate.check_float_dtype(where, "dtype", dtype, optional=True)
+    _validate.check_float_dtype(where, "param_dtype", param_dtype)
+    _validate.check_mesh_arg(where, mesh)
+
+
+def check_mlp_options(
+    where: str, *, activation: Any, gated: Any, epsilon: Any, projection_inits: dict[str, Any]
+) -> None:
+    """The options a :class:`ParallelMLP` adds to its layers' (checked by the layers): the
+    activation, ``gated``, the norm's ``epsilon`` and each projection's optional initializers."""
+    _validate.check_callable(where, "activation", activation)
+    _validate.check_bool(where, "gated", gated)
+    _validate.check_epsilon(where, epsilon)
+    for name, init in projection_inits.items():
+        _validate.check_callable(where, name, init, optional=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # Helpers for the two modes
 # --------------------------------------------------------------------------------------------------
@@ -235,6 +285,7 @@ def check_x(
 ) -> int | None:
     """``x`` is `[..., hidden]` with its sequence on ``seq_axis`` (not the last axis); returns that
     axis, non-negative (``None`` without sequence parallelism where x has no such axis)."""
+    _validate.check_array(where, "x", x)
     layout = _layout(hidden_name, seq_axis, sequence_parallel, seq)
     ndim = x.ndim
     axis = seq_axis + ndim if seq_axis < 0 else seq_axis
@@ -437,6 +488,7 @@ def column_parallel_dense(
     layer's split into heads; ``epilogue_specs(batch_dim, batch_axes)`` then gives the global
     mode's ``out_specs`` of what it returns.
     """
+    _validate.check_array(where, "x", x)
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
@@ -544,6 +596,7 @@ def row_parallel_dense(
     ``fp8``: a :class:`jax_ub.FP8Recipe` for :func:`jax_ub.matmul_reduce_scatter` (``None``: the
     compute dtype).
     """
+    _validate.check_array(where, "x", x)
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
@@ -603,14 +656,38 @@ def row_parallel_dense(
     )
 
 
+def check_norm_x(where: str, x: Any, *params: Array | None) -> None:
+    """A norm's ``x`` is an array `[..., features]` (at least 1 dim) whose last dim is the size of
+    its `[features]` parameters (a mismatch would broadcast, or fail in jax naming neither)."""
+    _validate.check_array(where, "x", x)
+    if x.ndim < 1:
+        raise ValueError(
+            f"{where}: x must be `[..., features]` (at least 1 dim: the features); "
+            f"got x.shape={_fmt(x.shape)}."
+        )
+    for param in params:
+        if param is not None and param.ndim == 1 and x.shape[-1] != param.shape[0]:
+            raise ValueError(
+                f"{where}: x must be `[..., features]` with features == {param.shape[0]} (the size of "
+                f"the norm's parameters); got x.shape={_fmt(x.shape)}."
+            )
+
+
 def layer_norm(
-    x: Array, scale: Array | None, bias: Array | None, *, epsilon: float = 1e-6, dtype: Any = None
+    x: Array,
+    scale: Array | None,
+    bias: Array | None,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Any = None,
+    where: str = "layer_norm",
 ) -> Array:
     """LayerNorm over the last dim (statistics in float32); a token-local op, so no communication.
 
     x `[..., features]`, scale/bias `[features]` (replicated) → `[..., features]` in ``dtype``
-    (default: the promoted dtype of x and the parameters).
+    (default: the promoted dtype of x and the parameters). ``where``: the name errors give.
     """
+    check_norm_x(where, x, scale, bias)
     out_dtype = jnp.result_type(*(a for a in (x, scale, bias) if a is not None)) if dtype is None else dtype
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
@@ -623,14 +700,18 @@ def layer_norm(
     return y.astype(out_dtype)
 
 
-def rms_norm(x: Array, scale: Array | None, *, epsilon: float = 1e-6, dtype: Any = None) -> Array:
+def rms_norm(
+    x: Array, scale: Array | None, *, epsilon: float = 1e-6, dtype: Any = None, where: str = "rms_norm"
+) -> Array:
     """RMSNorm over the last dim (Llama, Mistral): ``x / sqrt(mean(x**2) + epsilon) * scale``, no
     mean subtraction and no bias, statistics in float32; token-local, so no communication.
 
     x `[..., features]`, scale `[features]` (replicated) → `[..., features]` in ``dtype`` (default:
     the promoted dtype of x and scale). The scale multiplies in float32 before the cast (Hugging
     Face's ``LlamaRMSNorm`` casts first, then scales: the same in float32, within rounding below).
+    ``where``: the name errors give.
     """
+    check_norm_x(where, x, scale)
     out_dtype = jnp.result_type(*(a for a in (x, scale) if a is not None)) if dtype is None else dtype
     xf = x.astype(jnp.float32)
     y = xf * lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + epsilon)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_ub import _validate
 from jax_ub.layers import core, logical, params, qkv
 from jax_ub.layers import mesh as _mesh
 from jax_ub.layers.core import pack_gated, unpack_gated
@@ -147,6 +148,31 @@ def _dense_params(
     return kernel, bias
 
 
+def _check_dense(
+    module: ColumnParallelDense | RowParallelDense | QKVParallelDense,
+    x: Any,
+    sizes: dict[str, Any],
+    recompute_gathered: Any = None,
+) -> str:
+    """A dense layer's fields and its ``x`` (an array), checked at the top of ``__call__``;
+    returns the layer's name for the errors that follow."""
+    where = type(module).__name__
+    core.check_dense_options(
+        where,
+        sizes=sizes,
+        use_bias=module.use_bias,
+        dtype=module.dtype,
+        param_dtype=module.param_dtype,
+        kernel_init=module.kernel_init,
+        bias_init=module.bias_init,
+        mesh=module.mesh,
+        recompute_gathered=recompute_gathered,
+    )
+    core.check_seq_axis(where, module.seq_axis)
+    _validate.check_array(where, "x", x)
+    return where
+
+
 def _raw(value: Any) -> jax.Array:
     return value.unbox(apply_constraint=False) if isinstance(value, nn.Partitioned) else value
 
@@ -185,8 +211,7 @@ class ColumnParallelDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        where = type(self).__name__
-        core.check_seq_axis(where, self.seq_axis)
+        where = _check_dense(self, x, {"features": self.features}, self.recompute_gathered)
         in_features = x.shape[-1] if x.ndim else 0
         kernel, bias = _dense_params(self, in_features)
         return core.column_parallel_dense(
@@ -233,8 +258,7 @@ class RowParallelDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        where = type(self).__name__
-        core.check_seq_axis(where, self.seq_axis)
+        where = _check_dense(self, x, {"features": self.features})
         p = _mesh.placement(where, self.axis_name, self.mesh)
         x_in = x.shape[-1] if x.ndim else 0
         in_features = x_in * p.tp if p.local and p.tp else x_in
@@ -286,8 +310,7 @@ class QKVParallelDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        where = type(self).__name__
-        core.check_seq_axis(where, self.seq_axis)
+        where = _check_dense(self, x, {}, self.recompute_gathered)
         out = qkv.qkv_features(where, self.num_heads, self.num_kv_heads, self.head_dim)
         p = _mesh.placement(where, self.axis_name, self.mesh)
         qkv.check_heads(where, self.num_heads, self.num_kv_heads, p.tp, self.axis_name)
@@ -326,8 +349,20 @@ class _Norm(nn.Module):
     mesh: Any = None
 
 
+def _check_norm(module: _Norm, x: Any) -> str:
+    """A norm's fields and its ``x`` (an array of at least 1 dim: its last dim sizes the
+    parameters), checked before any parameter; returns the norm's name."""
+    where = type(module).__name__
+    core.check_norm_options(
+        where, epsilon=module.epsilon, dtype=module.dtype, param_dtype=module.param_dtype, mesh=module.mesh
+    )
+    core.check_norm_x(where, x)
+    return where
+
+
 def _norm_param(module: _Norm, name: str, init: Callable[..., Any], x: jax.Array) -> jax.Array:
-    """A norm's replicated `[features]` parameter (``x.shape[-1]`` features)."""
+    """A norm's replicated `[features]` parameter (``x.shape[-1]`` features; x checked by
+    :func:`_check_norm`)."""
     return _param(
         module, name, init, (x.shape[-1],), module.param_dtype, (None,), module.axis_name, module.mesh
     )[0]
@@ -340,9 +375,10 @@ class LayerNorm(_Norm):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        where = _check_norm(self, x)
         scale = _norm_param(self, "scale", nn.initializers.ones_init(), x)
         bias = _norm_param(self, "bias", nn.initializers.zeros_init(), x)
-        return core.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype)
+        return core.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype, where=where)
 
 
 class RMSNorm(_Norm):
@@ -352,8 +388,9 @@ class RMSNorm(_Norm):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        where = _check_norm(self, x)
         scale = _norm_param(self, "scale", nn.initializers.ones_init(), x)
-        return core.rms_norm(x, scale, epsilon=self.epsilon, dtype=self.dtype)
+        return core.rms_norm(x, scale, epsilon=self.epsilon, dtype=self.dtype, where=where)
 
 
 _NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, None: None}
@@ -402,6 +439,29 @@ class ParallelMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         where = type(self).__name__
+        core.check_dense_options(
+            where,
+            sizes={"ffn_features": self.ffn_features},
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            bias_init=self.bias_init,
+            mesh=self.mesh,
+            recompute_gathered=self.recompute_gathered,
+        )
+        core.check_mlp_options(
+            where,
+            activation=self.activation,
+            gated=self.gated,
+            epsilon=self.epsilon,
+            projection_inits={
+                "up_kernel_init": self.up_kernel_init,
+                "down_kernel_init": self.down_kernel_init,
+                "up_bias_init": self.up_bias_init,
+                "down_bias_init": self.down_bias_init,
+            },
+        )
         norm_cls = _NORMS[core.check_norm(where, self.norm)]
         _mesh.check_axis_in_mesh(where, self.axis_name, _mesh.placement(where, self.axis_name, self.mesh))
         core.check_seq_axis(where, self.seq_axis)

@@ -95,6 +95,13 @@ def _param(
     return nnx.Param(boxed, eager_sharding=eager), res
 
 
+def _check_rngs(where: str, rngs: Any) -> None:
+    if not isinstance(rngs, nnx.Rngs):
+        raise TypeError(
+            f"{where}: `rngs` must be an nnx.Rngs (e.g. nnx.Rngs(0)); got {rngs!r} ({type(rngs).__name__})"
+        )
+
+
 class _ParallelDense(nnx.Module):
     """Parameters and options shared by the column- and row-parallel layers."""
 
@@ -120,6 +127,17 @@ class _ParallelDense(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = type(self).__name__
+        core.check_dense_options(
+            where,
+            sizes={"in_features": in_features, "out_features": out_features},
+            use_bias=use_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_init=kernel_init,
+            bias_init=bias_init,
+            mesh=mesh,
+        )
+        _check_rngs(where, rngs)
         core.check_seq_axis(where, seq_axis)
         _validate.check_bool(where, "sequence_parallel", sequence_parallel)
         self.in_features = in_features
@@ -229,6 +247,7 @@ class ColumnParallelDense(_ParallelDense):
     def __init__(
         self, in_features: int, out_features: int, *, recompute_gathered: bool | None = None, **kwargs: Any
     ):
+        _validate.check_optional_bool(type(self).__name__, "recompute_gathered", recompute_gathered)
         super().__init__(in_features, out_features, **kwargs)
         self.recompute_gathered = recompute_gathered
 
@@ -309,6 +328,10 @@ class QKVParallelDense(_ParallelDense):
         **kwargs: Any,
     ):
         where = type(self).__name__
+        _validate.check_size(where, "in_features", in_features)
+        _validate.check_bool(where, "use_bias", use_bias)
+        _validate.check_optional_bool(where, "recompute_gathered", recompute_gathered)
+        _validate.check_mesh_arg(where, kwargs.get("mesh"))
         out = qkv.qkv_features(where, num_heads, num_kv_heads, head_dim)
         axis_name = kwargs.get("axis_name", "tp")
         p = _mesh.placement(where, axis_name, kwargs.get("mesh"))
@@ -347,6 +370,11 @@ class LayerNorm(nnx.Module):
         mesh: Any = None,
         rngs: nnx.Rngs,
     ):
+        where = type(self).__name__
+        core.check_norm_options(
+            where, features=features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, mesh=mesh
+        )
+        _check_rngs(where, rngs)
         self.epsilon = epsilon
         self.dtype = dtype
         ones = nnx.initializers.ones_init()
@@ -359,7 +387,9 @@ class LayerNorm(nnx.Module):
         )[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return core.layer_norm(x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype)
+        return core.layer_norm(
+            x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype, where="LayerNorm"
+        )
 
 
 class RMSNorm(nnx.Module):
@@ -376,6 +406,11 @@ class RMSNorm(nnx.Module):
         mesh: Any = None,
         rngs: nnx.Rngs,
     ):
+        where = type(self).__name__
+        core.check_norm_options(
+            where, features=features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, mesh=mesh
+        )
+        _check_rngs(where, rngs)
         self.epsilon = epsilon
         self.dtype = dtype
         self.scale = _param(
@@ -391,7 +426,7 @@ class RMSNorm(nnx.Module):
         )[0]
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return core.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype)
+        return core.rms_norm(x, self.scale[...], epsilon=self.epsilon, dtype=self.dtype, where="RMSNorm")
 
 
 _NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, None: None}
@@ -463,6 +498,30 @@ class ParallelMLP(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = type(self).__name__
+        core.check_dense_options(
+            where,
+            sizes={"features": features, "ffn_features": ffn_features},
+            use_bias=use_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_init=kernel_init,
+            bias_init=bias_init,
+            mesh=mesh,
+            recompute_gathered=recompute_gathered,
+        )
+        core.check_mlp_options(
+            where,
+            activation=activation,
+            gated=gated,
+            epsilon=epsilon,
+            projection_inits={
+                "up_kernel_init": up_kernel_init,
+                "down_kernel_init": down_kernel_init,
+                "up_bias_init": up_bias_init,
+                "down_bias_init": down_bias_init,
+            },
+        )
+        _check_rngs(where, rngs)
         norm = core.check_norm(where, norm)
         _mesh.check_axis_in_mesh(where, axis_name, _mesh.placement(where, axis_name, mesh))
         if gated:
@@ -511,7 +570,7 @@ class ParallelMLP(nnx.Module):
             self.down = RowParallelDense(ffn_features, features, **inits["down"].kwargs, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Here, not in the norm: its broadcasting error would not say which layer or dim.
+        # Here, not in the norm: its error would not say which layer.
         up = self.up
         core.check_x(
             type(self).__name__,

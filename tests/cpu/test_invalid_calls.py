@@ -5,8 +5,8 @@ a ValueError or TypeError (exit status 2 and ``error:`` for a command line) whos
 what was received and says what was expected: no crash, no hang, no raw jax/XLA error, no result.
 The judging is :mod:`_refusals`; the last test checks how many refusals were checked.
 
-Known gaps in code this suite does not own are the ``xfail(strict=True)`` cases at the end, each
-naming its gap: they pass once the gap is closed, and then fail until their mark is removed.
+The layers' constructor options, a norm's input, and the timeouts' upper bound have their own
+cases (``test_layer_options_and_timeouts_are_checked``), one per kind of fault.
 
 Deterministic (``derandomize=True``, no example database), and fast: shapes are tiny and the ops
 are only traced (``jax.eval_shape``), never run.
@@ -464,7 +464,8 @@ def test_explain_and_checkpoint_policy_refuse_invalid_calls(case):
 
 
 # ------------------------------------------------------------------------------------------------
-# The layers, NNX and linen: what they check today (their gaps are the xfail cases below).
+# The layers, NNX and linen (their options one by one: the cases of
+# test_layer_options_and_timeouts_are_checked below).
 
 SEQ, HIDDEN = 2 * TP, 8
 
@@ -1013,7 +1014,8 @@ def test_merge_results_refuses_files_it_cannot_read(names):
 
 
 # ------------------------------------------------------------------------------------------------
-# Gaps in code this suite does not own: each case fails today (strict xfail), naming its gap.
+# The layers' options, a norm's x, an x that is no array, and timeouts above config.MAX_TIMEOUT_S:
+# one case each.
 
 
 def _nnx(cls, *args, **kw):
@@ -1032,39 +1034,25 @@ def _linen(cls, x_shape=(2, SEQ, HIDDEN), **kw):
     return call
 
 
-GAP_SIZES = "layers: an NNX layer's sizes (in_features, out_features, features, ffn_features) are not checked"
-GAP_FLAGS = "layers: use_bias, gated and recompute_gathered are not checked to be bools"
-GAP_EPS = "layers: a norm's epsilon (negative, NaN, not a number) is not checked"
-GAP_DTYPE = "layers: dtype / param_dtype are not checked to be floating dtypes"
-GAP_CALLABLE = "layers: activation / kernel_init are not checked to be callables"
-GAP_MESH = "layers (NNX): mesh= and rngs= are not checked"
-GAP_NORM_X = "layers: LayerNorm / RMSNorm do not check x (rank, features): jax's broadcasting error"
-GAP_X_TYPE = "layers: x that is not an array fails with AttributeError"
-GAP_TIMEOUT = "initialize / check_processes: timeout_s above config.MAX_TIMEOUT_S is accepted"
-GAPS = [
+OPTION_CASES = [
     pytest.param(
         Case("nnx ColumnParallelDense(-4, 8)", _nnx("ColumnParallelDense", -4, 8), ("-4",), ("in_features",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="nnx-in-negative",
     ),
     pytest.param(
         Case("nnx ColumnParallelDense(0, 8)", _nnx("ColumnParallelDense", 0, 8), ("0",), ("in_features",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="nnx-in-zero",
     ),
     pytest.param(
         Case("nnx RowParallelDense(8, 2.5)", _nnx("RowParallelDense", 8, 2.5), ("2.5",), ("out_features",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="nnx-out-float",
     ),
     pytest.param(
         Case("nnx LayerNorm('8')", _nnx("LayerNorm", "8"), ("'8'",), ("features",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="nnx-norm-features-str",
     ),
     pytest.param(
         Case("nnx ParallelMLP(-8, 16)", _nnx("ParallelMLP", -8, 16), ("-8",), ("features",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="nnx-mlp-features-negative",
     ),
     pytest.param(
@@ -1074,7 +1062,6 @@ GAPS = [
             ("-4",),
             ("features",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_SIZES),
         id="linen-features-negative",
     ),
     pytest.param(
@@ -1084,12 +1071,10 @@ GAPS = [
             ("'no'",),
             ("bool",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_FLAGS),
         id="nnx-use-bias",
     ),
     pytest.param(
         Case("nnx ParallelMLP(gated='yes')", _nnx("ParallelMLP", 8, 16, gated="yes"), ("'yes'",), ("bool",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_FLAGS),
         id="nnx-gated",
     ),
     pytest.param(
@@ -1099,7 +1084,6 @@ GAPS = [
             ("'yes'",),
             ("bool",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_FLAGS),
         id="nnx-recompute",
     ),
     pytest.param(
@@ -1109,31 +1093,26 @@ GAPS = [
             ("2",),
             ("bool",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_FLAGS),
         id="linen-use-bias",
     ),
     pytest.param(
         Case(
             "nnx ParallelMLP(epsilon=-1)", _nnx("ParallelMLP", 8, 16, epsilon=-1.0), ("-1.0",), ("epsilon",)
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_EPS),
         id="nnx-mlp-eps-negative",
     ),
     pytest.param(
         Case(
             "nnx LayerNorm(epsilon=nan)", _nnx("LayerNorm", 8, epsilon=float("nan")), ("nan",), ("epsilon",)
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_EPS),
         id="nnx-ln-eps-nan",
     ),
     pytest.param(
         Case("nnx RMSNorm(epsilon='a')", _nnx("RMSNorm", 8, epsilon="a"), ("'a'",), ("epsilon",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_EPS),
         id="nnx-rms-eps-str",
     ),
     pytest.param(
         Case("linen LayerNorm(epsilon=-1)", _linen("LayerNorm", epsilon=-1.0), ("-1.0",), ("epsilon",)),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_EPS),
         id="linen-ln-eps-negative",
     ),
     pytest.param(
@@ -1143,7 +1122,6 @@ GAPS = [
             ("'foo'",),
             ("dtype",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_DTYPE),
         id="nnx-dtype",
     ),
     pytest.param(
@@ -1153,14 +1131,12 @@ GAPS = [
             ("int32",),
             ("floating",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_DTYPE),
         id="nnx-param-dtype",
     ),
     pytest.param(
         Case(
             "nnx ParallelMLP(activation=3)", _nnx("ParallelMLP", 8, 16, activation=3), ("3",), ("callable",)
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_CALLABLE),
         id="nnx-activation",
     ),
     pytest.param(
@@ -1170,7 +1146,6 @@ GAPS = [
             ("3",),
             ("callable",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_CALLABLE),
         id="nnx-kernel-init",
     ),
     pytest.param(
@@ -1180,14 +1155,12 @@ GAPS = [
             ("str",),
             ("Mesh",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_MESH),
         id="nnx-mesh",
     ),
     pytest.param(
         Case(
             "nnx ColumnParallelDense(rngs=0)", _nnx("ColumnParallelDense", 8, 8, rngs=0), ("int",), ("Rngs",)
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_MESH),
         id="nnx-rngs",
     ),
     pytest.param(
@@ -1197,7 +1170,6 @@ GAPS = [
             ("[2, 6]",),
             ("features",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_NORM_X),
         id="nnx-ln-x-features",
     ),
     pytest.param(
@@ -1207,7 +1179,6 @@ GAPS = [
             ("[]",),
             ("at least 1", "features", "x must be"),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_NORM_X),
         id="nnx-rms-x-scalar",
     ),
     pytest.param(
@@ -1217,7 +1188,6 @@ GAPS = [
             ("[]",),
             ("at least 1", "features", "x must be"),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_NORM_X),
         id="linen-rms-x-scalar",
     ),
     pytest.param(
@@ -1227,8 +1197,71 @@ GAPS = [
             ("list",),
             ("array",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_X_TYPE),
         id="nnx-x-list",
+    ),
+    pytest.param(
+        Case(
+            "nnx QKVParallelDense(0, 4, 2, 8)", _nnx("QKVParallelDense", 0, 4, 2, 8), ("0",), ("in_features",)
+        ),
+        id="nnx-qkv-in-zero",
+    ),
+    pytest.param(
+        Case(
+            "nnx QKVParallelDense(recompute_gathered=1)",
+            _nnx("QKVParallelDense", 8, 4, 2, 8, recompute_gathered=1),
+            ("1",),
+            ("bool",),
+        ),
+        id="nnx-qkv-recompute",
+    ),
+    pytest.param(
+        Case(
+            "nnx ParallelMLP(up_kernel_init='x')",
+            _nnx("ParallelMLP", 8, 16, up_kernel_init="x"),
+            ("'x'",),
+            ("callable",),
+        ),
+        id="nnx-mlp-up-kernel-init",
+    ),
+    pytest.param(
+        Case("nnx RMSNorm(8, dtype=int8)", _nnx("RMSNorm", 8, dtype=jnp.int8), ("int8",), ("floating",)),
+        id="nnx-rms-dtype",
+    ),
+    pytest.param(
+        Case(
+            "linen ParallelMLP(activation=3)",
+            _linen("ParallelMLP", ffn_features=16, activation=3),
+            ("3",),
+            ("callable",),
+        ),
+        id="linen-mlp-activation",
+    ),
+    pytest.param(
+        Case(
+            "linen ParallelMLP(ffn_features=0)",
+            _linen("ParallelMLP", ffn_features=0),
+            ("0",),
+            ("ffn_features",),
+        ),
+        id="linen-mlp-ffn-zero",
+    ),
+    pytest.param(
+        Case(
+            "linen RowParallelDense(8)(list)",
+            lambda: ublinen.RowParallelDense(8).init(jax.random.key(0), [[1.0] * 8] * 8),
+            ("list",),
+            ("array",),
+        ),
+        id="linen-x-list",
+    ),
+    pytest.param(
+        Case(
+            "linen LayerNorm(param_dtype='foo')",
+            _linen("LayerNorm", param_dtype="foo"),
+            ("'foo'",),
+            ("dtype",),
+        ),
+        id="linen-ln-param-dtype",
     ),
     pytest.param(
         Case(
@@ -1237,7 +1270,6 @@ GAPS = [
             ("1e+300",),
             ("timeout_s",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_TIMEOUT),
         id="initialize-timeout-huge",
     ),
     pytest.param(
@@ -1247,14 +1279,13 @@ GAPS = [
             ("1e+300",),
             ("timeout_s",),
         ),
-        marks=pytest.mark.xfail(strict=True, reason=GAP_TIMEOUT),
         id="check-processes-timeout-huge",
     ),
 ]
 
 
-@pytest.mark.parametrize("case", GAPS)
-def test_known_gaps(case):
+@pytest.mark.parametrize("case", OPTION_CASES)
+def test_layer_options_and_timeouts_are_checked(case):
     refuse(case)
 
 
