@@ -4,8 +4,8 @@
 The model is :class:`jax_ub.models.llama.LlamaModel`: token embedding, decoder layers stacked with
 ``nnx.scan`` (RMSNorm, fused grouped-query QKV projection through jax_ub's AG→GEMM, RoPE, causal
 attention through ``jax.nn.dot_product_attention`` — cuDNN's fused attention on GPUs —, the output
-projection through GEMM→RS, and the SwiGLU MLP), a final RMSNorm and the output projection tied to
-the embedding. Between the layers the activations `[batch, seq, hidden]` are split over ``tp``
+projection through GEMM→RS, and the SwiGLU MLP), a final RMSNorm and an output projection of its own
+(``lm_head``, not tied to the embedding). Between the layers the activations `[batch, seq, hidden]` are split over ``tp``
 along the sequence and over ``dp`` along the batch.
 
 On GPUs it runs jax_ub's CUDA path on every local GPU (one process); on a machine without GPUs it
