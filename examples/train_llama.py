@@ -4,9 +4,9 @@
 The model is :class:`jax_ub.models.llama.LlamaModel`: token embedding, decoder layers stacked with
 ``nnx.scan`` (RMSNorm, fused grouped-query QKV projection through jax_ub's AG→GEMM, RoPE, causal
 attention through ``jax.nn.dot_product_attention`` — cuDNN's fused attention on GPUs —, the output
-projection through GEMM→RS, and the SwiGLU MLP), a final RMSNorm and an output projection of its own
-(``lm_head``, not tied to the embedding). Between the layers the activations `[batch, seq, hidden]` are split over ``tp``
-along the sequence and over ``dp`` along the batch.
+projection through GEMM→RS, and the SwiGLU MLP), a final RMSNorm and an output projection of its
+own (``lm_head``, not tied to the embedding). Between the layers the activations
+`[batch, seq, hidden]` are split over ``tp`` along the sequence and over ``dp`` along the batch.
 
 On GPUs it runs jax_ub's CUDA path on every local GPU (one process); on a machine without GPUs it
 uses 4 simulated CPU devices and the pure-XLA reference path, with a tiny model. ``--fp8`` runs
