@@ -7,7 +7,7 @@ traceback is a file of the jax_ub package: not jax's, XLA's, Python's or the tes
 a shape, a dtype or a type name) and what was expected (one of the ``expected`` words). A command
 line must end with exit status 2 and say the same on stderr.
 
-:data:`CALLS` counts the refusals checked in this session.
+:data:`CALLS` counts the refusals checked by this pytest run (the suite asserts its total).
 """
 
 from __future__ import annotations
