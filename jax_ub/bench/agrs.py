@@ -247,7 +247,9 @@ def run(a: argparse.Namespace) -> int:
     if not cases:
         return h.nothing_to_run(a, cuda)
     h.warn_gpu_sized_defaults(a, cuda, h.DEFAULT_SHAPES)
-    stem = h.out_stem(a, a.op)
+    # FP8 runs keep their own file (their impls and dtype differ; the table `auto` reads takes the
+    # bf16/fp16/fp32 files only).
+    stem = h.out_stem(a, a.op + ("-fp8" if a.dtype == FP8 else ""))
     out = h.Results(a, stem, path)
     timeline_ok = h.timeline_wanted(a, cuda, path)
     op_name = "ag_gemm" if a.op == "ag" else "gemm_rs"

@@ -32,7 +32,9 @@ peak)``, ``peak_tflops`` per GPU from :data:`PEAK_TFLOPS`; null where the peak i
 CPU); jax_ub's record carries the hidden fraction ``E`` (:func:`hidden_fraction`), null with
 ``E_why`` where it is undefined (tp=1, a missing time, XLA's step exposing no communication).
 
-Files: ``<stem>.json`` (records), ``<stem>.png`` (chart), ``<stem>-trace.json`` (jax_ub's step as a
+Files, under ``--out``, with ``<stem>`` = ``<machine>-<yyyymmdd>-layer-<preset>`` (``layer-h<hidden>-f<ffn>``
+where a size option changes the preset's), so runs of two presets on one day keep their own files:
+``<stem>.json`` (records), ``<stem>.png`` (chart), ``<stem>-trace.json`` (jax_ub's step as a
 Chrome/Perfetto trace of its ops and their chunks, :func:`jax_ub.bench.timeline.chrome_trace`; on
 CPU, or where no jax_ub CUDA op runs, a file that says so) and with ``--profile``
 ``<stem>-profile/`` (a ``jax.profiler`` trace of the same step, to open beside it).
@@ -136,6 +138,15 @@ def shape_of(a: argparse.Namespace) -> Shape:
 
 # ------------------------------------------------------------------------------------------------
 # What a step computes, and what part of the communication it hid
+
+
+def stem_tag(s: Shape) -> str:
+    """The file-name tag of ``s``: ``layer-<preset>``, or ``layer-h<hidden>-f<ffn>`` where a size
+    differs from the preset's (see the module doc)."""
+    name = s.preset or "8b"
+    if all(getattr(s, k) == PRESETS[name][k] for k in SHAPE_KEYS):
+        return f"layer-{name}"
+    return f"layer-h{s.hidden}-f{s.ffn}"
 
 
 def model_flops(s: Shape) -> int:
@@ -440,7 +451,7 @@ def run(a: argparse.Namespace) -> int:
     peak = peak_tflops(kind, a.dtype) if cuda else None
     if peak is None:
         print(f"mfu: null: no peak TFLOP/s known for {kind!r} in {a.dtype}")
-    stem = h.out_stem(a, "layer")
+    stem = h.out_stem(a, stem_tag(s))
     skip = xla_cm_reason(a, cuda)
     cm: dict[str, dict] | None = None  # None: xla_cm skipped; else the subprocess's results
     if skip:

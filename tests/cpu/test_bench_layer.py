@@ -46,13 +46,22 @@ def _run(args: list[str], out: Path) -> subprocess.CompletedProcess:
     )
 
 
+def test_file_names_say_the_preset_or_the_sizes():
+    """Runs of the 8b and 70b presets on one day write different files; changed sizes say so."""
+    base = dict(seq=4096, batch=1, tp=4)
+    assert layer.stem_tag(layer.Shape(**layer.PRESETS["8b"], **base)) == "layer-8b"
+    assert layer.stem_tag(layer.Shape(**layer.PRESETS["70b"], **base, preset="70b")) == "layer-70b"
+    custom = {**layer.PRESETS["70b"], "ffn": 1024}
+    assert layer.stem_tag(layer.Shape(**custom, **base, preset="70b")) == "layer-h8192-f1024"
+
+
 def test_layer_cli_records_e_trace_and_xla_cm(tmp_path):
     """One case at tp=4 with every impl (xla_cm forced on: its subprocess runs on CPU too): the
     record's fields, E from the recorded times, the check of jax_ub and xla_cm against xla, the
     chart and the trace file that says there is no CUDA timeline."""
     proc = _run([*TINY, *FAST, "--remat", "none", "--xla-cm", "on"], tmp_path)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
-    (path,) = tmp_path.glob("test-box-*-layer.json")
+    (path,) = tmp_path.glob("test-box-*-layer-h64-f128.json")
     doc = json.loads(path.read_text())
     assert doc["path"] == "xla-reference" and doc["complete"] and doc["failures"] == []
     by = {r["impl"]: r for r in doc["records"]}
