@@ -71,3 +71,45 @@ def test_fp8_impls_compute_the_fp8_product(cpu_mesh):
         exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
         err = np.linalg.norm(outs["jax_ub_fp8"] - exact) / np.linalg.norm(exact)
         assert 1e-4 < err < 0.08, (op, err)  # FP8's rounding: visible, and bounded
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_fp8_impls_on_the_cuda_path_run_each_schedule_with_the_scales(op, cpu_mesh, monkeypatch):
+    """With ``cuda=True`` there is a ``jax_ub_fp8_<method>`` per schedule of the op, and each one
+    calls the op with that method and the float8 scales; ``jax_ub_bf16`` calls it without scales.
+    The op runs as its pure-XLA reference here (no GPU), recording what it was asked for."""
+    from jax_ub import methods
+
+    name = "all_gather_matmul" if op == "ag" else "matmul_reduce_scatter"
+    real = getattr(jax_ub, name)
+    calls = []
+
+    def recorded(x, w, axis_name, *, method=None, scales=None):
+        calls.append((method, scales is not None, x.dtype))
+        return real(x, w, axis_name, method="xla", scales=scales)
+
+    monkeypatch.setattr(jax_ub, name, recorded)
+    impls = agrs.build_fp8(op, cpu_mesh(2), 32, 64, 16, cuda=True)
+    schedules = methods.SCHEDULES[methods.AG if op == "ag" else methods.RS]
+    assert list(impls) == [
+        "xla_plain",
+        "xla_fp8",
+        "jax_ub_bf16",
+        "jax_ub_fp8",
+        *(f"jax_ub_fp8_{m}" for m in schedules),
+    ]
+    outs = {}
+    for impl, (fn, fargs) in impls.items():
+        calls.clear()
+        outs[impl] = np.asarray(jnp.asarray(fn(*fargs), jnp.float32), np.float64)
+        if impl.startswith("xla_"):
+            assert calls == [], impl
+        elif impl == "jax_ub_bf16":
+            assert calls == [(None, False, jnp.bfloat16)], calls
+        else:
+            method = impl.removeprefix("jax_ub_fp8").removeprefix("_") or methods.AUTO
+            assert calls == [(method, True, jnp.float8_e4m3fn)], (impl, calls)
+    ref = outs["xla_fp8"]
+    for impl, out in outs.items():  # every FP8 impl: the same product of the same float8 data
+        if "fp8" in impl:
+            assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2, impl
