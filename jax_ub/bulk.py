@@ -175,7 +175,7 @@ def _recipe_gemm(recipe, out_dtype, in_dtype, a, b):
 def _recipe_gemm_fwd(recipe, out_dtype, in_dtype, a, b):
     a8, a_s = fp8_lib.quantize(a, recipe.fwd_dtype)
     b8, b_s = fp8_lib.quantize(b, recipe.fwd_dtype)
-    return fp8_lib.scaled_matmul(a8, b8, a_s, b_s, out_dtype), (a8, a_s, b8, b_s)
+    return fp8_lib.scaled_dot(a8, b8, a_s, b_s, out_dtype), (a8, a_s, b8, b_s)
 
 
 def _recipe_gemm_bwd(recipe, out_dtype, in_dtype, res, dy):
@@ -193,7 +193,7 @@ _recipe_gemm.defvjp(_recipe_gemm_fwd, _recipe_gemm_bwd)
 def _fp8_gemm(mode, a, b):
     kind, arg, out_dtype = mode
     if kind == "scaled":
-        return fp8_lib.scaled_matmul(a, b, *arg, out_dtype)
+        return fp8_lib.scaled_dot(a, b, *arg, out_dtype)
     return _recipe_gemm(arg, np.dtype(out_dtype), np.dtype(a.dtype), a, b)
 
 

@@ -16,6 +16,10 @@ Conventions (the scaled-matmul / cuBLASLt ``A_SCALE``/``B_SCALE`` ones):
   dequantize both operands to float32, a float32 dot at ``HIGHEST`` precision, then the collective
   (the reduce-scatter sums float32 partials), then a cast to the output dtype (bfloat16 by
   default, float32 on request). The all-gather gathers the FP8 operand (one byte per element).
+* XLA's FP8 path (:func:`scaled_dot`, what the ops run where they run through XLA: a TP axis of
+  size 1, ``method="xla"``, off the CUDA path): ``lax.dot_general`` on the float8 operands into
+  float32, times ``a_scale * b_scale``, cast; XLA's GPU backend hands that dot to cuBLASLt's FP8
+  GEMM. It equals the reference up to float32 rounding order (bound in :func:`scaled_dot`).
 
 :class:`FP8Recipe` is the option of :func:`jax_ub.all_gather_matmul` and friends that quantizes
 higher-precision operands with current scaling before the communication; its backward is the
@@ -25,6 +29,8 @@ hybrid recipe (gradients in e5m2, documented in ``docs/fp8.md``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -41,6 +47,7 @@ __all__ = [
     "matmul_reduce_scatter",
     "quantize",
     "scale_from_amax",
+    "scaled_dot",
     "scaled_matmul",
 ]
 
@@ -245,6 +252,32 @@ def scaled_matmul(
     return y.astype(out_dtype)
 
 
+def scaled_dot(
+    a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array, out_dtype: Any = jnp.bfloat16
+) -> jax.Array:
+    """:func:`scaled_matmul`'s product as XLA's own FP8 GEMM: ``lax.dot_general`` of the float8
+    ``a[..., m, k]`` and ``b[k, n]`` with a float32 result, times ``a_scale * b_scale``, cast to
+    ``out_dtype``. XLA's GPU backend rewrites a float8 dot with a float32 result into cuBLASLt's
+    FP8 GEMM (with the precision it gets here, DEFAULT, its plan enables fast accumulation:
+    ``docs/fp8.md``); its CPU backend converts the operands to float32 and runs a float32 dot (every
+    pair, e5m2 x e5m2 included, which the checks refuse before).
+
+    Against :func:`scaled_matmul` only the float32 rounding differs: here the products ``qa * qb``
+    are exact in float32 and the sum is rounded, then scaled; there the operands are dequantized
+    (rounded) first. With ``u = eps(float32) / 2`` each result is within ``(k - 1) u + 3 u`` of the
+    exact ``a_scale * b_scale * sum(qa * qb)``, relative to ``T = a_scale * b_scale * sum |qa qb|``,
+    for any order of the sum, so the two differ by at most ``(k + 2) eps(float32) T`` before the
+    cast to ``out_dtype`` (one unit in its last place more after it)."""
+    dims = (((a.ndim - 1,), (0,)), ((), ()))
+    dot = functools.partial(lax.dot_general, dimension_numbers=dims, preferred_element_type=jnp.float32)
+    acc = reference._product(dot, a, b)
+    return (acc * (a_scale * b_scale)).astype(out_dtype)
+
+
+# An FP8 GEMM of the collectives below: ``dot(a8, b8, a_scale, b_scale, out_dtype)``.
+Dot = Callable[..., jax.Array]
+
+
 def all_gather_matmul(
     x: jax.Array,
     w: jax.Array,
@@ -254,11 +287,13 @@ def all_gather_matmul(
     *,
     gather_axis: int = 0,
     out_dtype: Any = jnp.bfloat16,
+    dot: Dot = scaled_matmul,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(y, x_gathered)``: the FP8 x gathered (FP8 bytes) along ``gather_axis``, then
-    :func:`scaled_matmul`. ``x_scale`` must be the same on every rank of the axis."""
+    """``(y, x_gathered)``: the FP8 x gathered (FP8 bytes) along ``gather_axis``, then ``dot``
+    (:func:`scaled_matmul`, the reference; :func:`scaled_dot`, XLA's FP8 GEMM). ``x_scale`` must be
+    the same on every rank of the axis."""
     x_full = lax.all_gather(x, axis_name, axis=gather_axis % x.ndim, tiled=True)
-    return scaled_matmul(x_full, w, x_scale, w_scale, out_dtype), x_full
+    return dot(x_full, w, x_scale, w_scale, out_dtype), x_full
 
 
 def matmul_reduce_scatter(
@@ -270,9 +305,11 @@ def matmul_reduce_scatter(
     *,
     scatter_axis: int = 0,
     out_dtype: Any = jnp.bfloat16,
+    dot: Dot = scaled_matmul,
 ) -> jax.Array:
-    """Each rank's float32 partial product (its own scales), reduce-scattered in float32 along
-    ``scatter_axis``, cast to ``out_dtype``."""
-    partial = scaled_matmul(x, w, x_scale, w_scale, jnp.float32)
+    """Each rank's float32 partial product (its own scales; ``dot`` as in
+    :func:`all_gather_matmul`), reduce-scattered in float32 along ``scatter_axis``, cast to
+    ``out_dtype``."""
+    partial = dot(x, w, x_scale, w_scale, jnp.float32)
     y = lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis % x.ndim, tiled=True)
     return y.astype(out_dtype)

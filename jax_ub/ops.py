@@ -346,16 +346,24 @@ class _FP8Call:
     recompute_gathered: bool = False  # recipe AG only: save the local x8, re-gather it in the backward
 
 
+# Through XLA the GEMMs are XLA's own FP8 dot (jax_ub.fp8.scaled_dot, which XLA hands to cuBLASLt's
+# FP8 GEMM on GPUs), not the float32 dot of the dequantized reference: the same result up to float32
+# rounding order (tests/cpu/test_fp8.py holds them to each other).
+
+
 def _ag_fp8_xla(x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full=True):
     del need_full
-    return fp8_lib.all_gather_matmul(x8, w8, xs, ws, axis_name, gather_axis=axis, out_dtype=out_dtype)
+    return fp8_lib.all_gather_matmul(
+        x8, w8, xs, ws, axis_name, gather_axis=axis, out_dtype=out_dtype, dot=fp8_lib.scaled_dot
+    )
 
 
 def _rs_fp8_xla(x8, w8, xs, ws, *, axis_name, axis, out_dtype, need_full=True):
     del need_full
-    return fp8_lib.matmul_reduce_scatter(
-        x8, w8, xs, ws, axis_name, scatter_axis=axis, out_dtype=out_dtype
-    ), x8
+    y = fp8_lib.matmul_reduce_scatter(
+        x8, w8, xs, ws, axis_name, scatter_axis=axis, out_dtype=out_dtype, dot=fp8_lib.scaled_dot
+    )
+    return y, x8
 
 
 # The FP8 forwards by (op, method) beside the CUDA methods' (``_CUDA`` with the scale keywords).
@@ -394,10 +402,10 @@ def _fp8_forward(op, method, x8, w8, xs, ws, *, axis_name, axis, out_dtype, need
 
 def _fp8_matmul(a8, b8, a_scale, b_scale, out_dtype, method):
     """The FP8 GEMM of a backward (wgrad), ``a8[m, k] @ b8[k, n]`` dequantized: cuBLASLt's
-    (:func:`jax_ub.gemm.fp8_matmul`) where the op ran a CUDA method, else the reference."""
+    (:func:`jax_ub.gemm.fp8_matmul`) where the op ran a CUDA method, else XLA's FP8 dot."""
     kout = fp8_lib.kernel_out(out_dtype)
     if method == methods.XLA:
-        return fp8_lib.scaled_matmul(a8, b8, a_scale, b_scale, kout).astype(out_dtype)
+        return fp8_lib.scaled_dot(a8, b8, a_scale, b_scale, kout).astype(out_dtype)
     return gemm.fp8_matmul(a8, b8, a_scale, b_scale, out_dtype=kout).astype(out_dtype)
 
 
