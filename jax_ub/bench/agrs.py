@@ -4,18 +4,20 @@ The impls of a shape are listed in :mod:`jax_ub.bench.__main__`'s docstring; :fu
 them, :func:`run` times them (:func:`jax_ub.bench.harness.time_impls`), checks each op's output
 against ``xla_plain``'s and ``comm_jax_ub``'s against ``comm_nccl``'s
 (:class:`jax_ub.bench.harness.Check`: above the dtype's bound an impl gets no time and a failure),
-With ``--dtype fp8`` (:func:`build_fp8`) it times jax_ub's FP8 op against XLA's FP8 and against
-both bfloat16 ops, each FP8 impl checked against ``xla_fp8``.
 writes the records after every shape and the chart at the end, and prints the table (speedup vs
-``xla_plain``, T/T_ideal, the run's own noise, one geometric mean per tp).
+``xla_plain``, T/T_ideal, the run's own noise, one geometric mean per tp). With ``--dtype fp8``
+(:func:`build_fp8`) it times jax_ub's FP8 op against XLA's FP8 and against both bfloat16 ops, each
+FP8 impl checked against ``xla_fp8``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import operator
 import os
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from jax_ub.bench import harness as h
@@ -25,6 +27,39 @@ CHART = ["gemm_alone", "comm_nccl", "comm_jax_ub", "xla_plain", "xla_windowed", 
 # float8 operands with preferred_element_type bfloat16) and against both ops in bfloat16.
 FP8 = "fp8"
 FP8_CHART = ["xla_plain", "jax_ub_bf16", "xla_fp8", "jax_ub_fp8"]
+
+
+def _specs(op: str) -> tuple[Any, Any, Any]:
+    """The partition specs of x, w and y: AG x[M/tp, K] @ w[K, N/tp] → y[M, N/tp]; RS
+    x[M, K/tp] @ w[K/tp, N] → y[M/tp, N]."""
+    from jax.sharding import PartitionSpec as P
+
+    if op == "ag":
+        return P("tp", None), P(None, "tp"), P(None, "tp")
+    return P(None, "tp"), P("tp", None), P("tp", None)
+
+
+def _xla_op(op: str, dot: Callable[..., Any]) -> Callable[..., Any]:
+    """XLA's op around ``dot(x, w, *scales)`` inside ``shard_map``: AG all-gathers x before it, RS
+    reduce-scatters its product."""
+    from jax import lax
+
+    if op == "ag":
+        return lambda x, w, *scales: dot(lax.all_gather(x, "tp", tiled=True), w, *scales)
+    return lambda x, w, *scales: lax.psum_scatter(dot(x, w, *scales), "tp", tiled=True)
+
+
+def _jax_ub_op(op: str) -> Callable[..., Any]:
+    """``jax_ub.all_gather_matmul`` (AG) or ``jax_ub.matmul_reduce_scatter`` (RS)."""
+    import jax_ub
+
+    return jax_ub.all_gather_matmul if op == "ag" else jax_ub.matmul_reduce_scatter
+
+
+def _schedules(op: str) -> tuple[str, ...]:
+    from jax_ub import methods
+
+    return methods.SCHEDULES[methods.AG if op == "ag" else methods.RS]
 
 
 def build_fp8(op: str, mesh: Any, M: int, K: int, N: int, cuda: bool) -> dict[str, Any]:
@@ -39,15 +74,11 @@ def build_fp8(op: str, mesh: Any, M: int, K: int, N: int, cuda: bool) -> dict[st
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    import jax_ub
     from jax_ub import fp8, methods
 
     bf16, e4m3 = jnp.bfloat16, jnp.float8_e4m3fn
     kx, kw = jax.random.split(jax.random.key(M + K + N))
-    if op == "ag":
-        x_spec, w_spec, y_spec = P("tp", None), P(None, "tp"), P(None, "tp")
-    else:
-        x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
+    x_spec, w_spec, y_spec = _specs(op)
     xs_, ws_ = NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec)
     x = h.rand(kx, (M, K), bf16, xs_)
     w = h.rand(kw, (K, N), bf16, ws_)
@@ -55,62 +86,23 @@ def build_fp8(op: str, mesh: Any, M: int, K: int, N: int, cuda: bool) -> dict[st
     quant = jax.jit(lambda t: fp8.quantize(t, e4m3))
     x8, sx = jax.jit(quant, out_shardings=(xs_, rep))(x)
     w8, sw = jax.jit(quant, out_shardings=(ws_, rep))(w)
-
-    def smap(f, in_specs, out_specs):
-        return h.shard_jit(mesh, f, in_specs, out_specs)
+    smap = functools.partial(h.shard_jit, mesh)
 
     def xla_dot(a8, b8, sa, sb):  # XLA's FP8 GEMM, the scales applied to its bfloat16 output
         y = lax.dot_general(a8, b8, (((a8.ndim - 1,), (0,)), ((), ())), preferred_element_type=bf16)
         return y * (sa * sb).astype(bf16)
 
-    fp8_specs = (x_spec, w_spec, P(), P())
-    impls: dict[str, Any] = {}
-    if op == "ag":
-        impls["xla_plain"] = (
-            smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec),
-            (x, w),
-        )
-        impls["xla_fp8"] = (
-            smap(lambda x, w, a, b: xla_dot(lax.all_gather(x, "tp", tiled=True), w, a, b), fp8_specs, y_spec),
-            (x8, w8, sx, sw),
-        )
-        impls["jax_ub_bf16"] = (
-            smap(lambda x, w: jax_ub.all_gather_matmul(x, w, "tp"), (x_spec, w_spec), y_spec),
-            (x, w),
-        )
-        ours = [methods.AUTO, *methods.SCHEDULES[methods.AG]] if cuda else [methods.AUTO]
-        for m in ours:
-            name = "jax_ub_fp8" if m == methods.AUTO else f"jax_ub_fp8_{m}"
-            impls[name] = (
-                smap(
-                    lambda x, w, a, b, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m, scales=(a, b)),
-                    fp8_specs,
-                    y_spec,
-                ),
-                (x8, w8, sx, sw),
-            )
-        return impls
-    impls["xla_plain"] = (
-        smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec),
-        (x, w),
-    )
-    impls["xla_fp8"] = (
-        smap(lambda x, w, a, b: lax.psum_scatter(xla_dot(x, w, a, b), "tp", tiled=True), fp8_specs, y_spec),
-        (x8, w8, sx, sw),
-    )
-    impls["jax_ub_bf16"] = (
-        smap(lambda x, w: jax_ub.matmul_reduce_scatter(x, w, "tp"), (x_spec, w_spec), y_spec),
-        (x, w),
-    )
-    ours = [methods.AUTO, *methods.SCHEDULES[methods.RS]] if cuda else [methods.AUTO]
-    for m in ours:
+    bf16_specs, fp8_specs = (x_spec, w_spec), (x_spec, w_spec, P(), P())
+    ours = _jax_ub_op(op)
+    impls: dict[str, Any] = {
+        "xla_plain": (smap(_xla_op(op, operator.matmul), bf16_specs, y_spec), (x, w)),
+        "xla_fp8": (smap(_xla_op(op, xla_dot), fp8_specs, y_spec), (x8, w8, sx, sw)),
+        "jax_ub_bf16": (smap(lambda x, w: ours(x, w, "tp"), bf16_specs, y_spec), (x, w)),
+    }
+    for m in [methods.AUTO, *_schedules(op)] if cuda else [methods.AUTO]:
         name = "jax_ub_fp8" if m == methods.AUTO else f"jax_ub_fp8_{m}"
         impls[name] = (
-            smap(
-                lambda x, w, a, b, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m, scales=(a, b)),
-                fp8_specs,
-                y_spec,
-            ),
+            smap(lambda x, w, a, b, m=m: ours(x, w, "tp", method=m, scales=(a, b)), fp8_specs, y_spec),
             (x8, w8, sx, sw),
         )
     return impls
@@ -131,20 +123,14 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
     dtype = jnp.dtype(dtype_name)
     tp = mesh.shape["tp"]
     kx, kw = jax.random.split(jax.random.key(M + K + N))
-    if op == "ag":
-        x_spec, w_spec, y_spec = P("tp", None), P(None, "tp"), P(None, "tp")
-    else:
-        x_spec, w_spec, y_spec = P(None, "tp"), P("tp", None), P("tp", None)
+    x_spec, w_spec, y_spec = _specs(op)
 
     def rand(key, shape, where):
         return h.rand(key, shape, dtype, where)
 
     x = rand(kx, (M, K), NamedSharding(mesh, x_spec))
     w = rand(kw, (K, N), NamedSharding(mesh, w_spec))
-
-    def smap(f, in_specs, out_specs):
-        return h.shard_jit(mesh, f, in_specs, out_specs)
-
+    smap = functools.partial(h.shard_jit, mesh)
     impls: dict[str, Any] = {}
     dev0 = mesh.devices.flat[0]
     gemm = jax.jit(lambda a, b: jax_ub.matmul(a, b, method="cublaslt" if cuda else "xla"))
@@ -180,24 +166,6 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
         impls["gemm_alone"] = lambda: (gemm, (rand(kx, (M, K), dev0), rand(kw, (K, N // tp), dev0)))
         impls["comm_nccl"] = (smap(lambda x: lax.all_gather(x, "tp", tiled=True), (x_spec,), P()), (x,))
         impls["comm_jax_ub"] = (smap(lambda x: collectives.all_gather(x, "tp"), (x_spec,), P()), (x,))
-        impls["xla_plain"] = (
-            smap(lambda x, w: lax.all_gather(x, "tp", tiled=True) @ w, (x_spec, w_spec), y_spec),
-            (x, w),
-        )
-        # below PUSH_MERGE_MIN_TP push_merge is push's program: not timed twice
-        ag = [
-            m
-            for m in methods.SCHEDULES[methods.AG]
-            if m != methods.PUSH_MERGE or tp >= methods.PUSH_MERGE_MIN_TP
-        ]
-        for m in (methods.AUTO, *ag):
-            name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
-            impls[name] = (
-                smap(
-                    lambda x, w, m=m: jax_ub.all_gather_matmul(x, w, "tp", method=m), (x_spec, w_spec), y_spec
-                ),
-                (x, w),
-            )
     else:
 
         @functools.cache
@@ -213,20 +181,13 @@ def build(op: str, mesh: Any, M: int, K: int, N: int, dtype_name: str, cuda: boo
             smap(lambda p: collectives.reduce_scatter(p, "tp"), (P("tp", None),), P("tp", None)),
             (partials(),),
         )
-        impls["xla_plain"] = (
-            smap(lambda x, w: lax.psum_scatter(x @ w, "tp", tiled=True), (x_spec, w_spec), y_spec),
-            (x, w),
-        )
-        for m in (methods.AUTO, *methods.SCHEDULES[methods.RS]):
-            name = "jax_ub" if m == "auto" else f"jax_ub_{m}"
-            impls[name] = (
-                smap(
-                    lambda x, w, m=m: jax_ub.matmul_reduce_scatter(x, w, "tp", method=m),
-                    (x_spec, w_spec),
-                    y_spec,
-                ),
-                (x, w),
-            )
+    impls["xla_plain"] = (smap(_xla_op(op, operator.matmul), (x_spec, w_spec), y_spec), (x, w))
+    ours = _jax_ub_op(op)
+    for m in (methods.AUTO, *_schedules(op)):
+        if m == methods.PUSH_MERGE and tp < methods.PUSH_MERGE_MIN_TP:
+            continue  # below PUSH_MERGE_MIN_TP push_merge (an AG schedule) is push's program
+        name = "jax_ub" if m == methods.AUTO else f"jax_ub_{m}"
+        impls[name] = (smap(lambda x, w, m=m: ours(x, w, "tp", method=m), (x_spec, w_spec), y_spec), (x, w))
 
     def windowed(flags):  # XLA's windowed einsum: the jit-partitioned dot, sharded operands and output
         fw = jax.jit(lambda x, w: jnp.dot(x, w), out_shardings=NamedSharding(mesh, y_spec))

@@ -318,6 +318,42 @@ def test_gemm_all_gpus_is_each_gpus_local_gemm(op, cpu_mesh):
         np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("op", "tp"), [("ag", 2), ("ag", 4), ("rs", 2)])
+def test_jax_ub_impls_on_the_cuda_path_run_each_schedule(op, tp, cpu_mesh, monkeypatch):
+    """With ``cuda=True`` the op is timed once per schedule (``jax_ub_<method>``; push_merge only
+    from PUSH_MERGE_MIN_TP, below it is push's program) after ``jax_ub`` (auto), and each one calls
+    the op with that method. The op runs as its pure-XLA reference here (no GPU), recording what
+    it was asked for; each output is XLA's (``xla_plain``)."""
+    from jax_ub import methods
+
+    name = "all_gather_matmul" if op == "ag" else "matmul_reduce_scatter"
+    real = getattr(jax_ub, name)
+    calls = []
+
+    def recorded(x, w, axis_name, *, method=None):
+        calls.append(method)
+        return real(x, w, axis_name, method="xla")
+
+    monkeypatch.setattr(jax_ub, name, recorded)
+    impls = agrs.build(op, cpu_mesh(tp), 32, 16, 24, "float32", cuda=True)
+    schedules = [
+        m
+        for m in methods.SCHEDULES[methods.AG if op == "ag" else methods.RS]
+        if m != methods.PUSH_MERGE or tp >= methods.PUSH_MERGE_MIN_TP
+    ]
+    assert (methods.PUSH_MERGE in schedules) == (op == "ag" and tp >= methods.PUSH_MERGE_MIN_TP)
+    ours = [i for i in impls if i == "jax_ub" or i.startswith("jax_ub_")]
+    assert ours == ["jax_ub", *(f"jax_ub_{m}" for m in schedules)]
+    assert list(impls).index("xla_plain") < list(impls).index("jax_ub")  # its reference first
+    fn, args = impls["xla_plain"]
+    want = np.asarray(fn(*args))
+    for impl in ours:
+        calls.clear()
+        fn, args = impls[impl]
+        np.testing.assert_allclose(np.asarray(fn(*args)), want, rtol=1e-5, atol=1e-5)
+        assert calls == [impl.removeprefix("jax_ub").removeprefix("_") or methods.AUTO], (impl, calls)
+
+
 @pytest.mark.parametrize("op", ["ag", "rs"])
 def test_gemm_chunks_are_each_gpus_row_chunk_gemms(op, cpu_mesh):
     """gemm_chunks: every device computes its local GEMM as tp row-chunk GEMMs (AG: each rank's
