@@ -647,3 +647,75 @@ def test_recompute_and_return_gathered_with_a_recipe(cpu_mesh):
     # dx = the y part (as without return_gathered) + the sum over ranks of the gathered x's cotangent
     want = np.asarray(grads[0][0], np.float64) + np.asarray(cg, np.float64).sum(0)
     np.testing.assert_allclose(np.asarray(dx, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# XLA's FP8 path: where the ops run through XLA (tp=1, method="xla", off the CUDA path) their GEMMs
+# are XLA's own FP8 dot (fp8.scaled_dot), held here to the reference (fp8.scaled_matmul) run on the
+# same quantized data.
+
+
+def _dot_operand_dtypes(jaxpr) -> list:
+    """The operand dtype pairs of every ``dot_general`` in ``jaxpr``, nested jaxprs included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.append(tuple(jnp.dtype(v.aval.dtype) for v in eqn.invars))
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _dot_operand_dtypes(inner)
+    return out
+
+
+def _close_to_reference(got, ref, terms: np.ndarray, k: int, tp: int, dtype, what: str) -> None:
+    """Every element of XLA's FP8 path within its bound of the reference's (fp8.scaled_dot's
+    docstring): ``(k + 2) eps(float32) T`` for the GEMM (``T`` the sum of |products|, ``k`` the
+    contraction), ``2 (tp - 1) eps(float32) T`` more for the float32 sums of a reduce-scatter, one
+    unit in the last place of ``dtype`` for the final cast."""
+    got = np.asarray(jnp.asarray(got, F32), np.float64)
+    ref = np.asarray(jnp.asarray(ref, F32), np.float64)
+    assert got.shape == ref.shape == terms.shape, (what, got.shape, ref.shape, terms.shape)
+    bound = ulp(ref, dtype) + (k + 2 + 2 * (tp - 1)) * np.finfo(np.float32).eps * terms + 1e-30
+    bad = np.abs(got - ref) > bound
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} elements off; worst {np.max(np.abs(got - ref) / bound):.3g}x "
+        f"the bound, e.g. got {got[bad][:3]}, reference {ref[bad][:3]}"
+    )
+
+
+@pytest.mark.parametrize("op", ["ag", "rs"])
+@pytest.mark.parametrize(
+    "tp,dtype,method",
+    [(1, BF16, None), (2, BF16, "xla"), (4, F32, "xla")],
+    ids=["tp1", "tp2-bf16", "tp4-f32"],
+)
+def test_xla_fp8_dot_is_the_reference(cpu_mesh, monkeypatch, tp, op, dtype, method):
+    """The forward and the hybrid backward (e5m2 dy, dgrad, wgrad) of a recipe on XLA's path run
+    every GEMM as a float8 dot_general, and give the reference's results (the float32 dot of the
+    dequantized operands, patched in here) within the float32 rounding bound, every element."""
+    mesh = cpu_mesh(tp)
+    m, k, n = 4, 48, 8  # contractions: k (forward), n (dgrad), 2 * m * tp (wgrad)
+    x, w = _recipe_operands(op, tp, dtype, m=m, k=k, n=n)
+    kw = {} if method is None else {"method": method}
+    runs = []
+    for dot in ("xla", "reference"):
+        if dot == "reference":
+            monkeypatch.setattr(fp8, "scaled_dot", fp8.scaled_matmul)
+        f = _recipe_fn(mesh, op, jax_ub.FP8Recipe(), **kw)
+        y = f(x, w)
+        cot = rand(98, y.shape, F32, 2.0)
+        loss = lambda x, w, f=f, c=cot: jnp.sum(f(x, w).astype(F32) * c)  # noqa: E731  (no dot)
+        dots = _dot_operand_dtypes(jax.make_jaxpr(jax.grad(loss, (0, 1)))(x, w).jaxpr)
+        runs.append((y, *_grads(f, x, w, cot), dots))
+    (y, dx, dw, dots), (y_ref, dx_ref, dw_ref, ref_dots) = runs
+    fp8_types = {jnp.dtype(E4M3), jnp.dtype(E5M2)}
+    assert len(dots) == 3 and all(set(d) <= fp8_types for d in dots), dots  # fwd, dgrad, wgrad
+    assert len(ref_dots) == 3 and all(set(d) == {jnp.dtype(F32)} for d in ref_dots), ref_dots
+    want, terms = _recipe_oracle(op, tp, x, w, 1)
+    assert_close(y, want, terms, dtype, f"{op} tp={tp} y against float64")  # not only each other
+    _close_to_reference(y, y_ref, terms, k, tp, dtype, f"{op} tp={tp} y")
+    _, _, tdx, tdw = _hybrid_oracle(op, tp, x, w, jnp.asarray(cot).astype(y.dtype))
+    _close_to_reference(dx, dx_ref, tdx, n, tp, dtype, f"{op} tp={tp} dx")
+    _close_to_reference(dw, dw_ref, tdw, 2 * m * tp, tp, dtype, f"{op} tp={tp} dw")
