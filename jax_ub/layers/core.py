@@ -17,9 +17,12 @@ Two ways to call a layer (the *mode* is chosen per call, automatically):
   :func:`jax.set_mesh`, else the mesh of the kernel's own ``NamedSharding`` (a concrete array,
   i.e. a call outside ``jax.jit``), else (NNX) the concrete mesh the layer was built under.
   Parameters are split along ``axis_name`` as their partitioning metadata says; the batch (the
-  first leading dim other than the sequence; `[tokens, features]` has none) is split over all the
-  *other* free mesh axes (e.g. ``"dp"``) when it divides by their product, else kept whole on each
-  of them.
+  first leading dim other than the sequence; `[tokens, features]` has none) is split over the mesh
+  axes the layer's ``batch_axes`` names (:mod:`jax_ub.layers.activation`). By default
+  (``"auto"``) those are the axes x comes sharded with on its batch where its sharding is known,
+  else all the *other* free mesh axes (e.g. ``"dp"``) when the batch divides by their product, else
+  none. An x whose known layout puts a non-TP axis elsewhere is refused, not re-sharded.
+  ``batch_axes`` does not apply in local mode (x is already this device's shard).
 * **local** — ``axis_name`` is bound (the call runs inside the user's own ``shard_map`` over it):
   arrays are this device's shards and the layer calls the primitives directly. Parameters may be
   local shards (the usual case: passed through ``shard_map`` with ``in_specs`` from their
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -58,6 +60,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jax_ub import _validate, gemm, ops, reference
+from jax_ub.layers import activation
 from jax_ub.layers.mesh import array_mesh, check_differentiable_here, placement, require_placement
 from jax_ub.layers.params import check_divisible
 
@@ -193,13 +196,9 @@ def _free_axes(mesh: Any) -> tuple[str, ...]:
 
 
 def _batch_axes(mesh: Any, axis_name: str, batch: int | None) -> Any:
-    """Mesh axes the batch is split over in global mode (None: kept whole, or no batch dim)."""
-    if batch is None:
-        return None
-    axes = tuple(a for a in _free_axes(mesh) if a != axis_name and mesh.shape[a] > 1)
-    if not axes or batch % math.prod(mesh.shape[a] for a in axes):
-        return None
-    return axes[0] if len(axes) == 1 else axes
+    """Mesh axes the batch is split over in global mode where nothing says otherwise (None: kept
+    whole, or no batch dim); :func:`jax_ub.layers.activation.default_batch_axes`."""
+    return activation.default_batch_axes(mesh, axis_name, batch)
 
 
 def explicit_axes(mesh: Any) -> set[str]:
@@ -461,6 +460,7 @@ def column_parallel_dense(
     sequence_parallel: bool = True,
     default_mesh: Any = None,
     fp8: Any = None,
+    batch_axes: Any = activation.AUTO,
     where: str = "ColumnParallelDense",
     epilogue: Callable[[Array], Any] | None = None,
     epilogue_specs: Callable[[int | None, Any], Any] | None = None,
@@ -483,6 +483,9 @@ def column_parallel_dense(
     context mesh nor the kernel's own sharding names one. ``fp8``: a :class:`jax_ub.FP8Recipe`
     for :func:`jax_ub.all_gather_matmul` (``None``: the compute dtype).
 
+    ``batch_axes``: the mesh axes of the batch in global mode (:mod:`jax_ub.layers.activation`:
+    ``"auto"``, ``None``, mesh axes or logical names).
+
     ``epilogue``: applied to each device's `[..., seq, ..., out/tp]` output (bias added) inside
     the layer (local mode: to the result; global mode: inside its ``shard_map``), e.g. the QKV
     layer's split into heads; ``epilogue_specs(batch_dim, batch_axes)`` then gives the global
@@ -492,6 +495,7 @@ def column_parallel_dense(
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+    activation.check_batch_axes(where, batch_axes, axis_name)
     p = require_placement(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
     check_differentiable_here(where, p, (x, kernel, bias))
     tp = p.tp
@@ -546,8 +550,9 @@ def column_parallel_dense(
         assert seq is not None  # check_x returns the sequence axis under sequence parallelism
         _check_seq_divisible(where, x, seq, tp, axis_name)
     bdim = _batch_dim(x.ndim, seq)
-    b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
+    b = activation.batch_entry(where, x, p.mesh, axis_name, bdim, batch_axes)
     x_spec = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
+    activation.check_incoming(where, x, p.mesh, axis_name, _spec(x.ndim, x_spec), batch_axes)
     out_spec = (
         _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}) if epilogue_specs is None else epilogue_specs(bdim, b)
     )
@@ -576,6 +581,7 @@ def row_parallel_dense(
     sequence_parallel: bool = True,
     default_mesh: Any = None,
     fp8: Any = None,
+    batch_axes: Any = activation.AUTO,
     where: str = "RowParallelDense",
 ) -> Array:
     """Row-parallel dense (TP→SP): multiply by this shard's rows, reduce-scatter over the sequence.
@@ -594,12 +600,13 @@ def row_parallel_dense(
     ``in_features`` and ``out_features`` (global) are checked when given; they default to the
     kernel's in global mode, and to ``x.shape[-1] * tp`` and ``kernel.shape[1]`` in local mode.
     ``fp8``: a :class:`jax_ub.FP8Recipe` for :func:`jax_ub.matmul_reduce_scatter` (``None``: the
-    compute dtype).
+    compute dtype). ``batch_axes``: as :func:`column_parallel_dense`'s (input and output keep them).
     """
     _validate.check_array(where, "x", x)
     _check_call_options(where, method, precision)
     check_seq_axis(where, seq_axis)
     _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+    activation.check_batch_axes(where, batch_axes, axis_name)
     p = require_placement(where, axis_name, mesh, (array_mesh(kernel), array_mesh(x), default_mesh))
     check_differentiable_here(where, p, (x, kernel, bias))
     tp = p.tp
@@ -645,15 +652,12 @@ def row_parallel_dense(
         return body(x, kernel, bias)
 
     bdim = _batch_dim(x.ndim, seq)
-    b = _batch_axes(p.mesh, axis_name, None if bdim is None else x.shape[bdim])
+    b = activation.batch_entry(where, x, p.mesh, axis_name, bdim, batch_axes)
+    x_spec = _spec(x.ndim, {bdim: b, x.ndim - 1: axis_name})
+    activation.check_incoming(where, x, p.mesh, axis_name, x_spec, batch_axes)
     out = {bdim: b, seq: axis_name} if sequence_parallel else {bdim: b}
-    return _shard_map(
-        body,
-        p.mesh,
-        (x, kernel, bias),
-        (_spec(x.ndim, {bdim: b, x.ndim - 1: axis_name}), P(axis_name, None), P(None)),
-        _spec(x.ndim, out),
-    )
+    in_specs = (x_spec, P(axis_name, None), P(None))
+    return _shard_map(body, p.mesh, (x, kernel, bias), in_specs, _spec(x.ndim, out))
 
 
 def check_norm_x(where: str, x: Any, *params: Array | None) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from jax_ub import _validate
 from jax_ub.layers import core, logical, params, qkv
 from jax_ub.layers import mesh as _mesh
+from jax_ub.layers.activation import AUTO, check_batch_axes
 from jax_ub.layers.core import pack_gated, unpack_gated
 
 __all__ = [
@@ -148,29 +149,61 @@ def _dense_params(
     return kernel, bias
 
 
-def _check_dense(
-    module: ColumnParallelDense | RowParallelDense | QKVParallelDense,
-    x: Any,
-    sizes: dict[str, Any],
-    recompute_gathered: Any = None,
-) -> str:
-    """A dense layer's fields and its ``x`` (an array), checked at the top of ``__call__``;
-    returns the layer's name for the errors that follow."""
-    where = type(module).__name__
-    core.check_dense_options(
-        where,
-        sizes=sizes,
-        use_bias=module.use_bias,
-        dtype=module.dtype,
-        param_dtype=module.param_dtype,
-        kernel_init=module.kernel_init,
-        bias_init=module.bias_init,
-        mesh=module.mesh,
-        recompute_gathered=recompute_gathered,
-    )
-    core.check_seq_axis(where, module.seq_axis)
-    _validate.check_array(where, "x", x)
-    return where
+class _Dense(nn.Module):
+    """The fields the dense layers and :class:`ParallelMLP` share (documented on
+    :class:`jax_ub.nn.ColumnParallelDense`). Each subclass repeats ``_: dataclasses.KW_ONLY``
+    before its own fields, which keeps them and Flax's ``parent`` and ``name`` keyword-only, as
+    here."""
+
+    _: dataclasses.KW_ONLY
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable[..., Any] = default_kernel_init
+    bias_init: Callable[..., Any] = default_bias_init
+    precision: Any = None
+    method: str | None = None
+    fp8: Any = None
+    seq_axis: int = -2
+    sequence_parallel: bool = True
+    batch_axes: Any = AUTO
+    axis_name: str = "tp"
+    mesh: Any = None
+
+    def _check(self, x: Any, sizes: dict[str, Any], recompute_gathered: Any = None) -> str:
+        """The fields and ``x`` (an array), checked at the top of ``__call__``; returns the
+        layer's name for the errors that follow."""
+        where = type(self).__name__
+        core.check_dense_options(
+            where,
+            sizes=sizes,
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            bias_init=self.bias_init,
+            mesh=self.mesh,
+            recompute_gathered=recompute_gathered,
+        )
+        core.check_seq_axis(where, self.seq_axis)
+        _mesh.check_layer_axis(where, self.axis_name)
+        check_batch_axes(where, self.batch_axes, self.axis_name)
+        _validate.check_array(where, "x", x)
+        return where
+
+    def _options(self) -> dict[str, Any]:
+        """The options of the forward pass (:mod:`jax_ub.layers.core`), a sublayer's included."""
+        return dict(
+            axis_name=self.axis_name,
+            mesh=self.mesh,
+            dtype=self.dtype,
+            precision=self.precision,
+            method=self.method,
+            fp8=self.fp8,
+            seq_axis=self.seq_axis,
+            sequence_parallel=self.sequence_parallel,
+            batch_axes=self.batch_axes,
+        )
 
 
 def _raw(value: Any) -> jax.Array:
@@ -180,7 +213,7 @@ def _raw(value: Any) -> jax.Array:
 _DIMS = ("in_features (x.shape[-1])", "features")
 
 
-class ColumnParallelDense(nn.Module):
+class ColumnParallelDense(_Dense):
     """Column-parallel dense layer: AG→GEMM (see :class:`jax_ub.nn.ColumnParallelDense`).
 
     Global mode: x `[..., seq, in]` → `[..., seq, features]` (features split over
@@ -188,30 +221,19 @@ class ColumnParallelDense(nn.Module):
     ``seq_axis`` (default ``-2``). ``recompute_gathered``: keep only the local x for the backward
     (``None``: configured default). ``fp8``: a :class:`jax_ub.FP8Recipe` (FP8 GEMMs with current
     scaling, parameters kept in ``param_dtype``). ``sequence_parallel=False``: x replicated over
-    ``axis_name``, a local GEMM, any sequence length. ``kernel_init``/``bias_init`` may be wrapped in
-    ``nn.with_partitioning`` naming mesh axes on the dims the layer keeps whole (e.g.
-    ``("fsdp", None)``): merged with the layer's own names.
+    ``axis_name``, a local GEMM, any sequence length. ``batch_axes``: the mesh axes of the batch in
+    global mode (``"auto"``, ``None``, mesh axes or logical names; :mod:`jax_ub.layers.activation`).
+    ``kernel_init``/``bias_init`` may be wrapped in ``nn.with_partitioning`` naming mesh axes on the
+    dims the layer keeps whole (e.g. ``("fsdp", None)``): merged with the layer's own names.
     """
 
     features: int
     _: dataclasses.KW_ONLY
-    use_bias: bool = True
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., Any] = default_kernel_init
-    bias_init: Callable[..., Any] = default_bias_init
-    precision: Any = None
-    method: str | None = None
-    fp8: Any = None
     recompute_gathered: bool | None = None
-    seq_axis: int = -2
-    sequence_parallel: bool = True
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        where = _check_dense(self, x, {"features": self.features}, self.recompute_gathered)
+        where = self._check(x, {"features": self.features}, self.recompute_gathered)
         in_features = x.shape[-1] if x.ndim else 0
         kernel, bias = _dense_params(self, in_features)
         return core.column_parallel_dense(
@@ -219,46 +241,28 @@ class ColumnParallelDense(nn.Module):
             kernel,
             bias,
             out_features=self.features,
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-            dtype=self.dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
             recompute_gathered=self.recompute_gathered,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
             where=where,
+            **self._options(),
         )
 
 
-class RowParallelDense(nn.Module):
+class RowParallelDense(_Dense):
     """Row-parallel dense layer: GEMM→RS, bias once after (see :class:`jax_ub.nn.RowParallelDense`).
 
     Global mode: x `[..., seq, in]` (in split over ``axis_name``) → `[..., seq, features]`
     (seq split); local mode: x `[..., seq, in/tp]` → `[..., seq/tp, features]`. The sequence is
     ``seq_axis`` (default ``-2``). ``sequence_parallel=False``: an all-reduce instead of the
-    reduce-scatter, output replicated over ``axis_name``, any sequence length.
+    reduce-scatter, output replicated over ``axis_name``, any sequence length. ``batch_axes``: as
+    :class:`ColumnParallelDense`'s.
     """
 
     features: int
     _: dataclasses.KW_ONLY
-    use_bias: bool = True
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., Any] = default_kernel_init
-    bias_init: Callable[..., Any] = default_bias_init
-    precision: Any = None
-    method: str | None = None
-    fp8: Any = None
-    seq_axis: int = -2
-    sequence_parallel: bool = True
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        where = _check_dense(self, x, {"features": self.features})
+        where = self._check(x, {"features": self.features})
         p = _mesh.placement(where, self.axis_name, self.mesh)
         x_in = x.shape[-1] if x.ndim else 0
         in_features = x_in * p.tp if p.local and p.tp else x_in
@@ -269,19 +273,12 @@ class RowParallelDense(nn.Module):
             bias,
             in_features=in_features,
             out_features=self.features,
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-            dtype=self.dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
             where=where,
+            **self._options(),
         )
 
 
-class QKVParallelDense(nn.Module):
+class QKVParallelDense(_Dense):
     """Fused QKV projection of grouped-query attention, column-parallel (see
     :class:`jax_ub.nn.QKVParallelDense`): x `[..., seq, hidden]` → ``(q, k, v)``, `[..., seq,
     num_heads, head_dim]` and `[..., seq, num_kv_heads, head_dim]` twice, heads split over
@@ -295,22 +292,11 @@ class QKVParallelDense(nn.Module):
     head_dim: int
     _: dataclasses.KW_ONLY
     use_bias: bool = False
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., Any] = default_kernel_init
-    bias_init: Callable[..., Any] = default_bias_init
-    precision: Any = None
-    method: str | None = None
-    fp8: Any = None
     recompute_gathered: bool | None = None
-    seq_axis: int = -2
-    sequence_parallel: bool = True
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        where = _check_dense(self, x, {}, self.recompute_gathered)
+        where = self._check(x, {}, self.recompute_gathered)
         out = qkv.qkv_features(where, self.num_heads, self.num_kv_heads, self.head_dim)
         p = _mesh.placement(where, self.axis_name, self.mesh)
         qkv.check_heads(where, self.num_heads, self.num_kv_heads, p.tp, self.axis_name)
@@ -323,16 +309,9 @@ class QKVParallelDense(nn.Module):
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-            dtype=self.dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
             recompute_gathered=self.recompute_gathered,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
             where=where,
+            **self._options(),
         )
 
 
@@ -396,14 +375,15 @@ class RMSNorm(_Norm):
 _NORMS: dict[str | None, Any] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, None: None}
 
 
-class ParallelMLP(nn.Module):
+class ParallelMLP(_Dense):
     """Transformer MLP for TP/SP: ``down(activation(up(norm(x))))`` (see :class:`jax_ub.nn.ParallelMLP`).
 
     x `[..., seq, features]` → same shape, the sequence (``seq_axis``) split over ``axis_name`` on
     both sides; the output size is the input's. Submodules ``norm``, ``up``, ``down`` as in NNX;
     ``norm``: ``"layernorm"`` (default), ``"rmsnorm"`` (scale only, Llama/Mistral) or ``None`` (no
     ``norm`` submodule); ``recompute_gathered`` applies to ``up``; ``sequence_parallel=False``:
-    replicated activations, any sequence length. ``gated=True``: ``down(activation(gate) *
+    replicated activations, any sequence length; ``batch_axes`` (the mesh axes of the batch in
+    global mode) applies to both projections. ``gated=True``: ``down(activation(gate) *
     linear)`` from one interleaved ``up`` of ``2 * ffn_features`` (SwiGLU with
     ``activation=jax.nn.silu``; layout and :func:`pack_gated` as in :class:`jax_ub.nn.ParallelMLP`).
     ``up_kernel_init``, ``down_kernel_init``, ``up_bias_init``, ``down_bias_init``: one
@@ -415,41 +395,18 @@ class ParallelMLP(nn.Module):
     ffn_features: int
     _: dataclasses.KW_ONLY
     activation: Callable[[jax.Array], jax.Array] = jax.nn.gelu
-    use_bias: bool = True
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Callable[..., Any] = default_kernel_init
-    bias_init: Callable[..., Any] = default_bias_init
     up_kernel_init: Callable[..., Any] | None = None
     down_kernel_init: Callable[..., Any] | None = None
     up_bias_init: Callable[..., Any] | None = None
     down_bias_init: Callable[..., Any] | None = None
-    precision: Any = None
-    method: str | None = None
-    fp8: Any = None
     epsilon: float = 1e-6
     recompute_gathered: bool | None = None
     gated: bool = False
     norm: str | None = "layernorm"
-    seq_axis: int = -2
-    sequence_parallel: bool = True
-    axis_name: str = "tp"
-    mesh: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        where = type(self).__name__
-        core.check_dense_options(
-            where,
-            sizes={"ffn_features": self.ffn_features},
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=self.kernel_init,
-            bias_init=self.bias_init,
-            mesh=self.mesh,
-            recompute_gathered=self.recompute_gathered,
-        )
+        where = self._check(x, {"ffn_features": self.ffn_features}, self.recompute_gathered)
         core.check_mlp_options(
             where,
             activation=self.activation,
@@ -464,24 +421,12 @@ class ParallelMLP(nn.Module):
         )
         norm_cls = _NORMS[core.check_norm(where, self.norm)]
         _mesh.check_axis_in_mesh(where, self.axis_name, _mesh.placement(where, self.axis_name, self.mesh))
-        core.check_seq_axis(where, self.seq_axis)
         core.check_x(
             where, x, None, "features", seq_axis=self.seq_axis, sequence_parallel=self.sequence_parallel
         )
         if self.gated:
             core.check_gated(where, self.ffn_features, self.axis_name, self.mesh)
-        common = dict(
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-        )
+        common = dict(use_bias=self.use_bias, param_dtype=self.param_dtype, **self._options())
         inits = params.projection_inits(
             self.kernel_init,
             self.bias_init,

@@ -16,6 +16,7 @@ from flax.nnx import variablelib
 from jax_ub import _validate
 from jax_ub.layers import core, logical, params, qkv
 from jax_ub.layers import mesh as _mesh
+from jax_ub.layers.activation import AUTO, check_batch_axes
 from jax_ub.layers.core import pack_gated, unpack_gated
 
 __all__ = [
@@ -122,6 +123,7 @@ class _ParallelDense(nnx.Module):
         fp8: Any = None,
         seq_axis: int = -2,
         sequence_parallel: bool = True,
+        batch_axes: Any = AUTO,
         axis_name: str = "tp",
         mesh: Any = None,
         rngs: nnx.Rngs,
@@ -140,6 +142,8 @@ class _ParallelDense(nnx.Module):
         _check_rngs(where, rngs)
         core.check_seq_axis(where, seq_axis)
         _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+        _mesh.check_layer_axis(where, axis_name)
+        check_batch_axes(where, batch_axes, axis_name)
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias
@@ -150,6 +154,7 @@ class _ParallelDense(nnx.Module):
         self.fp8 = fp8
         self.seq_axis = seq_axis
         self.sequence_parallel = sequence_parallel
+        self.batch_axes = batch_axes
         self.axis_name = axis_name
         self.mesh = mesh
         # The concrete mesh this layer is built under: its mesh when called with none in context.
@@ -196,6 +201,7 @@ class _ParallelDense(nnx.Module):
             fp8=self.fp8,
             seq_axis=self.seq_axis,
             sequence_parallel=self.sequence_parallel,
+            batch_axes=self.batch_axes,
             default_mesh=self._mesh_at_build,
             where=type(self).__name__,
         )
@@ -236,6 +242,11 @@ class ColumnParallelDense(_ParallelDense):
       sequence_parallel: ``False``: x `[..., in_features]` replicated over ``axis_name``, any
         sequence length (e.g. decode steps), a local GEMM with no all-gather (Megatron's TP without
         SP; ``method`` and ``recompute_gathered`` do not apply). The output is the same.
+      batch_axes: the mesh axes the batch (the first leading dim other than the sequence) of x
+        and of the output is split over in global mode: ``"auto"`` (default: the axes x comes
+        sharded with where known, else every other free axis of size > 1 that divides it),
+        ``None`` (whole), or mesh axes / logical names (e.g. ``("data", "fsdp")``, or
+        ``"activation_batch"`` under logical axis rules); see :mod:`jax_ub.layers.activation`.
       axis_name: the tensor-parallel mesh axis.
       mesh: mesh for global mode (default: the one set with ``jax.set_mesh``, else the kernel's
         own sharding's, else the concrete mesh the layer was built under).
@@ -311,7 +322,7 @@ class QKVParallelDense(_ParallelDense):
     Args: ``num_heads``, ``num_kv_heads`` (``num_heads`` a multiple of it; equal for multi-head
     attention), ``head_dim``; ``use_bias`` (default ``False``, as Llama; Qwen-style models have
     one); the rest as :class:`ColumnParallelDense` (``fp8``, ``recompute_gathered``,
-    ``seq_axis``, ``sequence_parallel``, ``mesh``, ...).
+    ``seq_axis``, ``sequence_parallel``, ``batch_axes``, ``mesh``, ...).
     """
 
     _partitioning = staticmethod(params.column_partitioning)
@@ -445,9 +456,10 @@ class ParallelMLP(nnx.Module):
     and bias, mean subtracted), ``"rmsnorm"`` (Llama, Mistral: a scale only, no mean subtraction)
     or ``None`` (no norm and no norm parameters, for an input normalised already); ``epsilon`` of
     the norm; ``recompute_gathered`` for ``up`` (the only all-gather); ``fp8`` (a
-    :class:`jax_ub.FP8Recipe`) for both projections; ``seq_axis`` and
-    ``sequence_parallel`` (``False``: replicated activations, any sequence length) for both
-    layers; the rest as :class:`ColumnParallelDense` (``kernel_init`` and ``bias_init`` for both).
+    :class:`jax_ub.FP8Recipe`) for both projections; ``seq_axis``,
+    ``sequence_parallel`` (``False``: replicated activations, any sequence length) and
+    ``batch_axes`` (the mesh axes of the batch in global mode) for both layers; the rest as
+    :class:`ColumnParallelDense` (``kernel_init`` and ``bias_init`` for both).
 
     ``up_kernel_init``, ``down_kernel_init``, ``up_bias_init``, ``down_bias_init``: one
     projection's initializer (default ``kernel_init`` / ``bias_init``), e.g. ``down`` scaled by
@@ -493,6 +505,7 @@ class ParallelMLP(nnx.Module):
         norm: str | None = "layernorm",
         seq_axis: int = -2,
         sequence_parallel: bool = True,
+        batch_axes: Any = AUTO,
         axis_name: str = "tp",
         mesh: Any = None,
         rngs: nnx.Rngs,
@@ -524,6 +537,7 @@ class ParallelMLP(nnx.Module):
         _check_rngs(where, rngs)
         norm = core.check_norm(where, norm)
         _mesh.check_axis_in_mesh(where, axis_name, _mesh.placement(where, axis_name, mesh))
+        check_batch_axes(where, batch_axes, axis_name)
         if gated:
             core.check_gated(where, ffn_features, axis_name, mesh)
         self.activation = activation
@@ -537,6 +551,7 @@ class ParallelMLP(nnx.Module):
             fp8=fp8,
             seq_axis=seq_axis,
             sequence_parallel=sequence_parallel,
+            batch_axes=batch_axes,
             axis_name=axis_name,
             mesh=mesh,
             rngs=rngs,
