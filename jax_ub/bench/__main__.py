@@ -1,4 +1,5 @@
-"""``python -m jax_ub.bench ag|rs|mlp|bulk|tune|summary [options]`` (``--help`` on each for its options).
+"""``python -m jax_ub.bench ag|rs|mlp|bulk|layer|gemm|tune|summary|breakdown [options]``
+(``--help`` on each for its options).
 
 ``ag`` / ``rs`` — for each global shape (M, K, N) and tp, in one process and one run, the median
 milliseconds of:
@@ -38,6 +39,10 @@ the hidden fraction E, a chart and a Chrome/Perfetto trace of jax_ub's step (see
 ``tune SHAPES.json ...`` — every method at the shapes a program recorded (``JAX_UB_RECORD_SHAPES``;
 one file per process of a multi-process run), written as a file for ``JAX_UB_TUNING_FILE`` (see
 :mod:`jax_ub.bench.tune`, :mod:`jax_ub.tuning`); each shape in its recorded dtype (no ``--dtype``).
+
+``breakdown TRACE.json [--records LAYER.json]`` — where the time inside jax_ub's ops of a traced
+``bench layer`` step goes, per device: GEMM, waits, copies (see :mod:`jax_ub.bench.breakdown`;
+reads JSON only).
 
 ``summary FILE.json ...`` — records of ``ag``/``rs``/``bulk`` runs against jax_ub's performance
 targets, as a markdown table (see :mod:`jax_ub.bench.summary`; reads JSON only).
@@ -315,6 +320,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also a jax.profiler trace of jax_ub's step in <stem>-profile/ (to open beside the -trace.json)",
     )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="every projection with fp8=jax_ub.FP8Recipe() (jax_ub, xla and no_comm; xla_cm is "
+        "skipped); the files' tag gets -fp8",
+    )
     p.add_argument("--xla-cm-child", default=None, help=argparse.SUPPRESS)
     p = sub.add_parser(
         "bulk",
@@ -366,6 +377,9 @@ def _parser() -> argparse.ArgumentParser:
     from jax_ub.bench import summary  # reads JSON only
 
     summary.add_parser(sub)
+    from jax_ub.bench import breakdown  # reads JSON only
+
+    breakdown.add_parser(sub)
     from jax_ub.bench import gemm as gemm_bench  # the FP8 GEMM; imports jax only when it runs
 
     gemm_bench.add_parser(sub, plain_name)
@@ -374,10 +388,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    if a.op == "summary":  # JSON in, markdown out: no devices, no timing
-        from jax_ub.bench import summary
-
-        return summary.run(a)
+    if a.op in ("summary", "breakdown"):  # JSON in, text out: no devices, no timing
+        return importlib.import_module(f"jax_ub.bench.{a.op}").run(a)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from jax_ub.bench import harness
 
