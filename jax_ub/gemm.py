@@ -1,6 +1,7 @@
 """``jax_ub.matmul``: the cuBLASLt GEMM custom call (``csrc/ffi/gemm.cc``), building block of the
 overlap kernels, with ``jnp.matmul`` as the reference path off-GPU; and its FP8 form
-:func:`fp8_matmul` (float8 operands, per-tensor scales, :mod:`jax_ub.fp8`'s reference off-GPU)."""
+:func:`fp8_matmul` (float8 operands, per-tensor scales; off-GPU XLA's FP8 dot,
+:func:`jax_ub.fp8.scaled_dot`)."""
 
 from __future__ import annotations
 
@@ -410,12 +411,12 @@ def fp8_matmul(
       b8: `[k, n]` float8; not e5m2 together with an e5m2 ``a8`` (no such GEMM).
       a_scale, b_scale: float32 dequantization scales of shape ``()``.
       out_dtype: ``bfloat16`` (default) or ``float32``.
-      method: ``"auto"`` (cuBLASLt's FP8 GEMM where the CUDA path is available), ``"xla"`` (the
-        reference) or ``"cublaslt"``.
+      method: ``"auto"`` (cuBLASLt's FP8 GEMM where the CUDA path is available), ``"xla"``
+        (XLA's FP8 dot, :func:`jax_ub.fp8.scaled_dot`) or ``"cublaslt"``.
       fast_accum: cuBLASLt's fast accumulation (``CUBLASLT_MATMUL_DESC_FAST_ACCUM``): Hopper's
         FP8 tensor cores keep their reduced-precision accumulator along all of k instead of
         promoting partial sums to float32 at intervals. Faster; the result stays the reference's
-        within an error that grows with k (``docs/fp8.md``). The reference ignores it.
+        within an error that grows with k (``docs/fp8.md``). Off the CUDA path it is ignored.
 
     On the CUDA path ``b8`` is passed to cuBLASLt as ``[n, k]`` (a transpose here: the layout its
     FP8 kernels need), and a k or n that is not a multiple of 16 is zero-padded. Not
@@ -426,8 +427,8 @@ def fp8_matmul(
         raise TypeError(f"fp8_matmul: fast_accum must be a bool; got {fast_accum!r}")
     fast = bool(fast_accum)
     use_cuda = _use_cuda(method, "fp8_matmul")
-    if not use_cuda:
-        return fp8_lib.scaled_matmul(a8, b8, sa, sb, out)
+    if not use_cuda:  # XLA's own FP8 dot (jax_ub.fp8.scaled_dot), as every FP8 GEMM through XLA
+        return fp8_lib.scaled_dot(a8, b8, sa, sb, out)
     # Chosen per platform at lowering time: the same jitted function also runs on CPU.
     return lax.platform_dependent(
         a8,
@@ -435,5 +436,5 @@ def fp8_matmul(
         sa,
         sb,
         cuda=lambda a, b, x, y: _fp8_cuda(a, b, x, y, out, fast),
-        default=lambda a, b, x, y: fp8_lib.scaled_matmul(a, b, x, y, out),
+        default=lambda a, b, x, y: fp8_lib.scaled_dot(a, b, x, y, out),
     )

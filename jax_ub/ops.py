@@ -41,7 +41,13 @@ from jax.ad_checkpoint import checkpoint_name
 from jax_ub import _ffi, _validate, bulk, config, gemm, methods, overlap, reference, resolve, tuning
 from jax_ub import fp8 as fp8_lib
 
-__all__ = ["CHECKPOINT_NAMES", "all_gather_matmul", "checkpoint_policy", "matmul_reduce_scatter"]
+__all__ = [
+    "CHECKPOINT_NAMES",
+    "all_gather_matmul",
+    "checkpoint_policy",
+    "local_matmul",
+    "matmul_reduce_scatter",
+]
 
 AG, RS = methods.AG, methods.RS
 # The AG<->RS duality (jax_ub.methods): the backward of each op is its dual op applied to (dy, wᵀ)
@@ -548,6 +554,60 @@ def _recipe_bwd(call: _FP8Call, residuals, cotangents):
 
 
 _recipe.defvjp(_recipe_forward, _recipe_bwd)
+
+
+# A GEMM on one device with a recipe: what the no-communication stand-ins of a benchmark's floor
+# (jax_ub.layers.core.comm_stand_ins) run for an FP8 layer, so that the floor's GEMMs are FP8 too.
+
+
+def local_matmul(x: jax.Array, w: jax.Array, *, fp8: fp8_lib.FP8Recipe | None = None) -> jax.Array:
+    """``x[..., m, k] @ w[k, n]`` on this device, no communication, through jax_ub's GEMMs:
+    :func:`jax_ub.gemm.matmul`, or with ``fp8`` the recipe's GEMMs as the ops run them (x and w
+    quantized with current scaling, each its own scale; :func:`jax_ub.gemm.fp8_matmul`: cuBLASLt on
+    GPUs, XLA's FP8 dot elsewhere), output in the recipe's ``out_dtype`` (else x's dtype), and the
+    recipe's backward (e5m2 dy, FP8 dgrad and wgrad; ``bwd_dtype=None``: in x's dtype)."""
+    if fp8 is None:
+        return gemm.matmul(x, w)
+    if not isinstance(fp8, fp8_lib.FP8Recipe):
+        raise TypeError(f"local_matmul: `fp8` must be a jax_ub.FP8Recipe or None; got {type(fp8).__name__}")
+    out = np.dtype(fp8.out_dtype if fp8.out_dtype is not None else x.dtype)
+    return _local_fp8(fp8, out, np.dtype(x.dtype), np.dtype(w.dtype), x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _local_fp8(recipe, out_dtype, x_dtype, w_dtype, x, w):
+    return _local_fp8_fwd(recipe, out_dtype, x_dtype, w_dtype, x, w)[0]
+
+
+def _local_fp8_fwd(recipe, out_dtype, x_dtype, w_dtype, x, w):
+    x8, xs = fp8_lib.quantize(x, recipe.fwd_dtype)
+    w8, ws = fp8_lib.quantize(w, recipe.fwd_dtype)
+    kout = fp8_lib.kernel_out(out_dtype)
+    y = gemm.fp8_matmul(x8, w8, xs, ws, out_dtype=kout, fast_accum=recipe.fwd_fast_accum)
+    return y.astype(out_dtype), (x8, xs, w8, ws)
+
+
+def _local_fp8_bwd(recipe, out_dtype, x_dtype, w_dtype, residuals, dy):
+    x8, xs, w8, ws = residuals
+    k, n = w8.shape
+    rows = math.prod(x8.shape[:-1])
+    if recipe.bwd_dtype is None:
+        xd, wd, dyc = (
+            fp8_lib.dequantize(x8, xs, x_dtype),
+            fp8_lib.dequantize(w8, ws, x_dtype),
+            dy.astype(x_dtype),
+        )
+        dw = gemm.matmul(xd.reshape(rows, k).T, dyc.reshape(rows, n))
+        return gemm.matmul(dyc, wd.T), dw.astype(w_dtype)
+    dy8, dys = fp8_lib.quantize(dy, recipe.bwd_dtype)
+    dx = gemm.fp8_matmul(dy8, w8.T, dys, ws, out_dtype=fp8_lib.kernel_out(x_dtype))
+    dw = gemm.fp8_matmul(
+        x8.reshape(rows, k).T, dy8.reshape(rows, n), xs, dys, out_dtype=fp8_lib.kernel_out(w_dtype)
+    )
+    return dx.astype(x_dtype), dw.astype(w_dtype)
+
+
+_local_fp8.defvjp(_local_fp8_fwd, _local_fp8_bwd)
 
 
 def _fp8_mode(

@@ -719,3 +719,29 @@ def test_xla_fp8_dot_is_the_reference(cpu_mesh, monkeypatch, tp, op, dtype, meth
     _, _, tdx, tdw = _hybrid_oracle(op, tp, x, w, jnp.asarray(cot).astype(y.dtype))
     _close_to_reference(dx, dx_ref, tdx, n, tp, dtype, f"{op} tp={tp} dx")
     _close_to_reference(dw, dw_ref, tdw, 2 * m * tp, tp, dtype, f"{op} tp={tp} dw")
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_local_matmul_is_the_recipe_on_one_device(dtype):
+    """ops.local_matmul (the no-communication floor's GEMM) with a recipe: the forward and the
+    hybrid backward of the ops at tp=1 (each tensor its own scale), every element against float64,
+    its GEMMs float8 dots; without a recipe jax_ub.matmul."""
+    x, w = _recipe_operands("ag", 1, dtype, m=4, k=24, n=8)
+    f = lambda x, w: jax_ub.ops.local_matmul(x, w, fp8=jax_ub.FP8Recipe())  # noqa: E731
+    y = jax.jit(f)(x, w)
+    assert y.dtype == jnp.dtype(dtype)
+    want, terms = _recipe_oracle("ag", 1, x, w, 1)
+    assert_close(y, want, terms, dtype, "local y")
+    cot = rand(97, y.shape, F32, 2.0)
+    dx, dw = _grads(f, x, w, cot)
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+    want_dx, want_dw, tdx, tdw = _hybrid_oracle("ag", 1, x, w, jnp.asarray(cot).astype(y.dtype))
+    assert_close(dx, want_dx, tdx, dtype, "local dx")
+    assert_close(dw, want_dw, tdw, dtype, "local dw")
+    loss = lambda x, w: jnp.sum(f(x, w).astype(F32) * cot)  # noqa: E731
+    dots = _dot_operand_dtypes(jax.make_jaxpr(jax.grad(loss, (0, 1)))(x, w).jaxpr)
+    assert len(dots) == 3 and all(set(d) <= {jnp.dtype(E4M3), jnp.dtype(E5M2)} for d in dots), dots
+    plain = np.asarray(jax_ub.ops.local_matmul(x, w), np.float64)
+    np.testing.assert_array_equal(plain, np.asarray(jax_ub.matmul(x, w), np.float64))
+    with pytest.raises(TypeError, match=r"local_matmul: `fp8` must be a jax_ub.FP8Recipe or None; got str"):
+        jax_ub.ops.local_matmul(x, w, fp8="e4m3")
