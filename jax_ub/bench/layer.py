@@ -25,6 +25,15 @@ Impls, one run, the same parameters and input:
   local stand-in of the same shapes, the GEMMs on jax_ub's kernels (:func:`jax_ub.gemm.matmul`;
   :func:`jax_ub.models.llama.forward_no_comm`).
 
+``--fp8``: every projection of every impl with ``fp8=jax_ub.FP8Recipe()`` (the default recipe:
+e4m3 forward, e5m2 gradients): ``jax_ub`` runs the ops' FP8 path, ``xla`` XLA's FP8 dot
+(:func:`jax_ub.fp8.scaled_dot`) after XLA's collectives, ``no_comm`` the stand-ins' GEMMs with the
+recipe (:func:`jax_ub.ops.local_matmul`, where the stand-ins pass the recipe on); ``xla_cm`` is
+skipped (:func:`xla_cm_reason`). Each record says ``"fp8"`` (and ``"fp8_recipe"``, its dtypes) and
+``"fp8_gemms"``: whether its step's program holds an FP8 GEMM (a dot or a jax_ub custom call on
+float8 operands), so a floor whose stand-ins ran in the compute dtype says so. The files' tag gets
+``-fp8`` (``layer-8b-fp8``), and jax_ub's step is held to xla's within :data:`STEP_ERR_BOUND_FP8`.
+
 Each record carries the step's ms (median of ``--reps`` timed bursts after warm-up, as every bench:
 :func:`jax_ub.bench.harness.time_impls`), ``tokens_per_s`` (``batch*seq`` per step),
 ``model_flops`` (:func:`model_flops`), ``tflops`` and ``mfu`` (``model_flops / step time / (tp *
@@ -92,6 +101,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # How far (fp32 relative Frobenius error, the largest over the step's outputs) an impl's step may be
 # from xla's: looser than one op's bound (harness.REL_ERR_BOUND), the error of a dozen GEMMs adds up.
 STEP_ERR_BOUND = {"bfloat16": 5e-2, "float16": 5e-2, "float32": 1e-3}
+# The same with --fp8. Both steps quantize the same tensors with the same current scaling, so they
+# differ where a rounding difference upstream (another accumulation order, XLA's fast accumulation
+# against jax_ub's full one) moves a value across an FP8 rounding boundary: that element then moves
+# by one FP8 step (2^-3 relative in e4m3, 2^-2 in e5m2). Those are few, so the step's relative error
+# stays well under the FP8 error of one GEMM against the unquantized product (3-5 %, docs/fp8.md);
+# a wrong step (a scale missing or applied twice, a gradient of the wrong operand) is off by O(1).
+STEP_ERR_BOUND_FP8 = 1e-1
 SP = P(None, "tp", None)  # [batch, seq, hidden], sequence split over tp
 TP = P(None, None, "tp")  # [batch, seq, features], features split over tp
 
@@ -140,13 +156,15 @@ def shape_of(a: argparse.Namespace) -> Shape:
 # What a step computes, and what part of the communication it hid
 
 
-def stem_tag(s: Shape) -> str:
+def stem_tag(s: Shape, fp8: bool = False) -> str:
     """The file-name tag of ``s``: ``layer-<preset>``, or ``layer-h<hidden>-f<ffn>`` where a size
-    differs from the preset's (see the module doc)."""
+    differs from the preset's (see the module doc); ``-fp8`` appended for an ``--fp8`` run."""
     name = s.preset or "8b"
     if all(getattr(s, k) == PRESETS[name][k] for k in SHAPE_KEYS):
-        return f"layer-{name}"
-    return f"layer-h{s.hidden}-f{s.ffn}"
+        tag = f"layer-{name}"
+    else:
+        tag = f"layer-h{s.hidden}-f{s.ffn}"
+    return tag + ("-fp8" if fp8 else "")
 
 
 def model_flops(s: Shape) -> int:
@@ -199,9 +217,9 @@ def throughput(s: Shape, ms: float, peak: float | None) -> dict[str, Any]:
 # The layer: jax_ub.models.llama.LlamaLayer, and the same math for jit's SPMD partitioner (xla_cm)
 
 
-def config(s: Shape, dtype: Any, method: str, mesh: Any) -> Any:
+def config(s: Shape, dtype: Any, method: str, mesh: Any, fp8: Any = None) -> Any:
     """The :class:`jax_ub.models.llama.LlamaConfig` of one layer of ``s`` (parameters and compute
-    in ``dtype``, no remat inside: the step applies it)."""
+    in ``dtype``, no remat inside: the step applies it; ``fp8``: every projection's recipe)."""
     return llama.preset(
         s.preset or "8b",
         hidden=s.hidden,
@@ -214,6 +232,7 @@ def config(s: Shape, dtype: Any, method: str, mesh: Any) -> Any:
         param_dtype=dtype,
         method=method,
         mesh=mesh,
+        fp8=fp8,
     )
 
 
@@ -249,9 +268,12 @@ def spmd_forward(layer: Any, x: jax.Array, mesh: Any) -> jax.Array:
 # Impls
 
 
-def build(s: Shape, mesh: Any, dtype_name: str, remat: str, only: tuple[str, ...]) -> dict[str, step.Thunk]:
+def build(
+    s: Shape, mesh: Any, dtype_name: str, remat: str, only: tuple[str, ...], fp8: Any = None
+) -> dict[str, step.Thunk]:
     """``{impl: thunk}`` of the impls in ``only`` (in that order), each returning ``(step, (params,
-    x))`` for :func:`jax_ub.bench.harness.time_impls`. Call after ``jax_ub.initialize``."""
+    x))`` for :func:`jax_ub.bench.harness.time_impls`; ``fp8``: the layers' recipe (``xla_cm`` has
+    none). Call after ``jax_ub.initialize``."""
     from flax import nnx
 
     dtype = jnp.dtype(dtype_name)
@@ -259,7 +281,7 @@ def build(s: Shape, mesh: Any, dtype_name: str, remat: str, only: tuple[str, ...
     policy = {"jax_ub": ub_policy, "no_comm": ub_policy, "xla": base, "xla_cm": base}
 
     def make(method: str) -> Any:
-        return llama.LlamaLayer(config(s, dtype, method, mesh), rngs=nnx.Rngs(0))
+        return llama.LlamaLayer(config(s, dtype, method, mesh, fp8), rngs=nnx.Rngs(0))
 
     graphdef = {m: nnx.graphdef(nnx.eval_shape(lambda m=m: make(m))) for m in ("auto", "xla")}
     params = jax.jit(lambda: nnx.state(make("auto")))()  # one program, created sharded
@@ -280,11 +302,12 @@ def build(s: Shape, mesh: Any, dtype_name: str, remat: str, only: tuple[str, ...
 class StepCheck:
     """A ``probe`` for :func:`jax_ub.bench.harness.time_impls`: keeps ``(loss, |dx|)`` per impl
     (:func:`jax_ub.bench.step.check`) and holds ``jax_ub``'s step to ``xla``'s (the largest
-    relative error over the step's outputs, :data:`STEP_ERR_BOUND`; ``no_comm`` computes another
-    function and is not compared). Returns the error, or None."""
+    relative error over the step's outputs, :data:`STEP_ERR_BOUND`, with ``fp8``
+    :data:`STEP_ERR_BOUND_FP8`; ``no_comm`` computes another function and is not compared). Returns
+    the error, or None."""
 
-    def __init__(self, dtype: str):
-        self.bound = STEP_ERR_BOUND[dtype]
+    def __init__(self, dtype: str, fp8: bool = False):
+        self.bound = STEP_ERR_BOUND_FP8 if fp8 else STEP_ERR_BOUND[dtype]
         self.checks: dict[str, tuple[float, float]] = {}
         self.ref: Any = None
 
@@ -301,6 +324,45 @@ class StepCheck:
         return err
 
 
+def _float8(v: Any) -> bool:
+    from jax_ub import fp8
+
+    return fp8.is_fp8(getattr(getattr(v, "aval", None), "dtype", None))
+
+
+def _fp8_gemms_in(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if (name == "dot_general" or "ffi" in name or "custom_call" in name) and any(
+            _float8(v) for v in eqn.invars
+        ):
+            return True
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (list, tuple)) else (p,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and _fp8_gemms_in(inner):
+                    return True
+    return False
+
+
+def fp8_gemms(thunk: step.Thunk) -> bool:
+    """Whether the step of ``thunk`` (traced, not run) holds an FP8 GEMM: a ``dot_general`` or a
+    custom call (jax_ub's) with a float8 operand. The float32 dot of dequantized operands is none."""
+    fn, args = thunk()
+    return _fp8_gemms_in(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def recipe_fields(recipe: Any) -> dict[str, Any]:
+    """The records' ``fp8`` and ``fp8_recipe`` (its dtypes, by name) of a run's recipe (or None)."""
+    if recipe is None:
+        return {"fp8": False}
+    names = {
+        f: (None if getattr(recipe, f) is None else getattr(recipe, f).name)
+        for f in ("fwd_dtype", "bwd_dtype", "out_dtype")
+    }
+    return {"fp8": True, "fp8_recipe": {**names, "fwd_fast_accum": recipe.fwd_fast_accum}}
+
+
 def scalar_err(a: tuple[float, float], b: tuple[float, float]) -> float:
     """The larger relative difference of two ``(loss, |dx|)`` checks."""
     return max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(a, b, strict=True))
@@ -314,6 +376,11 @@ def xla_cm_reason(a: argparse.Namespace, cuda: bool) -> str:
     """Why ``xla_cm`` is skipped in this run ("" where it runs)."""
     if a.xla_cm == "off":
         return "--xla-cm off"
+    if getattr(a, "fp8", False):
+        return (
+            "--fp8: the jit-partitioned layer (spmd_forward) has no FP8 recipe (its dense is "
+            "jnp.matmul; the recipe's quantization and FP8 backward live in jax_ub's ops)"
+        )
     if a.xla_cm == "on":
         return ""
     if not cuda:
@@ -439,6 +506,7 @@ def run(a: argparse.Namespace) -> int:
     s = shape_of(a)
     if a.xla_cm_child:
         return child(a)
+    recipe = jax_ub.FP8Recipe() if a.fp8 else None
     problem = s.problem()
     if problem is None and s.tp > len(jax.devices()):
         problem = f"--tp {s.tp} needs {s.tp} devices; found {len(jax.devices())}"
@@ -451,7 +519,7 @@ def run(a: argparse.Namespace) -> int:
     peak = peak_tflops(kind, a.dtype) if cuda else None
     if peak is None:
         print(f"mfu: null: no peak TFLOP/s known for {kind!r} in {a.dtype}")
-    stem = h.out_stem(a, stem_tag(s))
+    stem = h.out_stem(a, stem_tag(s, a.fp8))
     skip = xla_cm_reason(a, cuda)
     cm: dict[str, dict] | None = None  # None: xla_cm skipped; else the subprocess's results
     if skip:
@@ -469,18 +537,24 @@ def run(a: argparse.Namespace) -> int:
         for remat in a.remat:
             common = {"op": "layer", "preset": s.preset, **{k: getattr(s, k) for k in SHAPE_KEYS}}
             common |= {"seq": s.seq, "batch": s.batch, "tokens": s.tokens, "tp": s.tp, "dtype": a.dtype}
-            common["remat"] = remat
+            common |= {"remat": remat, **recipe_fields(recipe)}
+            if skip:
+                common["skipped"] = {"xla_cm": skip}
             label = (
                 f"layer tp={s.tp} hidden={s.hidden} heads={s.heads}/{s.kv_heads}x{s.head_dim} "
-                f"ffn={s.ffn} seq={s.seq} batch={s.batch} {a.dtype} remat={remat}"
+                f"ffn={s.ffn} seq={s.seq} batch={s.batch} {a.dtype}{' fp8' if a.fp8 else ''} remat={remat}"
             )
             with out.case(common, label, shutdown=False) as c:
                 if mesh is None:
                     mesh = h.make_mesh(s.tp, cuda)
-                impls = build(s, mesh, a.dtype, remat, ("xla", "jax_ub", "no_comm"))
+                impls = build(s, mesh, a.dtype, remat, ("xla", "jax_ub", "no_comm"), recipe)
+                if recipe is not None:  # what each step's program multiplies in
+                    ran = {impl: fp8_gemms(t) for impl, t in impls.items()}
+                    c.extra = {impl: {"fp8_gemms": v} for impl, v in ran.items()}
+                    print("FP8 GEMMs in the step: " + ", ".join(f"{k} {v}" for k, v in ran.items()))
                 if not kept:
                     impls["jax_ub"] = _kept(impls["jax_ub"], kept)
-                probe, errs = StepCheck(a.dtype), dict[str, Any]()
+                probe, errs = StepCheck(a.dtype, a.fp8), dict[str, Any]()
                 c.res = h.time_impls(label, impls, a, probe=probe, probes=errs, failures=out.failures)
                 c.rel_err = {k: v for k, v in errs.items() if v is not None}
                 if cm is not None:
@@ -503,7 +577,8 @@ def run(a: argparse.Namespace) -> int:
         png = h.plot(
             out.records,
             stem + ".png",
-            f"jax_ub layer fwd+bwd ({os.path.basename(stem)}, {a.dtype}): ms per step",
+            f"jax_ub layer fwd+bwd ({os.path.basename(stem)}, {a.dtype}{', fp8' if a.fp8 else ''}): "
+            "ms per step",
             IMPLS,
             lambda r: f"tp{r['tp']} h{r['hidden']} s{r['seq']}x{r['batch']}\nremat {r['remat']}",
         )
@@ -564,7 +639,8 @@ def _trace(a: argparse.Namespace, s: Shape, stem: str, kept: dict[str, Any], cud
 
 def _table(s: Shape, a: argparse.Namespace, path: str, rows: list, peak: float | None) -> None:
     print(f"{path}\nlayer tp={s.tp} hidden={s.hidden} heads={s.heads}/{s.kv_heads}x{s.head_dim} ffn={s.ffn}")
-    print(f"seq={s.seq} batch={s.batch} {a.dtype}; model TFLOP per step {model_flops(s) / 1e12:.3f}")
+    fp8 = " fp8 (jax_ub.FP8Recipe())" if a.fp8 else ""
+    print(f"seq={s.seq} batch={s.batch} {a.dtype}{fp8}; model TFLOP per step {model_flops(s) / 1e12:.3f}")
     print("remat          xla    xla_cm    jax_ub   no_comm  speedup  jax_ub tok/s  mfu     E")
     for remat, ms, e, why in rows:
         g = lambda k, ms=ms: ms.get(k, math.nan)  # noqa: E731

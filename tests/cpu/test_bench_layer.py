@@ -53,6 +53,8 @@ def test_file_names_say_the_preset_or_the_sizes():
     assert layer.stem_tag(layer.Shape(**layer.PRESETS["70b"], **base, preset="70b")) == "layer-70b"
     custom = {**layer.PRESETS["70b"], "ffn": 1024}
     assert layer.stem_tag(layer.Shape(**custom, **base, preset="70b")) == "layer-h8192-f1024"
+    assert layer.stem_tag(layer.Shape(**layer.PRESETS["8b"], **base), fp8=True) == "layer-8b-fp8"
+    assert layer.stem_tag(layer.Shape(**custom, **base, preset="70b"), fp8=True) == "layer-h8192-f1024-fp8"
 
 
 def test_layer_cli_records_e_trace_and_xla_cm(tmp_path):
@@ -106,6 +108,51 @@ def test_layer_cli_records_e_trace_and_xla_cm(tmp_path):
     assert trace["traceEvents"] and "no CUDA timeline" in trace["otherData"]["note"]
     if HAVE_MPL:
         assert path.with_suffix(".png").stat().st_size > 0
+
+
+def test_layer_cli_fp8(tmp_path):
+    """--fp8 at tp=4: jax_ub, xla and no_comm with the default recipe, xla_cm skipped with its
+    reason printed and recorded; the records say fp8, the recipe's dtypes and whether the step ran
+    FP8 GEMMs (jax_ub's and xla's do); jax_ub's step checked against xla's within the FP8 bound."""
+    proc = _run([*TINY, *FAST, "--remat", "none", "--fp8"], tmp_path)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    (path,) = tmp_path.glob("test-box-*-layer-h64-f128-fp8.json")
+    doc = json.loads(path.read_text())
+    assert doc["complete"] and doc["failures"] == []
+    by = {r["impl"]: r for r in doc["records"]}
+    assert set(by) == {"xla", "jax_ub", "no_comm"}
+    recipe = {
+        "fwd_dtype": "float8_e4m3fn",
+        "bwd_dtype": "float8_e5m2",
+        "out_dtype": None,
+        "fwd_fast_accum": False,
+    }
+    for r in by.values():
+        assert r["fp8"] is True and r["fp8_recipe"] == recipe and r["dtype"] == "bfloat16"
+        assert r["skipped"]["xla_cm"].startswith("--fp8: the jit-partitioned layer")
+        assert isinstance(r["fp8_gemms"], bool) and r["ms"] > 0
+    assert by["xla"]["fp8_gemms"] and by["jax_ub"]["fp8_gemms"]
+    assert by["jax_ub"]["rel_err"] <= layer.STEP_ERR_BOUND_FP8
+    assert "xla_cm: skipped: --fp8" in proc.stdout
+    assert "bfloat16 fp8 (jax_ub.FP8Recipe())" in proc.stdout
+    assert path.with_name(path.stem + "-trace.json").exists()
+
+
+def test_fp8_gemms_sees_the_float8_dots(monkeypatch):
+    """What a record's fp8_gemms says: xla's step with the recipe multiplies float8 operands, the
+    same step without it (or the float32 dot of dequantized operands) does not."""
+    import jax_ub
+    from jax_ub.bench import harness
+
+    s = layer.Shape(hidden=64, heads=8, kv_heads=4, head_dim=16, ffn=128, seq=32, batch=2, tp=2)
+    mesh = harness.make_mesh(2, False)
+    for recipe in (jax_ub.FP8Recipe(), None):
+        (thunk,) = layer.build(s, mesh, "bfloat16", "none", ("xla",), recipe).values()
+        assert layer.fp8_gemms(thunk) is (recipe is not None)
+    monkeypatch.setattr(jax_ub.fp8, "scaled_dot", jax_ub.fp8.scaled_matmul)  # the reference's dots
+    (thunk,) = layer.build(s, mesh, "bfloat16", "none", ("xla",), jax_ub.FP8Recipe()).values()
+    assert layer.fp8_gemms(thunk) is False
+    assert layer.recipe_fields(None) == {"fp8": False}
 
 
 def test_layer_cli_refuses_heads_that_do_not_divide(tmp_path, capsys):
@@ -183,6 +230,7 @@ def test_xla_cm_runs_where_asked():
     assert layer.xla_cm_reason(_args(tp=4), cuda=False).startswith("off the CUDA path")
     assert layer.xla_cm_reason(_args(tp=1, xla_cm="on"), cuda=False) == ""
     assert layer.xla_cm_reason(_args(tp=4, xla_cm="off"), cuda=True) == "--xla-cm off"
+    assert layer.xla_cm_reason(_args(tp=4, xla_cm="on", fp8=True), cuda=True).startswith("--fp8: ")
     flags = layer.xla_flags("--xla_dump_to=/tmp/x")
     assert flags.split() == [
         "--xla_dump_to=/tmp/x",
