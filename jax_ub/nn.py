@@ -45,39 +45,12 @@ Example (4 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)
         y = nnx.jit(lambda m, x: m(x))(mlp, x)     # [2, 16, 64], seq split over "tp"
 """
 
-# Every public name of the implementation (LayerNorm, RMSNorm, the default initializers too).
-from jax_ub.layers.convert import (
-    pack_mlp,
-    pack_out,
-    pack_qkv,
-    unpack_mlp,
-    unpack_out,
-    unpack_qkv,
-)
-from jax_ub.layers.nnx import (  # noqa: F401
-    ColumnParallelDense,
-    LayerNorm,
-    ParallelMLP,
-    QKVParallelDense,
-    RMSNorm,
-    RowParallelDense,
-    default_bias_init,
-    default_kernel_init,
-    pack_gated,
-    unpack_gated,
-)
+# The public names are those of the implementation and of the converters (their `__all__`);
+# LayerNorm, RMSNorm and the default initializers are importable from here too.
+from jax_ub.layers import convert as _convert
+from jax_ub.layers import nnx as _layers
+from jax_ub.layers.convert import *  # noqa: F403  (pack_qkv, unpack_qkv, pack_mlp, ...)
+from jax_ub.layers.nnx import *  # noqa: F403  (the layers, pack_gated, unpack_gated)
+from jax_ub.layers.nnx import LayerNorm, RMSNorm, default_bias_init, default_kernel_init  # noqa: F401
 
-__all__ = [
-    "ColumnParallelDense",
-    "ParallelMLP",
-    "QKVParallelDense",
-    "RowParallelDense",
-    "pack_gated",
-    "pack_mlp",
-    "pack_out",
-    "pack_qkv",
-    "unpack_gated",
-    "unpack_mlp",
-    "unpack_out",
-    "unpack_qkv",
-]
+__all__ = sorted([*_convert.__all__, *_layers.__all__])

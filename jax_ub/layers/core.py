@@ -436,6 +436,25 @@ def _psum(y: Array, axis_name: str) -> Array:
 # --------------------------------------------------------------------------------------------------
 
 
+CALL_OPTIONS = (
+    "axis_name",
+    "mesh",
+    "dtype",
+    "precision",
+    "method",
+    "fp8",
+    "seq_axis",
+    "sequence_parallel",
+    "batch_axes",
+)
+
+
+def call_options(layer: Any) -> dict[str, Any]:
+    """The options a layer (NNX or linen) passes to :func:`column_parallel_dense` /
+    :func:`row_parallel_dense` at each call: its attributes named in :data:`CALL_OPTIONS`."""
+    return {name: getattr(layer, name) for name in CALL_OPTIONS}
+
+
 def _check_call_options(where: str, method: Any, precision: Any) -> None:
     """``method`` and ``precision`` checked at the layer, so that an error names it."""
     if method is not None:

@@ -193,17 +193,7 @@ class _Dense(nn.Module):
 
     def _options(self) -> dict[str, Any]:
         """The options of the forward pass (:mod:`jax_ub.layers.core`), a sublayer's included."""
-        return dict(
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-            dtype=self.dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
-            batch_axes=self.batch_axes,
-        )
+        return core.call_options(self)
 
 
 def _raw(value: Any) -> jax.Array:

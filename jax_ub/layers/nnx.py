@@ -103,6 +103,44 @@ def _check_rngs(where: str, rngs: Any) -> None:
         )
 
 
+def _check_options(
+    where: str,
+    sizes: dict[str, Any],
+    *,
+    rngs: Any,
+    use_bias: Any,
+    dtype: Any,
+    param_dtype: Any,
+    kernel_init: Any,
+    bias_init: Any,
+    seq_axis: Any,
+    sequence_parallel: Any,
+    batch_axes: Any,
+    axis_name: Any,
+    mesh: Any,
+    recompute_gathered: Any = None,
+    **forward: Any,
+) -> None:
+    """A dense layer's (or MLP's) constructor options, each refused naming the layer
+    (``forward``: ``precision``, ``method`` and ``fp8``, checked where the layer runs)."""
+    core.check_dense_options(
+        where,
+        sizes=sizes,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=kernel_init,
+        bias_init=bias_init,
+        mesh=mesh,
+        recompute_gathered=recompute_gathered,
+    )
+    _check_rngs(where, rngs)
+    core.check_seq_axis(where, seq_axis)
+    _validate.check_bool(where, "sequence_parallel", sequence_parallel)
+    _mesh.check_layer_axis(where, axis_name)
+    check_batch_axes(where, batch_axes, axis_name)
+
+
 class _ParallelDense(nnx.Module):
     """Parameters and options shared by the column- and row-parallel layers."""
 
@@ -129,21 +167,21 @@ class _ParallelDense(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = type(self).__name__
-        core.check_dense_options(
+        _check_options(
             where,
-            sizes={"in_features": in_features, "out_features": out_features},
+            {"in_features": in_features, "out_features": out_features},
+            rngs=rngs,
             use_bias=use_bias,
             dtype=dtype,
             param_dtype=param_dtype,
             kernel_init=kernel_init,
             bias_init=bias_init,
+            seq_axis=seq_axis,
+            sequence_parallel=sequence_parallel,
+            batch_axes=batch_axes,
+            axis_name=axis_name,
             mesh=mesh,
         )
-        _check_rngs(where, rngs)
-        core.check_seq_axis(where, seq_axis)
-        _validate.check_bool(where, "sequence_parallel", sequence_parallel)
-        _mesh.check_layer_axis(where, axis_name)
-        check_batch_axes(where, batch_axes, axis_name)
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias
@@ -192,19 +230,7 @@ class _ParallelDense(nnx.Module):
         )
 
     def _options(self) -> dict[str, Any]:
-        return dict(
-            axis_name=self.axis_name,
-            mesh=self.mesh,
-            dtype=self.dtype,
-            precision=self.precision,
-            method=self.method,
-            fp8=self.fp8,
-            seq_axis=self.seq_axis,
-            sequence_parallel=self.sequence_parallel,
-            batch_axes=self.batch_axes,
-            default_mesh=self._mesh_at_build,
-            where=type(self).__name__,
-        )
+        return dict(core.call_options(self), default_mesh=self._mesh_at_build, where=type(self).__name__)
 
 
 class ColumnParallelDense(_ParallelDense):
@@ -511,37 +537,6 @@ class ParallelMLP(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = type(self).__name__
-        core.check_dense_options(
-            where,
-            sizes={"features": features, "ffn_features": ffn_features},
-            use_bias=use_bias,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            kernel_init=kernel_init,
-            bias_init=bias_init,
-            mesh=mesh,
-            recompute_gathered=recompute_gathered,
-        )
-        core.check_mlp_options(
-            where,
-            activation=activation,
-            gated=gated,
-            epsilon=epsilon,
-            projection_inits={
-                "up_kernel_init": up_kernel_init,
-                "down_kernel_init": down_kernel_init,
-                "up_bias_init": up_bias_init,
-                "down_bias_init": down_bias_init,
-            },
-        )
-        _check_rngs(where, rngs)
-        norm = core.check_norm(where, norm)
-        _mesh.check_axis_in_mesh(where, axis_name, _mesh.placement(where, axis_name, mesh))
-        check_batch_axes(where, batch_axes, axis_name)
-        if gated:
-            core.check_gated(where, ffn_features, axis_name, mesh)
-        self.activation = activation
-        self.gated = gated
         common = dict(
             use_bias=use_bias,
             dtype=dtype,
@@ -556,6 +551,32 @@ class ParallelMLP(nnx.Module):
             mesh=mesh,
             rngs=rngs,
         )
+        _check_options(
+            where,
+            {"features": features, "ffn_features": ffn_features},
+            kernel_init=kernel_init,
+            bias_init=bias_init,
+            recompute_gathered=recompute_gathered,
+            **common,
+        )
+        core.check_mlp_options(
+            where,
+            activation=activation,
+            gated=gated,
+            epsilon=epsilon,
+            projection_inits={
+                "up_kernel_init": up_kernel_init,
+                "down_kernel_init": down_kernel_init,
+                "up_bias_init": up_bias_init,
+                "down_bias_init": down_bias_init,
+            },
+        )
+        norm = core.check_norm(where, norm)
+        _mesh.check_axis_in_mesh(where, axis_name, _mesh.placement(where, axis_name, mesh))
+        if gated:
+            core.check_gated(where, ffn_features, axis_name, mesh)
+        self.activation = activation
+        self.gated = gated
         inits = params.projection_inits(
             kernel_init, bias_init, up=(up_kernel_init, up_bias_init), down=(down_kernel_init, down_bias_init)
         )
