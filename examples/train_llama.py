@@ -23,17 +23,16 @@ fall. For several processes (``jax.distributed``, ``launch.sh``, mpirun/srun) se
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import functools
 import math
 import os
 import sys
 import time
 from typing import Any
 
-_FORCE_DEVICES = "--xla_force_host_platform_device_count"
-CPU_DEVICES = 4
-if importlib.util.find_spec("jax_ub") is None:  # running from a source checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # loaded by path, not run as a script
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # the command-line handling both training examples share
 
 # (GPU, CPU) defaults of the options left unset.
 DEFAULTS = dict(
@@ -51,17 +50,12 @@ DEFAULTS = dict(
 )
 REMAT = ("none", "dots", "names", "full")  # jax_ub.models.llama.REMAT (--help must not wait for jax)
 LEARNED = 0.9  # the last steps' mean loss must be below this share of the first steps'
+LOWEST = dict.fromkeys((*_common.COUNTS, "kv_heads", "head_dim"), 1)  # the lowest value of each count
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-
-    def opt(name: str, kind: Any, what: str) -> None:
-        gpu, cpu = DEFAULTS[name.replace("-", "_")]
-        p.add_argument(
-            f"--{name}", type=kind, default=None, help=f"{what} (default: {gpu} on GPU, {cpu} on CPU)"
-        )
-
+    opt = functools.partial(_common.gpu_cpu_option, p, DEFAULTS)
     opt("steps", int, "training steps")
     opt("batch", int, "global batch")
     opt("seq", int, "sequence length")
@@ -96,42 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--cpu-devices", type=int, default=None, help=f"simulated CPU devices (default: {CPU_DEVICES})"
+        "--cpu-devices",
+        type=int,
+        default=None,
+        help=f"simulated CPU devices (default: {_common.CPU_DEVICES})",
     )
     args = p.parse_args(argv)
-    for name in (
-        "steps",
-        "batch",
-        "seq",
-        "hidden",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "ffn",
-        "layers",
-        "vocab",
-        "motif",
-        "dp",
-        "tp",
-        "log_every",
-        "cpu_devices",
-    ):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    _common.check_lowest(p, args, LOWEST)
     return args
-
-
-def prepare_environment(args: argparse.Namespace) -> None:
-    """Before jax starts: simulated CPU devices (ignored by GPU backends)."""
-    flags = [
-        f
-        for f in os.environ.get("XLA_FLAGS", "").split()
-        if not (args.cpu_devices and f.startswith(_FORCE_DEVICES))
-    ]
-    if not any(f.startswith(_FORCE_DEVICES) for f in flags):
-        flags.append(f"{_FORCE_DEVICES}={args.cpu_devices or CPU_DEVICES}")
-    os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | None:
@@ -155,13 +121,11 @@ def configuration_problem(args: argparse.Namespace, n: int, tp: int) -> str | No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    prepare_environment(args)
+    _common.prepare_environment(args)
     import jax
 
     on_gpu = jax.default_backend() == "gpu"
-    for name, (gpu, cpu) in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if on_gpu else cpu)
+    _common.fill_gpu_cpu_defaults(args, DEFAULTS, on_gpu)
     args.log_every = args.log_every or max(1, args.steps // 10)
     n = jax.device_count()
     tp = args.tp or n // args.dp

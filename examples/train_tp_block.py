@@ -41,19 +41,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import functools
 import math
 import os
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
-_FORCE_DEVICES = "--xla_force_host_platform_device_count"
-CPU_DEVICES = 4  # simulated CPU devices where neither --cpu-devices nor XLA_FLAGS says
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if importlib.util.find_spec("jax_ub") is None:  # running from a source checkout
-    sys.path.insert(0, _REPO)
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # loaded by path, not run as a script
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # the command-line handling both training examples share
+
+# Ends a failed multi-process run at once: flushes stdout and stderr, then os._exit(status). Not
+# sys.exit: that runs the atexit handlers, and jax's calls jax.distributed.shutdown(), whose barrier
+# waits for every other process (up to its shutdown_timeout_seconds, 300 s) while they wait for
+# this one in a collective; the process would stay alive, so no launcher (launch.sh,
+# srun --kill-on-bad-exit) would see the failure.
+from failfast import leave_now
+
+# (GPU, CPU) defaults of the options left unset.
+DEFAULTS = dict(
+    steps=(300, 100),
+    lr=(3e-3, 1e-2),
+    batch=(16, 8),
+    seq=(1024, 32),
+    hidden=(1024, 64),
+    heads=(16, 4),
+    layers=(2, 1),
+    dtype=("bfloat16", "float32"),
+)
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -67,20 +84,17 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_Help)
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: 300 on GPU, 100 on CPU)")
-    p.add_argument("--batch", type=int, default=None, help="global batch (default: 16 on GPU, 8 on CPU)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: 1024 on GPU, 32 on CPU)")
-    p.add_argument("--hidden", type=int, default=None, help="model width (default: 1024 on GPU, 64 on CPU)")
-    p.add_argument("--heads", type=int, default=None, help="attention heads (default: 16 on GPU, 4 on CPU)")
+    opt = functools.partial(_common.gpu_cpu_option, p, DEFAULTS)
+    opt("steps", int, "training steps")
+    opt("batch", int, "global batch")
+    opt("seq", int, "sequence length")
+    opt("hidden", int, "model width")
+    opt("heads", int, "attention heads")
     p.add_argument("--ffn", type=int, default=None, help="MLP width (default: 4 * hidden)")
-    p.add_argument(
-        "--layers", type=int, default=None, help="transformer blocks (default: 2 on GPU, 1 on CPU)"
-    )
+    opt("layers", int, "transformer blocks")
     p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
     p.add_argument("--motif", type=int, default=8, help="period of the repeated random motif")
-    p.add_argument(
-        "--lr", type=float, default=None, help="peak AdamW learning rate (default: 3e-3 on GPU, 1e-2 on CPU)"
-    )
+    opt("lr", float, "peak AdamW learning rate")
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -131,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"simulated CPU devices per process; replaces a count XLA_FLAGS sets "
-        f"(default: XLA_FLAGS's {_FORCE_DEVICES}, else {CPU_DEVICES})",
+        f"(default: XLA_FLAGS's {_common.FORCE_DEVICES}, else {_common.CPU_DEVICES})",
     )
     p.add_argument(
         "--distributed",
@@ -162,10 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "and aborts the others (default: jax's, 100)",
     )
     args = p.parse_args(argv)
-    for name, low in LOWEST.items():  # before jax starts: --cpu-devices 0 would fail its backend
-        value = getattr(args, name)
-        if value is not None and value < low:
-            p.error(f"--{name.replace('_', '-')} must be >= {low}; got {value}")
+    _common.check_lowest(p, args, LOWEST)
     # What every process of a run must be given alike, as typed (before the GPU/CPU defaults fill
     # the rest in): compared across processes before the first collective (see _run).
     args.compared = {k: v for k, v in sorted(vars(args).items()) if k not in PER_PROCESS}
@@ -191,29 +202,11 @@ PER_PROCESS = (
 )
 
 
-# The lowest value of each int option that has one (None: the option is not set).
+# The lowest value of each int option that has one.
 LOWEST = {
-    name: 1
-    for name in (
-        "steps",
-        "batch",
-        "seq",
-        "hidden",
-        "heads",
-        "ffn",
-        "layers",
-        "vocab",
-        "motif",
-        "dp",
-        "tp",
-        "log_every",
-        "cpu_devices",
-        "num_processes",
-        "init_timeout",
-        "heartbeat_timeout",
-    )
+    **dict.fromkeys((*_common.COUNTS, "num_processes", "init_timeout", "heartbeat_timeout"), 1),
+    "process_id": 0,
 }
-LOWEST["process_id"] = 0
 
 BY_HAND = {"--coordinator": "coordinator", "--num-processes": "num_processes", "--process-id": "process_id"}
 LAUNCH_VARS = ("LAUNCH_COORDINATOR_ADDRESS", "LAUNCH_NUM_PROCESSES", "LAUNCH_PROCESS_ID")
@@ -288,20 +281,6 @@ def distributed_kwargs(args: argparse.Namespace, env: Any) -> dict[str, Any] | N
     return kw
 
 
-def prepare_environment(args: argparse.Namespace) -> None:
-    """Before jax is imported: simulated CPU devices (ignored by GPU backends). --cpu-devices
-    replaces a count in XLA_FLAGS (the flag is the more specific); without it XLA_FLAGS's count
-    stands, else CPU_DEVICES."""
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    has_count = any(f.startswith(_FORCE_DEVICES) for f in flags)
-    if args.cpu_devices is not None:
-        flags = [f for f in flags if not f.startswith(_FORCE_DEVICES)]
-        flags.append(f"{_FORCE_DEVICES}={args.cpu_devices}")
-    elif not has_count:
-        flags.append(f"{_FORCE_DEVICES}={CPU_DEVICES}")
-    os.environ["XLA_FLAGS"] = " ".join(flags)
-
-
 def _kw_text(kw: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kw.items())
 
@@ -330,21 +309,9 @@ def finish_distributed() -> None:
     jax.distributed.shutdown()
 
 
-def leave_now(status: int) -> NoReturn:
-    """Ends a failed multi-process run at once with ``status``: flushes stdout and stderr, then
-    ``os._exit``. Not ``sys.exit``: that runs the atexit handlers, and jax's calls
-    ``jax.distributed.shutdown()``, whose barrier waits for every other process (up to its
-    ``shutdown_timeout_seconds``, 300 s) while they wait for this one in a collective; the process
-    would stay alive, so no launcher (launch.sh, srun --kill-on-bad-exit) would see the failure."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    prepare_environment(args)
+    _common.prepare_environment(args)
     if args.distributed_kw is None:  # one process
         return _configure_and_run(args)
     try:
@@ -381,20 +348,7 @@ def _configure_and_run(args: argparse.Namespace) -> int:
     """The GPU/CPU defaults (the backend must be known), then the run; its exit status."""
     import jax
 
-    on_gpu = jax.default_backend() == "gpu"
-    defaults = dict(
-        steps=(300, 100),
-        lr=(3e-3, 1e-2),
-        batch=(16, 8),
-        seq=(1024, 32),
-        hidden=(1024, 64),
-        heads=(16, 4),
-        layers=(2, 1),
-        dtype=("bfloat16", "float32"),
-    )
-    for name, (gpu, cpu) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if on_gpu else cpu)
+    _common.fill_gpu_cpu_defaults(args, DEFAULTS, jax.default_backend() == "gpu")
     args.ffn = args.ffn or 4 * args.hidden
     args.log_every = args.log_every or max(1, args.steps // 10)
     return _run(args)

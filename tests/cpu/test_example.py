@@ -366,7 +366,7 @@ def test_distributed_kwargs_from_flags_and_launch_env(monkeypatch):
 def test_cpu_devices_flag_replaces_the_count_in_xla_flags(monkeypatch, argv, xla_flags, count):
     mod = _example_module()
     monkeypatch.setenv("XLA_FLAGS", xla_flags)
-    mod.prepare_environment(mod.parse_args(argv))
+    mod._common.prepare_environment(mod.parse_args(argv))
     flags = os.environ["XLA_FLAGS"].split()
     assert [f for f in flags if "device_count" in f] == [f"--xla_force_host_platform_device_count={count}"]
     assert ("--xla_cpu_foo=1" in flags) == ("--xla_cpu_foo=1" in xla_flags)
@@ -421,23 +421,11 @@ def test_tuning_section_records_with_the_gpu_runs_flags():
     )
     assert cmd, section
     argv = cmd.group(0).replace("\\\n", " ").split()
-    defaults = {
-        "--dtype": "bfloat16",
-        "--hidden": "1024",
-        "--heads": "16",
-        "--seq": "1024",
-        "--batch": "16",
-        "--layers": "2",
-    }  # the script's GPU defaults (main())
-    for flag, value in defaults.items():
-        assert argv[argv.index(flag) + 1] == value, (flag, argv)
+    gpu_defaults = {name: gpu for name, (gpu, _) in _example_module().DEFAULTS.items()}
+    for name in ("dtype", "hidden", "heads", "seq", "batch", "layers"):  # what the shapes depend on
+        value = str(gpu_defaults[name])
+        assert argv[argv.index(f"--{name}") + 1] == value, (f"the GPU default: --{name} {value}", argv)
     assert "--cpu-devices" in argv
-    script = (REPO / "examples" / "train_tp_block.py").read_text()
-    flat = re.sub(r"\s+", "", script)  # the layout is the formatter's; the values are what count
-    assert (
-        "defaults=dict(steps=(300,100),lr=(3e-3,1e-2),batch=(16,8),seq=(1024,32),hidden=(1024,64),"
-        'heads=(16,4),layers=(2,1),dtype=("bfloat16","float32"),)'
-    ) in flat, "the GPU defaults changed: update examples/README.md's tuning command"
 
 
 def _gloo_reason() -> str | None:
@@ -824,3 +812,21 @@ def test_distributed_with_no_cluster_to_detect_is_a_configuration_error():
         in proc.stderr
         and "Traceback" not in proc.stderr
     ), _describe(proc)
+
+
+@pytest.mark.parametrize("script", [LLAMA, SCRIPT], ids=["llama", "tp_block"])
+def test_examples_answer_their_options_from_any_folder(script, tmp_path):
+    """Run by path from another folder (examples/_common.py is found next to the script): --help
+    names the GPU and the CPU default of the sizes, and a count below one is refused before jax
+    starts."""
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, str(script), *argv]
+        return subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+
+    proc = run("--help")
+    assert proc.returncode == 0, _describe(proc)
+    assert re.search(r"training steps \(default: \d+ on GPU, \d+ on CPU\)", " ".join(proc.stdout.split()))
+    proc = run("--batch", "0")
+    assert proc.returncode == 2 and "error: --batch must be >= 1; got 0" in proc.stderr, _describe(proc)
+    assert proc.stdout == "", _describe(proc)
