@@ -124,45 +124,13 @@ _bulk.defvjp(_bulk_fwd, _bulk_bwd)
 
 def _fp8_mode(what: str, kind: str, x, a, b, scales, recipe, preferred_element_type):
     """None for a call without FP8, else ``(kind, scales or recipe, out_dtype)``: the checks of
-    :mod:`jax_ub.ops`' FP8 calls, for the GEMM ``a @ b``."""
-    a8, b8 = fp8_lib.is_fp8(a.dtype), fp8_lib.is_fp8(b.dtype)
-    if recipe is not None and not isinstance(recipe, fp8_lib.FP8Recipe):
-        raise TypeError(f"{what}: `fp8` must be a jax_ub.FP8Recipe or None; got {type(recipe).__name__}")
-    if scales is not None and recipe is not None:
-        raise TypeError(
-            f"{what}: pass either `scales` (float8 a and b with their scales) or `fp8` (a recipe "
-            f"that quantizes higher-precision a and b), not both; got both"
-        )
+    :mod:`jax_ub.ops`' FP8 calls (:func:`jax_ub.fp8.call_mode`), for the GEMM ``a @ b``."""
     if fp8_lib.is_fp8(x.dtype) and kind == methods.RS:
         raise TypeError(
             f"{what}: `x` must have dtype {_validate.DTYPE_NAMES} (a reduce-scatter sums it); got "
             f"{np.dtype(x.dtype).name}"
         )
-    if scales is None and recipe is None:
-        if a8 or b8:
-            raise TypeError(
-                f"{what}: float8 GEMM operands need their dequantization scales: scales=(a_scale, "
-                f"b_scale), float32 of shape (); got a {np.dtype(a.dtype).name}, b "
-                f"{np.dtype(b.dtype).name} and no scales"
-            )
-        if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(a.dtype):
-            raise TypeError(
-                f"{what}: `preferred_element_type` applies to FP8 GEMMs (scales= or fp8=); got "
-                f"{np.dtype(preferred_element_type).name} for a {np.dtype(a.dtype).name} GEMM"
-            )
-        return None
-    if recipe is not None:
-        if a8 or b8 or a.dtype != b.dtype:
-            raise TypeError(
-                f"{what}: `fp8=FP8Recipe(...)` quantizes `a` and `b` of one dtype of "
-                f"{_validate.DTYPE_NAMES}; got a {np.dtype(a.dtype).name}, b {np.dtype(b.dtype).name} "
-                f"(float8 operands: pass scales=(a_scale, b_scale) instead)"
-            )
-        default = recipe.out_dtype if recipe.out_dtype is not None else a.dtype
-        return "recipe", recipe, fp8_lib.out_dtype(what, preferred_element_type, default)
-    fp8_lib.check_pair(what, a.dtype, b.dtype, ("a", "b"))
-    pair = fp8_lib.check_scales(what, scales, ("a_scale", "b_scale"))
-    return "scaled", pair, fp8_lib.out_dtype(what, preferred_element_type, np.dtype(jnp.bfloat16))
+    return fp8_lib.call_mode(what, a, b, scales, recipe, preferred_element_type, ("a", "b"))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

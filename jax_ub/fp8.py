@@ -232,6 +232,63 @@ def out_dtype(fn: str, preferred_element_type: Any, default: Any) -> np.dtype:
     return d
 
 
+def call_mode(
+    fn: str,
+    a: Any,
+    b: Any,
+    scales: Any,
+    recipe: Any,
+    preferred_element_type: Any,
+    names: tuple[str, str] = ("x", "w"),
+) -> tuple[str, Any, np.dtype] | None:
+    """The checks of a call's FP8 arguments for its GEMM ``a @ b`` (``names``: how the call names
+    a and b): None for a call without them, else ``("scaled", (a_scale, b_scale), out_dtype)``
+    (float8 operands with ``scales``) or ``("recipe", recipe, out_dtype)`` (``fp8=``)."""
+    na, nb = names
+    da, db = np.dtype(a.dtype), np.dtype(b.dtype)
+    got = f"got {na} {da.name}, {nb} {db.name}"
+    if recipe is not None and not isinstance(recipe, FP8Recipe):
+        raise TypeError(f"{fn}: `fp8` must be a jax_ub.FP8Recipe or None; got {type(recipe).__name__}")
+    if scales is not None and recipe is not None:
+        raise TypeError(
+            f"{fn}: pass either `scales` (float8 {na} and {nb} with their scales) or `fp8` (a recipe "
+            f"that quantizes higher-precision {na} and {nb}), not both; got both"
+        )
+    if scales is None and recipe is None:
+        if is_fp8(da) or is_fp8(db):
+            raise TypeError(
+                f"{fn}: float8 operands need their dequantization scales: scales=({na}_scale, "
+                f"{nb}_scale), float32 of shape (); {got} and no scales"
+            )
+        if preferred_element_type is not None and np.dtype(preferred_element_type) != da:
+            raise TypeError(
+                f"{fn}: `preferred_element_type` applies to FP8 calls (scales= or fp8=); a {da.name} "
+                f"call outputs {da.name}; got {np.dtype(preferred_element_type).name}"
+            )
+        return None
+    if recipe is not None:
+        if is_fp8(da) or is_fp8(db) or da != db:
+            raise TypeError(
+                f"{fn}: `fp8=FP8Recipe(...)` quantizes `{na}` and `{nb}` of one dtype of "
+                f"{', '.join(d.name for d in HIGH_DTYPES)}; {got} (float8 operands: pass "
+                f"scales=({na}_scale, {nb}_scale) instead)"
+            )
+        if (
+            preferred_element_type is not None
+            and recipe.out_dtype is not None
+            and np.dtype(preferred_element_type) != recipe.out_dtype
+        ):
+            raise TypeError(
+                f"{fn}: `preferred_element_type` and the recipe's out_dtype differ; got "
+                f"{np.dtype(preferred_element_type).name} and {recipe.out_dtype.name}"
+            )
+        default = recipe.out_dtype if recipe.out_dtype is not None else da
+        return "recipe", recipe, out_dtype(fn, preferred_element_type, default)
+    check_pair(fn, da, db, names)
+    pair = check_scales(fn, scales, (f"{na}_scale", f"{nb}_scale"))
+    return "scaled", pair, out_dtype(fn, preferred_element_type, np.dtype(jnp.bfloat16))
+
+
 def kernel_out(dtype: Any) -> np.dtype:
     """The dtype an FP8 GEMM writes for a result wanted in ``dtype``: itself where the GEMM can
     write it (bfloat16, float32), else float32 (then cast)."""

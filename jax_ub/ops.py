@@ -418,10 +418,11 @@ def _fp8_matmul(a8, b8, a_scale, b_scale, out_dtype, method):
 # float8 operands with scales: the forward, differentiated (where asked) as the reference is.
 
 
-def _scaled_reference(call: _FP8Call, x8, w8, xs, ws):
+def _scaled_forward(call: _FP8Call, method: str, x8, w8, xs, ws):
+    """``(y, x_full)`` of a call with float8 operands, run with ``method``."""
     y, x_full, _ = _fp8_forward(
         call.op,
-        methods.XLA,
+        method,
         x8,
         w8,
         xs,
@@ -431,6 +432,11 @@ def _scaled_reference(call: _FP8Call, x8, w8, xs, ws):
         out_dtype=call.out_dtype,
         need_full=call.return_full,
     )
+    return y, x_full
+
+
+def _scaled_reference(call: _FP8Call, x8, w8, xs, ws):
+    y, x_full = _scaled_forward(call, methods.XLA, x8, w8, xs, ws)
     return (y, x_full) if call.return_full else y
 
 
@@ -440,18 +446,7 @@ def _scaled(call: _FP8Call, x8, w8, xs, ws):
 
 
 def _scaled_fwd(call, x8, w8, xs, ws):
-    y, x_full, _ = _fp8_forward(
-        call.op,
-        call.method,
-        x8,
-        w8,
-        xs,
-        ws,
-        axis_name=call.axis_name,
-        axis=call.axis,
-        out_dtype=call.out_dtype,
-        need_full=call.return_full,
-    )
+    y, x_full = _scaled_forward(call, call.method, x8, w8, xs, ws)
     y, x_full = _named(call.op, y, x_full if call.return_full else None)
     return ((y, x_full) if call.return_full else y), (x8, w8, xs, ws)
 
@@ -614,52 +609,11 @@ def _fp8_mode(
     fn: str, x: Any, w: Any, scales: Any, recipe: Any, preferred_element_type: Any
 ) -> tuple[str, Any, Any] | None:
     """Checks the FP8 arguments of a call: None for a higher-precision call (no FP8 argument), else
-    ``("scaled", (x_scale, w_scale), out_dtype)`` or ``("recipe", recipe, out_dtype)``."""
+    ``("scaled", (x_scale, w_scale), out_dtype)`` or ``("recipe", recipe, out_dtype)``
+    (:func:`jax_ub.fp8.call_mode`)."""
     _validate.check_array(fn, "x", x)
     _validate.check_array(fn, "w", w)
-    x_fp8, w_fp8 = fp8_lib.is_fp8(x.dtype), fp8_lib.is_fp8(w.dtype)
-    if recipe is not None and not isinstance(recipe, fp8_lib.FP8Recipe):
-        raise TypeError(f"{fn}: `fp8` must be a jax_ub.FP8Recipe or None; got {type(recipe).__name__}")
-    if scales is not None and recipe is not None:
-        raise TypeError(
-            f"{fn}: pass either `scales` (float8 operands with their scales) or `fp8` (a recipe "
-            f"that quantizes higher-precision operands), not both; got both"
-        )
-    if scales is None and recipe is None:
-        if x_fp8 or w_fp8:
-            raise TypeError(
-                f"{fn}: float8 operands need their dequantization scales: scales=(x_scale, w_scale), "
-                f"float32 of shape (); got x {np.dtype(x.dtype).name}, w {np.dtype(w.dtype).name} "
-                f"and no scales"
-            )
-        if preferred_element_type is not None and np.dtype(preferred_element_type) != np.dtype(x.dtype):
-            raise TypeError(
-                f"{fn}: `preferred_element_type` applies to FP8 calls (scales= or fp8=); a "
-                f"{np.dtype(x.dtype).name} call outputs {np.dtype(x.dtype).name}; got "
-                f"{np.dtype(preferred_element_type).name}"
-            )
-        return None
-    if recipe is not None:
-        if x_fp8 or w_fp8:
-            raise TypeError(
-                f"{fn}: `fp8=FP8Recipe(...)` quantizes {_validate.DTYPE_NAMES} operands; got x "
-                f"{np.dtype(x.dtype).name}, w {np.dtype(w.dtype).name} (float8 operands: pass "
-                f"scales=(x_scale, w_scale) instead)"
-            )
-        default = recipe.out_dtype if recipe.out_dtype is not None else x.dtype
-        if (
-            preferred_element_type is not None
-            and recipe.out_dtype is not None
-            and np.dtype(preferred_element_type) != recipe.out_dtype
-        ):
-            raise TypeError(
-                f"{fn}: `preferred_element_type` and the recipe's out_dtype differ; got "
-                f"{np.dtype(preferred_element_type).name} and {recipe.out_dtype.name}"
-            )
-        return "recipe", recipe, fp8_lib.out_dtype(fn, preferred_element_type, default)
-    fp8_lib.check_pair(fn, x.dtype, w.dtype)
-    pair = fp8_lib.check_scales(fn, scales)
-    return "scaled", pair, fp8_lib.out_dtype(fn, preferred_element_type, np.dtype(jnp.bfloat16))
+    return fp8_lib.call_mode(fn, x, w, scales, recipe, preferred_element_type)
 
 
 def _check_fp8_shapes(fn: str, x: Any, w: Any, x_layout: str, w_layout: str) -> None:
@@ -783,11 +737,7 @@ def all_gather_matmul(
     """
     fn = "all_gather_matmul"
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
-    mode = _fp8_mode(fn, x, w, scales, fp8, preferred_element_type)
-    if mode is not None and mode[0] == "scaled":
-        _check_fp8_shapes(fn, x, w, "[..., m, k]", "[k, n_local]")
-    else:
-        _validate.check_operands(fn, x, w, "[..., m, k]", "[k, n_local]")
+    mode = _check_operands(fn, x, w, "[..., m, k]", "[k, n_local]", scales, fp8, preferred_element_type)
     axis = _validate.normalize_axis(fn, "gather_axis", gather_axis, x.shape)
     _validate.check_nonempty_axis(fn, "gather_axis", axis, x.shape, "all-gather")
     method = None if method is None else _requested(method, fn)
@@ -796,32 +746,20 @@ def all_gather_matmul(
     if recompute_gathered is None:
         recompute_gathered = config.get().recompute_gathered
     _validate.check_bool(fn, "recompute_gathered", recompute_gathered)
-    if mode is not None:
-        return _fp8_dispatch(
-            mode,
-            AG,
-            _resolve_for_size(method, tp, x, w, fn=fn),
-            axis_name,
-            axis,
-            _static(precision, fn),
-            x,
-            w,
-            return_full=bool(return_gathered),
-            recompute=recompute_gathered,
-        )
-    call = _call_for(
+    return _run(
         AG,
-        _resolve_for_size(method, tp, x, w, fn=fn),
+        fn,
+        mode,
+        _resolve_for_size(method, tp, x, w, fn=fn),  # here: its warnings' stacklevel
+        tp,
         axis_name,
         axis,
-        _static(precision, fn),
+        precision,
         x,
         w,
         return_full=bool(return_gathered),
-        recompute_gathered=bool(recompute_gathered),
+        recompute=bool(recompute_gathered),
     )
-    _note(call, tp, x, w)
-    return _dispatch(call, x, w)
 
 
 def matmul_reduce_scatter(
@@ -879,38 +817,40 @@ def matmul_reduce_scatter(
     """
     fn = "matmul_reduce_scatter"
     axis_name = _validate.one_axis(axis_name) or axis_name  # ("tp",) is "tp"
-    mode = _fp8_mode(fn, x, w, scales, fp8, preferred_element_type)
-    if mode is not None and mode[0] == "scaled":
-        _check_fp8_shapes(fn, x, w, "[..., M, k_local]", "[k_local, n]")
-    else:
-        _validate.check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]")
+    mode = _check_operands(fn, x, w, "[..., M, k_local]", "[k_local, n]", scales, fp8, preferred_element_type)
     axis = _validate.normalize_axis(fn, "scatter_axis", scatter_axis, x.shape)
     _validate.check_nonempty_axis(fn, "scatter_axis", axis, x.shape, "reduce-scatter")
     method = None if method is None else _requested(method, fn)
     tp = _validate.bound_axis_size(fn, axis_name)
     _validate.check_divisible(fn, "scatter_axis", axis, x.shape, axis_name, tp)
+    method = _resolve_for_size(method, tp, x, w, fn=fn)  # here: its warnings' stacklevel
+    return _run(
+        RS, fn, mode, method, tp, axis_name, axis, precision, x, w, return_full=False, recompute=False
+    )
+
+
+def _check_operands(
+    fn: str, x: Any, w: Any, x_layout: str, w_layout: str, scales: Any, recipe: Any, preferred: Any
+) -> tuple[str, Any, Any] | None:
+    """The operands' checks of a public op; returns its FP8 mode (:func:`_fp8_mode`)."""
+    mode = _fp8_mode(fn, x, w, scales, recipe, preferred)
+    if mode is not None and mode[0] == "scaled":
+        _check_fp8_shapes(fn, x, w, x_layout, w_layout)
+    else:
+        _validate.check_operands(fn, x, w, x_layout, w_layout)
+    return mode
+
+
+def _run(op, fn, mode, method, tp, axis_name, axis, precision, x, w, *, return_full, recompute) -> Any:
+    """A checked call of a public op with its resolved ``method``: the FP8 dispatch (``mode``) or
+    the plain one."""
+    precision = _static(precision, fn)
     if mode is not None:
         return _fp8_dispatch(
-            mode,
-            RS,
-            _resolve_for_size(method, tp, x, w, fn=fn),
-            axis_name,
-            axis,
-            _static(precision, fn),
-            x,
-            w,
-            return_full=False,
-            recompute=False,
+            mode, op, method, axis_name, axis, precision, x, w, return_full=return_full, recompute=recompute
         )
     call = _call_for(
-        RS,
-        _resolve_for_size(method, tp, x, w, fn=fn),
-        axis_name,
-        axis,
-        _static(precision, fn),
-        x,
-        w,
-        return_full=False,
+        op, method, axis_name, axis, precision, x, w, return_full=return_full, recompute_gathered=recompute
     )
     _note(call, tp, x, w)
     return _dispatch(call, x, w)

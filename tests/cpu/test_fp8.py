@@ -468,7 +468,7 @@ R, R32 = jax_ub.FP8Recipe(), jax_ub.FP8Recipe(out_dtype=F32)
         (E4M3, E4M3, {"scales": (S, S), "preferred_element_type": F16}, "bfloat16, float32.*got float16"),
         (BF16, BF16, {"fp8": R, "preferred_element_type": F16}, "preferred_element.*got float16"),
         (BF16, BF16, {"preferred_element_type": F32}, "applies to FP8 calls.*got float32"),
-        (E4M3, E4M3, {"fp8": R}, "quantizes bfloat16, float16, float32 .*got x float8_e4m3fn"),
+        (E4M3, E4M3, {"fp8": R}, "quantizes `x` and `w` of one dtype of bfloat16, .*; got x float8_e4m3fn"),
         (BF16, BF16, {"fp8": "e4m3"}, "`fp8` must be a jax_ub.FP8Recipe or None; got str"),
         (BF16, BF16, {"fp8": R, "scales": (S, S)}, "not both"),
         (BF16, BF16, {"fp8": R32, "preferred_element_type": BF16}, "differ; got bfloat16 and float32"),
