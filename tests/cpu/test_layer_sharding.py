@@ -112,11 +112,12 @@ def run(framework, kind, mesh, tp, x, rules=(), **kw):
 
 
 FRAMEWORKS = ["nnx", "linen"]
-KINDS = ["column", "row", "mlp"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+# linen's ParallelMLP runs linen's column and row layers; the linen wrappers pass the same options.
+@pytest.mark.parametrize(
+    "framework, kind", [("nnx", "column"), ("nnx", "row"), ("nnx", "mlp"), ("linen", "mlp")]
+)
 def test_the_batch_keeps_the_callers_axes_on_a_stage_mesh(framework, kind):
     """batch_axes="data" on (data, stage, tp): the batch is not split over the pipeline axis."""
     x = data(B, S, IN[kind])
@@ -125,9 +126,7 @@ def test_the_batch_keeps_the_callers_axes_on_a_stage_mesh(framework, kind):
     assert dx.shape == x.shape
 
 
-@pytest.mark.parametrize(
-    "framework, kind", [("nnx", "mlp"), ("linen", "mlp"), ("nnx", "column"), ("linen", "row")]
-)
+@pytest.mark.parametrize("framework, kind", [("nnx", "mlp"), ("linen", "mlp"), ("linen", "column")])
 def test_maxtext_activation_batch_through_the_rules(framework, kind):
     """batch_axes="activation_batch" on (data, fsdp, tensor): the rules map it to (data, fsdp)."""
     x = data(B, S, IN[kind])
