@@ -195,12 +195,6 @@ def _free_axes(mesh: Any) -> tuple[str, ...]:
     return tuple(a for a in mesh.axis_names if a not in manual)
 
 
-def _batch_axes(mesh: Any, axis_name: str, batch: int | None) -> Any:
-    """Mesh axes the batch is split over in global mode where nothing says otherwise (None: kept
-    whole, or no batch dim); :func:`jax_ub.layers.activation.default_batch_axes`."""
-    return activation.default_batch_axes(mesh, axis_name, batch)
-
-
 def explicit_axes(mesh: Any) -> set[str]:
     types = getattr(mesh, "axis_types", None)
     if types is None:
@@ -390,10 +384,11 @@ def _check_bias(where: str, bias: Array | None, out_features: int, tp: int, spli
 # --------------------------------------------------------------------------------------------------
 #
 # Under :func:`comm_stand_ins` the layers run with every collective replaced by a local stand-in of
-# the same shapes and the same GEMM kernels as jax_ub's (:func:`jax_ub.gemm.matmul`: cuBLASLt on
-# GPUs): the all-gather by ``tp`` local copies of the shard, the reduce-scatter by this device's
-# rows of the local GEMM, the all-reduce by nothing. The results are wrong on purpose; the time is
-# the floor a benchmark compares the overlap against (no communication at all).
+# the same shapes and the same GEMM kernels as jax_ub's (:func:`jax_ub.ops.local_matmul`: cuBLASLt
+# on GPUs, in FP8 where the layer has ``fp8=``): the all-gather by ``tp`` local copies of the shard,
+# the reduce-scatter by this device's rows of the local GEMM, the all-reduce by nothing. The
+# results are wrong on purpose; the time is the floor a benchmark compares the overlap against (no
+# communication at all).
 
 _STAND_INS: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_ub_comm_stand_ins", default=False)
 
@@ -411,7 +406,7 @@ def comm_stand_ins() -> Iterator[None]:
 def _all_gather_matmul(x: Array, w: Array, axis_name: str, *, gather_axis: int, fp8: Any, **kw: Any) -> Array:
     if _STAND_INS.get():
         tp = int(lax.axis_size(axis_name))
-        return gemm.matmul(jnp.concatenate([x] * tp, axis=gather_axis), w)
+        return ops.local_matmul(jnp.concatenate([x] * tp, axis=gather_axis), w, fp8=fp8)
     return cast(
         Array,
         ops.all_gather_matmul(x, w, axis_name, gather_axis=gather_axis, fp8=fp8, **kw),
@@ -423,7 +418,8 @@ def _matmul_reduce_scatter(
 ) -> Array:
     if _STAND_INS.get():
         tp = int(lax.axis_size(axis_name))
-        return lax.slice_in_dim(gemm.matmul(x, w), 0, x.shape[scatter_axis] // tp, axis=scatter_axis)
+        y = ops.local_matmul(x, w, fp8=fp8)
+        return lax.slice_in_dim(y, 0, x.shape[scatter_axis] // tp, axis=scatter_axis)
     return ops.matmul_reduce_scatter(x, w, axis_name, scatter_axis=scatter_axis, fp8=fp8, **kw)
 
 

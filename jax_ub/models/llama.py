@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ub import nn as ubnn
 from jax_ub import ops
-from jax_ub.layers import convert, core
+from jax_ub.layers import activation, convert, core
 from jax_ub.layers import mesh as _mesh
 
 __all__ = [
@@ -88,7 +88,8 @@ class LlamaConfig:
     (``jax_ub.checkpoint_policy(dots_saveable)``), ``"names"`` (``jax_ub.checkpoint_policy()``:
     only jax_ub's op outputs) or ``"full"`` (nothing saved), applied per layer by
     :class:`LlamaStack`; ``attention_impl`` for :func:`jax.nn.dot_product_attention` (``None``:
-    jax chooses); ``axis_name`` and ``mesh`` as the layers'.
+    jax chooses); ``axis_name``, ``mesh`` and ``batch_axes`` (the mesh axes of the batch, see
+    docs/layers.md) as the layers'.
     """
 
     hidden: int = 4096
@@ -108,6 +109,7 @@ class LlamaConfig:
     attention_impl: str | None = None
     axis_name: str = "tp"
     mesh: Any = None
+    batch_axes: Any = "auto"
 
     def __post_init__(self) -> None:
         for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "ffn", "num_layers", "vocab"):
@@ -214,6 +216,7 @@ def _common(cfg: LlamaConfig) -> dict[str, Any]:
         fp8=cfg.fp8,
         axis_name=cfg.axis_name,
         mesh=cfg.mesh,
+        batch_axes=cfg.batch_axes,
     )
 
 
@@ -247,7 +250,7 @@ class LlamaAttention(nnx.Module):
         )
         if p.local:
             return self.o(body(q, k, v, positions))
-        b = core._batch_axes(p.mesh, cfg.axis_name, q.shape[0])
+        b = activation.batch_entry(where, x, p.mesh, cfg.axis_name, 0, cfg.batch_axes)
         heads = P(b, None, cfg.axis_name, None)
         ctx = core._shard_map(
             body, p.mesh, (q, k, v, positions), (heads, heads, heads, P(b, None)), P(b, None, cfg.axis_name)
@@ -371,8 +374,8 @@ def forward_no_comm(module: Any, *args: Any, **kwargs: Any) -> Any:
     Call it where the forward is traced (inside the function given to ``jax.jit`` /
     ``jax.grad``), as ``module(...)`` would be called: in global mode (under the mesh) or inside
     ``shard_map``. What XLA partitions itself outside jax_ub's layers (the RMSNorm scale's
-    gradient, a `[hidden]` all-reduce over the sequence shards) is not replaced. The stand-ins run
-    in the compute dtype also where the layers have ``fp8=`` (no FP8 floor).
+    gradient, a `[hidden]` all-reduce over the sequence shards) is not replaced. Where the layers
+    have ``fp8=``, the stand-ins' GEMMs use the same recipe (:func:`jax_ub.ops.local_matmul`).
     """
     with core.comm_stand_ins():
         return module(*args, **kwargs)

@@ -210,3 +210,24 @@ def test_hugging_face_weights_load_through_from_hf_layer(cpu_mesh):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match=r"missing \['mlp.down_proj.weight'\]"):
         llama.from_hf_layer({k: v for k, v in hf.items() if k != "mlp.down_proj.weight"}, CFG, tp=4)
+
+
+def test_batch_axes_reach_the_projections_and_the_attention(cpu_mesh):
+    """LlamaConfig.batch_axes goes to every projection and to the attention's shard_map: with the
+    default the batch is split over "dp", with None it stays whole on every device; the values are
+    the same either way (a projection or the attention left on the other layout would re-shard or
+    refuse)."""
+    import dataclasses
+
+    x = data(B, T, CFG.hidden)
+    ys = {}
+    with jax.set_mesh(cpu_mesh(4, dp=2)):
+        for axes in ("auto", None):
+            layer = llama.LlamaLayer(dataclasses.replace(CFG, batch_axes=axes), rngs=nnx.Rngs(0))
+            graphdef, params = nnx.split(layer, nnx.Param)
+            ys[axes] = jax.jit(lambda p, x, g=graphdef: nnx.merge(g, p)(x))(params, x)
+            hlo = _hlo(lambda p, x, g=graphdef: nnx.merge(g, p)(x), params, x)
+            assert "all-gather" in hlo  # the TP collectives are there either way
+    assert ys["auto"].sharding.spec[0] in ("dp", ("dp",)), ys["auto"].sharding.spec
+    assert ys[None].sharding.spec[0] is None, ys[None].sharding.spec
+    np.testing.assert_allclose(np.asarray(ys["auto"]), np.asarray(ys[None]), rtol=1e-5, atol=1e-6)
