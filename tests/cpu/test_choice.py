@@ -575,8 +575,10 @@ def test_an_older_runs_variant_push_merge_is_method_push_merge(tuning):
     assert c.method == "push" and "push_merge 0.4" not in c.why, c
 
 
-def test_shipped_choice_at_the_ag_shape_where_push_merge_measured_fastest():
-    """The committed 4xH200 run of 2026-11-28: push_merge 0.460 ms, XLA 0.485, push 0.521 at AG
-    2048,8192,28672 tp=4; at 8192,8192,8192 push (0.613) beat push_merge (0.705)."""
-    assert choice.choose("ag", 4, "bfloat16", 2048, 8192, 28672).method == "push_merge"
+def test_shipped_choice_follows_the_committed_tp4_run():
+    """The committed 4xH200 run of 2026-11-29: at AG 2048,8192,28672 tp=4 push 0.483 ms beat
+    push_merge 0.497; at 8192,8192,8192 push (0.527) beat push_merge (0.696); at RS 8192,8192,8192
+    pipeline (0.620) beat ring (0.662)."""
+    assert choice.choose("ag", 4, "bfloat16", 2048, 8192, 28672).method == "push"
     assert choice.choose("ag", 4, "bfloat16", 8192, 8192, 8192).method == "push"
+    assert choice.choose("rs", 4, "bfloat16", 8192, 8192, 8192).method == "pipeline"
