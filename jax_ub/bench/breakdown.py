@@ -47,13 +47,18 @@ def _union(spans: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def load(path: str) -> list[dict]:
-    """The complete (``"ph": "X"``) events of a Chrome trace file, or :class:`TraceError`."""
+def _read(path: str, what: str) -> Any:
+    """The JSON document in ``path``, or :class:`TraceError` naming ``what`` was expected there."""
     try:
         with open(path) as f:
-            doc = json.load(f)
+            return json.load(f)
     except (OSError, ValueError) as e:
-        raise TraceError(f"{path}: cannot read a trace JSON: {e}") from None
+        raise TraceError(f"{path}: cannot read a {what}: {e}") from None
+
+
+def load(path: str) -> list[dict]:
+    """The complete (``"ph": "X"``) events of a Chrome trace file, or :class:`TraceError`."""
+    doc = _read(path, "trace JSON")
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise TraceError(
@@ -114,11 +119,7 @@ def totals(rows: Sequence[dict]) -> dict[str, float]:
 def layer_gaps(path: str) -> list[dict]:
     """Per remat case of a ``bench layer`` JSON: ``{"remat", "xla_ms", "jax_ub_ms", "no_comm_ms",
     "E"}`` where all three were timed."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        raise TraceError(f"{path}: cannot read a bench layer JSON: {e}") from None
+    doc = _read(path, "bench layer JSON")
     recs = doc.get("records") if isinstance(doc, dict) else None
     if not isinstance(recs, list) or not any(r.get("op") == "layer" for r in recs):
         raise TraceError(f"{path}: expected a bench layer JSON (records of op 'layer'); found none")
